@@ -1,0 +1,18 @@
+# The two commands of the README. Each one sets up what it needs first.
+SHELL := /bin/bash
+export PATH := $(CURDIR)/.venv/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+
+.PHONY: demo test lint setup
+
+setup:
+	@scripts/bootstrap.sh
+
+demo: setup
+	mig-spawner status --simulate h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb
+
+test: setup
+	ruff check mig_spawner tests benchmarks
+	pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup
+	ruff check mig_spawner tests benchmarks

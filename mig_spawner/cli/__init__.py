@@ -1,0 +1,1 @@
+"""The ``mig-spawner`` command line: status, doctor, demo, report."""

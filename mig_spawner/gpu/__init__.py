@@ -1,0 +1,1 @@
+"""GPU adapter: NVML through pynvml, and the simulated driver that stands in for it."""
