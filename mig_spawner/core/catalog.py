@@ -153,7 +153,8 @@ def parse_profile_name(name: str) -> tuple[int, int, bool]:
     m = _NAME_RE.match(normalize_profile_name(name))
     if not m:
         raise CatalogError(
-            f"{name!r} is not a MIG profile name; expected e.g. '1g.18gb', '3g.71gb' or '1g.18gb+me'"
+            f"{name!r} is not a MIG profile name; "
+            "expected e.g. '1g.18gb', '3g.71gb' or '1g.18gb+me'"
         )
     return int(m["g"]), int(m["gb"]), bool(m["me"])
 
