@@ -139,6 +139,16 @@ def gi_id_for_placement(memory_slices: int, start: int, size: int) -> int:
     return memory_slices // size - 1 + start // size
 
 
+def capability_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """Minor numbers of a MIG device's GI and CI access capability nodes.
+
+    ``/dev/nvidia-caps/nvidia-cap<minor>``: GI access ``3 + 135*gpu_minor + 9*gi``,
+    CI access ``4 + 135*gpu_minor + 9*gi + ci`` (gpu0 gi1 -> 12, ci0 -> 13).
+    """
+    gi_minor = 3 + 135 * gpu_minor + 9 * gi_id
+    return gi_minor, gi_minor + 1 + ci_id
+
+
 def normalize_profile_name(name: str) -> str:
     """``"MIG 1g.18gb"``, ``" 1G.18GB "`` and ``"mig-1g.18gb"`` all become ``"1g.18gb"``."""
     text = str(name).strip().lower()
