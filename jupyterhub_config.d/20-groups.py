@@ -1,0 +1,148 @@
+# Group policies for mig-spawner: who may have which MIG slice, how many, for how long.
+#
+# Copy this file into your hub's jupyterhub_config.d/ and edit it. The hub (spawner) and
+# the slice service (culler) both read it, so the limits they apply always agree.
+# Full reference: docs/policies.md. Mistakes (a misspelt key, a profile your GPUs do not
+# have, "30x" as a duration) are all reported at once, each naming the group and the key.
+#
+# The three kinds of team below come from the usual advice for sharing a MIG GPU:
+# notebooks want small slices and firm clean-up, inference wants mid-size slices that
+# stay up longer, heavy experiments want big slices, few of them, and time to finish.
+
+c = get_config()  # noqa: F821  (provided by the config loader)
+
+# --- Slice classes: one name per *need*, one profile per GPU model ----------------------
+# A class lets a group allow "small" instead of listing 1g.18gb (H200) and 1g.10gb (A100
+# 80GB) separately; on a mixed fleet the user picks "small" and gets the right profile of
+# whichever GPU has one free. Keys under "profiles" are GPU model keys: a100-40gb,
+# a100-80gb, a30, h100, h100-nvl, gh200, h200, b200. Only the models you own are needed.
+# Describe what each size is *for*: memory alone is a poor guide (a slice can hold a
+# model yet lack the compute or bandwidth to serve it fast enough).
+c.MIGPolicyConfig.slice_classes = {
+    "small": {
+        "display_name": "Small: 1 of 7 compute slices",
+        "description": "Debugging, small notebooks, checking that a model loads and that "
+        "the input pipeline is right.",
+        "profiles": {
+            "a100-40gb": "1g.5gb",
+            "a100-80gb": "1g.10gb",
+            "h100": "1g.10gb",
+            "h200": "1g.18gb",
+        },
+    },
+    "medium": {
+        "display_name": "Medium: 2 of 7 compute slices",
+        "description": "Inference of a mid-size model, notebooks with bigger batches. "
+        "Check latency under parallel load before relying on it.",
+        "profiles": {
+            "a100-40gb": "2g.10gb",
+            "a100-80gb": "2g.20gb",
+            "h100": "2g.20gb",
+            "h200": "2g.35gb",
+        },
+    },
+    "large": {
+        "display_name": "Large: 3 of 7 compute slices",
+        "description": "Fine-tuning and heavy experiments. Measure peak memory in a short "
+        "test run first: it grows with batch size and context length.",
+        "profiles": {
+            "a100-40gb": "3g.20gb",
+            "a100-80gb": "3g.40gb",
+            "h100": "3g.40gb",
+            "h200": "3g.71gb",
+        },
+    },
+    "full": {
+        "display_name": "Whole GPU (one MIG instance)",
+        "description": "Only for a job that really needs nearly all of the card's memory "
+        "and compute; everyone else waits while it runs.",
+        "profiles": {
+            "a100-40gb": "7g.40gb",
+            "a100-80gb": "7g.80gb",
+            "h100": "7g.80gb",
+            "h200": "7g.141gb",
+        },
+    },
+}
+
+# --- Offers: wording for profiles that groups list directly -----------------------------
+# A group may also allow a concrete profile ("1g.35gb"); it then exists only on the GPUs
+# that have it. Profiles listed in a group but not here are shown by their plain name.
+c.MIGPolicyConfig.offers = {
+    "1g.35gb": {
+        "display_name": "Memory-heavy small (H200, 35 GB, 1 compute slice)",
+        "description": "A model that needs memory more than speed: embeddings, a "
+        "quantised LLM for tests, batch scoring overnight.",
+    },
+}
+
+# --- Group policies: one entry per JupyterHub group --------------------------------------
+# Keys (all optional except "allowed"; the defaults are shown in docs/policies.md):
+#   allowed               list of class names and/or profile names the group may pick
+#   max_slices_per_user   how many slices (GPU servers) one member may hold at once
+#   quota_slices          how many slices the whole group may hold at once (None: no cap)
+#   quota_compute_slices  same, counted in compute slices (a 3g counts 3; None: no cap)
+#   server_idle_timeout   stop a server with no activity for this long   ("30m", "1h30m")
+#   kernel_idle_timeout   shut down a kernel idle for this long; the server keeps its slice
+#   max_session_age       stop a server this long after it got its slice, busy or not
+#   cull_busy_kernels     True: a kernel running with no output for kernel_idle_timeout
+#                         counts as idle too. False (default): busy kernels are never
+#                         ended by the idle limits, only by max_session_age
+#   priority              a member of several groups is charged to the group with the
+#                         highest priority whose quota has room (ties: by group name)
+# Durations: "90s", "30m", "8h", "1d", "1h30m" or seconds; None, 0 or "never" = no limit.
+c.MIGPolicyConfig.group_policies = {
+    # Notebooks: small slices, one per person, firm clean-up so that a session left
+    # open over the weekend does not hold a slice.
+    "analysts": {
+        "allowed": ["small", "medium"],
+        "max_slices_per_user": 1,
+        "quota_slices": 6,
+        "server_idle_timeout": "30m",
+        "kernel_idle_timeout": "15m",
+        "max_session_age": "8h",
+        "cull_busy_kernels": False,
+    },
+    # Inference: mid-size slices that stay up through a day of load tests. The quota is
+    # in compute slices, so two "large" (3+3) or three "medium" (2+2+2) fit, not more.
+    "ml-team": {
+        "allowed": ["medium", "large", "1g.35gb"],
+        "max_slices_per_user": 2,
+        "quota_compute_slices": 7,
+        "server_idle_timeout": "2h",
+        "kernel_idle_timeout": "1h",
+        "max_session_age": "1d",
+        "priority": 10,
+    },
+    # Heavy experiments: big slices, few of them, and time to finish. No kernel idle
+    # limit: a training step may print nothing for a long while.
+    "research": {
+        "allowed": ["large", "full"],
+        "max_slices_per_user": 1,
+        "quota_slices": 2,
+        "server_idle_timeout": "4h",
+        "kernel_idle_timeout": None,
+        "max_session_age": "3d",
+        "priority": 5,
+    },
+    # Admins may pick anything; with the highest priority their leases are charged here
+    # first, so an admin who is also an analyst does not use up the analysts' quota.
+    "admins": {
+        "allowed": ["small", "medium", "large", "full", "1g.35gb"],
+        "max_slices_per_user": 2,
+        "server_idle_timeout": "1h",
+        "max_session_age": "1d",
+        "priority": 100,
+    },
+}
+
+# --- Everyone else ----------------------------------------------------------------------
+# Users in none of the groups above get no GPU slice (None). To give them a small slice
+# with a tight shared quota instead, uncomment:
+# c.MIGPolicyConfig.default_policy = {
+#     "allowed": ["small"],
+#     "quota_slices": 2,
+#     "server_idle_timeout": "20m",
+#     "max_session_age": "4h",
+# }
+c.MIGPolicyConfig.default_policy = None

@@ -1,0 +1,156 @@
+"""Group policy config, read by the hub-side spawner and by the slice service alike.
+
+Both processes load the same ``jupyterhub_config.d/*.py`` files, so the policy lives in
+one plain :class:`~traitlets.config.Configurable`, not in a Spawner or an Application::
+
+    c.MIGPolicyConfig.group_policies = {
+        "analysts": {"allowed": ["1g.18gb", "2g.35gb"], "max_slices_per_user": 1,
+                     "quota_slices": 6, "server_idle_timeout": "30m"},
+    }
+
+The traits only hold the admin's dicts; :meth:`MIGPolicyConfig.build` checks them all
+together (classes are referenced from groups, so no single trait can be checked alone)
+and returns the pure :class:`~mig_spawner.core.policy.PolicySet`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from traitlets import Dict
+from traitlets.config import Config, Configurable, PyFileConfigLoader
+
+from mig_spawner.core.catalog import GpuModel
+from mig_spawner.core.policy import PolicySet, build_policy
+
+PathLike = str | os.PathLike[str]
+
+
+class MIGPolicyConfig(Configurable):
+    """Which MIG slices each JupyterHub group may use, how many, and for how long."""
+
+    offers = Dict(
+        help="""Wording on the spawn form for MIG profiles that groups list directly.
+
+        Keys are profile names; values are dicts with ``display_name`` and
+        ``description``. Describe the need a size serves, not only its memory, e.g.
+        ``{"2g.35gb": {"display_name": "Medium (35 GB)",
+        "description": "inference of a mid-size model"}}``. Profiles listed in
+        ``group_policies`` without an entry here are shown by their name.
+        """,
+    ).tag(config=True)
+
+    slice_classes = Dict(
+        help="""Named slice sizes that mean one profile per GPU model, for mixed fleets.
+
+        Class name -> dict with ``profiles`` (GPU model key -> profile name, e.g.
+        ``{"h200": "1g.18gb", "a100-80gb": "1g.10gb"}``), ``display_name`` and
+        ``description``. Groups then allow ``"small"`` instead of one profile per GPU
+        model. Model keys: a100-40gb, a100-80gb, a30, h100, h100-nvl, gh200, h200, b200.
+        """,
+    ).tag(config=True)
+
+    group_policies = Dict(
+        help="""Policy per JupyterHub group name. Keys of each policy:
+
+        ``allowed`` (list of profile or class names), ``max_slices_per_user`` (default 1),
+        ``quota_slices`` and ``quota_compute_slices`` (whole group, None = unlimited),
+        ``server_idle_timeout``, ``kernel_idle_timeout``, ``max_session_age`` (durations
+        such as "30m", "8h", "1h30m"; None or "never" = no limit), ``cull_busy_kernels``
+        (bool, default False) and ``priority`` (int, default 0: which group a lease is
+        charged to first). A user in several groups gets the union of their offers; see
+        docs/policies.md.
+        """,
+    ).tag(config=True)
+
+    default_policy = Dict(
+        default_value=None,
+        allow_none=True,
+        help="""Policy for users in none of ``group_policies``, with the same keys.
+
+        None (the default) gives them no GPU slice at all.
+        """,
+    ).tag(config=True)
+
+    def build(self, fleet_models: Iterable[GpuModel] | None = None) -> PolicySet:
+        """Check the whole policy config and return it as a :class:`PolicySet`.
+
+        ``fleet_models``: the GPU models the hub hands out, so that profiles that exist on
+        none of them are reported; ``None`` accepts any well-formed profile name.
+        Raises :class:`~mig_spawner.core.policy.PolicyError` listing every problem.
+        """
+        return build_policy(
+            offers=self.offers,
+            classes=self.slice_classes,
+            groups=self.group_policies,
+            default=self.default_policy,
+            fleet_models=fleet_models,
+        )
+
+
+def load_config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> Config:
+    """Load config files the way ``jupyterhub_config.py`` loads ``jupyterhub_config.d``.
+
+    ``paths_or_dir``: a directory (its ``*.py`` files, in sorted name order), one file, or
+    a list of both, taken in the order given. Each file runs with ``c`` and
+    ``get_config`` and is merged like traitlets' ``load_subconfig``, so a later file can
+    replace a setting (``c.X.y = ...``) or extend it (``c.X.y.update({...})``).
+
+    Raises FileNotFoundError for a path that does not exist; errors raised by a config
+    file itself propagate with that file's traceback.
+    """
+    config = Config()
+    for path in _config_files(paths_or_dir):
+        loader = PyFileConfigLoader(path.name, path=str(path.parent))
+        config.merge(loader.load_config())
+    return config
+
+
+def offered_profiles_from_config(
+    config_dir: PathLike, fleet_models: Iterable[GpuModel] | None = None
+) -> tuple[list[str], str]:
+    """What ``mig-spawner doctor --config-dir`` checks a host against.
+
+    Returns the profiles the group policies can hand out (see
+    :meth:`PolicySet.profile_names`) on ``fleet_models`` (``None``: on any GPU model, so
+    a class lists its profile for every model it names), and the spawner's ``mig_mode``
+    as set for any spawner class in the config (``"pool"``, the spawner's default, when
+    unset). Raises :class:`PolicyError` for a wrong policy and ``ValueError`` when two
+    classes set different modes.
+    """
+    config = load_config_files(config_dir)
+    fleet = None if fleet_models is None else tuple(fleet_models)
+    policies = MIGPolicyConfig(config=config).build(fleet)
+    profiles = list(policies.profile_names(None if fleet is None else [m.key for m in fleet]))
+    # Read from the raw config: this module sits below the spawner and must not import it.
+    modes = {
+        f"c.{name}.mig_mode": section["mig_mode"]
+        for name, section in config.items()
+        if isinstance(section, Config) and "mig_mode" in section
+    }
+    if len(set(modes.values())) > 1:
+        raise ValueError(
+            "mig_mode is set differently: "
+            + ", ".join(f"{where} = {mode!r}" for where, mode in modes.items())
+        )
+    return profiles, next(iter(modes.values()), "pool")
+
+
+def _config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> list[Path]:
+    if isinstance(paths_or_dir, (str, os.PathLike)):
+        paths_or_dir = [paths_or_dir]
+    files = []
+    for entry in paths_or_dir:
+        path = Path(entry)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.glob("*.py") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(
+                f"config path {str(path)!r} does not exist; give a jupyterhub_config.d "
+                "directory or a .py config file"
+            )
+    return files

@@ -1,0 +1,324 @@
+"""Build a :class:`PolicySet` from plain dicts as an admin writes them in config.
+
+Every mistake is collected and reported at once in one :class:`PolicyError`, each
+problem naming where it is (group, class or offer) and which key, with a suggestion
+for a misspelt key or name. Import through :mod:`mig_spawner.core.policy`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from mig_spawner.core.catalog import MODELS, CatalogError, GpuModel, model, parse_profile_name
+from mig_spawner.core.durations import DurationError, parse_duration
+from mig_spawner.core.policy_model import (
+    DEFAULT_GROUP,
+    GroupPolicy,
+    Offer,
+    PolicyError,
+    PolicySet,
+    is_profile_name,
+    offer_key,
+)
+
+OFFER_KEYS = ("display_name", "description")
+CLASS_KEYS = ("display_name", "description", "profiles")
+GROUP_KEYS = (
+    "allowed",
+    "max_slices_per_user",
+    "quota_slices",
+    "quota_compute_slices",
+    "server_idle_timeout",
+    "kernel_idle_timeout",
+    "max_session_age",
+    "cull_busy_kernels",
+    "priority",
+)
+DURATION_KEYS = ("server_idle_timeout", "kernel_idle_timeout", "max_session_age")
+
+
+def build_policy(
+    offers: Mapping[str, Mapping] | None,
+    classes: Mapping[str, Mapping] | None,
+    groups: Mapping[str, Mapping] | None,
+    default: Mapping | None = None,
+    fleet_models: Iterable[GpuModel] | None = None,
+) -> PolicySet:
+    """Validate the admin's dicts and build the hub's :class:`PolicySet`.
+
+    ``offers``: profile name -> ``{"display_name", "description"}`` (optional wording for
+    profiles that groups list directly). ``classes``: class name -> ``{"display_name",
+    "description", "profiles": {model key: profile}}``. ``groups``: JupyterHub group
+    name -> settings (see ``GROUP_KEYS``). ``default``: settings for users in none of
+    ``groups`` (``None``: no GPU for them). ``fleet_models``: the GPU models present;
+    profiles must then exist on one of them (``None`` or empty: any well-formed profile
+    name, so a hub whose GPUs are not visible yet still starts).
+
+    Raises :class:`PolicyError` listing every problem found.
+    """
+    # An empty fleet (no MIG GPU seen yet) gives nothing to check against: like None.
+    check = _Checker(tuple(fleet_models or ()) or None)
+    class_offers = check.classes(_mapping(classes, "slice_classes", check.problems))
+    described = check.offers(_mapping(offers, "offers", check.problems))
+    group_policies: dict[str, GroupPolicy] = {}
+    for name, spec in _mapping(groups, "group_policies", check.problems).items():
+        where = f"group {name!r}"
+        if not isinstance(name, str) or not name.strip():
+            check.problems.append(f"{where}: a group name must be a non-empty string")
+        elif name == DEFAULT_GROUP:
+            check.problems.append(
+                f"{where}: the name {DEFAULT_GROUP!r} is kept for users in no listed group; "
+                "set default_policy for them, or rename the JupyterHub group"
+            )
+        else:
+            group_policies[name] = check.group(name, spec, where, class_offers)
+    default_policy = (
+        GroupPolicy(DEFAULT_GROUP)
+        if default is None
+        else check.group(DEFAULT_GROUP, default, "default_policy", class_offers)
+    )
+    if check.problems:
+        raise PolicyError(check.problems)
+
+    referenced = {k for g in (*group_policies.values(), default_policy) for k in g.allowed}
+    profile_offers = dict(described)
+    for key in referenced - set(class_offers):
+        profile_offers.setdefault(key, Offer(key=key, kind="profile", display_name=key))
+    # Classes in the admin's order (they are usually written small -> large), then
+    # profiles from small to large.
+    ordered = {**class_offers}
+    for key in sorted(profile_offers, key=parse_profile_name):
+        ordered[key] = profile_offers[key]
+    return PolicySet(
+        offers=MappingProxyType(ordered),
+        groups=MappingProxyType(group_policies),
+        default=default_policy,
+    )
+
+
+def _mapping(value: object, what: str, problems: list[str]) -> Mapping:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        problems.append(f"{what} must be a dict, got {type(value).__name__} {value!r}")
+        return {}
+    return value
+
+
+def _suggestion(word: object, choices: Iterable[str]) -> str:
+    match = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+class _Checker:
+    """Validates the parts of a policy config and collects every problem found."""
+
+    def __init__(self, fleet: tuple[GpuModel, ...] | None) -> None:
+        self.fleet = fleet  # None: any well-formed profile name is accepted
+        self.problems: list[str] = []
+
+    # --- shared checks -------------------------------------------------------------
+
+    def _spec(self, spec: object, where: str, known: tuple[str, ...]) -> Mapping:
+        """The settings dict of one entry, with unknown keys reported."""
+        if not isinstance(spec, Mapping):
+            self.problems.append(
+                f"{where}: settings must be a dict, got {type(spec).__name__} {spec!r}"
+            )
+            return {}
+        for key in spec:
+            if key not in known:
+                hint = _suggestion(key, known) or f" (known keys: {', '.join(known)})"
+                self.problems.append(f"{where}: unknown key {key!r}{hint}")
+        return spec
+
+    def _text(self, spec: Mapping, key: str, where: str, default: str) -> str:
+        value = spec.get(key, default)
+        if not isinstance(value, str):
+            self.problems.append(
+                f"{where}: {key} must be a string, got {type(value).__name__} {value!r}"
+            )
+            return default
+        return value
+
+    def _whole(
+        self, spec: Mapping, key: str, where: str, default: int | None, minimum: int | None
+    ) -> int | None:
+        """An integer setting; ``None`` allowed (no limit) where the default is ``None``."""
+        value = spec.get(key, default)
+        if value is None and default is None:
+            return None
+        wanted = "a whole number" if minimum is None else f"a whole number, {minimum} or more"
+        if default is None:
+            wanted += " (or None for no limit)"
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problems.append(
+                f"{where}: {key} must be {wanted}, got {type(value).__name__} {value!r}"
+            )
+            return default
+        if minimum is not None and value < minimum:
+            self.problems.append(f"{where}: {key} must be {wanted}, got {value}")
+            return default
+        return value
+
+    def _count(self, spec: Mapping, key: str, where: str, default: int, minimum: int | None) -> int:
+        """An integer setting that cannot be None; ``default`` when missing or wrong."""
+        value = self._whole(spec, key, where, default, minimum)
+        return default if value is None else value
+
+    def _fleet_profile(self, name: str, where: str) -> None:
+        """Report a well-formed profile name that no GPU model of the fleet has."""
+        if self.fleet is None or any(m.has_profile(name) for m in self.fleet):
+            return
+        models = ", ".join(m.display_name for m in self.fleet)
+        valid = dict.fromkeys(p for m in self.fleet for p in m.profile_names)
+        self.problems.append(
+            f"{where}: profile {name!r} exists on no GPU in this fleet ({models}); "
+            f"valid: {', '.join(valid)}"
+        )
+
+    # --- offers and classes --------------------------------------------------------
+
+    def offers(self, offers: Mapping) -> dict[str, Offer]:
+        """Wording for concrete profiles: profile name -> Offer."""
+        built = {}
+        for raw, spec in offers.items():
+            where = f"offer {raw!r}"
+            if not isinstance(raw, str) or not is_profile_name(raw):
+                self.problems.append(
+                    f"{where}: offers are keyed by MIG profile name (e.g. '1g.18gb'); "
+                    "put named sizes such as 'small' in slice_classes"
+                )
+                continue
+            key = offer_key(raw)
+            settings = self._spec(spec, where, OFFER_KEYS)
+            self._fleet_profile(key, where)
+            built[key] = Offer(
+                key=key,
+                kind="profile",
+                display_name=self._text(settings, "display_name", where, key),
+                description=self._text(settings, "description", where, ""),
+            )
+        return built
+
+    def classes(self, classes: Mapping) -> dict[str, Offer]:
+        """Slice classes: class name -> Offer with one profile per GPU model key."""
+        built = {}
+        for name, spec in classes.items():
+            where = f"class {name!r}"
+            if not isinstance(name, str) or not name.strip():
+                self.problems.append(f"{where}: a class name must be a non-empty string")
+                continue
+            if is_profile_name(name):
+                self.problems.append(
+                    f"{where}: a class name must not look like a MIG profile; "
+                    "list profiles directly in a group's 'allowed', or pick a name like 'small'"
+                )
+                continue
+            settings = self._spec(spec, where, CLASS_KEYS)
+            if "profiles" not in settings and isinstance(spec, Mapping):
+                self.problems.append(
+                    f"{where}: missing key 'profiles' (GPU model key -> profile, "
+                    "e.g. {'h200': '1g.18gb', 'a100-80gb': '1g.10gb'})"
+                )
+            key = offer_key(name)
+            built[key] = Offer(
+                key=key,
+                kind="class",
+                display_name=self._text(settings, "display_name", where, key),
+                description=self._text(settings, "description", where, ""),
+                profiles=MappingProxyType(self._class_profiles(settings, where)),
+            )
+        return built
+
+    def _class_profiles(self, settings: Mapping, where: str) -> dict[str, str]:
+        raw = settings.get("profiles", {})
+        if not isinstance(raw, Mapping) or ("profiles" in settings and not raw):
+            self.problems.append(
+                f"{where}: profiles must be a non-empty dict of GPU model key -> profile, "
+                f"got {raw!r}"
+            )
+            return {}
+        profiles = {}
+        for model_key, profile_name in raw.items():
+            try:
+                gpu = model(str(model_key))
+            except CatalogError as exc:
+                hint = _suggestion(model_key, (m.key for m in MODELS))
+                self.problems.append(f"{where}: profiles: {exc}{hint}")
+                continue
+            try:
+                profiles[gpu.key] = gpu.profile(str(profile_name)).name
+            except CatalogError as exc:
+                self.problems.append(f"{where}: profiles[{model_key!r}]: {exc}")
+        if self.fleet and profiles and not any(m.key in profiles for m in self.fleet):
+            fleet_keys = ", ".join(m.key for m in self.fleet)
+            self.problems.append(
+                f"{where}: no profile for any GPU in this fleet ({fleet_keys}); "
+                f"add one, e.g. profiles[{self.fleet[0].key!r}]"
+            )
+        return profiles
+
+    # --- groups --------------------------------------------------------------------
+
+    def group(
+        self, name: str, spec: object, where: str, classes: Mapping[str, Offer]
+    ) -> GroupPolicy:
+        """One group's policy (also used for the default policy)."""
+        settings = self._spec(spec, where, GROUP_KEYS)
+        # Checked in GROUP_KEYS order so that the report reads like the config.
+        allowed = self._allowed(settings.get("allowed", []), where, classes)
+        max_slices = self._count(settings, "max_slices_per_user", where, 1, 1)
+        quota_slices = self._whole(settings, "quota_slices", where, None, 0)
+        quota_compute = self._whole(settings, "quota_compute_slices", where, None, 0)
+        durations = {}
+        for key in DURATION_KEYS:
+            try:
+                durations[key] = parse_duration(settings.get(key))
+            except DurationError as exc:
+                self.problems.append(f"{where}: {key}: {exc}")
+                durations[key] = None
+        busy = settings.get("cull_busy_kernels", False)
+        if not isinstance(busy, bool):
+            self.problems.append(f"{where}: cull_busy_kernels must be True or False, got {busy!r}")
+            busy = False
+        return GroupPolicy(
+            name=name,
+            allowed=allowed,
+            max_slices_per_user=max_slices,
+            quota_slices=quota_slices,
+            quota_compute_slices=quota_compute,
+            cull_busy_kernels=busy,
+            priority=self._count(settings, "priority", where, 0, None),
+            **durations,
+        )
+
+    def _allowed(self, raw: object, where: str, classes: Mapping[str, Offer]) -> tuple[str, ...]:
+        if isinstance(raw, str) or not isinstance(raw, (list, tuple, set, frozenset)):
+            self.problems.append(
+                f"{where}: allowed must be a list of profile or class names "
+                f"(e.g. ['small', '2g.35gb']), got {type(raw).__name__} {raw!r}"
+            )
+            return ()
+        allowed: dict[str, None] = {}  # ordered, without repeats
+        for entry in raw:
+            if not isinstance(entry, str):
+                self.problems.append(
+                    f"{where}: allowed: entries must be strings, got {type(entry).__name__} "
+                    f"{entry!r}"
+                )
+                continue
+            key = offer_key(entry)
+            if is_profile_name(key):
+                self._fleet_profile(key, f"{where}: allowed")
+            elif key not in classes:
+                known = f"classes: {', '.join(classes)}" if classes else "no classes are defined"
+                self.problems.append(
+                    f"{where}: allowed: unknown class {entry!r}{_suggestion(key, classes)} "
+                    f"({known}; MIG profiles such as '1g.18gb' may be listed directly)"
+                )
+                continue
+            allowed[key] = None
+        return tuple(allowed)

@@ -1,0 +1,217 @@
+"""Group policy data: what a user may pick, with which limits, and for whom.
+
+Pure values built by :func:`mig_spawner.core.policy_build.build_policy`; import them
+through :mod:`mig_spawner.core.policy`. Multi-group semantics live in
+:meth:`PolicySet.for_user` and are documented in docs/policies.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mig_spawner.core.catalog import CatalogError, model, normalize_profile_name, parse_profile_name
+
+# Name under which leases of users in no configured group are charged. A JupyterHub
+# group of that name cannot also get a policy (build_policy says so).
+DEFAULT_GROUP = "default"
+
+
+class PolicyError(ValueError):
+    """The policy config is wrong. ``problems`` lists every mistake found, each naming
+    the group (or class, or offer) and the key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        count = len(self.problems)
+        heading = "1 problem" if count == 1 else f"{count} problems"
+        super().__init__(
+            f"{heading} in the MIG group policy config:\n"
+            + "\n".join(f"  - {p}" for p in self.problems)
+        )
+
+
+def offer_key(text: str) -> str:
+    """Canonical key of an offer: profile names normalised (``"MIG 1G.18GB"`` ->
+    ``"1g.18gb"``), class names only stripped."""
+    stripped = str(text).strip()
+    return normalize_profile_name(stripped) if is_profile_name(stripped) else stripped
+
+
+def is_profile_name(text: str) -> bool:
+    """True when ``text`` is spelled like a MIG profile (``1g.18gb``, ``1g.10gb+me``)."""
+    try:
+        parse_profile_name(text)
+    except CatalogError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One thing a user can pick on the spawn form.
+
+    Either a concrete MIG profile (``kind == "profile"``, ``key == "1g.18gb"``) or a
+    slice class (``kind == "class"``, ``key == "small"``) that names one profile per
+    GPU model key, so that one choice means "a small slice" on every GPU of a mixed fleet.
+    """
+
+    key: str
+    kind: Literal["profile", "class"]
+    display_name: str
+    description: str = ""
+    # For a class: GPU model key -> profile name. Empty for a profile offer.
+    profiles: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def is_class(self) -> bool:
+        return self.kind == "class"
+
+    def profile_for(self, model_key: str) -> str | None:
+        """The profile this offer means on a GPU of model ``model_key``, or ``None`` when
+        the offer cannot be served there (class without that model; profile the model
+        lacks). Raises :class:`CatalogError` for a model key the catalog does not know."""
+        gpu = model(model_key)
+        if self.is_class:
+            return self.profiles.get(gpu.key)
+        return self.key if gpu.has_profile(self.key) else None
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """What members of one JupyterHub group may use, and the limits of their leases.
+
+    Durations are seconds, ``None`` meaning no limit. Culling semantics (carried out by
+    the slice service):
+
+    * ``server_idle_timeout``: stop a server with no activity (hub-reported activity, and
+      no busy kernel unless ``cull_busy_kernels``) for this long;
+    * ``kernel_idle_timeout``: shut down an idle kernel after this long (the server and
+      its slice stay);
+    * ``max_session_age``: stop the server once its lease is this old, busy or not;
+    * ``cull_busy_kernels``: when True, a kernel that has been executing with no output
+      for ``kernel_idle_timeout`` is treated as idle; when False busy kernels are never
+      ended by the idle limits.
+    """
+
+    name: str
+    allowed: tuple[str, ...] = ()
+    max_slices_per_user: int = 1
+    quota_slices: int | None = None
+    quota_compute_slices: int | None = None
+    server_idle_timeout: float | None = None
+    kernel_idle_timeout: float | None = None
+    max_session_age: float | None = None
+    cull_busy_kernels: bool = False
+    priority: int = 0
+
+    @property
+    def grants_gpu(self) -> bool:
+        return bool(self.allowed)
+
+    @property
+    def is_default(self) -> bool:
+        return self.name == DEFAULT_GROUP
+
+
+@dataclass(frozen=True)
+class UserPolicy:
+    """The policy of one user, resolved from all their groups (see :meth:`PolicySet.for_user`)."""
+
+    groups: tuple[GroupPolicy, ...]
+    offers: tuple[Offer, ...]
+    max_slices: int
+
+    @property
+    def has_gpu_access(self) -> bool:
+        return bool(self.offers)
+
+    @property
+    def offer_keys(self) -> tuple[str, ...]:
+        return tuple(o.key for o in self.offers)
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.groups)
+
+    def allows(self, key: str) -> bool:
+        return offer_key(key) in self.offer_keys
+
+    def offer(self, key: str) -> Offer:
+        """The allowed offer with this key; ``KeyError`` when it is not allowed."""
+        wanted = offer_key(key)
+        for o in self.offers:
+            if o.key == wanted:
+                return o
+        raise KeyError(wanted)
+
+    def charge_candidates(self, key: str) -> list[GroupPolicy]:
+        """The user's groups that allow ``key``, in the order a claim tries to charge them:
+        highest ``priority`` first, then by group name."""
+        wanted = offer_key(key)
+        allowing = [g for g in self.groups if wanted in g.allowed]
+        return sorted(allowing, key=lambda g: (-g.priority, g.name))
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """Every offer and group policy of a hub, validated; build it with ``build_policy``."""
+
+    offers: Mapping[str, Offer]
+    groups: Mapping[str, GroupPolicy]
+    default: GroupPolicy = field(default_factory=lambda: GroupPolicy(DEFAULT_GROUP))
+
+    def for_user(self, groups: Iterable[str]) -> UserPolicy:
+        """Resolve the policy of a user who belongs to the JupyterHub groups ``groups``.
+
+        * Groups without a policy are ignored. A user in none of the configured groups
+          gets the default policy; a user in at least one gets only their groups' policies
+          (so a configured group with an empty ``allowed`` list denies GPU access).
+        * Allowed offers: the union over the user's groups, in the order of ``offers``.
+        * ``max_slices``: the largest ``max_slices_per_user`` among the user's groups that
+          allow anything (0 when none does).
+        * Each lease is charged to one group: see :meth:`UserPolicy.charge_candidates`.
+        """
+        if isinstance(groups, str):
+            # A bare string would be read as a set of one-letter group names.
+            raise TypeError(f"for_user() takes a list of group names, got the string {groups!r}")
+        mine = sorted(
+            (self.groups[g] for g in set(groups) if g in self.groups), key=lambda g: g.name
+        )
+        applying = tuple(mine) if mine else (self.default,)
+        allowed = {key for g in applying for key in g.allowed}
+        granting = [g.max_slices_per_user for g in applying if g.grants_gpu]
+        return UserPolicy(
+            groups=applying,
+            offers=tuple(o for key, o in self.offers.items() if key in allowed),
+            max_slices=max(granting, default=0),
+        )
+
+    def group(self, name: str) -> GroupPolicy:
+        """The policy that sets the limits of a lease charged to group ``name``.
+
+        A lease charged to a group that is no longer configured (the config changed
+        since it was claimed) follows the default policy's limits; check
+        ``name in policy.groups`` to tell the two apart.
+        """
+        return self.groups.get(name, self.default)
+
+    def offer(self, key: str) -> Offer:
+        """The offer with this key (``KeyError`` when none)."""
+        return self.offers[offer_key(key)]
+
+    def profile_names(self, model_keys: Iterable[str] | None = None) -> tuple[str, ...]:
+        """Every concrete profile some group's offer can mean, in offer order, without
+        repeats: what a pool layout has to provide. ``model_keys`` limits it to those GPU
+        models (the fleet); ``None`` keeps every profile named anywhere."""
+        granted = {k for g in (*self.groups.values(), self.default) for k in g.allowed}
+        names: dict[str, None] = {}
+        for key, offer in self.offers.items():
+            if key not in granted:
+                continue
+            if model_keys is None:
+                names.update(dict.fromkeys(offer.profiles.values() if offer.is_class else [key]))
+            else:
+                names.update(dict.fromkeys(p for m in model_keys if (p := offer.profile_for(m))))
+        return tuple(names)

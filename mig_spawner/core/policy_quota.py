@@ -1,0 +1,150 @@
+"""The quota check a claim runs inside the ledger's transaction.
+
+Pure: the ledger reads the user's active leases and each group's usage in the same
+transaction that inserts the new lease, and calls :func:`check_claim` in between, so
+two concurrent spawns cannot both squeeze under one quota. Import through
+:mod:`mig_spawner.core.policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mig_spawner.core.policy_model import GroupPolicy, UserPolicy, offer_key
+
+# Machine codes of QuotaRefusal.reason (stable: the spawner and metrics use them).
+NO_GPU_ACCESS = "no_gpu_access"
+NOT_ALLOWED = "not_allowed"
+USER_LIMIT = "user_limit"
+GROUP_QUOTA = "group_quota"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One active lease of the user who is claiming."""
+
+    server_name: str
+    profile: str
+    compute_slices: int
+    group: str
+
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """What the active leases charged to one group add up to."""
+
+    slices: int = 0
+    compute_slices: int = 0
+
+
+def tally(holdings: Iterable[Holding]) -> dict[str, GroupUsage]:
+    """Usage per charged group of a set of active leases."""
+    usage: dict[str, GroupUsage] = {}
+    for h in holdings:
+        before = usage.get(h.group, GroupUsage())
+        usage[h.group] = GroupUsage(before.slices + 1, before.compute_slices + h.compute_slices)
+    return usage
+
+
+class QuotaRefusal(Exception):
+    """A claim the policy does not allow. ``reason`` is a machine code (``NOT_ALLOWED``,
+    ``USER_LIMIT``, ``GROUP_QUOTA``, ``NO_GPU_ACCESS``); ``str()`` says what is wrong in
+    words for the user; ``hint`` says what they can do."""
+
+    def __init__(self, reason: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.hint = hint
+
+
+def check_claim(
+    user_policy: UserPolicy,
+    offer: str,
+    profile_compute_slices: int,
+    user_active: Sequence[Holding],
+    group_active: Mapping[str, GroupUsage],
+) -> GroupPolicy:
+    """The group a new lease of ``offer`` is charged to, or :class:`QuotaRefusal`.
+
+    ``profile_compute_slices``: compute slices of the profile the allocator picked (a
+    class means different profiles on different GPUs). ``user_active``: the user's active
+    leases. ``group_active``: usage per group of all active leases (groups missing from
+    it hold nothing). Checks, in order: GPU access at all, the offer, the user's limit,
+    then the quotas of the groups that allow the offer, in ``charge_candidates`` order;
+    the first group with room is charged.
+    """
+    if not user_policy.has_gpu_access:
+        raise QuotaRefusal(
+            NO_GPU_ACCESS,
+            "your groups allow no GPU slices; ask an admin to add you to a group",
+            "a hub admin can add you to a JupyterHub group that has a GPU policy",
+        )
+    key = offer_key(offer)
+    if not user_policy.allows(key):
+        raise QuotaRefusal(
+            NOT_ALLOWED,
+            f"{key!r} is not allowed for {_your_groups(user_policy)}; "
+            f"allowed: {', '.join(user_policy.offer_keys)}",
+            "pick one of the allowed sizes, or ask an admin for a bigger one",
+        )
+    if len(user_active) >= user_policy.max_slices:
+        raise QuotaRefusal(
+            USER_LIMIT,
+            f"you already hold {len(user_active)} of {user_policy.max_slices} slices "
+            f"({_servers(user_active)})",
+            "stop one of your GPU servers to start another",
+        )
+    candidates = user_policy.charge_candidates(key)
+    full = []
+    for group in candidates:
+        shortfall = _shortfall(
+            group, group_active.get(group.name, GroupUsage()), profile_compute_slices, key
+        )
+        if shortfall is None:
+            return group
+        full.append(shortfall)
+    if len(full) == 1:
+        # Only the default policy applies alone without being one of "your" groups.
+        message = full[0] if candidates[0].is_default else f"your {full[0]}"
+    else:
+        message = f"every group of yours that allows {key!r} is full: " + "; ".join(full)
+    raise QuotaRefusal(
+        GROUP_QUOTA,
+        message,
+        "wait for a colleague to stop a server, or pick a smaller size",
+    )
+
+
+def _shortfall(group: GroupPolicy, usage: GroupUsage, compute: int, key: str) -> str | None:
+    """``None`` when the group has room for one more lease; else why not, in words."""
+    if group.is_default:
+        who, holds, uses, its = "users outside the GPU groups", "hold", "use", "their"
+    else:
+        who, holds, uses, its = f"group {group.name!r}", "holds", "uses", "its"
+    if group.quota_slices is not None and usage.slices + 1 > group.quota_slices:
+        return f"{who} {holds} {usage.slices} of {its} {group.quota_slices} slices"
+    quota = group.quota_compute_slices
+    if quota is not None and usage.compute_slices + compute > quota:
+        return (
+            f"{who} {uses} {usage.compute_slices} of {its} {quota} compute slices "
+            f"and {key!r} needs {compute}"
+        )
+    return None
+
+
+def _your_groups(user_policy: UserPolicy) -> str:
+    if any(g.is_default for g in user_policy.groups):
+        return "users outside the GPU groups"
+    return f"your groups ({', '.join(user_policy.group_names)})"
+
+
+def _servers(holdings: Sequence[Holding]) -> str:
+    """``server 'gpu'``, ``your default server`` or ``servers default, 'big'``."""
+    # JupyterHub's default server has the empty name; unquoted "default" tells it apart
+    # from a named server called 'default'.
+    names = [repr(h.server_name) if h.server_name else "default" for h in holdings]
+    if len(names) == 1:
+        return f"server {names[0]}" if holdings[0].server_name else "your default server"
+    return f"servers {', '.join(names)}"
