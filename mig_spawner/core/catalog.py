@@ -196,13 +196,20 @@ def _gib(value: float) -> int:
 
 
 def _eight_slice_profiles(
-    names: dict[str, str], gib: dict[str, float], sm: dict[str, int], ce: dict[str, int]
+    names: dict[str, str],
+    gib: dict[str, float],
+    sm: dict[str, int],
+    ce: dict[str, int],
+    hopper: bool,
 ) -> tuple[Profile, ...]:
     profiles = []
     for kind in _KIND_ORDER:
         if kind not in names:
             continue
         enum, pid, g, mem, count, starts, ci = _EIGHT_SLICE_KINDS[kind]
+        if kind == "1g2m" and hopper:
+            # Hopper's double-memory 1g has more SMs, and its own full-size CI profile.
+            ci = CI_PROFILE_1_SLICE_REV1
         profiles.append(
             Profile(
                 name=names[kind],
@@ -265,6 +272,7 @@ def _eight_slice_model(
             gib,
             _HOPPER_SM if hopper else _AMPERE_SM,
             _HOPPER_CE if hopper else _AMPERE_CE,
+            hopper,
         ),
         verified=verified,
         driver_start_order=_EIGHT_SLICE_DRIVER_ORDER,
@@ -318,10 +326,12 @@ MODELS: tuple[GpuModel, ...] = (
         "gh200", "GH200 H100 96GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 96GB HBM3"), "Hopper",
         95.58, _names(12, 24, 48, 96), _mem(11.00, 23.00, 46.50, 93.00), 525,
     ),
-    # H200 names are NVIDIA's; memory in GiB is estimated from the names (unverified).
+    # H200 names are NVIDIA's; memory in GiB is estimated from the names, and IDs and
+    # placements are taken to be Hopper's (unverified until read off a real H200).
     _eight_slice_model(
         "h200", "H200 141GB", ("NVIDIA H200", "NVIDIA H200 NVL"), "Hopper",
         140.40, _names(18, 35, 71, 141), _mem(16.75, 32.50, 66.00, 130.50), 550,
+        verified=False,
     ),
     _eight_slice_model(
         "b200", "B200 180GB", ("NVIDIA B200",), "Blackwell",

@@ -1,0 +1,416 @@
+"""The GPU adapter: MIG inventory and instance management through pynvml.
+
+Reading (``inventory``) never changes anything on the GPU. Creating and destroying
+instances happens only when asked. The same code runs on a real driver and on the
+simulator (which sits below pynvml), so nothing here knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from ctypes import byref, c_uint
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from mig_spawner.core import catalog
+from mig_spawner.core.inventory import (
+    ComputeInstance,
+    Gpu,
+    GpuInstance,
+    GpuProcess,
+    Inventory,
+    MigDevice,
+)
+
+from . import errors
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+# "No MIG device at this index" (MIG.md): holes in the index range are normal.
+_NO_DEVICE_HERE = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument)
+_NO_PROFILE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+
+
+@dataclass(frozen=True)
+class _GiProfile:
+    """A GPU-instance profile as this GPU's driver reports it."""
+
+    profile_id: int
+    name: str
+    slice_count: int
+    instance_count: int
+    starts: tuple[int, ...]
+    size: int
+
+
+def probe_mig_config_access() -> bool:
+    """Whether this process may create/destroy MIG instances on a real host (read-only check).
+
+    Root may; otherwise read access to the MIG ``config`` capability is needed: the device
+    node when the driver exposes capabilities in /dev, else the /proc file.
+    """
+    if os.geteuid() == 0:
+        return True
+    if os.path.isdir(os.path.dirname(errors.MIG_CONFIG_DEVICE)):
+        return os.access(errors.MIG_CONFIG_DEVICE, os.R_OK)
+    return os.access(errors.MIG_CONFIG_PROC, os.R_OK)
+
+
+class GpuAdapter:
+    """MIG on one host, through NVML. Use :func:`mig_spawner.gpu.connect` to get one."""
+
+    def __init__(self, *, library: Any = None,
+                 privilege_probe: Callable[[], bool] = probe_mig_config_access) -> None:
+        """``library``: an object to install as ``pynvml.nvmlLib`` (the simulator), or None
+        for the real libnvidia-ml. ``privilege_probe`` answers :meth:`can_configure`."""
+        self._library = library
+        self._privilege_probe = privilege_probe
+        self._profiles: dict[str, tuple[_GiProfile, ...]] = {}  # by GPU UUID; fixed per driver
+        self._ci_profiles: dict[tuple[str, int], int] = {}  # (GPU UUID, GI profile) -> CI ID
+        self._open = False
+        with self._nvml("initialising NVML"):
+            pynvml.nvmlInit()
+        self._open = True
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release NVML (idempotent)."""
+        if self._open:
+            self._open = False
+            with self._nvml("shutting NVML down"):
+                pynvml.nvmlShutdown()
+
+    def __enter__(self) -> GpuAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reading ----------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        """A snapshot of every GPU, its MIG mode, instances and MIG devices (read-only)."""
+        with self._nvml("reading the GPU inventory"):
+            count = pynvml.nvmlDeviceGetCount()
+            gpus = tuple(self._gpu(i) for i in range(count))
+            return Inventory(
+                host=socket.gethostname(),
+                driver_version=pynvml.nvmlSystemGetDriverVersion(),
+                nvml_version=pynvml.nvmlSystemGetNVMLVersion(),
+                cuda_driver_version=pynvml.nvmlSystemGetCudaDriverVersion(),
+                gpus=gpus,
+            )
+
+    def gpu(self, index: int) -> Gpu:
+        """A snapshot of one GPU (cheaper than a full inventory)."""
+        with self._nvml(f"reading GPU {index}"):
+            return self._gpu(index)
+
+    def can_configure(self) -> bool:
+        """Whether creating/destroying instances is allowed to this process (read-only)."""
+        return self._privilege_probe()
+
+    # --- changing -------------------------------------------------------------------------
+
+    def create_instance(self, gpu_index: int, profile_name: str, start: int) -> MigDevice:
+        """Create a GPU instance of ``profile_name`` at memory slice ``start`` and its
+        full-size compute instance; return the new MIG device."""
+        doing = f"creating a {profile_name} instance at start {start} on GPU {gpu_index}"
+        with self._nvml(doing):
+            handle, uuid = self._mig_gpu(gpu_index)
+            profile = self._profile_named(handle, uuid, profile_name, gpu_index)
+            if start not in profile.starts:
+                raise errors.InvalidPlacement(
+                    f"{profile.name} cannot start at memory slice {start} on GPU {gpu_index}",
+                    f"use one of the starts {list(profile.starts)}",
+                )
+            placement = pynvml.c_nvmlGpuInstancePlacement_t(start, profile.size)
+            try:
+                gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    handle, profile.profile_id, byref(placement))
+            except pynvml.NVMLError_InsufficientResources:
+                raise errors.InsufficientResources(
+                    f"no room for {profile.name} at memory slices {start}-"
+                    f"{start + profile.size - 1} on GPU {gpu_index}",
+                    code=pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES,
+                ) from None
+            try:
+                ci_profile = self._full_ci_profile(gi, uuid, profile)
+                ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+                gi_id = pynvml.nvmlGpuInstanceGetInfo(gi).id
+                ci_id = pynvml.nvmlComputeInstanceGetInfo(ci).id
+            except BaseException:
+                # Nothing leaks: a GI without its CI would hold slices no one can use.
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlGpuInstanceDestroy(gi)
+                raise
+            for device in self._gpu(gpu_index).mig_devices:
+                if (device.gi_id, device.ci_id) == (gi_id, ci_id):
+                    return device
+        raise errors.NvmlCallFailed(
+            f"{doing}: the new instance (GI {gi_id}, CI {ci_id}) has no MIG device",
+            "check 'nvidia-smi -L'; the driver may need a newer version",
+        )
+
+    def destroy_instance(self, gpu_index: int, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` and its compute instances.
+
+        Raises :class:`~errors.InstanceInUse` (with ``pids``) when processes still run on it.
+        """
+        doing = f"destroying GPU instance {gi_id} on GPU {gpu_index}"
+        with self._nvml(doing):
+            handle, _ = self._mig_gpu(gpu_index)
+            try:
+                gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            except _NO_DEVICE_HERE:
+                raise errors.InstanceNotFound(
+                    f"GPU {gpu_index} has no GPU instance {gi_id}",
+                    code=pynvml.NVML_ERROR_NOT_FOUND) from None
+            devices = [d for d in self._mig_devices(handle, gpu_index) if d.gi_id == gi_id]
+            self._refuse_if_busy(devices, doing)
+            try:
+                for device in devices:
+                    ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gi, device.ci_id)
+                    pynvml.nvmlComputeInstanceDestroy(ci)
+                pynvml.nvmlGpuInstanceDestroy(gi)
+            except pynvml.NVMLError_InUse:
+                # A process started between our check and the destroy.
+                fresh = [d for d in self._mig_devices(handle, gpu_index) if d.gi_id == gi_id]
+                self._refuse_if_busy(fresh, doing)
+                raise
+
+    # --- internals --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _nvml(self, doing: str) -> Iterator[None]:
+        """Use our library, and turn pynvml errors into typed GpuErrors."""
+        if self._library is not None and pynvml.nvmlLib is not self._library:
+            # Another simulated host was installed since (e.g. a second test adapter).
+            with pynvml.libLoadLock:
+                pynvml.nvmlLib = self._library
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+        try:
+            yield
+        except pynvml.NVMLError as exc:
+            raise errors.from_nvml(exc, doing) from exc
+
+    def _handle(self, index: int) -> Any:
+        try:
+            return pynvml.nvmlDeviceGetHandleByIndex(index)
+        except _NO_DEVICE_HERE:
+            count = pynvml.nvmlDeviceGetCount()
+            raise errors.NoSuchGpu(
+                f"there is no GPU {index}; this host has {count} GPU(s) (0-{count - 1})"
+            ) from None
+
+    def _mig_gpu(self, index: int) -> tuple[Any, str]:
+        """Handle and UUID of GPU ``index``, checking MIG is on and not waiting for a reset."""
+        handle = self._handle(index)
+        product = pynvml.nvmlDeviceGetName(handle)
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError_NotSupported:
+            raise errors.MigNotSupported(f"GPU {index} ({product}) does not support MIG",
+                                         code=pynvml.NVML_ERROR_NOT_SUPPORTED) from None
+        if current != pending:
+            raise errors.MigPending(
+                f"GPU {index} ({product}) has MIG {'on' if current else 'off'} now and "
+                f"{'on' if pending else 'off'} pending a GPU reset",
+                f"stop the processes on GPU {index} and run 'nvidia-smi -i {index} -r' as "
+                "root, or reboot",
+            )
+        if not current:
+            raise errors.MigDisabled(
+                f"MIG mode is disabled on GPU {index} ({product})",
+                f"enable it as root: nvidia-smi -i {index} -mig 1",
+            )
+        return handle, pynvml.nvmlDeviceGetUUID(handle)
+
+    def _gpu(self, index: int) -> Gpu:
+        handle = self._handle(index)
+        product = pynvml.nvmlDeviceGetName(handle)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        model = catalog.find_model_for_product(product)
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+            supported = True
+        except pynvml.NVMLError_NotSupported:
+            current, pending, supported = 0, 0, False
+        gis: tuple[GpuInstance, ...] = ()
+        devices: tuple[MigDevice, ...] = ()
+        if current:
+            gi_handles: dict[int, Any] = {}
+            try:
+                gis = self._gpu_instances(handle, uuid, gi_handles)
+            except pynvml.NVMLError_NoPermission:
+                # Reading needs the monitor capability, not config: say which one.
+                raise errors.NoPermission(
+                    f"listing the GPU instances of GPU {index} is not permitted",
+                    f"run as root, or give this user read access to the MIG monitor "
+                    f"capability {errors.MIG_MONITOR_DEVICE} (see {errors.MIG_MONITOR_PROC})",
+                    code=pynvml.NVML_ERROR_NO_PERMISSION,
+                ) from None
+            devices = self._mig_devices(handle, index, gis, uuid)
+            cis: dict[int, list[ComputeInstance]] = {}
+            for d in devices:
+                ci_info = pynvml.nvmlComputeInstanceGetInfo(
+                    pynvml.nvmlGpuInstanceGetComputeInstanceById(gi_handles[d.gi_id], d.ci_id))
+                cis.setdefault(d.gi_id, []).append(
+                    ComputeInstance(d.ci_id, ci_info.profileId, ci_info.placement.size))
+            gis = tuple(GpuInstance(g.gi_id, g.profile, g.profile_id, g.start, g.size,
+                                    tuple(cis.get(g.gi_id, ()))) for g in gis)
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            product=product,
+            model_key=model.key if model else None,
+            minor=pynvml.nvmlDeviceGetMinorNumber(handle),
+            memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB,
+            mig_current=bool(current),
+            mig_pending=bool(pending),
+            mig_supported=supported,
+            gpu_instances=gis,
+            mig_devices=devices,
+        )
+
+    def _gpu_instances(self, handle: Any, uuid: str, gi_handles: dict[int, Any]
+                       ) -> tuple[GpuInstance, ...]:
+        """Every GI of the GPU, by asking for the GIs of each profile it supports."""
+        found = []
+        for profile in self._gpu_profiles(handle, uuid):
+            array = (pynvml.c_nvmlGpuInstance_t * profile.instance_count)()
+            count = c_uint(0)
+            pynvml.nvmlDeviceGetGpuInstances(handle, profile.profile_id, array, byref(count))
+            for slot in range(count.value):
+                info = pynvml.nvmlGpuInstanceGetInfo(array[slot])
+                gi_handles[info.id] = array[slot]
+                found.append(GpuInstance(info.id, profile.name, profile.profile_id,
+                                         info.placement.start, info.placement.size))
+        return tuple(sorted(found, key=lambda g: g.gi_id))
+
+    def _mig_devices(self, handle: Any, index: int, gis: tuple[GpuInstance, ...] = (),
+                     uuid: str = "") -> tuple[MigDevice, ...]:
+        """Walk the MIG device handles; holes in the index range are skipped."""
+        by_gi = {g.gi_id: g for g in gis}
+        devices = []
+        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except _NO_DEVICE_HERE:
+                continue
+            name = pynvml.nvmlDeviceGetName(mig)
+            gi_id = pynvml.nvmlDeviceGetGpuInstanceId(mig)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
+            gi = by_gi.get(gi_id)
+            devices.append(MigDevice(
+                uuid=pynvml.nvmlDeviceGetUUID(mig),
+                gpu_index=index,
+                gpu_uuid=uuid,
+                index=slot,
+                name=name,
+                profile=gi.profile if gi else catalog.normalize_profile_name(
+                    name.rpartition(" MIG ")[2]),
+                gi_id=gi_id,
+                ci_id=pynvml.nvmlDeviceGetComputeInstanceId(mig),
+                start=gi.start if gi else -1,
+                size=gi.size if gi else 0,
+                memory_total_mib=memory.total // _MIB,
+                memory_used_mib=memory.used // _MIB,
+                processes=self._processes(mig),
+            ))
+        return tuple(devices)
+
+    @staticmethod
+    def _processes(mig: Any) -> tuple[GpuProcess, ...]:
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+        except (pynvml.NVMLError_NoPermission, pynvml.NVMLError_NotSupported) as exc:
+            log.warning("cannot list the processes of a MIG device: %s", exc)
+            return ()
+        return tuple(GpuProcess(p.pid, (p.usedGpuMemory or 0) // _MIB) for p in procs)
+
+    def _gpu_profiles(self, handle: Any, uuid: str) -> tuple[_GiProfile, ...]:
+        """The GI profiles this GPU supports, from the driver (cached: fixed per driver)."""
+        cached = self._profiles.get(uuid)
+        if cached is not None:
+            return cached
+        profiles = []
+        for enum_index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info, name = self._profile_info(handle, enum_index)
+            except _NO_PROFILE:
+                continue
+            count = c_uint(0)
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, None, byref(count))
+            slots = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, slots, byref(count))
+            placements = slots[: count.value]
+            profiles.append(_GiProfile(
+                profile_id=info.id,
+                name=name,
+                slice_count=info.sliceCount,
+                instance_count=info.instanceCount,
+                starts=tuple(p.start for p in placements),
+                size=placements[0].size if placements else 0,
+            ))
+        self._profiles[uuid] = tuple(profiles)
+        return self._profiles[uuid]
+
+    @staticmethod
+    def _profile_info(handle: Any, enum_index: int) -> tuple[Any, str]:
+        """Profile info and name; drivers before the versioned call get the name from the
+        catalog (or from the slice count and memory, for a GPU the catalog lacks)."""
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum_index)
+            return info, catalog.normalize_profile_name(info.name)
+        except pynvml.NVMLError_FunctionNotFound:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum_index, version=1)
+        model = catalog.find_model_for_product(pynvml.nvmlDeviceGetName(handle))
+        if model is not None:
+            with contextlib.suppress(catalog.CatalogError):
+                return info, model.profile_by_id(info.id).name
+        return info, f"{info.sliceCount}g.{round(info.memorySizeMB / 1024)}gb"
+
+    def _profile_named(self, handle: Any, uuid: str, name: str, index: int) -> _GiProfile:
+        profiles = self._gpu_profiles(handle, uuid)
+        wanted = catalog.normalize_profile_name(name)
+        for profile in profiles:
+            if profile.name == wanted:
+                return profile
+        raise errors.UnknownProfile(
+            f"{name!r} is not a MIG profile of GPU {index}",
+            f"use one of: {', '.join(p.name for p in profiles)}",
+        )
+
+    def _full_ci_profile(self, gi: Any, uuid: str, profile: _GiProfile) -> int:
+        """The compute-instance profile that spans the whole GI (cached per GI profile)."""
+        key = (uuid, profile.profile_id)
+        if key not in self._ci_profiles:
+            for enum_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                try:
+                    info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                        gi, enum_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                except _NO_PROFILE:
+                    continue
+                if info.sliceCount == profile.slice_count:
+                    self._ci_profiles[key] = info.id
+                    break
+            else:
+                raise errors.NvmlCallFailed(
+                    f"the driver offers no full-size compute instance for {profile.name}")
+        return self._ci_profiles[key]
+
+    @staticmethod
+    def _refuse_if_busy(devices: list[MigDevice], doing: str) -> None:
+        pids = tuple(pid for d in devices for pid in d.pids)
+        if pids:
+            raise errors.InstanceInUse(
+                f"{doing}: processes still run on it ({', '.join(map(str, pids))})", pids)

@@ -1,0 +1,244 @@
+"""One simulated host: its state, the optional shared state file, and the test helpers.
+
+With a state file, several processes (the hub, the slice service, a test) see one host:
+writers take an ``fcntl`` lock on ``<state>.lock``, reload, change, atomically replace the
+JSON file and bump a generation counter kept in the lock file; readers compare that
+counter (memory-mapped, so checking it costs well under a microsecond) before every
+simulated NVML call, and reload the JSON when it moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import struct
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+import pynvml
+
+from . import rules
+from .spec import SpecError, parse_spec
+from .state import Fault, HostState, SimComputeInstance, mig_device_uuid, new_host_state
+
+DeviceRef = str | tuple[int, int, int]  # a MIG UUID, or (gpu index, GI ID, CI ID)
+_GENERATION = struct.Struct("<Q")
+
+
+class SimulatedHost:
+    """The simulated GPUs of one host, shared through ``state_file`` when one is given."""
+
+    def __init__(self, state: HostState, state_file: str | None = None) -> None:
+        self._state = state
+        self.state_file = os.fspath(state_file) if state_file else None
+        self._generation_map: mmap.mmap | None = None  # the lock file's 8-byte counter
+        self._generation = -1  # the counter value our in-memory state was loaded at
+        # Threads of one process share the in-memory state; flock covers other processes.
+        self._thread_lock = threading.RLock()
+        # NVML calls made through this process's simulated library, by function name.
+        self.calls: Counter[str] = Counter()
+
+    # --- construction -------------------------------------------------------------
+
+    @classmethod
+    def from_spec(cls, spec: str | None, state_file: str | os.PathLike | None = None
+                  ) -> SimulatedHost:
+        """Build the host ``spec`` describes, or join the one already in ``state_file``.
+
+        A state file that exists wins; its spec must then equal ``spec`` (if one is given),
+        so that two processes cannot silently disagree about the hardware.
+        """
+        if state_file is None:
+            if not spec:
+                raise SpecError("give a simulator spec (e.g. 'h200x2') or a state file")
+            return cls(_build(spec))
+        host = cls(HostState("", "", False, False, []), state_file)
+        with host._locked():
+            if os.path.exists(host.state_file):
+                try:
+                    host._load()
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise SpecError(
+                        f"{host.state_file} is not a mig-spawner simulator state file ({exc})",
+                        "delete it (and its .lock file) to start a new simulated host",
+                    ) from None
+                if spec and host._state.spec != spec.strip():
+                    raise SpecError(
+                        f"state file {host.state_file} holds the simulated host "
+                        f"{host._state.spec!r}, not {spec.strip()!r}; use the same spec, "
+                        "or delete the file to start a new host"
+                    )
+            elif not spec:
+                raise SpecError(
+                    f"state file {host.state_file} does not exist and no simulator spec "
+                    "was given to create it"
+                )
+            else:
+                host._state = _build(spec)
+                host._save()
+        return host
+
+    @classmethod
+    def open(cls, state_file: str | os.PathLike) -> SimulatedHost:
+        """Join the host kept in an existing state file (e.g. from a test)."""
+        return cls.from_spec(None, state_file)
+
+    # --- state access (used by the simulated library) -----------------------------
+
+    @property
+    def state(self) -> HostState:
+        """The state as last loaded; call :meth:`refresh` first to see other processes."""
+        return self._state
+
+    def refresh(self) -> HostState:
+        """Reload the state if another process changed the file, and return it."""
+        if self.state_file is not None:
+            self._reload_if_changed()
+        return self._state
+
+    @contextlib.contextmanager
+    def mutate(self) -> Iterator[HostState]:
+        """Change the state under the file lock; the change is saved only if no error."""
+        with self._thread_lock:
+            if self.state_file is None:
+                yield self._state
+                return
+            with self._locked():
+                self._reload_if_changed()
+                yield self._state
+                self._save()
+
+    def take_fault(self, function: str) -> int | None:
+        """The injected return code for this call of ``function``, if any (and count it)."""
+        if not self._state.faults:
+            return None
+        if not any(f.function == function for f in self._state.faults):
+            return None
+        with self.mutate() as state:
+            for fault in state.faults:
+                if fault.function == function:
+                    fault.remaining -= 1
+                    state.faults = [f for f in state.faults if f.remaining > 0]
+                    return fault.code
+        return None
+
+    # --- test helpers -------------------------------------------------------------
+
+    def set_processes(self, device: DeviceRef, processes: Iterable[tuple[int, int]]) -> None:
+        """Make ``processes`` ``(pid, used MiB)`` run on a MIG device (replacing any)."""
+        with self.mutate() as state:
+            self._find(state, device).processes = [(int(p), int(m)) for p, m in processes]
+
+    def set_memory_used(self, device: DeviceRef, mib: int | None) -> None:
+        """Report ``mib`` MiB used on a MIG device (None: the processes' sum)."""
+        with self.mutate() as state:
+            self._find(state, device).memory_used_mib = mib
+
+    def inject_error(self, function: str, code: int | str, count: int = 1) -> None:
+        """Make the next ``count`` calls of NVML ``function`` return ``code``.
+
+        ``code`` is a number or a name: ``"IN_USE"`` / ``"NVML_ERROR_IN_USE"``.
+        """
+        value = _error_code(code)
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        with self.mutate() as state:
+            state.faults.append(Fault(function, value, count))
+
+    def clear_errors(self) -> None:
+        with self.mutate() as state:
+            state.faults.clear()
+
+    def set_permissions(self, *, root: bool | None = None, mig_config: bool | None = None
+                        ) -> None:
+        """Root may switch MIG mode; the MIG ``config`` capability may create/destroy."""
+        with self.mutate() as state:
+            if root is not None:
+                state.root = root
+            if mig_config is not None:
+                state.mig_config = mig_config
+
+    def reset_gpu(self, index: int) -> None:
+        """Reset a GPU: a pending MIG mode takes effect, and all its instances are gone."""
+        with self.mutate() as state:
+            rules.reset_gpu(state.gpus[index])
+
+    def device_uuids(self) -> list[str]:
+        """Every MIG device UUID, GPU by GPU, in NVML's enumeration order."""
+        return [mig_device_uuid(g.uuid, gi.gi_id, ci.ci_id)
+                for g in self.refresh().gpus for gi, ci in rules.mig_devices(g)]
+
+    @staticmethod
+    def _find(state: HostState, device: DeviceRef) -> SimComputeInstance:
+        for gpu in state.gpus:
+            for gi, ci in rules.mig_devices(gpu):
+                if device in ((gpu.index, gi.gi_id, ci.ci_id),
+                              mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id)):
+                    return ci
+        raise KeyError(f"no simulated MIG device {device!r}")
+
+    # --- file handling ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(f"{self.state_file}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if os.fstat(lock.fileno()).st_size < _GENERATION.size:
+                    lock.write(bytes(_GENERATION.size))
+                    lock.flush()
+                if self._generation_map is None:
+                    self._generation_map = mmap.mmap(lock.fileno(), _GENERATION.size)
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _reload_if_changed(self) -> None:
+        if _GENERATION.unpack_from(self._generation_map)[0] != self._generation:
+            self._load()
+
+    def _load(self) -> None:
+        # Read the counter first: a write racing with us makes the next call reload again.
+        self._generation = _GENERATION.unpack_from(self._generation_map)[0]
+        with open(self.state_file, encoding="utf-8") as f:
+            self._state = HostState.from_json(json.load(f))
+
+    def _save(self) -> None:
+        tmp = f"{self.state_file}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self._state.to_json(), f, separators=(",", ":"))
+        os.replace(tmp, self.state_file)  # readers never see a half-written file
+        self._generation = _GENERATION.unpack_from(self._generation_map)[0] + 1
+        _GENERATION.pack_into(self._generation_map, 0, self._generation)
+
+
+def _build(spec: str) -> HostState:
+    host_spec = parse_spec(spec)
+    state = new_host_state(host_spec, spec.strip())
+    first = 0
+    for group in host_spec.groups:
+        for gpu in state.gpus[first:first + group.count]:
+            if group.layout:
+                try:
+                    rules.apply_layout(gpu, group.layout)
+                except ValueError as exc:
+                    raise SpecError(f"simulator spec {spec!r}: {exc}") from None
+        first += group.count
+    return state
+
+
+def _error_code(code: int | str) -> int:
+    if isinstance(code, int):
+        if code not in pynvml.NVMLError._valClassMapping:
+            raise ValueError(f"{code} is not an NVML return code")
+        return code
+    name = code.strip().upper()
+    name = name if name.startswith("NVML_ERROR_") else f"NVML_ERROR_{name}"
+    value = getattr(pynvml, name, None)
+    if not isinstance(value, int):
+        raise ValueError(f"{code!r} is not an NVML error name (e.g. 'IN_USE', 'NO_PERMISSION')")
+    return value

@@ -1,0 +1,223 @@
+"""NVIDIA's MIG rules, applied to the simulated state.
+
+Each operation either changes a :class:`SimGpu` or raises :class:`SimError` carrying the
+NVML return code the real driver gives in that situation (see MIG.md).
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from mig_spawner.core import catalog
+
+from .state import SimComputeInstance, SimGpu, SimGpuInstance
+
+
+class SimError(Exception):
+    """An NVML return code to hand back to pynvml."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+# Compute slices of each full-size compute-instance profile enum.
+CI_SLICES = {
+    catalog.CI_PROFILE_1_SLICE: 1,
+    catalog.CI_PROFILE_2_SLICE: 2,
+    catalog.CI_PROFILE_3_SLICE: 3,
+    catalog.CI_PROFILE_4_SLICE: 4,
+    catalog.CI_PROFILE_7_SLICE: 7,
+    catalog.CI_PROFILE_1_SLICE_REV1: 1,
+}
+
+
+def mig_model(gpu: SimGpu) -> catalog.GpuModel:
+    """The GPU's catalog model; NOT_SUPPORTED for a GPU without MIG."""
+    model = gpu.model
+    if model is None:
+        raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return model
+
+
+def require_mig_on(gpu: SimGpu) -> catalog.GpuModel:
+    """Instance calls need MIG enabled now (NVML answers NOT_SUPPORTED otherwise)."""
+    model = mig_model(gpu)
+    if not gpu.mig_current:
+        raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return model
+
+
+def profile_by_enum(gpu: SimGpu, enum_index: int) -> catalog.Profile:
+    model = mig_model(gpu)
+    if not 0 <= enum_index < catalog.GI_PROFILE_COUNT:
+        raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    try:
+        return model.profile_by_enum(enum_index)
+    except catalog.CatalogError:
+        raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED) from None
+
+
+def profile_by_id(gpu: SimGpu, profile_id: int) -> catalog.Profile:
+    model = require_mig_on(gpu)
+    try:
+        return model.profile_by_id(profile_id)
+    except catalog.CatalogError:
+        raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+
+
+def _used_slices(gpu: SimGpu) -> set[int]:
+    return {s for gi in gpu.gis.values() for s in range(gi.start, gi.start + gi.size)}
+
+
+def _headroom(gpu: SimGpu, model: catalog.GpuModel, profile: catalog.Profile) -> int:
+    """How many more of ``profile`` the per-profile cap, the one-``+me`` rule and the
+    compute slices allow, ignoring where memory slices are free."""
+    profiles = [model.profile_by_id(gi.profile_id) for gi in gpu.gis.values()]
+    if profile.media_extensions and any(p.media_extensions for p in profiles):
+        return 0
+    same = sum(1 for p in profiles if p.profile_id == profile.profile_id)
+    spare_compute = model.compute_slices - sum(p.compute_slices for p in profiles)
+    return min(profile.max_instances - same, spare_compute // profile.compute_slices)
+
+
+def _free(used: set[int], start: int, size: int) -> bool:
+    return not used.intersection(range(start, start + size))
+
+
+def remaining_capacity(gpu: SimGpu, profile_id: int) -> int:
+    """How many more instances of this profile fit now (caps and free slices)."""
+    model = require_mig_on(gpu)
+    profile = profile_by_id(gpu, profile_id)
+    used = _used_slices(gpu)
+    free = sum(1 for s in profile.placement_starts if _free(used, s, profile.placement_size))
+    return max(0, min(free, _headroom(gpu, model, profile)))
+
+
+def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int | None,
+                        size: int | None = None) -> SimGpuInstance:
+    """Create a GI at ``start`` (or where the driver would put it when ``start`` is None)."""
+    model = require_mig_on(gpu)
+    profile = profile_by_id(gpu, profile_id)
+    if start is not None and (start not in profile.placement_starts
+                              or size != profile.placement_size):
+        raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if _headroom(gpu, model, profile) <= 0:
+        raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    used = _used_slices(gpu)
+    if start is None:
+        # The driver walks its own start order; naive creation fragments the GPU (MIG.md).
+        start = next((s for s in model.driver_starts(profile)
+                      if _free(used, s, profile.placement_size)), None)
+        if start is None:
+            raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    elif not _free(used, start, profile.placement_size):
+        raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    gi = SimGpuInstance(model.gi_id(start, profile.placement_size), profile.profile_id,
+                        start, profile.placement_size)
+    gpu.gis[gi.gi_id] = gi
+    return gi
+
+
+def ci_profile_slices(gpu: SimGpu, gi: SimGpuInstance, ci_profile: int) -> int:
+    """Compute slices of a CI profile inside ``gi``; NOT_SUPPORTED when it does not fit."""
+    gi_slices = mig_model(gpu).profile_by_id(gi.profile_id).compute_slices
+    slices = CI_SLICES.get(ci_profile)
+    if ci_profile < 0 or ci_profile >= pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+        raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if slices is None or slices > gi_slices:
+        raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return slices
+
+
+def create_compute_instance(gpu: SimGpu, gi: SimGpuInstance,
+                            ci_profile: int) -> SimComputeInstance:
+    """Create the full-size CI of ``gi`` (the only CI shape the simulator models)."""
+    slices = ci_profile_slices(gpu, gi, ci_profile)
+    full = mig_model(gpu).profile_by_id(gi.profile_id)
+    if ci_profile != full.ci_profile_index:
+        # Smaller CIs (several per GI) are real but out of the simulator's scope.
+        raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if gi.cis:
+        raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    ci = SimComputeInstance(0, ci_profile, slices)
+    gi.cis[ci.ci_id] = ci
+    return ci
+
+
+def destroy_compute_instance(gi: SimGpuInstance, ci_id: int) -> None:
+    if gi.cis[ci_id].processes:
+        raise SimError(pynvml.NVML_ERROR_IN_USE)
+    del gi.cis[ci_id]
+
+
+def destroy_gpu_instance(gpu: SimGpu, gi_id: int) -> None:
+    if gpu.gis[gi_id].cis:
+        raise SimError(pynvml.NVML_ERROR_IN_USE)
+    del gpu.gis[gi_id]
+
+
+def set_mig_mode(gpu: SimGpu, mode: int) -> int:
+    """Request a MIG mode; returns the activation status (SUCCESS or RESET_REQUIRED)."""
+    model = mig_model(gpu)
+    if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+        raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if gpu.gis:
+        raise SimError(pynvml.NVML_ERROR_IN_USE)
+    gpu.mig_pending = mode
+    # Ampere needs a GPU reset before the new mode is live; Hopper and later switch at once.
+    if model.architecture == "Ampere" and gpu.mig_current != mode:
+        return pynvml.NVML_ERROR_RESET_REQUIRED
+    gpu.mig_current = mode
+    return pynvml.NVML_SUCCESS
+
+
+def reset_gpu(gpu: SimGpu) -> None:
+    """A GPU reset: the pending MIG mode takes effect and every instance is gone."""
+    gpu.mig_current = gpu.mig_pending
+    gpu.gis.clear()
+
+
+def mig_devices(gpu: SimGpu) -> list[tuple[SimGpuInstance, SimComputeInstance]]:
+    """The GPU's MIG devices in enumeration order (by GI ID, then CI ID)."""
+    if not gpu.mig_current:
+        return []
+    return [(gi, gi.cis[c]) for g in sorted(gpu.gis) for gi in (gpu.gis[g],)
+            for c in sorted(gi.cis)]
+
+
+def apply_layout(gpu: SimGpu, names: tuple[str, ...]) -> None:
+    """Create ``names`` (GI + full-size CI each) at dense, deterministic placements.
+
+    Biggest profiles first, each at the highest free start, with backtracking, so any
+    layout the placement rules allow is found (1g*2,2g,3g on an H100 fits this way).
+    """
+    model = mig_model(gpu)
+    profiles = sorted((model.profile(n) for n in names),
+                      key=lambda p: (-p.placement_size, len(p.placement_starts), p.name))
+    starts = _pack(gpu, model, profiles, 0)
+    if starts is None:
+        raise ValueError(
+            f"layout {', '.join(names)} does not fit on one {model.display_name} "
+            "(memory slices, per-profile caps or the one-+me rule)"
+        )
+    for profile, start in zip(profiles, starts, strict=True):
+        gi = create_gpu_instance(gpu, profile.profile_id, start, profile.placement_size)
+        create_compute_instance(gpu, gi, profile.ci_profile_index)
+
+
+def _pack(gpu: SimGpu, model: catalog.GpuModel, profiles: list[catalog.Profile],
+          at: int) -> list[int] | None:
+    if at == len(profiles):
+        return []
+    profile = profiles[at]
+    for start in sorted(profile.placement_starts, reverse=True):
+        try:
+            gi = create_gpu_instance(gpu, profile.profile_id, start, profile.placement_size)
+        except SimError:
+            continue
+        rest = _pack(gpu, model, profiles, at + 1)
+        del gpu.gis[gi.gi_id]  # trial only; apply_layout creates the real instances
+        if rest is not None:
+            return [start, *rest]
+    return None

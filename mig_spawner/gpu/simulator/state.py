@@ -1,0 +1,174 @@
+"""The simulated host's state: GPUs, their GPU/compute instances, processes and faults.
+
+Plain mutable records with a JSON form, so that the state can live in a shared file.
+The rules that change it (NVIDIA's MIG rules) are in ``rules.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass, field
+
+from mig_spawner.core import catalog
+
+from .spec import NON_MIG_MODELS, HostSpec
+
+# Fixed namespace: simulated UUIDs are stable across runs and processes.
+_NAMESPACE = uuid.UUID("6c0b3f3e-5b8e-4c4e-9a57-4d1f6b2a9c10")
+
+# CUDA driver API version that each driver branch reports (nvmlSystemGetCudaDriverVersion).
+_CUDA_BY_BRANCH = {450: 11000, 470: 11040, 525: 12000, 535: 12020, 550: 12040, 560: 12060,
+                   570: 12080, 575: 12090, 580: 13000}
+
+
+@dataclass
+class SimComputeInstance:
+    ci_id: int
+    profile_index: int
+    slice_count: int
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    memory_used_mib: int | None = None  # None: the sum of the processes' memory
+
+
+@dataclass
+class SimGpuInstance:
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+    cis: dict[int, SimComputeInstance] = field(default_factory=dict)
+
+
+@dataclass
+class SimGpu:
+    index: int
+    uuid: str
+    product: str
+    model_key: str | None  # None: a GPU without MIG
+    memory_mib: int
+    mig_current: int
+    mig_pending: int
+    gis: dict[int, SimGpuInstance] = field(default_factory=dict)
+
+    @property
+    def model(self) -> catalog.GpuModel | None:
+        return _model(self.model_key) if self.model_key else None
+
+
+@dataclass
+class Fault:
+    """Make ``function`` return ``code`` for its next ``remaining`` calls."""
+
+    function: str
+    code: int
+    remaining: int
+
+
+@dataclass
+class HostState:
+    spec: str
+    driver_version: str
+    root: bool
+    mig_config: bool
+    gpus: list[SimGpu]
+    faults: list[Fault] = field(default_factory=list)
+
+    @property
+    def cuda_version(self) -> int:
+        branch = int(self.driver_version.split(".")[0])
+        known = [b for b in _CUDA_BY_BRANCH if b <= branch]
+        return _CUDA_BY_BRANCH[max(known)] if known else 11000
+
+    @property
+    def nvml_version(self) -> str:
+        return f"{self.cuda_version // 1000}.{self.driver_version}"
+
+    def to_json(self) -> dict:
+        return {
+            "format": 1,
+            "spec": self.spec,
+            "driver_version": self.driver_version,
+            "root": self.root,
+            "mig_config": self.mig_config,
+            "faults": [[f.function, f.code, f.remaining] for f in self.faults],
+            "gpus": [_gpu_json(g) for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> HostState:
+        return cls(
+            spec=data["spec"],
+            driver_version=data["driver_version"],
+            root=data["root"],
+            mig_config=data["mig_config"],
+            faults=[Fault(*f) for f in data["faults"]],
+            gpus=[_gpu_from_json(g) for g in data["gpus"]],
+        )
+
+
+@functools.cache
+def _model(key: str) -> catalog.GpuModel:
+    return catalog.model(key)
+
+
+@functools.lru_cache(maxsize=4096)  # asked for on every GetUUID; uuid5 is not free
+def mig_device_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
+    """Modern MIG UUID (``MIG-xxxxxxxx-xxxx-5xxx-...``), stable for one GPU, GI and CI."""
+    return f"MIG-{uuid.uuid5(_NAMESPACE, f'{gpu_uuid}/{gi_id}/{ci_id}')}"
+
+
+def new_host_state(host: HostSpec, spec_text: str) -> HostState:
+    """A fresh host as the spec describes it, without instances (``rules.apply_layout``)."""
+    gpus = []
+    for group_no, group in enumerate(host.groups):
+        for _ in range(group.count):
+            index = len(gpus)
+            gpu_uuid = f"GPU-{uuid.uuid5(_NAMESPACE, f'{spec_text}/{group_no}/{index}')}"
+            if group.model_key in NON_MIG_MODELS:
+                product, memory = NON_MIG_MODELS[group.model_key]
+                gpus.append(SimGpu(index, gpu_uuid, product, None, memory, 0, 0))
+                continue
+            model = catalog.model(group.model_key)
+            current = 1 if group.mig == "on" else 0
+            pending = 0 if group.mig == "off" else 1
+            gpus.append(SimGpu(index, gpu_uuid, model.product_names[0], model.key,
+                               model.memory_mib, current, pending))
+    return HostState(
+        spec=spec_text,
+        driver_version=host.driver_version,
+        root=host.permission == "root",
+        mig_config=host.permission in ("root", "config"),
+        gpus=gpus,
+    )
+
+
+def _gpu_json(g: SimGpu) -> dict:
+    return {
+        "index": g.index, "uuid": g.uuid, "product": g.product, "model": g.model_key,
+        "memory_mib": g.memory_mib, "mig": [g.mig_current, g.mig_pending],
+        "gis": [
+            {
+                "id": gi.gi_id, "profile_id": gi.profile_id, "start": gi.start, "size": gi.size,
+                "cis": [
+                    {"id": ci.ci_id, "profile": ci.profile_index, "slices": ci.slice_count,
+                     "processes": ci.processes, "memory_used_mib": ci.memory_used_mib}
+                    for ci in gi.cis.values()
+                ],
+            }
+            for gi in g.gis.values()
+        ],
+    }
+
+
+def _gpu_from_json(d: dict) -> SimGpu:
+    gpu = SimGpu(d["index"], d["uuid"], d["product"], d["model"], d["memory_mib"], *d["mig"])
+    for gi in d["gis"]:
+        sim_gi = SimGpuInstance(gi["id"], gi["profile_id"], gi["start"], gi["size"])
+        for ci in gi["cis"]:
+            sim_gi.cis[ci["id"]] = SimComputeInstance(
+                ci["id"], ci["profile"], ci["slices"],
+                [tuple(p) for p in ci["processes"]], ci["memory_used_mib"],
+            )
+        gpu.gis[sim_gi.gi_id] = sim_gi
+    return gpu

@@ -1,0 +1,266 @@
+"""The GPU adapter on the simulated driver: inventory, create/destroy, typed errors."""
+
+from __future__ import annotations
+
+import ctypes.util
+import re
+
+import pynvml
+import pytest
+
+from mig_spawner.gpu import connect, errors
+from mig_spawner.gpu.simulator import SimulatedHost, uninstall
+
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MUTATING = ("nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement",
+            "nvmlGpuInstanceCreateComputeInstance", "nvmlGpuInstanceDestroy",
+            "nvmlComputeInstanceDestroy", "nvmlDeviceSetMigMode")
+
+
+@pytest.fixture
+def adapters():
+    """``open_(spec, state_file)`` connects an adapter; all are closed afterwards."""
+    opened = []
+
+    def open_(simulate=None, state_file=None):
+        adapter = connect(simulate, state_file)
+        opened.append(adapter)
+        return adapter
+
+    yield open_
+    for adapter in opened:
+        adapter.close()
+    uninstall()
+
+
+@pytest.fixture
+def shared(tmp_path, adapters):
+    """An adapter plus a second handle on the same simulated host (as a test or service)."""
+
+    def open_(spec):
+        state = tmp_path / "sim.json"
+        host = SimulatedHost.from_spec(spec, state)
+        return adapters(spec, state), host
+
+    return open_
+
+
+# --- inventory -----------------------------------------------------------------------------
+
+
+def test_inventory_of_a_mixed_host(adapters):
+    inv = adapters("h100x1:layout=1g.10gb*2,2g.20gb,3g.40gb+a100-80gbx1:mig=pending+t4x1"
+                   ":driver=550.54.15").inventory()
+    assert (inv.driver_version, inv.cuda_driver_version) == ("550.54.15", 12040)
+    h100, a100, t4 = inv.gpus
+    assert (h100.model_key, h100.mig_enabled, h100.memory_total_mib) == ("h100", True, 81562)
+    assert [(g.gi_id, g.profile, g.start, g.size) for g in h100.gpu_instances] == [
+        (2, "3g.40gb", 4, 4), (4, "2g.20gb", 2, 2), (7, "1g.10gb", 0, 1), (8, "1g.10gb", 1, 1)]
+    assert [len(g.compute_instances) for g in h100.gpu_instances] == [1, 1, 1, 1]
+    assert h100.gpu_instances[0].compute_instances[0].slice_count == 3
+    device = h100.mig_devices[0]
+    assert MIG_UUID.match(device.uuid) and device.gpu_uuid == h100.uuid
+    assert (device.name, device.profile, device.gi_id, device.ci_id, device.start) == (
+        "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "3g.40gb", 2, 0, 4)
+    assert (device.memory_total_mib, device.memory_used_mib, device.processes) == (40448, 0, ())
+    assert (a100.mig_current, a100.mig_pending, a100.mig_enabled) == (False, True, False)
+    assert a100.mig_devices == () and a100.gpu_instances == ()
+    assert (t4.mig_supported, t4.model_key, t4.product) == (False, None, "Tesla T4")
+    assert inv.device_by_uuid(device.uuid) == device
+
+
+def test_inventory_shows_processes_and_memory_set_elsewhere(shared):
+    adapter, host = shared("h200x2:layout=1g.18gb*7")
+    uuid = host.device_uuids()[9]
+    host.set_processes(uuid, [(1234, 2048), (1235, 10)])
+    host.set_memory_used(uuid, 3000)
+    device = adapter.inventory().device_by_uuid(uuid)
+    assert (device.gpu_index, device.pids, device.busy) == (1, (1234, 1235), True)
+    assert device.processes[0].used_memory_mib == 2048
+    assert device.memory_used_mib == 3000
+
+
+def test_inventory_is_read_only(shared, tmp_path):
+    adapter, _ = shared("h100x2:layout=1g.10gb*3+a100-40gbx1:mig=pending")
+    before = (tmp_path / "sim.json").read_bytes()
+    adapter.inventory()
+    adapter.gpu(0)
+    assert (tmp_path / "sim.json").read_bytes() == before
+    lib = pynvml.nvmlLib
+    assert not [name for name in MUTATING if lib.host.calls[name]]
+
+
+def test_holes_in_the_mig_index_range_are_skipped(adapters):
+    adapter = adapters("h100x1:layout=1g.10gb*3")
+    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetMigDeviceHandleByIndex", "INVALID_ARGUMENT")
+    assert [d.index for d in adapter.inventory().gpus[0].mig_devices] == [1, 2]
+    assert len(adapter.inventory().mig_devices) == 3
+
+
+def test_hidden_processes_do_not_break_the_inventory(adapters, caplog):
+    adapter = adapters("h100x1:layout=7g.80gb")
+    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetComputeRunningProcesses_v3", "NO_PERMISSION")
+    assert adapter.inventory().mig_devices[0].processes == ()
+    assert "cannot list the processes" in caplog.text
+
+
+def test_listing_instances_without_the_monitor_capability_names_it(adapters):
+    adapter = adapters("h100x1:layout=7g.80gb")
+    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetGpuInstances", "NO_PERMISSION")
+    with pytest.raises(errors.NoPermission, match="listing the GPU instances of GPU 0") as exc:
+        adapter.inventory()
+    assert "/proc/driver/nvidia/capabilities/mig/monitor" in exc.value.hint
+
+
+def test_drivers_without_the_versioned_profile_call_still_work(adapters):
+    adapter = adapters("a100-40gbx1")
+    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetGpuInstanceProfileInfoV", "FUNCTION_NOT_FOUND",
+                                     count=pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+    device = adapter.create_instance(0, "1g.10gb", 2)  # the double-memory 1g profile, ID 15
+    assert (device.profile, device.gi_id, device.size) == ("1g.10gb", 4, 2)
+    assert pynvml.nvmlLib.host.calls["nvmlDeviceGetGpuInstanceProfileInfo"] > 0
+
+
+# --- creating and destroying ---------------------------------------------------------------
+
+
+def test_create_at_chosen_placements_fits_what_naive_creation_cannot(adapters):
+    adapter = adapters("h100x1")
+    made = [adapter.create_instance(0, p, s) for p, s in
+            (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))]
+    assert [(d.gi_id, d.ci_id, d.start, d.size) for d in made] == [
+        (7, 0, 0, 1), (8, 0, 1, 1), (4, 0, 2, 2), (2, 0, 4, 4)]
+    assert all(MIG_UUID.match(d.uuid) for d in made)
+    assert made[3].memory_total_mib == 40448
+    assert len(adapter.inventory().mig_devices) == 4
+
+
+def test_destroy_frees_the_slices(adapters):
+    adapter = adapters("h200x1:layout=7g.141gb")
+    adapter.destroy_instance(0, 0)
+    assert adapter.inventory().gpus[0].gpu_instances == ()
+    assert adapter.create_instance(0, "1g.18gb", 6).gi_id == 13
+
+
+def test_busy_instance_is_not_destroyed_and_names_the_pids(shared):
+    adapter, host = shared("h100x1:layout=3g.40gb")
+    host.set_processes((0, 2, 0), [(4242, 100), (4343, 1)])
+    with pytest.raises(errors.InstanceInUse) as exc:
+        adapter.destroy_instance(0, 2)
+    assert exc.value.pids == (4242, 4343)
+    assert "4242, 4343" in exc.value.hint
+    assert len(adapter.inventory().mig_devices) == 1  # nothing was destroyed
+    host.set_processes((0, 2, 0), [])
+    adapter.destroy_instance(0, 2)
+    assert adapter.inventory().mig_devices == ()
+
+
+def test_failed_compute_instance_does_not_leak_the_gpu_instance(adapters):
+    adapter = adapters("h100x1")
+    pynvml.nvmlLib.host.inject_error("nvmlGpuInstanceCreateComputeInstance", "UNKNOWN")
+    with pytest.raises(errors.NvmlCallFailed, match=r"creating a 2g\.20gb instance .*Unknown"):
+        adapter.create_instance(0, "2g.20gb", 0)
+    assert adapter.inventory().gpus[0].gpu_instances == ()
+
+
+# --- typed errors with hints -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpu", "profile", "start", "error", "message", "hint"),
+    [
+        ("h100x1:layout=3g.40gb", 0, "2g.20gb", 4, errors.InsufficientResources,
+         "no room for 2g.20gb at memory slices 4-5 on GPU 0", "another placement"),
+        ("h100x1", 0, "2g.20gb", 1, errors.InvalidPlacement, "cannot start at memory slice 1",
+         r"\[0, 2, 4\]"),
+        ("h100x1", 0, "2g.35gb", 0, errors.UnknownProfile, "'2g.35gb' is not a MIG profile",
+         "1g.10gb, 2g.20gb, 3g.40gb"),
+        ("h100x1", 3, "1g.10gb", 0, errors.NoSuchGpu, "no GPU 3; this host has 1 GPU", "-L"),
+        ("t4x1", 0, "1g.10gb", 0, errors.MigNotSupported, "Tesla T4", "A100"),
+        ("a30x1:mig=off", 0, "1g.6gb", 0, errors.MigDisabled, "disabled on GPU 0",
+         "nvidia-smi -i 0 -mig 1"),
+        ("a100-40gbx1:mig=pending", 0, "1g.5gb", 0, errors.MigPending,
+         "off now and on pending a GPU reset", "nvidia-smi -i 0 -r"),
+        ("h200x1:perm=none", 0, "1g.18gb", 0, errors.NoPermission, "creating a 1g.18gb",
+         "/dev/nvidia-caps/nvidia-cap1"),
+    ],
+)
+def test_create_errors_are_typed_and_say_what_to_do(adapters, spec, gpu, profile, start, error,
+                                                    message, hint):
+    with pytest.raises(error, match=message) as exc:
+        adapters(spec).create_instance(gpu, profile, start)
+    assert re.search(hint, exc.value.hint)
+    assert isinstance(exc.value, errors.GpuError)
+
+
+def test_no_permission_to_destroy_names_the_capability(adapters):
+    adapter = adapters("h200x1:layout=1g.18gb:perm=none")
+    with pytest.raises(errors.NoPermission) as exc:
+        adapter.destroy_instance(0, 13)
+    assert "/proc/driver/nvidia/capabilities/mig/config" in exc.value.hint
+    assert exc.value.code == pynvml.NVML_ERROR_NO_PERMISSION
+
+
+def test_destroying_a_missing_instance(adapters):
+    with pytest.raises(errors.InstanceNotFound, match="GPU 0 has no GPU instance 9"):
+        adapters("h100x1").destroy_instance(0, 9)
+
+
+@pytest.mark.parametrize(
+    ("function", "code", "error"),
+    [("nvmlInitWithFlags", "LIBRARY_NOT_FOUND", errors.NvmlLibraryNotFound),
+     ("nvmlInitWithFlags", "DRIVER_NOT_LOADED", errors.DriverNotLoaded),
+     ("nvmlDeviceGetCount_v2", "GPU_IS_LOST", errors.NvmlCallFailed)],
+)
+def test_injected_driver_failures_become_typed_errors(tmp_path, adapters, function, code, error):
+    state = tmp_path / "sim.json"
+    SimulatedHost.from_spec("h200x1", state).inject_error(function, code)
+    with pytest.raises(error) as exc:
+        adapters(state_file=state).inventory()
+    assert exc.value.hint
+    assert adapters(state_file=state).inventory().gpus[0].product == "NVIDIA H200"
+
+
+def test_in_use_from_the_driver_is_typed(adapters):
+    adapter = adapters("h100x1:layout=1g.10gb")
+    pynvml.nvmlLib.host.inject_error("nvmlGpuInstanceDestroy", "IN_USE")
+    with pytest.raises(errors.InstanceInUse, match="In use by another client"):
+        adapter.destroy_instance(0, 13)
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None,
+                    reason="this host has a real NVIDIA driver")
+def test_real_driver_missing_is_a_clear_error(monkeypatch, adapters):
+    adapters("h100x1")  # a simulator left installed must not answer for the real driver
+    monkeypatch.delenv("MIG_SPAWNER_SIMULATE", raising=False)
+    monkeypatch.delenv("MIG_SPAWNER_SIM_STATE", raising=False)
+    with pytest.raises(errors.NvmlLibraryNotFound) as exc:
+        connect()
+    assert "libnvidia-ml.so.1" in str(exc.value)
+    assert "MIG_SPAWNER_SIMULATE" in exc.value.hint
+
+
+# --- wiring --------------------------------------------------------------------------------------
+
+
+def test_can_configure_follows_the_capability(shared):
+    adapter, host = shared("h100x1:perm=config")
+    assert adapter.can_configure()
+    host.set_permissions(mig_config=False)
+    assert not adapter.can_configure()
+
+
+def test_environment_selects_the_simulator(monkeypatch, tmp_path, adapters):
+    monkeypatch.setenv("MIG_SPAWNER_SIMULATE", "a30x3")
+    monkeypatch.setenv("MIG_SPAWNER_SIM_STATE", str(tmp_path / "env.json"))
+    assert len(adapters().inventory().gpus) == 3
+    assert (tmp_path / "env.json").exists()
+
+
+def test_two_simulated_adapters_in_one_process_stay_apart(adapters):
+    first = adapters("h100x1")
+    second = adapters("a30x2")
+    assert [g.product for g in first.inventory().gpus] == ["NVIDIA H100 80GB HBM3"]
+    assert len(second.inventory().gpus) == 2
+    first.create_instance(0, "7g.80gb", 0)
+    assert second.inventory().mig_devices == ()
