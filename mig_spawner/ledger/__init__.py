@@ -1,0 +1,53 @@
+"""Lease ledger adapter: durable leases in SQL (SQLite file or any SQLAlchemy URL).
+
+See ``docs/ledger.md`` for what is stored and how double grants are made impossible.
+"""
+
+from .engine import DEFAULT_URL
+from .errors import (
+    Conflict,
+    DoubleGrant,
+    InvalidDecision,
+    LeaseNotFound,
+    LeaseStateError,
+    LedgerConfigError,
+    LedgerError,
+    SchemaError,
+    ServerHasLease,
+)
+from .records import (
+    HELD_STATES,
+    MODES,
+    STATES,
+    Decision,
+    GroupUsage,
+    Lease,
+    LeaseRequest,
+    LedgerView,
+    Usage,
+)
+from .store import Decide, Ledger
+
+__all__ = [
+    "DEFAULT_URL",
+    "HELD_STATES",
+    "MODES",
+    "STATES",
+    "Conflict",
+    "Decide",
+    "Decision",
+    "DoubleGrant",
+    "GroupUsage",
+    "InvalidDecision",
+    "Lease",
+    "LeaseNotFound",
+    "LeaseRequest",
+    "LeaseStateError",
+    "Ledger",
+    "LedgerConfigError",
+    "LedgerError",
+    "LedgerView",
+    "SchemaError",
+    "ServerHasLease",
+    "Usage",
+]

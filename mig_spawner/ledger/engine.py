@@ -1,0 +1,123 @@
+"""Engines for the ledger: SQLite tuned for several processes, or any SQLAlchemy URL.
+
+Why the SQLite settings:
+
+* WAL journal: readers (the admin page, metrics) never block the writer.
+* busy timeout 30 s: a process that finds the database locked waits instead of failing.
+* foreign keys on: slot rows must point at a real lease.
+* SQLAlchemy emits ``BEGIN`` itself (pysqlite's own transaction handling is
+  turned off), so that writing transactions can say ``BEGIN IMMEDIATE`` and
+  take SQLite's single write lock *before* reading; two claims then run one
+  after the other instead of both reading the same free slot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import LedgerConfigError
+from .models import ledger_lock
+
+#: JupyterHub keeps ``jupyterhub.sqlite`` in its working directory; the ledger sits beside it.
+DEFAULT_URL = "sqlite:///mig_spawner_ledger.sqlite"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+#: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``.
+_BEGIN_OPTION = "mig_spawner_sqlite_begin"
+
+
+def parse_url(url: str) -> URL:
+    """Parse a ledger URL; a bare file path means a SQLite file there."""
+    if "://" not in url:
+        if not url.strip():
+            raise LedgerConfigError("the ledger URL is empty; set it to e.g. " + DEFAULT_URL)
+        url = "sqlite:///" + str(Path(url).expanduser().absolute())
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as e:  # ValueError: e.g. a port that is not a number
+        raise LedgerConfigError(
+            f"cannot parse ledger URL {url!r}: {e}. Use a SQLAlchemy URL such as "
+            f"{DEFAULT_URL} or postgresql+psycopg2://user:password@host/dbname"
+        ) from e
+    if parsed.get_backend_name() == "sqlite":
+        _check_sqlite_file(parsed)
+    return parsed
+
+
+def _check_sqlite_file(url: URL) -> None:
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("mode") == "memory":
+        raise LedgerConfigError(
+            f"ledger URL {url} is an in-memory SQLite database: every lease would be lost "
+            "when the process exits, and other processes could not see it. Use a file, "
+            "e.g. sqlite:////srv/jupyterhub/mig_spawner_ledger.sqlite"
+        )
+    if url.query.get("uri"):
+        return  # a file: URI; sqlite3 resolves it, we cannot check it reliably
+    parent = Path(database).expanduser().absolute().parent
+    if not parent.is_dir():
+        raise LedgerConfigError(
+            f"the directory {parent} for the ledger database {database} does not exist; "
+            "create it or point the ledger URL somewhere that exists"
+        )
+
+
+def create_ledger_engine(url: str, *, echo: bool = False) -> Engine:
+    """Create a thread-safe engine for ``url`` (see the module docstring for SQLite)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        # pre_ping: a hub runs for months; PostgreSQL restarts must not break claims.
+        return create_engine(parsed, echo=echo, pool_pre_ping=True)
+    engine = create_engine(
+        parsed,
+        echo=echo,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Turn off pysqlite's implicit BEGIN: _sqlite_on_begin emits the right one.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    mode = connection.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
+    connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def prepare_write(connection: Connection) -> None:
+    """Make the next transaction on ``connection`` a serialised writer.
+
+    Call before ``connection.begin()``. SQLite: ``BEGIN IMMEDIATE`` takes the
+    database write lock up front. Elsewhere: READ COMMITTED, so that after
+    ``lock_claims`` returns, every read sees what earlier claims committed
+    (under REPEATABLE READ the snapshot could predate the lock wait).
+    """
+    if connection.dialect.name == "sqlite":
+        connection.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+    else:
+        connection.execution_options(isolation_level="READ COMMITTED")
+
+
+def lock_claims(connection: Connection) -> None:
+    """Queue behind any other claim in progress, until this transaction ends.
+
+    SQLite's ``BEGIN IMMEDIATE`` (see ``prepare_write``) already did it; other
+    databases lock the one row of ``ledger_lock``.
+    """
+    if connection.dialect.name != "sqlite":
+        connection.execute(select(ledger_lock.c.id).with_for_update())

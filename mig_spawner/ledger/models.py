@@ -1,0 +1,123 @@
+"""The ledger's tables, as SQLAlchemy Core metadata.
+
+The migrations in ``migrations/versions`` create exactly this schema (a test
+compares them). The ledger uses Core rather than the ORM on purpose: callers
+get frozen ``Lease`` records, so there is no identity map or lazy loading to
+go wrong across the hub's threads.
+
+Two tables carry the uniqueness guarantee, enforced by the database itself so
+that it holds across processes and hosts sharing one database:
+
+* ``lease_slots``: primary key ``(host, gpu_uuid, memory_slice)``, one row per
+  memory slice a held lease covers. Two held leases can never overlap.
+* ``lease_servers``: primary key ``(user_name, server_name)``, one row per
+  server that holds a lease. One server can never hold two.
+
+Both rows are written in the claim transaction and deleted at release; the
+``leases`` rows stay forever as history.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    TypeDecorator,
+)
+
+#: Alembic's version table for the ledger: not ``alembic_version``, so the
+#: ledger can share JupyterHub's own database without the two colliding.
+VERSION_TABLE = "mig_spawner_alembic_version"
+
+metadata = MetaData()
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Stores aware datetimes as naive UTC and returns them aware (UTC) on every backend.
+
+    SQLite has no time zones, so storing UTC everywhere keeps comparisons in
+    SQL (``expires_at <= now``) right on both SQLite and PostgreSQL.
+    """
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} given; use an aware one")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC)
+
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("id", String(32), primary_key=True, comment="uuid4 hex; never reused"),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("group_name", String(255), nullable=False, comment="group charged for the slice"),
+    Column("profile", String(64), nullable=False),
+    Column("compute_slices", Integer, nullable=False),
+    Column("mode", String(16), nullable=False, comment="pool | dynamic | kube"),
+    Column("state", String(16), nullable=False, comment="claimed|active|releasing|released"),
+    Column("host", String(255)),
+    Column("gpu_uuid", String(64)),
+    Column("gpu_index", Integer),
+    Column("placement_start", Integer),
+    Column("placement_size", Integer),
+    Column("mig_uuid", String(64)),
+    Column("gi_id", Integer),
+    Column("ci_id", Integer),
+    Column("node", String(255), comment="Kubernetes node"),
+    Column("pod", String(255), comment="Kubernetes pod"),
+    Column("claimed_at", UtcDateTime(), nullable=False),
+    Column("started_at", UtcDateTime()),
+    Column("last_activity_at", UtcDateTime()),
+    Column("expires_at", UtcDateTime(), comment="max session age"),
+    Column("released_at", UtcDateTime()),
+    Column("release_reason", String(255)),
+    Index("ix_leases_state", "state"),
+    Index("ix_leases_server", "user_name", "server_name"),
+    Index("ix_leases_claimed_at", "claimed_at"),
+)
+
+lease_slots = Table(
+    "lease_slots",
+    metadata,
+    Column("host", String(255), primary_key=True),
+    Column("gpu_uuid", String(64), primary_key=True),
+    Column("memory_slice", Integer, primary_key=True),
+    Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False, index=True),
+)
+
+lease_servers = Table(
+    "lease_servers",
+    metadata,
+    Column("user_name", String(255), primary_key=True),
+    Column("server_name", String(255), primary_key=True),
+    Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False, unique=True),
+)
+
+#: One row (id 1). Claims lock it (``SELECT ... FOR UPDATE``) on databases
+#: with row locks, so concurrent claims queue instead of failing on the keys.
+ledger_lock = Table(
+    "ledger_lock",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+)

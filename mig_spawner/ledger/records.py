@@ -1,0 +1,240 @@
+"""Plain, immutable values that go in and out of the ledger.
+
+Nothing here touches a database: callers (the spawner, the slice service, the
+allocator through a ``decide`` callback) get frozen copies, never live ORM
+objects, so nothing can lazy-load outside a transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Literal
+
+from .errors import InvalidDecision
+
+Mode = Literal["pool", "dynamic", "kube"]
+State = Literal["claimed", "active", "releasing", "released"]
+
+MODES: tuple[Mode, ...] = ("pool", "dynamic", "kube")
+#: States in which a lease still holds its slice (its slot rows exist).
+HELD_STATES: tuple[State, ...] = ("claimed", "active", "releasing")
+STATES: tuple[State, ...] = (*HELD_STATES, "released")
+
+
+def require_aware(name: str, value: datetime | None) -> None:
+    """Refuse naive datetimes: the ledger stores UTC and cannot guess a naive value's zone."""
+    if value is not None and value.utcoffset() is None:
+        raise ValueError(
+            f"{name} must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)), "
+            f"got naive {value.isoformat()}"
+        )
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """Who asks for a slice: one named server of one user (``server_name`` "" is the default)."""
+
+    user: str
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.user:
+            raise ValueError("a lease request needs a user name")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the ``decide`` callback grants: one slice, where it is, and whom it is charged to.
+
+    ``start``/``size`` are memory slices on the GPU; they are what the ledger's
+    uniqueness guarantee covers. In dynamic mode ``mig_uuid``, ``gi_id`` and
+    ``ci_id`` are ``None`` until the instance exists (see ``Ledger.activate``).
+    In kube mode the device plugin picks the device, so the GPU fields may be ``None``.
+    """
+
+    group: str
+    profile: str
+    compute_slices: int
+    mode: Mode
+    host: str | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    start: int | None = None
+    size: int | None = None
+    mig_uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    expires_at: datetime | None = None
+    node: str | None = None
+    pod: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise InvalidDecision(
+                f"cannot record grant of {self.profile!r} ({self.mode}): " + "; ".join(problems)
+            )
+
+    def _problems(self) -> list[str]:
+        problems: list[str] = []
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not self.group:
+            problems.append("group (who is charged) is empty")
+        if not self.profile:
+            problems.append("profile is empty")
+        if self.compute_slices < 1:
+            problems.append(f"compute_slices must be >= 1, got {self.compute_slices}")
+        if self.mode in ("pool", "dynamic"):
+            missing = [
+                name
+                for name in ("host", "gpu_uuid", "gpu_index", "start", "size")
+                if getattr(self, name) in (None, "")
+            ]
+            if missing:
+                problems.append(f"{self.mode} mode needs {', '.join(missing)}")
+        if self.mode == "pool" and not self.mig_uuid:
+            problems.append("pool mode leases an existing instance, so it needs mig_uuid")
+        if (self.start is None) != (self.size is None):
+            problems.append("start and size go together")
+        if self.start is not None and self.start < 0:
+            problems.append(f"start must be >= 0, got {self.start}")
+        if self.size is not None and self.size < 1:
+            problems.append(f"size must be >= 1, got {self.size}")
+        if self.size is not None and not self.gpu_uuid:
+            problems.append("a placement (start/size) needs the gpu_uuid it lies on")
+        if self.expires_at is not None and self.expires_at.utcoffset() is None:
+            problems.append("expires_at must be timezone-aware")
+        return problems
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices this grant covers (empty when the placement is unknown)."""
+        if self.start is None or self.size is None:
+            return range(0)
+        return range(self.start, self.start + self.size)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One row of the ledger: a server bound to a slice, from claim to release."""
+
+    id: str
+    user: str
+    server_name: str
+    group: str
+    profile: str
+    compute_slices: int
+    mode: Mode
+    state: State
+    claimed_at: datetime
+    host: str | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    start: int | None = None
+    size: int | None = None
+    mig_uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    node: str | None = None
+    pod: str | None = None
+    started_at: datetime | None = None
+    last_activity_at: datetime | None = None
+    expires_at: datetime | None = None
+    released_at: datetime | None = None
+    release_reason: str | None = None
+
+    @property
+    def held(self) -> bool:
+        """True until the lease is released: its slice is not free for anyone else."""
+        return self.state != "released"
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices this lease covers (empty when the placement is unknown)."""
+        if self.start is None or self.size is None:
+            return range(0)
+        return range(self.start, self.start + self.size)
+
+    @property
+    def server(self) -> str:
+        """``user/server_name``, the way JupyterHub names a server in its logs."""
+        return f"{self.user}/{self.server_name}"
+
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """What one group holds right now."""
+
+    leases: int = 0
+    memory_slices: int = 0
+    compute_slices: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Held leases counted per user and per charged group, for quota checks."""
+
+    by_user: Mapping[str, int] = field(default_factory=dict)
+    by_group: Mapping[str, GroupUsage] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, leases: Iterable[Lease]) -> Usage:
+        """Count the held leases among ``leases``."""
+        users: Counter[str] = Counter()
+        groups: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        for lease in leases:
+            if not lease.held:
+                continue
+            users[lease.user] += 1
+            totals = groups[lease.group]
+            totals[0] += 1
+            totals[1] += lease.size or 0
+            totals[2] += lease.compute_slices
+        return cls(
+            by_user=dict(users),
+            by_group={name: GroupUsage(*totals) for name, totals in groups.items()},
+        )
+
+    def user(self, user: str) -> int:
+        """How many leases ``user`` holds."""
+        return self.by_user.get(user, 0)
+
+    def group(self, group: str) -> GroupUsage:
+        """What ``group`` is charged for now (zeros when nothing)."""
+        return self.by_group.get(group, GroupUsage())
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What ``decide`` sees inside the claim transaction: every held lease, and the clock."""
+
+    request: LeaseRequest
+    leases: tuple[Lease, ...]
+    now: datetime
+
+    @cached_property
+    def usage(self) -> Usage:
+        """Per-user and per-group usage of the held leases."""
+        return Usage.of(self.leases)
+
+    def on_host(self, host: str) -> tuple[Lease, ...]:
+        """Held leases on one host."""
+        return tuple(lease for lease in self.leases if lease.host == host)
+
+    def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
+        """Memory slices of one GPU that held leases cover."""
+        return frozenset(
+            slice_
+            for lease in self.leases
+            if lease.host == host and lease.gpu_uuid == gpu_uuid
+            for slice_ in lease.memory_slices
+        )
+
+    def held_mig_uuids(self) -> frozenset[str]:
+        """MIG device UUIDs that held leases use (pool mode: these instances are taken)."""
+        return frozenset(lease.mig_uuid for lease in self.leases if lease.mig_uuid)

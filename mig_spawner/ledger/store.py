@@ -1,0 +1,457 @@
+"""The lease ledger: the one place that says which server holds which slice.
+
+Every public method runs in its own short transaction on its own pooled
+connection, so one ``Ledger`` may be shared by the hub's executor threads.
+Callers get frozen ``Lease`` records back, never live ORM rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields, replace
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+from uuid import uuid4
+
+from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from . import migrate
+from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
+from .errors import (
+    Conflict,
+    DoubleGrant,
+    InvalidDecision,
+    LeaseNotFound,
+    LeaseStateError,
+    SchemaError,
+    ServerHasLease,
+)
+from .models import lease_servers, lease_slots, leases
+from .records import (
+    HELD_STATES,
+    Decision,
+    Lease,
+    LeaseRequest,
+    LedgerView,
+    Usage,
+    require_aware,
+)
+
+Clock = Callable[[], datetime]
+#: The pure callback a claim runs inside its transaction: policy check plus allocator.
+Decide = Callable[[LedgerView], Decision]
+
+# Lease field -> column, where the SQL name differs (``user``/``group`` are SQL keywords).
+_COLUMN_FOR = {
+    "user": "user_name",
+    "group": "group_name",
+    "start": "placement_start",
+    "size": "placement_size",
+}
+_FIELDS = tuple(f.name for f in fields(Lease))
+_REASON_MAX = leases.c.release_reason.type.length or 255
+
+
+def utcnow() -> datetime:
+    """The ledger's default clock: aware UTC now."""
+    return datetime.now(UTC)
+
+
+def _to_lease(row: Row[Any]) -> Lease:
+    mapping = row._mapping
+    return Lease(**{name: mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS})
+
+
+def _to_columns(**values: Any) -> dict[str, Any]:
+    return {_COLUMN_FOR.get(name, name): value for name, value in values.items()}
+
+
+def _clean_reason(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("say why the lease ends (e.g. 'stopped', 'idle', 'start-failed')")
+    return reason[:_REASON_MAX]
+
+
+class Ledger:
+    """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
+
+    ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
+    schema to the version this package ships, which is what the hub and the
+    slice service should call at start-up. ``clock`` gives the timestamps the
+    ledger writes (aware UTC; tests pass a fake); ``echo`` logs every SQL statement.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, clock: Clock = utcnow, echo: bool = False):
+        self._engine = create_ledger_engine(url, echo=echo)
+        self._clock = clock
+        self._schema_ok = False
+
+    @classmethod
+    def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
+        """Connect to ``url`` and bring its schema up to date."""
+        ledger = cls(url, **kwargs)
+        try:
+            ledger.upgrade()
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden (safe for logs)."""
+        return self._engine.url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite``, ``postgresql``, ..."""
+        return self._engine.dialect.name
+
+    def upgrade(self) -> str:
+        """Run pending migrations (safe to call from several processes at once)."""
+        revision = migrate.upgrade(self._engine)
+        self._schema_ok = True
+        return revision
+
+    def revision(self) -> str | None:
+        """The schema revision of the database (``None``: no ledger schema yet)."""
+        return migrate.current_revision(self._engine)
+
+    def close(self) -> None:
+        """Close pooled connections. The data stays; a new ``Ledger`` sees it all."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.url!r})"
+
+    # -- transactions ---------------------------------------------------------
+
+    def _check_schema(self) -> None:
+        if self._schema_ok:
+            return
+        current, head = self.revision(), migrate.head_revision()
+        if current != head:
+            raise SchemaError(
+                f"the ledger database {self.url} is at schema revision {current or 'none'}, "
+                f"this mig-spawner needs {head}: open it with Ledger.open() (which migrates), "
+                "or call Ledger.upgrade() once"
+            )
+        self._schema_ok = True
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        self._check_schema()
+        with self._engine.connect() as connection, connection.begin():
+            yield connection
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        self._check_schema()
+        with self._engine.connect() as connection:
+            prepare_write(connection)
+            with connection.begin():
+                yield connection
+
+    def _now(self) -> datetime:
+        now = self._clock()
+        require_aware("the ledger clock's time", now)
+        return now
+
+    @staticmethod
+    def _select(connection: Connection, *where: ColumnElement[bool]) -> list[Lease]:
+        rows = connection.execute(
+            select(leases).where(*where).order_by(leases.c.claimed_at, leases.c.id)
+        )
+        return [_to_lease(row) for row in rows]
+
+    @staticmethod
+    def _lock_lease(connection: Connection, lease_id: str) -> Lease | None:
+        row = connection.execute(
+            select(leases).where(leases.c.id == lease_id).with_for_update()
+        ).first()
+        return None if row is None else _to_lease(row)
+
+    @staticmethod
+    def _update(connection: Connection, lease: Lease, **changes: Any) -> Lease:
+        connection.execute(
+            update(leases).where(leases.c.id == lease.id).values(_to_columns(**changes))
+        )
+        return replace(lease, **changes)
+
+    # -- claiming ---------------------------------------------------------------
+
+    def claim(self, request: LeaseRequest, decide: Decide) -> Lease:
+        """Grant ``request`` the slice that ``decide`` picks, atomically.
+
+        In ONE transaction: wait for any other claim to finish, read the held
+        leases, call ``decide(view)`` and store its ``Decision`` with its slot
+        rows. ``decide`` must be pure and quick (it runs while other claims
+        wait); whatever it raises (a policy or allocator refusal) propagates
+        unchanged and nothing is written. Raises ``ServerHasLease`` if the
+        server already holds a lease, ``DoubleGrant`` if the decision overlaps
+        a held lease's memory slices.
+        """
+        now = self._now()
+        with self._write() as connection:
+            lock_claims(connection)
+            held = self._select(connection, leases.c.state.in_(HELD_STATES))
+            for lease in held:
+                if (lease.user, lease.server_name) == (request.user, request.server_name):
+                    raise ServerHasLease(lease)
+            decision = decide(LedgerView(request=request, leases=tuple(held), now=now))
+            if not isinstance(decision, Decision):
+                raise InvalidDecision(
+                    f"decide() must return a Decision, it returned {type(decision).__name__}"
+                )
+            lease = self._new_lease(request, decision, now)
+            self._insert(connection, lease)
+        return lease
+
+    @staticmethod
+    def _new_lease(request: LeaseRequest, decision: Decision, now: datetime) -> Lease:
+        granted = {f.name: getattr(decision, f.name) for f in fields(Decision)}
+        return Lease(
+            id=uuid4().hex,
+            user=request.user,
+            server_name=request.server_name,
+            state="claimed",
+            claimed_at=now,
+            **granted,
+        )
+
+    @staticmethod
+    def _insert(connection: Connection, lease: Lease) -> None:
+        columns = _to_columns(**{name: getattr(lease, name) for name in _FIELDS})
+        connection.execute(insert(leases).values(columns))
+        try:
+            connection.execute(
+                insert(lease_servers).values(
+                    user_name=lease.user, server_name=lease.server_name, lease_id=lease.id
+                )
+            )
+        except IntegrityError as e:
+            raise Conflict(
+                f"server {lease.server} got a lease from a concurrent claim; nothing was "
+                "written. Retry: the spawn will find the existing lease."
+            ) from e
+        slices = lease.memory_slices
+        if not slices or lease.host is None or lease.gpu_uuid is None:
+            return  # kube mode: the device plugin, not the ledger, places the slice
+        try:
+            connection.execute(
+                insert(lease_slots),
+                [
+                    {
+                        "host": lease.host,
+                        "gpu_uuid": lease.gpu_uuid,
+                        "memory_slice": s,
+                        "lease_id": lease.id,
+                    }
+                    for s in slices
+                ],
+            )
+        except IntegrityError as e:
+            raise DoubleGrant(lease.host, lease.gpu_uuid, slices) from e
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def record_instance(self, lease_id: str, *, mig_uuid: str, gi_id: int, ci_id: int) -> Lease:
+        """Store the instance just created for a dynamic lease, before the server starts.
+
+        Call it right after creating the GPU/compute instance: if the start then
+        fails or the hub dies, whoever releases the lease (the spawner, or the
+        slice service's reconciler) knows which instance to destroy. Raises
+        ``LeaseStateError`` if the lease was released meanwhile: destroy the
+        instance you hold, nobody else will.
+        """
+        learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id}
+        with self._write() as connection:
+            lease = self._lock_startable(connection, lease_id, "record an instance")
+            return self._update(connection, lease, **self._new_facts(lease, learnt))
+
+    def activate(
+        self,
+        lease_id: str,
+        *,
+        mig_uuid: str | None = None,
+        gi_id: int | None = None,
+        ci_id: int | None = None,
+        node: str | None = None,
+        pod: str | None = None,
+    ) -> Lease:
+        """Mark the lease's server as started, recording what the start learnt.
+
+        Dynamic mode passes the created instance (``mig_uuid``, ``gi_id``,
+        ``ci_id``) unless ``record_instance`` did; Kubernetes passes
+        ``node``/``pod``. Calling it again on an active lease is harmless.
+        Raises ``LeaseStateError`` if the lease is being or has been released
+        (the server must then be stopped), and ``LeaseNotFound`` for an unknown id.
+        """
+        now = self._now()
+        learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod}
+        with self._write() as connection:
+            lease = self._lock_startable(connection, lease_id, "become active")
+            return self._update(
+                connection,
+                lease,
+                state="active",
+                started_at=lease.started_at or now,
+                last_activity_at=lease.last_activity_at or now,
+                **self._new_facts(lease, learnt),
+            )
+
+    def _lock_startable(self, connection: Connection, lease_id: str, doing: str) -> Lease:
+        lease = self._lock_lease(connection, lease_id)
+        if lease is None:
+            raise LeaseNotFound(lease_id)
+        if lease.state not in ("claimed", "active"):
+            raise LeaseStateError(
+                f"lease {lease.id} of server {lease.server} is {lease.state} "
+                f"(reason: {lease.release_reason}); it cannot {doing}. Stop the server: "
+                "its slice is being or has been given back.",
+                lease,
+            )
+        return lease
+
+    @staticmethod
+    def _new_facts(lease: Lease, learnt: dict[str, Any]) -> dict[str, Any]:
+        """The given (non-None) facts; refuses to overwrite a different recorded value."""
+        given = {key: value for key, value in learnt.items() if value is not None}
+        changed = [key for key, value in given.items() if getattr(lease, key) not in (None, value)]
+        if changed:
+            raise LeaseStateError(
+                f"lease {lease.id} already records "
+                + ", ".join(f"{key}={getattr(lease, key)!r}" for key in changed)
+                + f"; refusing to overwrite with {', '.join(repr(given[k]) for k in changed)}",
+                lease,
+            )
+        return given
+
+    def touch(self, lease_id: str, last_activity_at: datetime) -> Lease | None:
+        """Record activity; the time only moves forward. ``None`` if released or unknown."""
+        require_aware("last_activity_at", last_activity_at)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            if lease.last_activity_at is not None and lease.last_activity_at >= last_activity_at:
+                return lease
+            return self._update(connection, lease, last_activity_at=last_activity_at)
+
+    def begin_release(self, lease_id: str, reason: str) -> Lease | None:
+        """Mark a lease ``releasing``: it keeps its slice until ``release`` (e.g. while a
+        dynamic instance is destroyed). Idempotent; ``None`` if released or unknown."""
+        reason = _clean_reason(reason)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            if lease.state == "releasing":
+                return lease
+            return self._update(connection, lease, state="releasing", release_reason=reason)
+
+    def release(self, lease_id: str, reason: str) -> Lease | None:
+        """Free the lease's slice; the row stays as history.
+
+        Returns the released lease, or ``None`` when there was nothing to do
+        (already released, or an id this ledger never issued), so stop paths
+        and reconcilers can call it without checking first. The first reason
+        given (here or to ``begin_release``) is the one recorded.
+        """
+        reason = _clean_reason(reason)
+        now = self._now()
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
+            connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
+            return self._update(
+                connection,
+                lease,
+                state="released",
+                released_at=now,
+                release_reason=lease.release_reason or reason,
+            )
+
+    # -- queries ------------------------------------------------------------------
+
+    def get(self, lease_id: str) -> Lease | None:
+        """One lease by id, held or not."""
+        with self._read() as connection:
+            found = self._select(connection, leases.c.id == lease_id)
+        return found[0] if found else None
+
+    def active(self, host: str | None = None) -> list[Lease]:
+        """Leases that hold a slice now (claimed, active or releasing), oldest first."""
+        where = [leases.c.state.in_(HELD_STATES)]
+        if host is not None:
+            where.append(leases.c.host == host)
+        with self._read() as connection:
+            return self._select(connection, *where)
+
+    def active_for_server(self, user: str, server_name: str = "") -> Lease | None:
+        """The lease a server holds now, if any (at most one, by construction)."""
+        with self._read() as connection:
+            found = self._select(
+                connection,
+                leases.c.state.in_(HELD_STATES),
+                leases.c.user_name == user,
+                leases.c.server_name == server_name,
+            )
+        return found[0] if found else None
+
+    def expired(self, now: datetime | None = None) -> list[Lease]:
+        """Held leases whose ``expires_at`` (max session age) has passed."""
+        now = now or self._now()
+        require_aware("now", now)
+        with self._read() as connection:
+            return self._select(
+                connection,
+                leases.c.state.in_(HELD_STATES),
+                leases.c.expires_at.is_not(None),
+                leases.c.expires_at <= now,
+            )
+
+    def history(
+        self,
+        since: datetime | None = None,
+        *,
+        user: str | None = None,
+        group: str | None = None,
+    ) -> list[Lease]:
+        """Every lease, held or released, oldest claim first.
+
+        ``since`` keeps the leases that held a slice at any moment from then on
+        (still held, or released at or after it): the set a usage report over
+        ``[since, now]`` needs.
+        """
+        where: list[ColumnElement[bool]] = []
+        if since is not None:
+            require_aware("since", since)
+            where.append(or_(leases.c.released_at.is_(None), leases.c.released_at >= since))
+        if user is not None:
+            where.append(leases.c.user_name == user)
+        if group is not None:
+            where.append(leases.c.group_name == group)
+        with self._read() as connection:
+            return self._select(connection, and_(True, *where))
+
+    def usage(self, host: str | None = None) -> Usage:
+        """Held leases per user and per charged group (leases, memory and compute slices)."""
+        return Usage.of(self.active(host))

@@ -1,0 +1,182 @@
+"""A throwaway PostgreSQL cluster for the test session, from the distribution's binaries.
+
+Import the fixtures from ``tests/conftest.py``::
+
+    from pg_fixture import postgres_server, postgres_url  # noqa: F401
+
+``postgres_server`` (session scope) runs ``initdb`` + ``pg_ctl start`` in a
+private temporary directory and stops the cluster at the end. It listens
+only on a unix socket inside that directory, so parallel test runs can never
+collide on a port. ``postgres_url`` (function scope) creates a fresh database
+per test and returns its SQLAlchemy URL.
+
+When the binaries are missing the tests skip, loudly. Set
+``MIG_SPAWNER_REQUIRE_POSTGRES=1`` (CI does) to make that a failure instead,
+and ``MIG_SPAWNER_PG_BIN`` to point at another ``bin`` directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_DB_NAMES = itertools.count()
+
+
+def _find_bin_dir() -> Path | None:
+    explicit = os.environ.get("MIG_SPAWNER_PG_BIN")
+    candidates = (
+        [explicit]
+        if explicit
+        else sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))[
+            ::-1
+        ]
+    )
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "initdb").is_file():
+            return Path(candidate)
+    on_path = shutil.which("initdb")
+    return Path(on_path).parent if on_path else None
+
+
+def _free_port() -> int:
+    # Only names the socket file (.s.PGSQL.<port>) in our private directory;
+    # a free TCP port keeps the number unsurprising for anyone reading logs.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A running throwaway cluster: connect through ``socket_dir`` and ``port``."""
+
+    bin_dir: Path
+    socket_dir: Path
+    port: int
+    run_as: tuple[str, ...]
+
+    def url(self, database: str = "postgres") -> str:
+        """SQLAlchemy URL of ``database`` on this cluster (user ``postgres``, trust auth)."""
+        return f"postgresql+psycopg2://postgres@/{database}?host={self.socket_dir}&port={self.port}"
+
+    def psql(self, sql: str) -> str:
+        """Run one SQL command as the superuser and return its output."""
+        result = subprocess.run(
+            [
+                *self.run_as,
+                str(self.bin_dir / "psql"),
+                "-h",
+                str(self.socket_dir),
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-XAtqc",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"psql {sql!r} failed: {result.stderr.strip()}")
+        return result.stdout
+
+
+def _run(run_as: tuple[str, ...], *argv: str) -> None:
+    result = subprocess.run(
+        [*run_as, *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+        )
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """Start a private PostgreSQL cluster for the whole session; stop and delete it after."""
+    bin_dir = _find_bin_dir()
+    if bin_dir is None:
+        reason = (
+            "PostgreSQL server binaries not found (looked in /usr/lib/postgresql/*/bin, "
+            "$MIG_SPAWNER_PG_BIN and PATH): install postgresql (Debian: apt-get install "
+            "postgresql-15) to run the PostgreSQL ledger tests"
+        )
+        if os.environ.get("MIG_SPAWNER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason + " (MIG_SPAWNER_REQUIRE_POSTGRES=1 forbids skipping)")
+        pytest.skip("SKIPPING POSTGRESQL TESTS: " + reason)
+
+    # initdb refuses to run as root; the cluster then belongs to the postgres user,
+    # in a directory of its own outside pytest's root-only (0700) tmp tree.
+    run_as: tuple[str, ...] = ()
+    base = Path(tempfile.mkdtemp(prefix="mig-spawner-pg-"))
+    if os.geteuid() == 0:
+        run_as = ("runuser", "-u", "postgres", "--")
+        shutil.chown(base, user="postgres", group="postgres")
+    data, log = base / "data", base / "postgres.log"
+    port = _free_port()
+    server = PostgresServer(bin_dir=bin_dir, socket_dir=base, port=port, run_as=run_as)
+    started = False
+    try:
+        _run(
+            run_as,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
+        # Durability off: this cluster lives for one test session.
+        options = (
+            f"-k {base} -p {port} -c listen_addresses='' -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
+        )
+        _run(
+            run_as,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        started = True
+        yield server
+    finally:
+        if started:
+            _run(run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A fresh, empty database on the session's cluster, as a SQLAlchemy URL."""
+    name = f"test_{os.getpid()}_{next(_DB_NAMES)}"
+    postgres_server.psql(f"CREATE DATABASE {name}")
+    return postgres_server.url(name)

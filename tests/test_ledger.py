@@ -1,0 +1,411 @@
+"""The lease ledger on SQLite and on a real PostgreSQL: lifecycle, refusals, restarts, schema.
+
+PostgreSQL variants use the session cluster from ``pg_fixture`` (imported by conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+
+from mig_spawner.ledger import (
+    Decision,
+    DoubleGrant,
+    InvalidDecision,
+    LeaseNotFound,
+    LeaseRequest,
+    LeaseStateError,
+    Ledger,
+    LedgerConfigError,
+    LedgerView,
+    SchemaError,
+    ServerHasLease,
+)
+from mig_spawner.ledger.models import VERSION_TABLE, metadata
+
+HOST = "gpu-host-1"
+GPUS = ("GPU-aaaa", "GPU-bbbb")
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+class NoFreeSlot(Exception):
+    """Stands for the allocator's refusal."""
+
+
+@dataclass
+class Clock:
+    """A clock the test moves by hand, so timestamps are exact."""
+
+    now: datetime = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> datetime:
+        self.now += timedelta(**delta)
+        return self.now
+
+
+def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Decision:
+    """A tiny allocator: first GPU/start where ``size`` memory slices (of 7) are free."""
+    for index, gpu in enumerate(GPUS):
+        taken = view.taken(HOST, gpu)
+        for start in range(0, 8 - size, size):
+            if taken.isdisjoint(range(start, start + size)):
+                return Decision(
+                    group="physics",
+                    profile=f"{size}g.{10 * size}gb",
+                    compute_slices=size,
+                    mode=mode,
+                    host=HOST,
+                    gpu_uuid=gpu,
+                    gpu_index=index,
+                    start=start,
+                    size=size,
+                    mig_uuid=f"MIG-{gpu}-{start}" if mode == "pool" else None,
+                    expires_at=view.now + timedelta(hours=8),
+                )
+    raise NoFreeSlot(f"no {size}-slice placement free for {view.request.user}")
+
+
+def fixed(start: int, size: int = 1, group: str = "physics", gpu: str = GPUS[0]):
+    """A decide callback that ignores the view (to test the database's own guarantee)."""
+
+    def decide(view: LedgerView) -> Decision:
+        return Decision(
+            group=group,
+            profile="x",
+            compute_slices=size,
+            mode="dynamic",
+            host=HOST,
+            gpu_uuid=gpu,
+            gpu_index=0,
+            start=start,
+            size=size,
+        )
+
+    return decide
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty ledger database on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ledger(url: str, clock: Clock):
+    with Ledger.open(url, clock=clock) as opened:
+        yield opened
+
+
+def test_claim_activate_release_keeps_history(ledger: Ledger, clock: Clock) -> None:
+    lease = ledger.claim(LeaseRequest("alice", "gpu"), first_free)
+    assert (lease.state, lease.host, lease.gpu_uuid, lease.start, lease.size) == (
+        "claimed",
+        HOST,
+        GPUS[0],
+        0,
+        1,
+    )
+    assert lease.claimed_at == T0 and lease.mig_uuid is None
+    assert ledger.active_for_server("alice", "gpu") == lease
+
+    clock.advance(seconds=5)
+    active = ledger.activate(lease.id, mig_uuid="MIG-1111", gi_id=7, ci_id=0)
+    assert active.state == "active" and active.mig_uuid == "MIG-1111"
+    assert active.started_at == T0 + timedelta(seconds=5)
+    assert ledger.get(lease.id) == active
+    assert ledger.activate(lease.id) == active  # again: harmless
+
+    clock.advance(minutes=1)
+    released = ledger.release(lease.id, "stopped")
+    assert released is not None
+    assert (released.state, released.release_reason) == ("released", "stopped")
+    assert released.released_at == T0 + timedelta(minutes=1, seconds=5)
+    assert ledger.release(lease.id, "stopped again") is None  # idempotent
+    assert ledger.active() == [] and ledger.active_for_server("alice", "gpu") is None
+    assert ledger.history() == [released]
+    # The slice is free again.
+    assert ledger.claim(LeaseRequest("bob"), first_free).start == 0
+
+
+def test_refusal_from_decide_propagates_unchanged_and_writes_nothing(ledger: Ledger) -> None:
+    refusal = NoFreeSlot("group physics may hold 2 slices and holds 2")
+
+    def refuse(view: LedgerView) -> Decision:
+        raise refusal
+
+    with pytest.raises(NoFreeSlot) as caught:
+        ledger.claim(LeaseRequest("alice"), refuse)
+    assert caught.value is refusal
+    assert ledger.history() == []
+    # Nothing half-written blocks the next claim of that server.
+    assert ledger.claim(LeaseRequest("alice"), first_free).state == "claimed"
+
+
+def test_full_gpus_refuse_and_a_release_frees_exactly_that_slice(ledger: Ledger) -> None:
+    granted = [ledger.claim(LeaseRequest(f"u{i}"), first_free) for i in range(14)]
+    assert {(g.gpu_uuid, g.start) for g in granted} == {(g, s) for g in GPUS for s in range(7)}
+    with pytest.raises(NoFreeSlot):
+        ledger.claim(LeaseRequest("late"), first_free)
+    ledger.release(granted[9].id, "idle")
+    again = ledger.claim(LeaseRequest("late"), first_free)
+    assert (again.gpu_uuid, again.start) == (granted[9].gpu_uuid, granted[9].start)
+
+
+def test_overlap_is_a_double_grant_enforced_by_the_database(ledger: Ledger) -> None:
+    ledger.claim(LeaseRequest("alice"), fixed(start=2, size=2))
+    # A decide that ignores the view (a buggy allocator, or another process) cannot
+    # get overlapping memory slices: the lease_slots primary key refuses.
+    with pytest.raises(DoubleGrant, match=r"slices 0\.\.3 of GPU GPU-aaaa"):
+        ledger.claim(LeaseRequest("bob"), fixed(start=0, size=4))
+    assert [lease.user for lease in ledger.history()] == ["alice"]
+    # Same slices on another GPU are fine.
+    assert ledger.claim(LeaseRequest("bob"), fixed(start=0, size=4, gpu=GPUS[1])).size == 4
+
+
+def test_one_server_never_holds_two_leases(ledger: Ledger) -> None:
+    first = ledger.claim(LeaseRequest("alice", "a"), first_free)
+    calls: list[LedgerView] = []
+
+    def spy(view: LedgerView) -> Decision:
+        calls.append(view)
+        return first_free(view)
+
+    with pytest.raises(ServerHasLease, match=f"alice/a already holds lease {first.id}"):
+        ledger.claim(LeaseRequest("alice", "a"), spy)
+    assert calls == []  # refused before the allocator ran
+    ledger.claim(LeaseRequest("alice", "b"), spy)  # another named server may
+    ledger.release(first.id, "stopped")
+    assert ledger.claim(LeaseRequest("alice", "a"), spy).state == "claimed"
+
+
+def test_releasing_keeps_the_slice_until_released(ledger: Ledger, clock: Clock) -> None:
+    lease = ledger.claim(LeaseRequest("alice"), first_free)
+    releasing = ledger.begin_release(lease.id, "max-age")
+    assert releasing is not None and releasing.state == "releasing"
+    assert ledger.begin_release(lease.id, "other") == releasing
+    # Still held: the instance is being destroyed, nobody else may take it yet.
+    assert ledger.active() == [releasing]
+    assert ledger.claim(LeaseRequest("bob"), first_free).start == 1
+    with pytest.raises(LeaseStateError, match=r"is releasing .*Stop the server"):
+        ledger.activate(lease.id, mig_uuid="MIG-x")
+    done = ledger.release(lease.id, "destroyed")
+    assert done is not None and done.release_reason == "max-age"  # the first reason wins
+    assert ledger.claim(LeaseRequest("carol"), first_free).start == 0
+
+
+def test_activate_refuses_unknown_leases_and_contradictions(ledger: Ledger) -> None:
+    with pytest.raises(LeaseNotFound, match="no lease with id 'nope'"):
+        ledger.activate("nope")
+    pool = ledger.claim(LeaseRequest("alice"), lambda view: first_free(view, mode="pool"))
+    assert pool.mig_uuid == f"MIG-{GPUS[0]}-0"
+    with pytest.raises(LeaseStateError, match="refusing to overwrite"):
+        ledger.activate(pool.id, mig_uuid="MIG-other")
+    assert ledger.get(pool.id) == pool
+    assert ledger.release("nope", "stopped") is None
+    assert ledger.touch("nope", T0) is None
+
+
+def test_a_created_instance_is_recorded_before_the_server_starts(ledger: Ledger) -> None:
+    lease = ledger.claim(LeaseRequest("alice"), first_free)
+    noted = ledger.record_instance(lease.id, mig_uuid="MIG-9", gi_id=7, ci_id=0)
+    # Still only claimed, but a reconciler reading it now knows what to destroy.
+    assert (noted.state, noted.gi_id, noted.started_at) == ("claimed", 7, None)
+    assert ledger.active_for_server("alice") == noted
+    assert ledger.activate(lease.id, mig_uuid="MIG-9").state == "active"
+    culled = ledger.claim(LeaseRequest("bob"), first_free)
+    ledger.release(culled.id, "max-age")
+    with pytest.raises(LeaseStateError, match=r"is released .*cannot record an instance"):
+        ledger.record_instance(culled.id, mig_uuid="MIG-10", gi_id=8, ci_id=0)
+
+
+def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:
+    lease = ledger.activate(ledger.claim(LeaseRequest("alice"), first_free).id)
+    later = T0 + timedelta(minutes=10)
+    assert ledger.touch(lease.id, later).last_activity_at == later
+    assert ledger.touch(lease.id, T0 + timedelta(minutes=3)).last_activity_at == later
+    with pytest.raises(ValueError, match="timezone-aware"):
+        ledger.touch(lease.id, datetime(2026, 12, 1, 12, 0))
+    # Offsets are normalised: 11:20+01:00 is 10:20 UTC.
+    plus_one = datetime(2026, 12, 1, 11, 20, tzinfo=timezone(timedelta(hours=1)))
+    assert ledger.touch(lease.id, plus_one).last_activity_at == datetime(
+        2026, 12, 1, 10, 20, tzinfo=UTC
+    )
+    ledger.release(lease.id, "stopped")
+    assert ledger.touch(lease.id, later + timedelta(hours=1)) is None
+
+
+def test_usage_counts_per_user_and_charged_group(ledger: Ledger) -> None:
+    ledger.claim(LeaseRequest("alice", "a"), lambda v: first_free(v, size=2))
+    ledger.claim(LeaseRequest("alice", "b"), first_free)
+    ledger.claim(LeaseRequest("bob"), fixed(start=6, group="chemistry", gpu=GPUS[1]))
+    kube = Decision(
+        group="chemistry", profile="1g.10gb", compute_slices=1, mode="kube", pod="jupyter-carol"
+    )
+    carol = ledger.claim(LeaseRequest("carol"), lambda view: kube)
+    assert carol.memory_slices == range(0)  # the device plugin places kube slices
+
+    usage = ledger.usage()
+    assert (usage.user("alice"), usage.user("bob"), usage.user("nobody")) == (2, 1, 0)
+    physics = usage.group("physics")
+    assert (physics.leases, physics.memory_slices, physics.compute_slices) == (2, 3, 3)
+    chemistry = usage.group("chemistry")
+    assert (chemistry.leases, chemistry.memory_slices, chemistry.compute_slices) == (2, 1, 2)
+    assert ledger.usage(host=HOST).user("carol") == 0
+
+    def quota_check(view: LedgerView) -> Decision:
+        # decide sees the same numbers the policy's quota check needs
+        assert view.usage == usage
+        raise NoFreeSlot("physics holds 3 of its 3 compute slices")
+
+    with pytest.raises(NoFreeSlot, match="physics holds 3"):
+        ledger.claim(LeaseRequest("dave"), quota_check)
+
+
+def test_expired_and_history_since(ledger: Ledger, clock: Clock) -> None:
+    early = ledger.claim(LeaseRequest("early"), first_free)  # expires T0+8h
+    clock.advance(hours=1)
+    ledger.release(early.id, "stopped")
+    clock.advance(hours=1)
+    late = ledger.claim(LeaseRequest("late"), first_free)  # expires T0+10h
+    assert ledger.expired(T0 + timedelta(hours=9)) == []
+    assert [lease.id for lease in ledger.expired(T0 + timedelta(hours=10))] == [late.id]
+    assert [lease.user for lease in ledger.history()] == ["early", "late"]
+    assert [lease.user for lease in ledger.history(T0 + timedelta(minutes=30))] == [
+        "early",
+        "late",
+    ]
+    assert [lease.user for lease in ledger.history(T0 + timedelta(hours=1, seconds=1))] == ["late"]
+    assert ledger.history(user="early", group="physics")[0].release_reason == "stopped"
+    assert ledger.history(group="chemistry") == []
+
+
+def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> None:
+    with pytest.raises(InvalidDecision, match="pool mode leases an existing instance"):
+        Decision(
+            group="g",
+            profile="1g.10gb",
+            compute_slices=1,
+            mode="pool",
+            host=HOST,
+            gpu_uuid="GPU-1",
+            gpu_index=0,
+            start=0,
+            size=1,
+        )
+    with pytest.raises(InvalidDecision, match="dynamic mode needs host, gpu_uuid"):
+        Decision(group="g", profile="1g.10gb", compute_slices=1, mode="dynamic")
+    with pytest.raises(InvalidDecision, match="must return a Decision, it returned dict"):
+        ledger.claim(LeaseRequest("alice"), lambda view: {"start": 0})
+    assert ledger.history() == []
+
+
+def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) -> None:
+    with Ledger.open(url, clock=clock) as first:
+        kept = first.activate(first.claim(LeaseRequest("alice"), first_free).id, mig_uuid="M1")
+        gone = first.claim(LeaseRequest("bob"), first_free)
+        first.release(gone.id, "stopped")
+    with Ledger.open(url) as reopened:  # a new engine: the hub restarted
+        assert reopened.active() == [kept]
+        assert reopened.get(gone.id).release_reason == "stopped"
+        with pytest.raises(DoubleGrant):  # the slot is still held after the restart
+            reopened.claim(LeaseRequest("carol"), fixed(start=0))
+    script = (
+        "import json, sys\n"
+        "from mig_spawner.ledger import Ledger\n"
+        "ledger = Ledger.open(sys.argv[1])\n"
+        "print(json.dumps([[l.id, l.user, l.mig_uuid, l.state] for l in ledger.active()]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert json.loads(out) == [[kept.id, "alice", "M1", "active"]]
+
+
+def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> None:
+    ledger = Ledger(url)
+    with pytest.raises(SchemaError, match=r"revision none, this mig-spawner needs 0001.*open"):
+        ledger.active()
+    assert ledger.revision() is None
+    assert ledger.upgrade() == "0001"
+    assert ledger.upgrade() == "0001"
+    assert ledger.active() == []
+    engine = create_engine(url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+        assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", VERSION_TABLE}
+        with engine.connect() as conn:
+            # The migrated schema is exactly what the code declares.
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            diff = compare_metadata(context, metadata)
+            assert diff == []
+            assert conn.execute(text("SELECT id FROM ledger_lock")).scalars().all() == [1]
+    finally:
+        engine.dispose()
+        ledger.close()
+
+
+def test_ledger_shares_jupyterhubs_database(url: str) -> None:
+    from jupyterhub import orm
+
+    def hub_revision() -> str:
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+        finally:
+            engine.dispose()
+
+    orm.new_session_factory(url)().get_bind().dispose()  # the hub creates its tables
+    hub_head = hub_revision()
+    with Ledger.open(url) as ledger:
+        ledger.claim(LeaseRequest("alice"), first_free)
+    assert hub_revision() == hub_head
+    orm.new_session_factory(url)().get_bind().dispose()  # the hub restarts: revision check passes
+    with Ledger.open(url) as ledger:
+        assert [lease.user for lease in ledger.active()] == ["alice"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("sqlite://", "in-memory SQLite database: every lease would be lost"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("sqlite:////nonexistent-dir/l.sqlite", "directory /nonexistent-dir .* does not exist"),
+        ("", "the ledger URL is empty"),
+        ("postgresql+psycopg2://u@h:notaport/db", "cannot parse ledger URL"),
+    ],
+)
+def test_bad_urls_say_what_to_do(bad: str, message: str) -> None:
+    with pytest.raises(LedgerConfigError, match=message):
+        Ledger(bad)
+
+
+def test_a_bare_path_means_a_sqlite_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Ledger.open("leases.sqlite") as ledger:
+        assert ledger.url == f"sqlite:///{tmp_path / 'leases.sqlite'}"
+        ledger.claim(LeaseRequest("alice"), first_free)
+    assert (tmp_path / "leases.sqlite").is_file()
