@@ -10,6 +10,8 @@ setup:
 demo: setup
 	mig-spawner status --simulate h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb
 
+# setup installs PostgreSQL, so its tests must run, never skip.
+test: export MIG_SPAWNER_REQUIRE_POSTGRES = 1
 test: setup
 	ruff check mig_spawner tests benchmarks
 	pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -1,0 +1,271 @@
+"""``mig-spawner doctor``: the readiness checklist, each check with a fix hint.
+
+The checks follow the source article's "what to check before deploying MIG"
+table: GPU support, driver version, MIG mode, the profiles users will be
+offered, isolation and privileges. Every check is read-only, so doctor is
+safe on a production host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..core.catalog import GpuModel, capability_minors, find_model_for_product
+from ..core.inventory import Inventory
+from ..gpu import GpuAdapter
+from ..gpu.errors import GpuError
+
+
+class Status(StrEnum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one readiness check."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def _driver_major(version: str) -> int | None:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return None
+
+
+def check_driver(inv: Inventory) -> Check:
+    major = _driver_major(inv.driver_version)
+    too_old = []
+    for gpu in inv.gpus:
+        model = find_model_for_product(gpu.product)
+        if model is not None and major is not None and major < model.min_driver_major:
+            too_old.append(
+                f"GPU {gpu.index} ({model.display_name}) needs R{model.min_driver_major}+"
+            )
+    if major is None:
+        return Check(
+            "driver version", Status.WARN, f"cannot read driver version {inv.driver_version!r}"
+        )
+    if too_old:
+        return Check(
+            "driver version",
+            Status.FAIL,
+            f"driver {inv.driver_version} is too old: " + "; ".join(too_old),
+            "install a newer NVIDIA datacenter driver (see docs/gpus.md for each GPU's minimum)",
+        )
+    return Check("driver version", Status.PASS, f"driver {inv.driver_version} supports every GPU")
+
+
+def check_mig_support(inv: Inventory) -> Check:
+    if not inv.gpus:
+        return Check(
+            "MIG support",
+            Status.FAIL,
+            "no NVIDIA GPU found",
+            "check that the driver sees the GPUs: nvidia-smi -L",
+        )
+    unsupported = [
+        g for g in inv.gpus if not g.mig_supported or find_model_for_product(g.product) is None
+    ]
+    if len(unsupported) == len(inv.gpus):
+        names = ", ".join(sorted({g.product for g in unsupported}))
+        return Check(
+            "MIG support",
+            Status.FAIL,
+            f"no GPU here supports MIG ({names})",
+            "MIG needs an A100, A30, H100, H200 or newer data-center GPU",
+        )
+    if unsupported:
+        idx = ", ".join(str(g.index) for g in unsupported)
+        return Check(
+            "MIG support",
+            Status.WARN,
+            f"GPU {idx} cannot be partitioned; it is ignored",
+            "nothing to do, unless you expected those GPUs to be MIG-capable",
+        )
+    return Check("MIG support", Status.PASS, f"all {len(inv.gpus)} GPU(s) support MIG")
+
+
+def check_mig_mode(inv: Inventory) -> Check:
+    problems, fixes = [], []
+    for g in inv.gpus:
+        if not g.mig_supported or find_model_for_product(g.product) is None:
+            continue
+        if g.mig_current != g.mig_pending:
+            problems.append(f"GPU {g.index}: MIG mode change pending")
+            fixes.append(f"reset GPU {g.index} when it is idle: nvidia-smi -r -i {g.index}")
+        elif not g.mig_current:
+            problems.append(f"GPU {g.index}: MIG is disabled")
+            fixes.append(f"enable it as root on an idle GPU: nvidia-smi -i {g.index} -mig 1")
+    if problems:
+        return Check("MIG mode", Status.FAIL, "; ".join(problems), "; ".join(fixes))
+    return Check("MIG mode", Status.PASS, "MIG is enabled on every MIG-capable GPU")
+
+
+def check_offered_profiles(inv: Inventory, offered: Iterable[str], mode: str) -> Check:
+    offered = sorted(set(offered))
+    if not offered:
+        return Check(
+            "offered profiles",
+            Status.WARN,
+            "no profiles are offered to any group",
+            "set c.MIGPolicyConfig.group_policies in jupyterhub_config.d (docs/policies.md)",
+        )
+    present = {d.profile for d in inv.mig_devices}
+    fleet = [find_model_for_product(g.product) for g in inv.gpus]
+    creatable = {p for m in fleet if m is not None for p in m.profile_names}
+    if mode == "dynamic":
+        missing = [p for p in offered if p not in creatable]
+        if missing:
+            return Check(
+                "offered profiles",
+                Status.FAIL,
+                f"no GPU here can create {', '.join(missing)}",
+                "offer profiles of the GPUs this host has (mig-spawner status)",
+            )
+        return Check(
+            "offered profiles",
+            Status.PASS,
+            f"dynamic mode can create every offered profile ({', '.join(offered)})",
+        )
+    missing = [p for p in offered if p not in present]
+    if missing:
+        return Check(
+            "offered profiles",
+            Status.FAIL,
+            f"pool mode offers {', '.join(missing)} but no such MIG device exists",
+            "create them (nvidia-smi mig -cgi <profiles> -C, or NVIDIA mig-parted), "
+            "or remove them from the groups' allowed lists",
+        )
+    return Check(
+        "offered profiles",
+        Status.PASS,
+        f"every offered profile has MIG devices ({', '.join(offered)})",
+    )
+
+
+def check_isolation_nodes(inv: Inventory, dev_root: str = "/") -> Check:
+    missing = []
+    for g in inv.gpus:
+        for d in g.mig_devices:
+            for minor in capability_minors(g.minor, d.gi_id, d.ci_id):
+                path = os.path.join(dev_root, "dev/nvidia-caps", f"nvidia-cap{minor}")
+                if not os.path.exists(path):
+                    missing.append(path)
+    if not inv.mig_devices:
+        return Check("isolation device nodes", Status.WARN, "no MIG devices to check")
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        return Check(
+            "isolation device nodes",
+            Status.WARN,
+            f"capability nodes missing: {shown}; servers cannot be confined to their slice",
+            "run nvidia-modprobe -f /proc/driver/nvidia/capabilities/gpu<N>/mig/gi<X>/access "
+            "(and .../ci<Y>/access) for each instance, or leave isolation off",
+        )
+    return Check(
+        "isolation device nodes", Status.PASS, "every MIG device has its GI and CI capability nodes"
+    )
+
+
+def check_privilege(can_configure: bool, mode: str) -> Check:
+    if can_configure:
+        return Check(
+            "dynamic-mode privilege",
+            Status.PASS,
+            "this process may create and destroy MIG instances",
+        )
+    status = Status.FAIL if mode == "dynamic" else Status.WARN
+    return Check(
+        "dynamic-mode privilege",
+        status,
+        "this process may not create or destroy MIG instances"
+        + (" (needed: mode is dynamic)" if mode == "dynamic" else " (fine for pool mode)"),
+        "run the hub as root, or give its user read access to the MIG config capability "
+        "/dev/nvidia-caps/nvidia-cap1 (/proc/driver/nvidia/capabilities/mig/config)",
+    )
+
+
+OfferedFor = Callable[[list[GpuModel]], tuple[list[str], str]]
+
+
+def fleet_models(inv: Inventory) -> list[GpuModel]:
+    """The catalog models of this host's MIG-capable GPUs, each once."""
+    models = {m.key: m for g in inv.gpus if (m := find_model_for_product(g.product))}
+    return list(models.values())
+
+
+def run_checks(
+    connect: Callable[[], GpuAdapter],
+    offered_for: OfferedFor | None = None,
+    mode: str | None = None,
+    dev_root: str = "/",
+) -> list[Check]:
+    """Run every check; ``connect`` opens the GPU adapter (real or simulated).
+
+    ``offered_for`` reads the hub's config for this host's GPU models and returns the
+    profiles its groups can be given and the configured mode; ``mode`` overrides that.
+    """
+    try:
+        adapter = connect()
+        inv = adapter.inventory()
+    except GpuError as e:
+        return [Check("NVML", Status.FAIL, str(e), e.hint)]
+    try:
+        checks = [
+            Check("NVML", Status.PASS, f"NVML {inv.nvml_version} loaded, {len(inv.gpus)} GPU(s)"),
+            check_driver(inv),
+            check_mig_support(inv),
+            check_mig_mode(inv),
+        ]
+        offered: list[str] = []
+        configured_mode = "pool"
+        if offered_for is not None:
+            try:
+                offered, configured_mode = offered_for(fleet_models(inv))
+            except ValueError as e:  # PolicyError is a ValueError
+                checks.append(
+                    Check(
+                        "hub config",
+                        Status.FAIL,
+                        str(e),
+                        "fix jupyterhub_config.d (docs/policies.md)",
+                    )
+                )
+        mode = mode or configured_mode
+        checks += [
+            check_offered_profiles(inv, offered, mode),
+            check_isolation_nodes(inv, dev_root),
+            check_privilege(adapter.can_configure(), mode),
+        ]
+    finally:
+        adapter.close()
+    return checks
+
+
+_MARK = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL"}
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"[{_MARK[c.status]}] {c.name.ljust(width)}  {c.detail}")
+        if c.fix and c.status is not Status.PASS:
+            lines.append(f"       {' ' * width}  fix: {c.fix}")
+    failed = sum(c.status is Status.FAIL for c in checks)
+    warned = sum(c.status is Status.WARN for c in checks)
+    lines.append("")
+    lines.append(f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} passed")
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""Entry point of the ``mig-spawner`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import doctor, status
+
+SIMULATE_HELP = (
+    "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
+    "'a100-80gbx1:mig=off', 'h100x1:layout=1g.10gb*2,2g.20gb,3g.40gb' (docs/simulator.md)"
+)
+
+
+def _connect(args: argparse.Namespace):
+    from ..gpu import connect
+
+    return connect(simulate=args.simulate, state_file=args.sim_state)
+
+
+def _add_gpu_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
+    p.add_argument(
+        "--sim-state",
+        metavar="FILE",
+        help="simulator state file shared with a running hub (see docs/simulator.md)",
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..gpu.errors import GpuError
+
+    try:
+        adapter = _connect(args)
+        try:
+            inv = adapter.inventory()
+        finally:
+            adapter.close()
+    except GpuError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        return 1
+    print(status.render_json(inv) if args.json else status.render_text(inv))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    offered_for = None
+    if args.config_dir:
+        from ..config import offered_profiles_from_config
+
+        def offered_for(models):
+            return offered_profiles_from_config(args.config_dir, models)
+
+    checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode)
+    print(doctor.render(checks))
+    return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mig-spawner",
+        description="Share NVIDIA MIG slices between JupyterHub users.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("status", help="show each GPU's MIG layout and its MIG devices")
+    _add_gpu_options(p)
+    p.add_argument("--json", action="store_true", help="print the inventory as JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "doctor",
+        help="check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
+    )
+    _add_gpu_options(p)
+    p.add_argument(
+        "--config-dir",
+        metavar="DIR",
+        help="jupyterhub_config.d to read the offered profiles and mode from",
+    )
+    p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
+    p.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The ``mig-spawner`` command as an admin runs it: real process, simulated driver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mig_spawner.cli import doctor
+from mig_spawner.cli.status import render_text
+from mig_spawner.gpu import connect
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mig_spawner.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_status_draws_each_instance_on_its_memory_slices():
+    out = run_cli("status", "--simulate", "h200x2:layout=1g.18gb*2,2g.35gb,3g.71gb")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.count("NVIDIA H200") == 2
+    slices_line = next(line for line in text.splitlines() if line.strip().startswith("["))
+    # 1g at slices 0 and 1 (one cell each), 2g across 2-3, 3g across 4-7: left to right.
+    order = [slices_line.index(p) for p in ("1g.18gb", "2g.35gb", "3g.71gb")]
+    assert order == sorted(order)
+    assert slices_line.count("1g.18gb") == 2
+    assert "·free·" not in slices_line
+    # one table row per MIG device, each with its MIG UUID
+    assert text.count("MIG-") == 8
+
+
+def test_status_json_lists_devices_with_uuids():
+    out = run_cli("status", "--json", "--simulate", "h100x1:layout=1g.10gb*2,2g.20gb,3g.40gb")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    devices = data["gpus"][0]["mig_devices"]
+    assert sorted(d["profile"] for d in devices) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert all(d["uuid"].startswith("MIG-") for d in devices)
+
+
+def test_status_marks_busy_instances_and_free_slices():
+    adapter = connect(simulate="h200x1:layout=1g.18gb*2")
+    try:
+        inv = adapter.inventory()
+    finally:
+        adapter.close()
+    text = render_text(inv)
+    assert text.count("·free·") == 6  # 8 memory slices, 2 used
+
+
+def test_doctor_names_disabled_mig_and_the_fix_and_exits_1():
+    out = run_cli("doctor", "--simulate", "a100-80gbx1:mig=off")
+    assert out.returncode == 1
+    assert "[FAIL] MIG mode" in out.stdout
+    assert "MIG is disabled" in out.stdout
+    assert "nvidia-smi -i 0 -mig 1" in out.stdout
+
+
+def test_doctor_passes_on_a_ready_host():
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7")
+    assert out.returncode == 0, out.stdout
+    assert "[FAIL]" not in out.stdout
+    assert "0 failed" in out.stdout
+
+
+def test_doctor_flags_an_old_driver():
+    out = run_cli("doctor", "--simulate", "h200x1:driver=535.104.05:layout=1g.18gb*7")
+    assert out.returncode == 1
+    assert "[FAIL] driver version" in out.stdout
+    assert "R550+" in out.stdout
+
+
+def test_doctor_flags_pending_mig_mode():
+    out = run_cli("doctor", "--simulate", "h100x1:mig=pending")
+    assert out.returncode == 1
+    assert "pending" in out.stdout
+    assert "nvidia-smi -r -i 0" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("pool", doctor.Status.FAIL), ("dynamic", doctor.Status.PASS)],
+)
+def test_offered_profiles_need_devices_in_pool_mode_only(mode, expected):
+    adapter = connect(simulate="h200x1:layout=1g.18gb*7")
+    try:
+        inv = adapter.inventory()
+    finally:
+        adapter.close()
+    check = doctor.check_offered_profiles(inv, ["1g.18gb", "3g.71gb"], mode)
+    assert check.status is expected
+    if expected is doctor.Status.FAIL:
+        assert "3g.71gb" in check.detail
+
+
+def test_privilege_is_a_failure_only_in_dynamic_mode():
+    assert doctor.check_privilege(False, "pool").status is doctor.Status.WARN
+    dyn = doctor.check_privilege(False, "dynamic")
+    assert dyn.status is doctor.Status.FAIL
+    assert "nvidia-cap1" in dyn.fix
+
+
+def test_isolation_nodes_found_under_a_device_root(tmp_path):
+    adapter = connect(simulate="h200x1:layout=7g.141gb")
+    try:
+        inv = adapter.inventory()
+    finally:
+        adapter.close()
+    assert doctor.check_isolation_nodes(inv, str(tmp_path)).status is doctor.Status.WARN
+    caps = tmp_path / "dev" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    # 7g on gpu minor 0 is GI 0, CI 0: GI access minor 3, CI access minor 4
+    for minor in (3, 4):
+        (caps / f"nvidia-cap{minor}").touch()
+    assert doctor.check_isolation_nodes(inv, str(tmp_path)).status is doctor.Status.PASS
+
+
+def test_doctor_reads_the_offered_profiles_from_the_hub_config():
+    # The shipped groups offer 3g.71gb and 7g.141gb among others: a host made of 1g
+    # slices cannot serve them in pool mode, and doctor says which are missing.
+    out = run_cli(
+        "doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", "jupyterhub_config.d"
+    )
+    assert out.returncode == 1
+    line = next(x for x in out.stdout.splitlines() if "offered profiles" in x)
+    assert "[FAIL]" in line
+    assert "3g.71gb" in line
+    # Profiles of GPU models this host does not have are not asked for.
+    assert "1g.10gb" not in line
+
+
+def test_doctor_reports_a_broken_hub_config(tmp_path):
+    (tmp_path / "20-groups.py").write_text(
+        "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'],"
+        " 'idle_timout': '30m'}}\n"
+    )
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert "[FAIL] hub config" in out.stdout
+    assert "analysts" in out.stdout
+    assert "idle_timout" in out.stdout
