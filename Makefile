@@ -8,7 +8,7 @@ setup:
 	@scripts/bootstrap.sh
 
 demo: setup
-	mig-spawner status --simulate h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb
+	mig-spawner demo --simulate
 
 # setup installs PostgreSQL, so its tests must run, never skip.
 test: export MIG_SPAWNER_REQUIRE_POSTGRES = 1

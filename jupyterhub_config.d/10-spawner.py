@@ -1,0 +1,36 @@
+# The MIG spawner: one MIG slice per notebook server.
+#
+# Each server the hub starts gets exactly one MIG slice chosen on the spawn form among
+# those the user's groups allow (20-groups.py). The slice is leased in a ledger before the
+# server starts, given back when it stops, crashes or fails to start, and the server sees
+# only its slice through CUDA_VISIBLE_DEVICES=MIG-<uuid>. Guide: docs/admin-install.md.
+
+c = get_config()  # noqa: F821  (provided by the config loader)
+
+# "mig" = mig_spawner.spawner.local:LocalMIGSpawner (servers run as each user's Unix
+# account, like JupyterHub's default spawner).
+c.JupyterHub.spawner_class = "mig"
+
+# pool:    lease the MIG instances you created beforehand (nvidia-smi mig -cgi ... -C, or
+#          NVIDIA mig-parted). The hub needs no GPU privilege. Recommended to start with.
+# dynamic: create a GPU+compute instance at each spawn, at the placement that keeps the
+#          GPU least fragmented, and destroy it when the server ends. The hub needs root
+#          or read access to /dev/nvidia-caps/nvidia-cap1 (the MIG config capability).
+c.LocalMIGSpawner.mig_mode = "pool"
+
+# Which GPU gets the next server: "pack" fills the busiest GPU first, so whole GPUs stay
+# free for big slices; "spread" uses the least busy GPU first.
+c.LocalMIGSpawner.strategy = "pack"
+
+# Where leases are kept. Empty = a SQLite file beside the hub database. The slice service
+# (30-slice-service.py) must use the same URL.
+c.LocalMIGSpawner.ledger_url = ""
+
+# CUDA_VISIBLE_DEVICES only asks CUDA to use the slice; a user can change it. With
+# isolation on, each server runs in a systemd scope whose device cgroup admits only its
+# slice's device nodes (needs systemd and nvidia-modprobe; see docs/admin-install.md).
+c.LocalMIGSpawner.isolation = False
+
+# No GPU on this machine? Try everything with the NVML simulator instead:
+# c.LocalMIGSpawner.simulate = "h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb"
+# c.LocalMIGSpawner.sim_state_file = "/srv/jupyterhub/sim-gpus.json"

@@ -1,0 +1,164 @@
+"""``mig-spawner demo``: a real JupyterHub on http://127.0.0.1:8000 sharing MIG slices.
+
+Starts JupyterHub and configurable-http-proxy with the repository's own config
+snippets (``jupyterhub_config.d/10-spawner.py`` and ``20-groups.py``), demo users
+in three groups who log in with one shared password, and the MIG spawner in pool
+mode. With ``--simulate`` the GPUs are the NVML simulator (a pre-partitioned
+2 x H200 by default, shared with ``mig-spawner status --sim-state``); without it,
+the real driver. Servers run as the hub's own user (``mig-simple``): a demo, not
+a deployment (docs/admin-install.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+DEMO_SPEC = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+DEMO_GROUPS = {
+    "analysts": ["ana", "ben"],
+    "ml-team": ["mia", "max"],
+    "admins": ["ada"],
+}
+DEFAULT_PASSWORD = "mig-demo-pass"
+SNIPPETS = ("10-spawner.py", "20-groups.py")
+
+
+def config_dir() -> Path:
+    """The repository's jupyterhub_config.d (the demo runs from a checkout)."""
+    here = Path(__file__).resolve().parents[2] / "jupyterhub_config.d"
+    if not all((here / name).is_file() for name in SNIPPETS):
+        raise SystemExit(
+            f"error: {here} with {', '.join(SNIPPETS)} not found; run the demo from a "
+            "checkout of the mig-spawner repository (make demo)"
+        )
+    return here
+
+
+def find_proxy() -> str:
+    """configurable-http-proxy from PATH or the checkout's node_modules."""
+    local = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
+    found = shutil.which("configurable-http-proxy") or shutil.which(
+        "configurable-http-proxy", path=str(local)
+    )
+    if not found:
+        raise SystemExit(
+            "error: configurable-http-proxy not found; install it with "
+            "'npm install configurable-http-proxy' (make setup does)"
+        )
+    return found
+
+
+def write_config(args: argparse.Namespace, workdir: Path) -> Path:
+    """The hub config for the demo: shipped snippets plus demo users, ports and paths."""
+    bin_dir = Path(sys.executable).parent
+    users = sorted(u for members in DEMO_GROUPS.values() for u in members)
+    groups = {name: {"users": members} for name, members in DEMO_GROUPS.items()}
+    lines = [
+        "# Written by 'mig-spawner demo'; every run rewrites it.",
+        "c = get_config()  # noqa: F821",
+        *(f"load_subconfig({str(config_dir() / n)!r})  # noqa: F821" for n in SNIPPETS),
+        f'c.JupyterHub.bind_url = "http://{args.ip}:{args.port}"',
+        f'c.JupyterHub.db_url = "sqlite:///{workdir}/jupyterhub.sqlite"',
+        f'c.JupyterHub.cookie_secret_file = "{workdir}/jupyterhub_cookie_secret"',
+        f'c.JupyterHub.pid_file = "{workdir}/jupyterhub.pid"',
+        f"c.ConfigurableHTTPProxy.command = [{find_proxy()!r}]",
+        'c.JupyterHub.authenticator_class = "shared-password"',
+        f"c.SharedPasswordAuthenticator.user_password = {args.password!r}",
+        f"c.Authenticator.allowed_users = {set(users)!r}",
+        f"c.JupyterHub.load_groups = {groups!r}",
+        'c.JupyterHub.spawner_class = "mig-simple"',
+        f'c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"',
+        f"c.Spawner.cmd = [{str(bin_dir / 'jupyterhub-singleuser')!r}]",
+        'c.Spawner.default_url = "/tree"',
+    ]
+    if os.geteuid() == 0:
+        lines.append('c.Spawner.args = ["--ServerApp.allow_root=True"]')
+    if args.simulate:
+        lines += [
+            f"c.LocalMIGSpawner.simulate = {args.simulate!r}",
+            f'c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"',
+        ]
+    path = workdir / "demo_config.py"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def who_sees_what(args: argparse.Namespace, workdir: Path) -> str:
+    """A table: each demo user, their groups, and what their spawn form offers now."""
+    from mig_spawner.config import MIGPolicyConfig, load_config_files
+    from mig_spawner.core.catalog import model
+    from mig_spawner.gpu import connect
+
+    from ..spawner import form
+    from ..spawner.decide import free_now
+
+    policies = MIGPolicyConfig(config=load_config_files(config_dir() / "20-groups.py")).build()
+    state = str(workdir / "sim-gpus.json") if args.simulate else None
+    adapter = connect(simulate=args.simulate, state_file=state)
+    try:
+        inventory = adapter.inventory()
+    finally:
+        adapter.close()
+    models = [model(g.model_key) for g in inventory.gpus if g.model_key]
+    free = free_now(inventory, [], "pool")
+    rows = []
+    for group, members in DEMO_GROUPS.items():
+        mine = policies.for_user([group])
+        offers = form.build_choices(mine, models, free, lambda offer, compute: None)
+        seen = ", ".join(
+            f"{c.key} ({c.free} free)" if c.available else f"{c.key} (none free)" for c in offers
+        )
+        rows.append(f"  {', '.join(members):<10} {group:<9} {seen}")
+    gpus = ", ".join(f"GPU {g.index} {g.product}" for g in inventory.gpus)
+    return "\n".join([f"GPUs: {gpus}", "  users      group     sees on the spawn form", *rows])
+
+
+def run(args: argparse.Namespace) -> int:
+    workdir = Path(args.dir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    # Each demo starts from freshly partitioned GPUs (the last run's servers are gone),
+    # and may use another --simulate spec than the last run.
+    (workdir / "sim-gpus.json").unlink(missing_ok=True)
+    config = write_config(args, workdir)
+    print(who_sees_what(args, workdir))
+    print(
+        f"\nOpen http://{args.ip}:{args.port} and log in as any user above with the password "
+        f"{args.password!r}.\nState and logs: {workdir}. Stop with Ctrl-C.\n",
+        flush=True,
+    )
+    hub = subprocess.Popen(
+        [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(config)], cwd=workdir
+    )
+    # The hub (and its proxy) stop with the demo, however the demo is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: hub.send_signal(signum))
+    try:
+        return hub.wait()
+    except KeyboardInterrupt:
+        hub.terminate()
+        return hub.wait()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``demo`` on the ``mig-spawner`` command line."""
+    p = sub.add_parser(
+        "demo",
+        help="run a JupyterHub that shares MIG slices between demo users (Ctrl-C stops)",
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        nargs="?",
+        const=DEMO_SPEC,
+        help=f"use simulated GPUs (default spec: {DEMO_SPEC}); without it, the real driver",
+    )
+    p.add_argument("--ip", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--dir", default=".demo", help="folder for the hub's state and logs")
+    p.add_argument("--password", default=DEFAULT_PASSWORD, help="shared demo password")
+    p.set_defaults(func=run)

@@ -1,0 +1,170 @@
+"""The decision a claim makes inside the ledger's transaction: policy, then allocator.
+
+:func:`make_decide` returns the pure ``decide(view)`` callback that
+``Ledger.claim`` runs while it holds the claim lock, so the quota check and the
+choice of slice see the same held leases as the insert that follows: two
+concurrent spawns cannot both take the last slice or squeeze under one quota.
+Refusals are raised as :class:`ClaimRefused` and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Literal
+
+from mig_spawner.core.allocator import (
+    Placement,
+    PoolGrant,
+    Refusal,
+    free_counts,
+    pick_dynamic,
+    pick_pool,
+)
+from mig_spawner.core.catalog import model
+from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.policy import (
+    GroupPolicy,
+    GroupUsage,
+    Holding,
+    Offer,
+    QuotaRefusal,
+    UserPolicy,
+    check_claim,
+    tally,
+)
+from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
+
+Mode = Literal["pool", "dynamic"]
+
+
+class ClaimRefused(Exception):
+    """No slice for this spawn. ``reason`` is a stable code; ``str()`` is for the user."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
+    """GPU model key -> profile name that ``offer`` means on each MIG model of the host."""
+    keys = {g.model_key for g in inventory.gpus if g.model_key}
+    return {key: name for key in sorted(keys) if (name := offer.profile_for(key)) is not None}
+
+
+def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
+    """Placements that held leases on ``host`` cover (dynamic mode counts them as taken)."""
+    return [
+        Placement(lease.gpu_index, lease.gpu_uuid, lease.profile, lease.start, lease.size)
+        for lease in leases
+        if lease.host == host
+        and lease.gpu_uuid
+        and lease.gpu_index is not None
+        and lease.start is not None
+        and lease.size is not None
+    ]
+
+
+def free_now(inventory: Inventory, leases: Iterable[Lease], mode: Mode) -> dict[str, int]:
+    """Free count per profile name, as the spawn form shows it."""
+    held = list(leases)
+    if mode == "pool":
+        return free_counts(
+            inventory, "pool", held_mig_uuids={lease.mig_uuid for lease in held if lease.mig_uuid}
+        )
+    return free_counts(inventory, "dynamic", reserved=reserved_placements(held, inventory.host))
+
+
+def holdings(
+    leases: Iterable[Lease], user: str
+) -> tuple[list[Holding], dict[str, GroupUsage]]:
+    """The user's held leases and every group's usage, as the quota check reads them."""
+    held = [(lease.user, Holding(lease.server_name, lease.profile, lease.compute_slices,
+                                 lease.group)) for lease in leases]
+    return [h for owner, h in held if owner == user], tally(h for _, h in held)
+
+
+def _check(
+    user_policy: UserPolicy, offer: Offer, compute: int, leases: Iterable[Lease], user: str
+) -> GroupPolicy:
+    mine, usage = holdings(leases, user)
+    return check_claim(user_policy, offer.key, compute, mine, usage)
+
+
+def quota_problem(
+    user_policy: UserPolicy, offer: Offer, compute_slices: int, view_leases: Iterable[Lease],
+    user: str,
+) -> QuotaRefusal | None:
+    """Why the quota forbids one more lease of ``offer`` now, or ``None``."""
+    try:
+        _check(user_policy, offer, compute_slices, view_leases, user)
+    except QuotaRefusal as refusal:
+        return refusal
+    return None
+
+
+def _charge(
+    user_policy: UserPolicy, offer: Offer, compute: int, view: LedgerView
+) -> GroupPolicy:
+    """The group the lease is charged to; a quota refusal becomes ClaimRefused."""
+    try:
+        return _check(user_policy, offer, compute, view.leases, view.request.user)
+    except QuotaRefusal as refusal:
+        raise ClaimRefused(refusal.reason, f"{refusal.message}. {refusal.hint}.") from None
+
+
+def make_decide(
+    user_policy: UserPolicy,
+    offer: Offer,
+    inventory: Inventory,
+    mode: Mode,
+    strategy: Literal["pack", "spread"],
+) -> Decide:
+    """The ``decide`` callback for one spawn of ``offer`` on this host's ``inventory``."""
+    host = inventory.host
+    wants = wanted_profiles(offer, inventory)
+
+    def decide(view: LedgerView) -> Decision:
+        if not wants:
+            raise ClaimRefused(
+                "no_gpu_for_profile", f"no GPU on this host offers {offer.key!r}"
+            )
+        # Quota first with the smallest size the offer can mean here: a user at their
+        # limit hears about the limit, not about which slices happen to be free.
+        smallest = min(model(k).profile(n).compute_slices for k, n in wants.items())
+        _charge(user_policy, offer, smallest, view)
+        if mode == "pool":
+            grant = pick_pool(inventory, view.held_mig_uuids(), wants, strategy)
+        else:
+            reserved = reserved_placements(view.leases, host)
+            grant = pick_dynamic(inventory, reserved, wants, strategy)
+        if isinstance(grant, Refusal):
+            raise ClaimRefused(grant.reason, grant.message)
+        where = grant.placement if isinstance(grant, PoolGrant) else grant
+        gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
+        profile = model(gpu.model_key or "").profile(where.profile)
+        group = _charge(user_policy, offer, profile.compute_slices, view)
+        expires = (
+            view.now + timedelta(seconds=group.max_session_age)
+            if group.max_session_age
+            else None
+        )
+        device = grant.device if isinstance(grant, PoolGrant) else None
+        return Decision(
+            group=group.name,
+            profile=profile.name,
+            compute_slices=profile.compute_slices,
+            mode=mode,
+            host=host,
+            gpu_uuid=where.gpu_uuid,
+            gpu_index=where.gpu_index,
+            start=where.start,
+            size=where.size,
+            mig_uuid=device.uuid if device else None,
+            gi_id=device.gi_id if device else None,
+            ci_id=device.ci_id if device else None,
+            expires_at=expires,
+        )
+
+    return decide

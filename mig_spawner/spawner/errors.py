@@ -1,0 +1,44 @@
+"""How the MIG spawner refuses a spawn: one message for the user, a status for the API.
+
+No JupyterHub import beyond ``SpawnException``: every refusal a user can meet goes
+through :func:`spawn_error`, so the spawn page, the progress stream and the REST API
+all show the same plain sentence.
+"""
+
+from __future__ import annotations
+
+from jupyterhub.spawner import SpawnException
+
+from . import options
+
+# HTTP status per refusal reason: the REST API returns it, the form shows the message.
+STATUS = {
+    options.INVALID: 400,
+    options.UNKNOWN: 400,
+    "not_allowed": 403,
+    "no_gpu_access": 403,
+    "user_limit": 409,
+    "group_quota": 409,
+    "previous_lease": 409,
+}
+UNAVAILABLE = 503  # none free, no room, MIG off: try again later or pick another size
+
+
+def spawn_error(
+    message: str, reason: str, status_code: int, log_message: str = ""
+) -> SpawnException:
+    """A SpawnException whose page and API message is ``message`` alone.
+
+    JupyterHub shows ``str(exception)`` (status, class and reason included) unless
+    the exception carries ``jupyterhub_message``.
+    """
+    error = SpawnException(
+        message, reason=reason, status_code=status_code, log_message=log_message
+    )
+    error.jupyterhub_message = message
+    return error
+
+
+def refusal(reason: str, message: str) -> SpawnException:
+    """A refusal whose HTTP status follows from its reason (503: try later or elsewhere)."""
+    return spawn_error(message, reason, STATUS.get(reason, UNAVAILABLE))

@@ -1,0 +1,147 @@
+"""The spawn form: what a user may pick, what each choice gives, and what is free now.
+
+:func:`build_choices` turns the user's policy, the GPU models present and the
+free counts into :class:`Choice` rows; :func:`render_form` renders them with
+``templates/spawn_form.html``. No JupyterHub import: the mixin feeds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from mig_spawner.core.catalog import GpuModel, Profile
+from mig_spawner.core.policy import Offer, UserPolicy
+
+NO_ACCESS_MESSAGE = (
+    "Your groups are not allowed any GPU slice on this hub. "
+    "Ask a hub admin to add you to a group with GPU access."
+)
+
+# What each size is for, by compute slices (the article's advice: start small for
+# notebooks and debugging, measure before fine-tuning, whole GPU only when needed).
+# An admin's ``description`` on the offer replaces these.
+_NEED_BY_COMPUTE = {
+    1: "Notebooks, debugging, small models, checking that a model loads and that the "
+    "data pipeline is right.",
+    2: "Larger batches and inference of mid-size models. For inference, check latency "
+    "and batch size on the slice before relying on it.",
+    3: "Fine-tuning and heavier experiments. Measure memory in a short test run first: "
+    "peaks grow with batch size and context length.",
+    4: "Fine-tuning and heavier experiments that need more compute. Measure memory in a "
+    "short test run first.",
+    7: "Almost the whole GPU: for models that need nearly all of its memory. If a small "
+    "slice is enough, leave this one to colleagues who need it.",
+}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one profile gives on one GPU model, in words."""
+
+    gpu: str
+    profile: str
+    memory_text: str
+    compute_text: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One radio button: an offer the user's groups allow."""
+
+    key: str
+    title: str
+    description: str
+    facts: tuple[Facts, ...]
+    free: int
+    unavailable: str | None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+
+def facts(gpu: GpuModel, profile: Profile) -> Facts:
+    """``"71 GB memory"``, ``"3/7 of the GPU's compute"`` for one profile."""
+    return Facts(
+        gpu=gpu.display_name,
+        profile=profile.name,
+        memory_text=f"{profile.memory_gib:.0f} GiB",
+        compute_text=f"{profile.compute_slices}/{gpu.compute_slices} of the GPU's compute",
+    )
+
+
+def need_text(offer: Offer, compute_slices: int) -> str:
+    """The offer's own description, else the advice for its size."""
+    if offer.description:
+        return offer.description
+    return _NEED_BY_COMPUTE.get(compute_slices, _NEED_BY_COMPUTE[7])
+
+
+def build_choices(
+    policy: UserPolicy,
+    models: Iterable[GpuModel],
+    free: Mapping[str, int],
+    quota_problem: Callable[[Offer, int], str | None],
+) -> list[Choice]:
+    """One :class:`Choice` per offer of ``policy``, in the policy's order.
+
+    ``models``: the MIG GPU models on this host (what the offer means here).
+    ``free``: free count per profile name. ``quota_problem(offer, compute_slices)``:
+    why the user's or group's quota forbids one more of it, or ``None``.
+    """
+    present = list({m.key: m for m in models}.values())
+    choices = []
+    for offer in policy.offers:
+        served = [
+            (gpu, gpu.profile(name))
+            for gpu in present
+            if (name := offer.profile_for(gpu.key)) is not None
+        ]
+        count = sum(free.get(profile.name, 0) for _, profile in served)
+        compute = min((p.compute_slices for _, p in served), default=0)
+        if not served:
+            why = "no GPU on this host has this size"
+        else:
+            why = quota_problem(offer, compute) or (None if count else "none free right now")
+        choices.append(
+            Choice(
+                key=offer.key,
+                title=offer.display_name or offer.key,
+                description=need_text(offer, compute),
+                facts=tuple(facts(gpu, profile) for gpu, profile in served),
+                free=count,
+                unavailable=why,
+            )
+        )
+    return choices
+
+
+def preselect(choices: Iterable[Choice], last: str | None) -> str | None:
+    """The user's last choice when it is available now, else the first available one."""
+    available = [c.key for c in choices if c.available]
+    if last in available:
+        return last
+    return available[0] if available else None
+
+
+@cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mig_spawner", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template("spawn_form.html")
+
+
+def render_form(choices: list[Choice], last: str | None = None) -> str:
+    """The HTML fragment JupyterHub puts inside its spawn ``<form>``."""
+    return _template().render(
+        choices=choices,
+        selected=preselect(choices, last),
+        no_access_message=NO_ACCESS_MESSAGE,
+    )

@@ -1,0 +1,115 @@
+"""Server-side validation of ``user_options``, whatever path they came by.
+
+``user_options`` reach the spawner from the spawn form, from ``?opt-profile=...``
+query arguments, or as the raw JSON body of a REST spawn request, which bypasses
+the form entirely. So every spawn goes through :func:`requested_offer`, which
+accepts exactly ``{"profile": "<offer key>"}`` for an offer the user's groups
+allow and refuses anything else with a message that says what to send instead.
+
+No JupyterHub import: the mixin turns :class:`OptionsError` into a
+``SpawnException``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mig_spawner.core.policy import NO_GPU_ACCESS, NOT_ALLOWED, Offer, PolicySet, UserPolicy
+from mig_spawner.core.policy_model import is_profile_name, offer_key
+
+#: The one user option: the key of an offer (a profile like ``1g.18gb`` or a slice class).
+PROFILE = "profile"
+#: Longer than any profile or class name; longer values are refused before any lookup.
+MAX_VALUE_LENGTH = 64
+# Reason codes (SpawnException.reason; they label JupyterHub's spawn-failure metrics).
+INVALID = "invalid_options"
+UNKNOWN = "unknown_profile"
+
+
+class OptionsError(ValueError):
+    """``user_options`` that cannot be granted. ``reason`` is a short machine code."""
+
+    def __init__(self, message: str, reason: str = INVALID) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def options_from_form(form_data: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn form or query data (each value a list of strings) into ``user_options``.
+
+    One-element lists become their string; anything else is kept as it came, so
+    that :func:`requested_offer` can say what was wrong with it. The hub's own
+    ``_xsrf`` field is not a user option.
+    """
+    return {
+        key: value[0] if isinstance(value, list) and len(value) == 1 else value
+        for key, value in form_data.items()
+        if key != "_xsrf"
+    }
+
+
+def _example(policy: UserPolicy) -> str:
+    return ", ".join(policy.offer_keys) or "none (your groups allow no GPU slice)"
+
+
+def _first(policy: UserPolicy) -> str:
+    return policy.offer_keys[0] if policy.offer_keys else "1g.18gb"
+
+
+def requested_offer(user_options: Any, user_policy: UserPolicy, policies: PolicySet) -> Offer:
+    """The offer that ``user_options`` asks for, if the user may have it; else OptionsError."""
+    if not isinstance(user_options, Mapping):
+        raise OptionsError(
+            f'user options must be a JSON object like {{"{PROFILE}": "{_first(user_policy)}"}}, '
+            f"not {type(user_options).__name__}"
+        )
+    extra = sorted(str(k) for k in user_options if k != PROFILE)
+    if extra:
+        names = ", ".join(_short(k) for k in extra[:5]) + (" ..." if len(extra) > 5 else "")
+        raise OptionsError(
+            f"unknown option(s) {names}; the only option is '{PROFILE}' "
+            f"(one of: {_example(user_policy)})"
+        )
+    if not user_policy.has_gpu_access:
+        raise OptionsError(
+            "your groups are not allowed any GPU slice on this hub; ask a hub admin to add "
+            "you to a group with GPU access",
+            NO_GPU_ACCESS,
+        )
+    value = user_options.get(PROFILE)
+    if value is None or value == "":
+        raise OptionsError(
+            f"choose a GPU slice: send {{\"{PROFILE}\": ...}} with one of: {_example(user_policy)}"
+        )
+    if not isinstance(value, str):
+        raise OptionsError(
+            f"'{PROFILE}' must be one name, not {type(value).__name__} {_short(value)}; "
+            f"one of: {_example(user_policy)}"
+        )
+    if len(value) > MAX_VALUE_LENGTH:
+        raise OptionsError(
+            f"'{PROFILE}' is {len(value)} characters long; names have at most "
+            f"{MAX_VALUE_LENGTH} (one of: {_example(user_policy)})"
+        )
+    key = offer_key(value)
+    if user_policy.allows(key):
+        return user_policy.offer(key)
+    if key in policies.offers:
+        raise OptionsError(
+            f"{key!r} is not allowed for your groups ({', '.join(user_policy.group_names)}); "
+            f"allowed: {_example(user_policy)}",
+            NOT_ALLOWED,
+        )
+    what = "MIG profile" if is_profile_name(key) else "slice"
+    raise OptionsError(
+        f"{_short(value)} is not a {what} offered on this hub; choose one of: "
+        f"{_example(user_policy)}",
+        UNKNOWN,
+    )

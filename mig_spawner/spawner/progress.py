@@ -1,0 +1,50 @@
+"""Progress events of one start, for JupyterHub's spawn-pending page and event stream.
+
+``start()`` appends events as it goes; each reader (every open spawn-pending
+page calls ``Spawner.progress()`` afresh) replays them from the first and then
+follows new ones until the start has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+
+class ProgressLog:
+    """An append-only list of ``{"progress", "message"}`` events that readers can follow."""
+
+    def __init__(self) -> None:
+        self._events: list[dict] = []
+        self._changed = asyncio.Event()
+        self._done = False
+
+    @property
+    def events(self) -> list[dict]:
+        return list(self._events)
+
+    def add(self, progress: int, message: str) -> None:
+        """Record one step; ``progress`` is 0..100 as JupyterHub's progress bar expects."""
+        self._events.append({"progress": progress, "message": message})
+        self._wake()
+
+    def finish(self) -> None:
+        """The start is over (either way): readers stop after the last event."""
+        self._done = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def follow(self) -> AsyncIterator[dict]:
+        """Every event so far, then each new one, until :meth:`finish`."""
+        seen = 0
+        while True:
+            changed = self._changed
+            while seen < len(self._events):
+                yield self._events[seen]
+                seen += 1
+            if self._done:
+                return
+            await changed.wait()

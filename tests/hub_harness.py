@@ -1,0 +1,417 @@
+"""A real JupyterHub + configurable-http-proxy in a subprocess, for end-to-end tests.
+
+Reusable by any test module (spawner, slice service, browser):
+
+    hub = HubProcess.start(tmp_path, config_files=[...], extra_config="c.X = 1")
+    hub.create_user("ana", groups=["analysts"])
+    hub.spawn("ana", {"profile": "1g.18gb"})
+    hub.wait_ready("ana")
+    hub.stop_hub()
+
+Everything lives under the given directory (SQLite hub DB on disk, cookie
+secret, logs), all ports are picked free, and the harness talks to the hub
+through its public REST API with an admin token it granted itself through
+``c.JupyterHub.services`` + ``load_roles``. Nothing here knows about MIG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import websocket
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+ADMIN_SERVICE = "test-harness"
+
+
+PORT_ATTEMPTS = 3
+# What a hub's log says when one of its ports was taken by someone else.
+PORT_CLASH = ("Address already in use", "EADDRINUSE", "api_request to proxy failed")
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HubError(AssertionError):
+    """The hub did not do what the test asked; carries the tail of the hub log."""
+
+
+@dataclass
+class HubProcess:
+    """One running hub. ``url`` is the public (proxy) URL; API calls go through it."""
+
+    workdir: Path
+    config_path: Path
+    url: str
+    token: str
+    proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    session: requests.Session = field(default_factory=requests.Session)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        config_files: Sequence[Path] = (),
+        extra_config: str = "",
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> HubProcess:
+        """Write a config that loads ``config_files`` in order, then start the hub.
+
+        ``extra_config`` is Python appended last, so it overrides the files.
+        The singleuser servers run as the current (test) user, not via setuid.
+        """
+        workdir.mkdir(parents=True, exist_ok=True)
+        # A port picked free can be taken by another process before the hub binds it
+        # (parallel test runs); the hub then dies at start. Try again on fresh ports.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            hub = cls._configure(workdir, config_files, extra_config, env)
+            try:
+                hub._launch(timeout)
+            except HubError as e:
+                if attempt == PORT_ATTEMPTS or not any(m in str(e) for m in PORT_CLASH):
+                    raise
+                continue
+            return hub
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _configure(
+        cls,
+        workdir: Path,
+        config_files: Sequence[Path],
+        extra_config: str,
+        env: dict[str, str] | None,
+    ) -> HubProcess:
+        port, hub_port, api_port = free_port(), free_port(), free_port()
+        token = secrets.token_hex(32)
+        lines = [
+            "# Written by tests/hub_harness.py",
+            "c = get_config()  # noqa: F821",
+            # Defaults that the config files may override: users need no Unix
+            # account, servers run as the test user from the test's virtualenv.
+            'c.JupyterHub.authenticator_class = "dummy"',
+            f"c.Spawner.cmd = [{str(VENV_BIN / 'jupyterhub-singleuser')!r}]",
+            'c.Spawner.args = ["--ServerApp.allow_root=True"]',
+            *(f"load_subconfig({str(p)!r})  # noqa: F821" for p in config_files),
+            # What the harness needs, whatever the files say.
+            f'c.JupyterHub.bind_url = "http://127.0.0.1:{port}"',
+            'c.JupyterHub.hub_ip = "127.0.0.1"',
+            f"c.JupyterHub.hub_port = {hub_port}",
+            f'c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"',
+            f"c.ConfigurableHTTPProxy.command = [{str(CHP)!r}]",
+            f'c.JupyterHub.db_url = "sqlite:///{workdir}/jupyterhub.sqlite"',
+            f'c.JupyterHub.cookie_secret_file = "{workdir}/jupyterhub_cookie_secret"',
+            f'c.JupyterHub.pid_file = "{workdir}/jupyterhub.pid"',
+            # Servers outlive a hub restart, as in production with a restarted hub.
+            "c.JupyterHub.cleanup_servers = False",
+            f'c.JupyterHub.services.append({{"name": "{ADMIN_SERVICE}", "api_token": "{token}"}})',
+            f'c.JupyterHub.load_roles.append({{"name": "admin", "services": ["{ADMIN_SERVICE}"]}})',
+        ]
+        config = "\n".join(lines) + "\n" + textwrap.dedent(extra_config) + "\n"
+        config_path = workdir / "harness_config.py"
+        config_path.write_text(config)
+        hub_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
+        hub_env.update(env or {})
+        hub = cls(workdir, config_path, f"http://127.0.0.1:{port}", token, env=hub_env)
+        hub.session.headers["Authorization"] = f"token {token}"
+        return hub
+
+    def _launch(self, timeout: float) -> None:
+        log = (self.workdir / "hub.log").open("ab")
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._kill_group()  # a proxy the dead hub started must not hold its port
+                raise HubError(f"hub exited with {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                if self.session.get(self.api("/"), timeout=2).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        self._kill_group()
+        raise HubError(f"hub not up after {timeout}s\n{self.log_tail()}")
+
+    def _kill_group(self) -> None:
+        """Kill the hub's process group: the hub and the proxy it started (servers run
+        in sessions of their own)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def stop_hub(self, timeout: float = 30) -> None:
+        """Stop the hub (and its proxy), leaving single-user servers running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def restart_hub(self, timeout: float = 60) -> None:
+        """Stop the hub and start it again on the same config, DB and ports."""
+        self.stop_hub()
+        self._launch(timeout)
+
+    def close(self) -> None:
+        """Stop every server through the API, then the hub. For fixture teardown."""
+        if self.proc is not None and self.proc.poll() is None:
+            for user in self.users():
+                if user.get("servers"):
+                    self.stop_server(user["name"], wait=False)
+            self.wait_until(lambda: not any(u.get("servers") for u in self.users()), 30)
+        self.stop_hub()
+
+    def log_tail(self, chars: int = 6000) -> str:
+        path = self.workdir / "hub.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    # --- REST API --------------------------------------------------------------------
+
+    def api(self, path: str) -> str:
+        return f"{self.url}/hub/api{path}"
+
+    def request(self, method: str, path: str, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 30)
+        return self.session.request(method, self.api(path), **kw)
+
+    def users(self) -> list[dict]:
+        return self.request("GET", "/users").json()
+
+    def user(self, name: str) -> dict:
+        r = self.request("GET", f"/users/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def create_user(self, name: str, groups: Sequence[str] = (), admin: bool = False) -> None:
+        r = self.request("POST", f"/users/{name}", json={"admin": admin})
+        if r.status_code not in (201, 409):
+            raise HubError(f"creating user {name}: {r.status_code} {r.text}")
+        for group in groups:
+            self.add_to_group(group, [name])
+
+    def create_users(self, names: Sequence[str], groups: Sequence[str] = ()) -> None:
+        """Create many users in one request, then put them all in ``groups``."""
+        r = self.request("POST", "/users", json={"usernames": list(names)})
+        if r.status_code not in (201, 409):
+            raise HubError(f"creating users: {r.status_code} {r.text}")
+        for group in groups:
+            self.add_to_group(group, names)
+
+    def server_state(self, name: str, server: str = "") -> dict:
+        """The spawner's persisted state (pid, ...), as an admin sees it."""
+        model = self.server_model(name, server) or {}
+        return model.get("state") or {}
+
+    def add_to_group(self, group: str, users: Sequence[str]) -> None:
+        r = self.request("POST", f"/groups/{group}")
+        if r.status_code not in (201, 409):
+            raise HubError(f"creating group {group}: {r.status_code} {r.text}")
+        r = self.request("POST", f"/groups/{group}/users", json={"users": list(users)})
+        r.raise_for_status()
+
+    def user_token(self, name: str) -> str:
+        r = self.request("POST", f"/users/{name}/tokens", json={"note": "test"})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    def login(self, name: str, password: str = "test-password") -> requests.Session:
+        """A browser-like session logged in through the hub's login form (cookies, xsrf).
+
+        The hub's HTML pages (spawn form, ``?opt-`` query) accept no API token.
+        """
+        browser = requests.Session()
+        browser.get(f"{self.url}/hub/login", timeout=30).raise_for_status()
+        xsrf = browser.cookies.get("_xsrf", path="/hub/")
+        r = browser.post(
+            f"{self.url}/hub/login",
+            data={"username": name, "password": password, "_xsrf": xsrf},
+            timeout=30,
+            allow_redirects=False,
+        )
+        if r.status_code != 302:
+            raise HubError(f"login of {name} failed: {r.status_code}\n{self.log_tail(2000)}")
+        return browser
+
+    @staticmethod
+    def xsrf(browser: requests.Session) -> str:
+        """The xsrf token a logged-in browser session must send with form posts."""
+        return browser.cookies.get("_xsrf", path="/hub/") or ""
+
+    # --- servers ---------------------------------------------------------------------
+
+    def spawn(self, name: str, options: dict | None = None, server: str = "") -> requests.Response:
+        """POST a spawn; 201 = running, 202 = pending, 4xx = refused (see ``.json()``)."""
+        path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
+        body = None if options is None else json.dumps(options)
+        return self.request("POST", path, data=body, timeout=120)
+
+    def server_model(self, name: str, server: str = "") -> dict | None:
+        return self.user(name).get("servers", {}).get(server)
+
+    def wait_ready(self, name: str, server: str = "", timeout: float = 60) -> dict:
+        """Wait until the server is ready; raise with the hub log if it failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.server_model(name, server)
+            if model is None:
+                raise HubError(f"{name}'s server is gone (failed start?)\n{self.log_tail()}")
+            if model.get("ready"):
+                return model
+            time.sleep(0.2)
+        raise HubError(f"{name}'s server not ready after {timeout}s\n{self.log_tail()}")
+
+    def stop_server(self, name: str, server: str = "", wait: bool = True) -> None:
+        path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
+        r = self.request("DELETE", path)
+        if r.status_code not in (202, 204, 400):
+            raise HubError(f"stopping {name}: {r.status_code} {r.text}")
+        if wait:
+            self.wait_until(lambda: self.server_model(name, server) is None, 30)
+
+    def progress(self, name: str, server: str = "", timeout: float = 60) -> list[dict]:
+        """All progress events of a pending spawn, read from the event stream to its end."""
+        path = f"/users/{name}/servers/{server}/progress" if server else (
+            f"/users/{name}/server/progress"
+        )
+        events = []
+        with self.request("GET", path, stream=True, timeout=timeout) as r:
+            r.raise_for_status()
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    events.append(event)
+                    if event.get("ready") or event.get("failed"):
+                        break
+        return events
+
+    def spawn_and_follow(
+        self, name: str, options: dict | None = None, timeout: float = 120
+    ) -> tuple[requests.Response, list[dict]]:
+        """Spawn and, while the request is pending, read the progress stream from the start.
+
+        The spawner's events are replayed to every reader, so joining late loses nothing;
+        only a spawn that ends before the first read leaves just its final event.
+        """
+        with ThreadPoolExecutor(1) as pool:
+            posted = pool.submit(self.spawn, name, options)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                model = self.server_model(name)
+                if model is not None and model.get("pending") == "spawn":
+                    try:
+                        events = self.progress(name, timeout=timeout)
+                    except requests.HTTPError:
+                        continue  # the spawn ended between the two requests
+                    return posted.result(timeout), events
+                if posted.done() and (model is None or model.get("ready")):
+                    return posted.result(), []
+                time.sleep(0.05)
+        raise HubError(f"spawn of {name} did not progress within {timeout}s")
+
+    @staticmethod
+    def wait_until(predicate, timeout: float, interval: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(interval)
+        raise HubError(f"condition not met after {timeout}s")
+
+    # --- inside a single-user server -------------------------------------------------
+
+    def run_in_kernel(self, name: str, code: str, timeout: float = 60) -> str:
+        """Start a real kernel in ``name``'s server, run ``code``, return its stdout.
+
+        Uses the server's REST API (``/api/kernels``) and the kernel's websocket
+        channels, as JupyterLab does, with the hub's admin token (``access:servers``).
+        """
+        base = f"{self.url}/user/{name}/api/kernels"
+        r = self.session.post(base, json={"name": "python3"}, timeout=timeout)
+        r.raise_for_status()
+        kernel_id = r.json()["id"]
+        ws_url = base.replace("http://", "ws://") + f"/{kernel_id}/channels"
+        ws = websocket.create_connection(
+            ws_url, header=[f"Authorization: token {self.token}"], timeout=timeout
+        )
+        try:
+            msg_id = uuid.uuid4().hex
+            ws.send(json.dumps(_execute_request(msg_id, code)))
+            return "".join(_stdout_until_idle(ws, msg_id, timeout))
+        finally:
+            ws.close()
+            self.session.delete(f"{base}/{kernel_id}", timeout=timeout)
+
+
+def _execute_request(msg_id: str, code: str) -> dict:
+    return {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "test",
+            "session": uuid.uuid4().hex,
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "channel": "shell",
+        "content": {
+            "code": code,
+            "silent": False,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+        },
+    }
+
+
+def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> Iterator[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = json.loads(ws.recv())
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if kind == "stream" and msg["content"]["name"] == "stdout":
+            yield msg["content"]["text"]
+        elif kind == "error":
+            raise HubError("kernel error: " + "\n".join(msg["content"]["traceback"]))
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            return
+    raise HubError(f"kernel did not finish within {timeout}s")

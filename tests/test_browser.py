@@ -1,0 +1,101 @@
+"""An analyst's path through the spawn page in a real browser (headless Chromium).
+
+Log in, see only the slices one's groups allow with what is free now and an
+exhausted one disabled, pick one with the keyboard, watch the progress, land in the
+server. Saves the form's screenshot to docs/img/spawn-form.png for the docs.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from hub_harness import REPO, HubProcess
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser]
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The demo's mixed 2 x H200: two 2g.35gb, one 3g.71gb, one 1g.35gb, six 1g.18gb.
+SIM = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    workdir = tmp_path_factory.mktemp("browserhub")
+    extra = textwrap.dedent(
+        f"""
+        c.JupyterHub.spawner_class = "mig-simple"
+        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.LocalMIGSpawner.simulate = "{SIM}"
+        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        c.Spawner.default_url = "/tree"
+        """
+    )
+    snippets = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
+    hub = HubProcess.start(workdir, snippets, extra, timeout=120)
+    hub.create_user("mia", groups=["ml-team"])
+    hub.create_user("max", groups=["ml-team"])
+    yield hub
+    hub.close()
+
+
+def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
+    # A colleague holds the only 3g.71gb, so "large" must show as unavailable.
+    assert hub.spawn("max", {"profile": "large"}).status_code in (201, 202)
+    hub.wait_ready("max")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 1000})
+            page.goto(f"{hub.url}/hub/login")
+            page.get_by_label("Username").fill("mia")
+            page.get_by_label("Password").fill("any password")
+            page.get_by_role("button", name="Sign in").click()
+            page.goto(f"{hub.url}/hub/spawn")
+
+            radios = page.get_by_role("radio")
+            labels = [radios.nth(i).get_attribute("value") for i in range(radios.count())]
+            assert labels == ["medium", "large", "1g.35gb"]  # ml-team's offers, nothing else
+            medium = page.get_by_role("radio", name=re.compile("Medium"))
+            large = page.get_by_role("radio", name=re.compile("Large"))
+            assert medium.is_enabled() and medium.is_checked()
+            assert large.is_disabled()
+            text = page.locator("#spawn_form").inner_text()
+            assert "2 free now" in text and "none free right now" in text
+            assert "2/7 of the GPU's compute" in text
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))
+
+            # Keyboard only: move to the next enabled choice, then submit with Enter.
+            medium.focus()
+            page.keyboard.press("ArrowDown")  # skips the disabled "large"
+            memory_heavy = page.get_by_role("radio", name=re.compile("Memory-heavy"))
+            assert memory_heavy.is_checked()
+            page.keyboard.press("Enter")
+
+            page.wait_for_url(re.compile(r"/hub/spawn-pending/mia"), timeout=30_000)
+            log = page.locator("#progress-log")
+            log.locator("text=/Reserved a 1g.35gb slice on GPU/").wait_for(
+                state="attached", timeout=60_000
+            )
+            page.wait_for_url(re.compile(r"/user/mia/tree"), timeout=120_000)
+        finally:
+            browser.close()
+    model = hub.server_model("mia")
+    assert model is not None and model["ready"]
+    assert model["user_options"] == {"profile": "1g.35gb"}

@@ -1,0 +1,231 @@
+"""The MIG spawner in a real JupyterHub, with real single-user servers and kernels.
+
+One hub for the whole module (pool mode, a simulated 2 x H200 with 10 small slices,
+one 2g.35gb, one 1g.35gb and no 3g.71gb), configured from the repository's own
+jupyterhub_config.d snippets. Every test stops the servers it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hub_harness import REPO, HubProcess
+
+from mig_spawner.gpu import connect
+from mig_spawner.ledger import Ledger
+
+pytestmark = pytest.mark.hub
+
+SIM = "h200x1:layout=1g.18gb*7+h200x1:layout=1g.18gb*3,2g.35gb,1g.35gb"
+SNIPPETS = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
+
+
+def hub_config(workdir: Path) -> str:
+    """What the tests add to the shipped snippets: simulated GPUs, fast polling."""
+    return textwrap.dedent(
+        f"""
+        c.JupyterHub.spawner_class = "mig-simple"
+        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.LocalMIGSpawner.simulate = "{SIM}"
+        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        # A user's environment must not be able to point CUDA elsewhere.
+        c.Spawner.environment = {{"CUDA_VISIBLE_DEVICES": "all", "MIG_SPAWNER_PROFILE": "x"}}
+        c.Spawner.poll_interval = 1
+        c.Spawner.start_timeout = 180
+        c.Spawner.http_timeout = 180
+        # A crowd of users with no quota, for the concurrency test.
+        c.MIGPolicyConfig.group_policies["crowd"] = {{"allowed": ["small"]}}
+        # A user whose server cannot start: its slice must come back.
+        def _break(spawner):
+            if spawner.user.name == "broken":
+                spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
+        c.Spawner.pre_spawn_hook = _break
+        """
+    )
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("mighub")
+    hub = HubProcess.start(workdir, SNIPPETS, hub_config(workdir), timeout=120)
+    hub.create_user("ana", groups=["analysts"])
+    hub.create_user("bob", groups=["analysts"])
+    hub.create_user("mia", groups=["ml-team"])
+    hub.create_user("nobody")
+    hub.create_user("broken", groups=["analysts"])
+    yield hub
+    hub.close()
+
+
+@pytest.fixture(scope="module")
+def ledger(hub):
+    # The default ledger is a SQLite file beside the hub's database.
+    path = hub.workdir / "mig_spawner_ledger.sqlite"
+    with Ledger(f"sqlite:///{path}") as ledger:
+        yield ledger
+
+
+@pytest.fixture(scope="module")
+def gpus(hub):
+    adapter = connect(simulate=SIM, state_file=str(hub.workdir / "sim-gpus.json"))
+    yield adapter
+    adapter.close()
+
+
+def _start(hub: HubProcess, user: str, profile: str) -> list[dict]:
+    r, events = hub.spawn_and_follow(user, {"profile": profile})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(user)
+    return events
+
+
+def _held(ledger: Ledger) -> dict[str, str]:
+    return {lease.user: lease.profile for lease in ledger.active()}
+
+
+def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus):
+    events = _start(hub, "ana", "small")
+    messages = [e["message"] for e in events]
+    assert any(m.startswith("Reserving a Small") for m in messages), messages
+    assert any("Reserved a 1g.18gb slice on GPU" in m for m in messages), messages
+    assert "Starting your server" in messages
+    _start(hub, "mia", "1g.35gb")
+    try:
+        seen = {
+            user: json.loads(hub.run_in_kernel(user, (
+                "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+                "('CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'MIG_SPAWNER_PROFILE')}))"
+            )))
+            for user in ("ana", "mia")
+        }
+        inventory = gpus.inventory()
+        for user, profile in (("ana", "1g.18gb"), ("mia", "1g.35gb")):
+            uuid = seen[user]["CUDA_VISIBLE_DEVICES"]
+            device = inventory.device_by_uuid(uuid)
+            assert device is not None and device.profile == profile, seen
+            assert seen[user]["NVIDIA_VISIBLE_DEVICES"] == uuid
+            assert seen[user]["MIG_SPAWNER_PROFILE"] == profile
+        assert seen["ana"]["CUDA_VISIBLE_DEVICES"] != seen["mia"]["CUDA_VISIBLE_DEVICES"]
+        assert _held(ledger) == {"ana": "1g.18gb", "mia": "1g.35gb"}
+    finally:
+        hub.stop_server("ana")
+        hub.stop_server("mia")
+    assert _held(ledger) == {}
+    released = [lease for lease in ledger.history(user="ana")]
+    assert released[-1].release_reason == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("user", "body", "status", "words"),
+    [
+        ("ana", {"profile": "large"}, 403, "'large' is not allowed for your groups (analysts)"),
+        ("ana", {"profile": "small", "gpu": "1"}, 400, "unknown option(s) 'gpu'"),
+        ("ana", {"profile": "s" * 10_000}, 400, "10000 characters long"),
+        ("ana", {"profile": ["small"]}, 400, "must be one name"),
+        ("ana", {"profile": "7g.999gb"}, 400, "not a MIG profile offered on this hub"),
+        ("nobody", {"profile": "small"}, 403, "not allowed any GPU slice"),
+    ],
+)
+def test_forged_options_through_the_rest_api_are_refused(hub, ledger, user, body, status, words):
+    r = hub.spawn(user, body)
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"]
+    assert len(r.text) < 1000
+    assert hub.server_model(user) is None
+    assert _held(ledger) == {}
+
+
+def test_query_and_form_paths_are_validated_too(hub, ledger):
+    browser = hub.login("ana")
+    # ?opt-profile=... on the spawn page: refused, and the form is shown with the reason.
+    r = browser.get(f"{hub.url}/hub/spawn/ana", params={"opt-profile": "large"})
+    assert r.status_code == 403
+    assert "Error: &#39;large&#39; is not allowed for your groups (analysts)" in r.text
+    assert 'name="profile"' in r.text  # the form again, to pick an allowed size
+    # A form post (as the browser sends it) with a value the form never offered.
+    r = browser.post(
+        f"{hub.url}/hub/spawn/ana", params={"_xsrf": hub.xsrf(browser)}, data={"profile": "full"}
+    )
+    assert r.status_code == 403
+    assert "&#39;full&#39; is not allowed" in r.text
+    assert hub.server_model("ana") is None
+    assert _held(ledger) == {}
+
+
+def test_the_next_spawn_when_all_are_taken_hears_why(hub, ledger):
+    _start(hub, "ana", "medium")  # the only 2g.35gb
+    try:
+        r = hub.spawn("bob", {"profile": "medium"})
+        assert r.status_code == 503, r.text
+        message = r.json()["message"]
+        assert "no 2g.35gb free" in message and "1 leased" in message
+        assert "free now: 1g.18gb: 10" in message  # what bob could pick instead
+        # The form shows the same: medium disabled, small with its free count.
+        form = hub.login("bob").get(f"{hub.url}/hub/spawn/bob").text
+        assert "none free right now" in form and "10 free now" in form
+        # ...and one slice per user: ana cannot start a second server's worth.
+        assert _held(ledger) == {"ana": "2g.35gb"}
+    finally:
+        hub.stop_server("ana")
+
+
+def test_a_start_that_fails_gives_the_slice_back(hub, ledger):
+    hub.spawn("broken", {"profile": "small"})
+    hub.wait_until(lambda: hub.server_model("broken") is None, 60)
+    last = ledger.history(user="broken")[-1]
+    assert not last.held
+    assert last.release_reason.startswith("start-failed")
+
+
+def test_thirty_concurrent_spawns_for_ten_slices_give_ten_servers(hub, ledger):
+    users = [f"crowd{i:02d}" for i in range(30)]
+    hub.create_users(users, groups=["crowd"])
+    with ThreadPoolExecutor(30) as pool:
+        codes = list(pool.map(lambda u: hub.spawn(u, {"profile": "small"}).status_code, users))
+    try:
+        started = [u for u, code in zip(users, codes, strict=True) if code in (201, 202)]
+        assert len(started) == 10, codes
+        assert sorted(set(codes) - {201, 202}) == [503]
+        for user in started:
+            hub.wait_ready(user, timeout=240)
+        leases = ledger.active()
+        assert len(leases) == 10
+        assert len({lease.mig_uuid for lease in leases}) == 10  # never one slice twice
+    finally:
+        with ThreadPoolExecutor(10) as pool:
+            list(pool.map(lambda u: hub.stop_server(u, wait=False), users))
+        hub.wait_until(lambda: not ledger.active(), 120)
+
+
+def test_a_server_killed_from_outside_frees_its_slice(hub, ledger):
+    _start(hub, "bob", "small")
+    pid = hub.server_state("bob")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    hub.wait_until(lambda: not ledger.active(), 30)
+    assert ledger.history(user="bob")[-1].release_reason.startswith("server-exited")
+    hub.wait_until(lambda: hub.server_model("bob") is None, 30)
+
+
+def test_hub_restart_keeps_live_leases_and_frees_dead_ones(hub, ledger):
+    _start(hub, "ana", "small")
+    _start(hub, "bob", "small")
+    live = ledger.active_for_server("ana")
+    bob_pid = hub.server_state("bob")["pid"]
+    hub.stop_hub()
+    os.kill(bob_pid, signal.SIGKILL)
+    hub.restart_hub(timeout=120)
+    try:
+        hub.wait_until(lambda: ledger.active_for_server("bob") is None, 30)
+        assert ledger.active_for_server("ana") == live
+        # ana's server is still there and still on the same slice.
+        out = hub.run_in_kernel("ana", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
+        assert out.strip() == live.mig_uuid
+    finally:
+        hub.stop_server("ana")
+        hub.stop_server("bob")

@@ -1,0 +1,72 @@
+"""Device-cgroup rules for one MIG slice (mig_spawner.spawner.isolation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mig_spawner.spawner.isolation import (
+    IsolationError,
+    cap_minors,
+    capability_paths,
+    device_rules,
+    systemd_properties,
+    systemd_run_args,
+)
+
+
+@pytest.mark.parametrize(
+    ("gpu_minor", "gi", "ci", "expected"),
+    [
+        (0, 1, 0, (12, 13)),  # NVIDIA's documented example
+        (0, 0, 0, (3, 4)),  # full-GPU instance on GPU 0
+        (1, 7, 0, (3 + 135 + 63, 4 + 135 + 63)),  # a 1g slice at start 0 on GPU 1
+        (2, 14, 7, (3 + 270 + 126, 4 + 270 + 126 + 7)),  # last GI, last CI of GPU 2
+    ],
+)
+def test_capability_minors_follow_the_driver_layout(gpu_minor, gi, ci, expected):
+    assert cap_minors(gpu_minor, gi, ci) == expected
+
+
+@pytest.mark.parametrize(
+    ("gpu_minor", "gi", "ci", "word"),
+    [(-1, 1, 0, "gpu_minor"), (0, 15, 0, "gi_id"), (0, 1, 8, "ci_id"), (0, "1", 0, "gi_id"),
+     (0, True, 0, "gi_id")],
+)
+def test_impossible_numbers_are_refused_with_their_name(gpu_minor, gi, ci, word):
+    with pytest.raises(IsolationError, match=word):
+        device_rules(gpu_minor, gi, ci)
+
+
+def test_rules_allow_exactly_the_nodes_of_one_slice():
+    rules = device_rules(1, 3, 0)
+    assert [r.systemd for r in rules] == [
+        "/dev/nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+        "/dev/nvidia-uvm-tools rw",
+        "/dev/nvidia1 rw",
+        "/dev/nvidia-caps/nvidia-cap165 r",
+        "/dev/nvidia-caps/nvidia-cap166 r",
+    ]
+    # Another slice of the same GPU gets other capability nodes, so neither sees the other.
+    other = {r.path for r in device_rules(1, 4, 0)}
+    assert {r.path for r in rules if "caps" in r.path}.isdisjoint(other)
+
+
+def test_systemd_shapes():
+    rules = device_rules(0, 1, 0)
+    props = systemd_properties(rules)
+    assert props["DevicePolicy"] == "closed"
+    assert "/dev/nvidia-caps/nvidia-cap13 r" in props["DeviceAllow"]
+    args = systemd_run_args(rules)
+    assert args[:2] == ["systemd-run", "--scope"]
+    assert "DevicePolicy=closed" in args
+    assert "DeviceAllow=/dev/nvidia0 rw" in args
+    # Each property is its own -p pair, as systemd-run expects.
+    assert args.count("-p") == 1 + len(rules)
+
+
+def test_capability_paths_for_nvidia_modprobe():
+    assert capability_paths(0, 1, 0) == (
+        "/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access",
+        "/proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access",
+    )

@@ -1,0 +1,188 @@
+"""Server-side validation of user_options and the spawn form, without a hub.
+
+The policy is the repository's own jupyterhub_config.d/20-groups.py, so these tests
+also say what an analyst of the shipped config may and may not ask for.
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core.catalog import model
+from mig_spawner.spawner import form
+from mig_spawner.spawner.options import (
+    INVALID,
+    UNKNOWN,
+    OptionsError,
+    options_from_form,
+    requested_offer,
+)
+
+GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
+
+
+@pytest.fixture(scope="module")
+def policies():
+    return MIGPolicyConfig(config=load_config_files(GROUPS)).build()
+
+
+@pytest.fixture(scope="module")
+def analyst(policies):
+    return policies.for_user(["analysts"])
+
+
+def test_form_data_becomes_one_value_per_key():
+    assert options_from_form({"profile": ["small"]}) == {"profile": "small"}
+    # Two values for one key stay a list, so that validation can name the mistake.
+    assert options_from_form({"profile": ["a", "b"]}) == {"profile": ["a", "b"]}
+
+
+def test_an_allowed_offer_is_granted(analyst, policies):
+    assert requested_offer({"profile": "small"}, analyst, policies).key == "small"
+    ml = policies.for_user(["ml-team"])
+    # Profile names are normalised the way nvidia-smi and users spell them.
+    assert requested_offer({"profile": "MIG 1G.35GB"}, ml, policies).key == "1g.35gb"
+
+
+@pytest.mark.parametrize(
+    ("user_options", "reason", "words"),
+    [
+        (["small"], INVALID, "must be a JSON object"),
+        ({"profile": "small", "gpu": 0}, INVALID, "unknown option(s) 'gpu'"),
+        ({"profile": "small", "x" * 500: 1}, INVALID, "the only option is 'profile'"),
+        ({}, INVALID, "choose a GPU slice"),
+        ({"profile": ["small", "medium"]}, INVALID, "must be one name"),
+        ({"profile": 3}, INVALID, "not int"),
+        ({"profile": "s" * 5000}, INVALID, "5000 characters long"),
+        ({"profile": "large"}, "not_allowed", "not allowed for your groups (analysts)"),
+        ({"profile": "5g.999gb"}, UNKNOWN, "not a MIG profile offered on this hub"),
+        ({"profile": "huge"}, UNKNOWN, "not a slice offered on this hub"),
+    ],
+)
+def test_bad_options_are_refused_with_what_to_send(analyst, policies, user_options, reason,
+                                                   words):
+    with pytest.raises(OptionsError) as e:
+        requested_offer(user_options, analyst, policies)
+    assert e.value.reason == reason
+    assert words in str(e.value)
+    # Every refusal says what the user may send instead.
+    assert "small, medium" in str(e.value) or '{"profile": "small"}' in str(e.value)
+    assert len(str(e.value)) < 400  # an oversize value is never echoed back whole
+
+
+def test_user_in_no_gpu_group_is_told_to_ask_an_admin(policies):
+    nobody = policies.for_user(["marketing"])
+    with pytest.raises(OptionsError, match="ask a hub admin") as e:
+        requested_offer({"profile": "small"}, nobody, policies)
+    assert e.value.reason == "no_gpu_access"
+
+
+# --- the form ---------------------------------------------------------------------------
+
+
+class _Radios(HTMLParser):
+    """Collects the radio inputs and the labels of a rendered form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.radios: list[dict] = []
+        self.labels: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "input" and a.get("type") == "radio":
+            self.radios.append(a)
+        if tag == "label":
+            self.labels.add(a.get("for", ""))
+
+
+def _parse(html: str) -> _Radios:
+    p = _Radios()
+    p.feed(html)
+    return p
+
+
+def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
+    free = {"1g.18gb": 3, "2g.35gb": 0, "3g.71gb": 2}
+    choices = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None)
+    assert [c.key for c in choices] == ["small", "medium"]  # not "large": not allowed
+    small, medium = choices
+    assert small.free == 3 and small.available
+    assert small.facts[0].compute_text == "1/7 of the GPU's compute"
+    assert medium.unavailable == "none free right now"
+    html = form.render_form(choices, last="medium")
+    radios = _parse(html).radios
+    assert [r["value"] for r in radios] == ["small", "medium"]
+    # The last choice is not available now, so the first available one is preselected.
+    assert "checked" in radios[0] and "disabled" not in radios[0]
+    assert "disabled" in radios[1] and "checked" not in radios[1]
+    # Every radio has a label (keyboard and screen readers) and posts as "profile".
+    assert {r["id"] for r in radios} <= _parse(html).labels
+    assert {r["name"] for r in radios} == {"profile"}
+    assert "3 free now" in html and "none free right now" in html
+
+
+def test_form_says_when_a_quota_is_used_up(analyst):
+    choices = form.build_choices(
+        analyst, [model("h200")], {"1g.18gb": 3, "2g.35gb": 1},
+        lambda offer, c: "you already hold 1 of 1 slices",
+    )
+    assert all(c.unavailable == "you already hold 1 of 1 slices" for c in choices)
+    html = form.render_form(choices, last="small")
+    assert all("disabled" in r and "checked" not in r for r in _parse(html).radios)
+
+
+def test_form_keeps_the_last_choice_and_escapes_admin_text(policies):
+    ml = policies.for_user(["ml-team"])
+    choices = form.build_choices(ml, [model("h200")], {"3g.71gb": 1, "2g.35gb": 1},
+                                 lambda offer, c: None)
+    html = form.render_form(choices, last="large")
+    checked = [r["value"] for r in _parse(html).radios if "checked" in r]
+    assert checked == ["large"]
+    assert "<script" not in form.render_form(
+        [form.Choice("x", "<script>alert(1)</script>", "d", (), 1, None)]
+    )
+
+
+def test_form_without_any_offer_explains_instead_of_showing_radios(policies):
+    html = form.render_form(form.build_choices(policies.for_user([]), [model("h200")], {},
+                                               lambda o, c: None))
+    assert not _parse(html).radios
+    assert form.NO_ACCESS_MESSAGE in html
+
+
+# --- the spawner's own settings ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trait", "value", "words"),
+    [
+        ("mig_mode", "elastic", "mig_mode"),
+        ("strategy", "random", "strategy"),
+        ("ledger_url", "not a url", "is not a SQLAlchemy URL"),
+        ("simulate", "h999x2", "simulate:"),
+        ("sim_state_file", "/no/such/folder/sim.json", "its folder does not exist"),
+    ],
+)
+def test_bad_settings_are_refused_when_the_hub_reads_its_config(trait, value, words):
+    from traitlets import TraitError
+
+    from mig_spawner.spawner import LocalMIGSpawner
+
+    with pytest.raises(TraitError, match=re.escape(words)):
+        LocalMIGSpawner(**{trait: value})
+
+
+def test_settings_have_help_and_the_form_is_built_per_user():
+    from mig_spawner.spawner import LocalMIGSpawner
+
+    traits = LocalMIGSpawner.class_traits(config=True)
+    for name in ("mig_mode", "strategy", "ledger_url", "simulate", "sim_state_file",
+                 "isolation"):
+        assert traits[name].help.strip(), name
+    assert callable(LocalMIGSpawner().options_form)
