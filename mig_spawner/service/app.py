@@ -1,0 +1,418 @@
+"""``mig-spawner-service``: the slice service, run by JupyterHub as a managed service.
+
+It sweeps every ``cull_every`` seconds: shuts down idle kernels, stops idle or
+over-age servers through the hub API (per the limits of the group each slice
+is charged to), releases ledger leases whose server the hub no longer runs,
+and reports MIG devices used outside any lease. It serves ``/health`` and
+``/metrics``. Register it in ``jupyterhub_config.d`` (see docs/culling.md)::
+
+    c.JupyterHub.services.append({
+        "name": "mig-slice-service",
+        "command": ["mig-spawner-service", "--config-dir=/etc/jupyterhub/jupyterhub_config.d"],
+        "url": "http://127.0.0.1:10101",
+    })
+    c.JupyterHub.load_roles.append({
+        "name": "mig-slice-service",
+        "services": ["mig-slice-service"],
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers",
+                   "read:users:groups", "access:servers"],
+    })
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy.engine import make_url
+from tornado.httpserver import HTTPServer
+from tornado.log import LogFormatter
+from traitlets import Bool, Float, Int, Unicode, Union, default, validate
+from traitlets.config import Application, Config
+
+from mig_spawner import __version__, gpu
+from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core.durations import DurationError, parse_duration
+from mig_spawner.core.policy import PolicySet
+from mig_spawner.hub.client import HubClient, HubError
+from mig_spawner.ledger import DEFAULT_URL, Ledger
+from mig_spawner.service.handlers import make_web_app
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.runner import Sweeper, SweepReport
+
+#: What the service's token needs, and why: list servers with their groups and
+#: activity, stop them, and reach their kernels through the proxy.
+REQUIRED_SCOPES = (
+    "list:users", "read:users:groups", "read:users:activity", "read:servers",
+    "delete:servers", "access:servers",
+)
+
+
+def missing_scopes(granted: set[str]) -> list[str]:
+    """Required scopes the token lacks. A filtered grant (``read:servers!group=x``)
+    counts as granted: the admin chose to limit the service to some users."""
+    return [
+        scope for scope in REQUIRED_SCOPES
+        if scope not in granted and not any(g.startswith(scope + "!") for g in granted)
+    ]
+
+
+# The spawner's default ledger file name (mig_spawner.spawner.mixin.LEDGER_FILE).
+LEDGER_FILE = "mig_spawner_ledger.sqlite"
+
+
+def _duration_trait(default_value: float, help: str) -> Union:
+    """Seconds as a number, or a duration string such as ``"5m"`` (validated to seconds)."""
+    return Union([Float(), Unicode()], default_value=default_value, help=help).tag(config=True)
+
+
+class SliceServiceApp(Application):
+    """Cull idle kernels and servers per group policy, so MIG slices return to the pool."""
+
+    name = "mig-spawner-service"
+    version = __version__
+    description = __doc__
+
+    cull_every = _duration_trait(
+        60.0,
+        """How often to sweep, in seconds or as a duration ("1m").
+
+        Culling is at most this late: a limit of 30 minutes with a sweep every
+        minute stops a server between 30 and 31 minutes of idleness.""",
+    )
+    orphan_grace = _duration_trait(
+        300.0,
+        """How long a held lease may have no server running on the hub before the
+        service releases it (seconds or a duration such as "5m").
+
+        Covers a spawn the hub has not recorded yet and a hub restart; a lease
+        is also never released within this time of its claim.""",
+    )
+    concurrency = Int(
+        10,
+        help="""Most requests in flight at once, to the hub and to servers together.
+
+        The same meaning as jupyterhub-idle-culler's ``--concurrency``: higher sweeps
+        faster, lower spares the hub.""",
+    ).tag(config=True)
+    request_timeout = Float(
+        60.0, help="Seconds before one request to the hub or a server is given up and retried."
+    ).tag(config=True)
+    retries = Int(
+        4,
+        help="""Retries of a request that got a 5xx answer or no connection, with
+        exponential backoff (``retry_backoff`` doubling each time, at most 30 s).""",
+    ).tag(config=True)
+    retry_backoff = Float(
+        0.5, help="Seconds before the first retry of a failed request; doubles after each."
+    ).tag(config=True)
+    page_size = Int(
+        0, help="Users per page of ``GET /hub/api/users``; 0 uses the hub's default."
+    ).tag(config=True)
+    dry_run = Bool(
+        False,
+        help="Log and count what would be culled and released, but do nothing.",
+    ).tag(config=True)
+    probe_servers = Bool(
+        True,
+        help="""Look inside servers (``/api/kernels`` and ``/api/status`` with
+        ``no_track_activity``) before stopping them for idleness, and to apply
+        ``kernel_idle_timeout``. Needs the ``access:servers`` scope.
+
+        False judges servers on the hub's activity data alone, like
+        jupyterhub-idle-culler: cheaper, but a kernel busy in a long computation
+        with no output then looks idle.""",
+    ).tag(config=True)
+    cull_connected_kernels = Bool(
+        False,
+        help="""Shut down idle kernels even while a browser tab is connected to them.
+
+        False (the default) keeps a kernel someone has open, however idle.""",
+    ).tag(config=True)
+    release_orphans = Bool(
+        True,
+        help="""Release a lease whose server the hub has not run for ``orphan_grace``.
+        False only reports such leases.""",
+    ).tag(config=True)
+    config_dir = Unicode(
+        "",
+        help="""The hub's ``jupyterhub_config.d`` directory (or one config file).
+
+        The service loads it to read the same ``c.MIGPolicyConfig`` group policies
+        as the hub; ``c.SliceServiceApp.*`` settings there apply too (command-line
+        options win).""",
+    ).tag(config=True)
+    hub_api_url = Unicode(
+        help="The hub's REST API URL. Default: $JUPYTERHUB_API_URL, set by the hub."
+    ).tag(config=True)
+    api_token = Unicode(
+        help="Token for the hub API. Default: $JUPYTERHUB_API_TOKEN, set by the hub."
+    ).tag(config=True)
+    proxy_url = Unicode(
+        help="""Origin of the hub's proxy (``http://127.0.0.1:8000``), to reach servers
+        at ``/user/<name>/`` where the hub gives no ``full_url`` for them.
+
+        Default: the origin of ``JupyterHub.public_url``, else of
+        ``JupyterHub.bind_url``, from ``config_dir``.""",
+    ).tag(config=True)
+    service_url = Unicode(
+        help="""Where to serve ``/health`` and ``/metrics``. Default:
+        $JUPYTERHUB_SERVICE_URL (the ``url`` of the service in the hub config).
+        Empty: no HTTP endpoints.""",
+    ).tag(config=True)
+    service_prefix = Unicode(
+        help="URL prefix the proxy forwards (default: $JUPYTERHUB_SERVICE_PREFIX)."
+    ).tag(config=True)
+    ledger_url = Unicode(
+        help="""SQLAlchemy URL of the lease ledger; it must be the spawner's.
+
+        Default: the spawner's ``ledger_url`` if ``config_dir`` sets one, else a
+        SQLite file ``mig_spawner_ledger.sqlite`` beside the hub's SQLite database
+        (``JupyterHub.db_url``), as the spawner does, else in the working directory.
+        Empty: no ledger (culling only, no orphan repair).""",
+    ).tag(config=True)
+    check_gpus = Bool(
+        True,
+        help="""Read this host's MIG devices each sweep and report busy ones no lease
+        holds (never killing anything). Turn off where the service runs off the GPU host.""",
+    ).tag(config=True)
+    simulate = Unicode(
+        None,
+        allow_none=True,
+        help="""Use the simulated GPU instead of NVML, with this spec (``h200x2``).
+        Default: $MIG_SPAWNER_SIMULATE, else real NVML.""",
+    ).tag(config=True)
+    sim_state_file = Unicode(
+        None,
+        allow_none=True,
+        help="JSON state file of the simulated GPU, shared with the hub "
+        "(default: $MIG_SPAWNER_SIM_STATE).",
+    ).tag(config=True)
+
+    aliases = {
+        "config-dir": "SliceServiceApp.config_dir",
+        "cull-every": "SliceServiceApp.cull_every",
+        "concurrency": "SliceServiceApp.concurrency",
+        "orphan-grace": "SliceServiceApp.orphan_grace",
+        "ledger-url": "SliceServiceApp.ledger_url",
+        "proxy-url": "SliceServiceApp.proxy_url",
+        "url": "SliceServiceApp.hub_api_url",
+        "simulate": "SliceServiceApp.simulate",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "dry-run": ({"SliceServiceApp": {"dry_run": True}}, "Decide and log, but cull nothing."),
+        "no-probe": (
+            {"SliceServiceApp": {"probe_servers": False}},
+            "Judge servers on hub data alone; do not read kernels.",
+        ),
+        "cull-connected-kernels": (
+            {"SliceServiceApp": {"cull_connected_kernels": True}},
+            "Also shut down idle kernels that have a client connected.",
+        ),
+    }
+
+    @default("hub_api_url")
+    def _default_hub_api_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_URL", "")
+
+    @default("api_token")
+    def _default_api_token(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    @default("proxy_url")
+    def _default_proxy_url(self) -> str:
+        hub = self.config.JupyterHub
+        for url in (
+            os.environ.get("JUPYTERHUB_PUBLIC_HUB_URL"),
+            hub.get("public_url"),
+            hub.get("bind_url"),  # the proxy listens there when nothing is in front
+        ):
+            if url:
+                return urlparse(str(url))._replace(path="", query="").geturl()
+        return ""
+
+    @default("ledger_url")
+    def _default_ledger_url(self) -> str:
+        for section_name, section in self.config.items():
+            spawner_url = section.get("ledger_url") if isinstance(section, Config) else None
+            if section_name != type(self).__name__ and spawner_url:
+                return str(spawner_url)
+        hub_db = self.config.JupyterHub.get("db_url")
+        if hub_db:
+            url = make_url(hub_db)
+            if url.drivername.startswith("sqlite") and url.database:
+                return f"sqlite:///{Path(url.database).resolve().parent / LEDGER_FILE}"
+        return DEFAULT_URL
+
+    @default("service_url")
+    def _default_service_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+
+    @default("service_prefix")
+    def _default_service_prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+
+    @validate("cull_every", "orphan_grace")
+    def _valid_duration(self, proposal: dict[str, Any]) -> float:
+        name = proposal["trait"].name
+        try:
+            seconds = parse_duration(proposal["value"], unlimited_ok=name == "orphan_grace")
+        except DurationError as e:
+            raise ValueError(f"SliceServiceApp.{name}: {e}") from None
+        # An orphan grace of "never" (or 0) means: never release, only report.
+        return float("inf") if seconds is None else seconds
+
+    @validate("concurrency")
+    def _valid_concurrency(self, proposal: dict[str, Any]) -> int:
+        if proposal["value"] < 1:
+            raise ValueError(
+                f"SliceServiceApp.concurrency must be 1 or more, got {proposal['value']}"
+            )
+        return proposal["value"]
+
+    # -- logging as jupyterhub-idle-culler does it --------------------------------
+
+    _log_formatter_cls = LogFormatter
+
+    @default("log_level")
+    def _log_level_default(self) -> int:
+        return logging.INFO
+
+    @default("log_format")
+    def _log_format_default(self) -> str:
+        return (
+            "%(color)s[%(levelname)1.1s %(asctime)s.%(msecs).03d %(name)s]%(end_color)s"
+            " %(message)s"
+        )
+
+    # -- wiring -------------------------------------------------------------------
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        """Parse the command line, then load ``config_dir`` under it."""
+        super().initialize(argv)
+        if self.config_dir:
+            self.update_config(load_config_files(self.config_dir))
+            self.update_config(self.cli_config)  # the command line wins
+
+    def load_policy(self) -> PolicySet:
+        """The group policies from the loaded config, checked as the hub checks them."""
+        return MIGPolicyConfig(config=self.config, parent=self).build()
+
+    def make_sweeper(self, metrics: ServiceMetrics) -> Sweeper:
+        """Connect to the hub, the ledger and the GPUs as configured."""
+        if not self.hub_api_url or not self.api_token:
+            raise ValueError(
+                "no hub API URL or token: run the service from JupyterHub "
+                "(c.JupyterHub.services) or set JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN"
+            )
+        client = HubClient(
+            self.hub_api_url, self.api_token, proxy_url=self.proxy_url or None,
+            concurrency=self.concurrency, request_timeout=self.request_timeout,
+            retries=self.retries, backoff_base=self.retry_backoff,
+            page_size=self.page_size, log=self.log,
+        )
+        ledger = Ledger.open(self.ledger_url) if self.ledger_url else None
+        return Sweeper(
+            client, self.load_policy(), metrics, ledger=ledger, gpus=self.connect_gpus(),
+            dry_run=self.dry_run, probe_servers=self.probe_servers,
+            cull_connected_kernels=self.cull_connected_kernels,
+            orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
+            log=self.log,
+        )
+
+    async def check_token(self, client: HubClient) -> None:
+        """Say at start-up, in the log and on ``/health``, which scopes the token lacks:
+        without ``read:servers`` the hub lists no servers and the service would
+        silently do nothing."""
+        try:
+            missing = missing_scopes(await client.token_scopes())
+        except HubError as e:
+            self.log.warning("cannot check the service token's scopes yet: %s", e)
+            return
+        if missing:
+            self._token_problem = (
+                f"the service token lacks the scopes {', '.join(missing)}: add them to "
+                "the service's role in c.JupyterHub.load_roles (see docs/culling.md)"
+            )
+            self.log.error(self._token_problem)
+
+    def connect_gpus(self) -> gpu.GpuAdapter | None:
+        """The GPU adapter for the unleased-device report; None when off or unavailable
+        (culling and lease repair do not need it, so the service runs on without)."""
+        if not self.check_gpus:
+            return None
+        try:
+            return gpu.connect(self.simulate, self.sim_state_file)
+        except gpu.GpuError as e:
+            self.log.error(
+                "cannot read this host's GPUs (%s; %s); not reporting MIG devices used "
+                "outside a lease. Set c.SliceServiceApp.check_gpus = False where the "
+                "service runs off the GPU host.", e, e.hint,
+            )
+            return None
+
+    def health(self) -> dict[str, Any]:
+        """``ok`` once a sweep completed and the latest did; ``failing`` otherwise."""
+        last = self._last_report
+        ok = last is not None and last.complete and self._token_problem is None
+        return {
+            "status": "ok" if ok else ("starting" if last is None else "failing"),
+            "version": __version__,
+            "dry_run": self.dry_run,
+            "last_sweep_age_seconds": (
+                None if self._last_sweep_at is None else time.monotonic() - self._last_sweep_at
+            ),
+            "servers": last.servers if last else None,
+            "error": self._token_problem or (last.error if last else None),
+        }
+
+    _last_report: SweepReport | None = None
+    _last_sweep_at: float | None = None
+    _token_problem: str | None = None
+
+    async def run(self) -> None:
+        """Serve the endpoints and sweep every ``cull_every`` seconds, forever."""
+        metrics = ServiceMetrics()
+        sweeper = self.make_sweeper(metrics)
+        server = self.serve(metrics)
+        self.log.info(
+            "%s %s: sweeping every %ss, %s%s", self.name, __version__, self.cull_every,
+            f"{len(sweeper.policy.groups)} group policies", " (dry run)" if self.dry_run else "",
+        )
+        try:
+            await self.check_token(sweeper.client)
+            while True:
+                began = time.monotonic()
+                self._last_report = await sweeper.sweep()
+                self._last_sweep_at = time.monotonic()
+                await asyncio.sleep(max(0.0, self.cull_every - (time.monotonic() - began)))
+        finally:
+            if server is not None:
+                server.stop()
+            sweeper.close()
+
+    def serve(self, metrics: ServiceMetrics) -> HTTPServer | None:
+        """Start the ``/health`` and ``/metrics`` endpoints on ``service_url``."""
+        if not self.service_url:
+            self.log.info("no service_url: not serving /health and /metrics")
+            return None
+        where = urlparse(self.service_url)
+        server = HTTPServer(make_web_app(self.service_prefix, metrics, self.health))
+        server.listen(where.port or 80, where.hostname or "127.0.0.1")
+        self.log.info("serving /health and /metrics on %s", self.service_url)
+        return server
+
+    def start(self) -> None:
+        """Run until interrupted."""
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(self.run())
+
+
+main = SliceServiceApp.launch_instance

@@ -1,0 +1,62 @@
+"""Prometheus metrics of the slice service, in a registry of its own.
+
+Every decision and repair is counted here, so that an admin can see on a
+dashboard why slices came back to the pool. A registry per service instance
+(rather than prometheus_client's global one) keeps several instances in one
+process, as in tests, from colliding.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "mig_spawner_service"
+
+
+class ServiceMetrics:
+    """The counters, gauges and histogram the slice service exports on ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            f"{PREFIX}_cull_decisions", "Cull decisions made (also in dry-run mode).",
+            ["kind", "reason", "group"], registry=r,
+        )
+        self.culls = Counter(
+            f"{PREFIX}_culls", "Kernels shut down and servers stopped by the service.",
+            ["kind", "reason", "group"], registry=r,
+        )
+        self.slices_reclaimed = Counter(
+            f"{PREFIX}_slices_reclaimed",
+            "MIG slices returned to the pool: leased servers stopped, or orphan leases released.",
+            ["reason", "group"], registry=r,
+        )
+        self.orphans_repaired = Counter(
+            f"{PREFIX}_orphans_repaired",
+            "Ledger leases released because the hub no longer ran their server.",
+            ["group"], registry=r,
+        )
+        self.unleased_devices = Gauge(
+            f"{PREFIX}_unleased_busy_devices",
+            "MIG devices running processes that no lease accounts for (reported, not killed).",
+            registry=r,
+        )
+        self.errors = Counter(
+            f"{PREFIX}_errors",
+            "Errors during sweeps, by where they happened.",
+            ["kind"], registry=r,
+        )
+        self.sweep_duration = Histogram(
+            f"{PREFIX}_sweep_duration_seconds", "Time one sweep took.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.servers_seen = Gauge(
+            f"{PREFIX}_servers_seen", "Running servers the last complete sweep saw.",
+            registry=r,
+        )
+        self.last_sweep = Gauge(
+            f"{PREFIX}_last_success_timestamp_seconds",
+            "Unix time when the last sweep completed without error.", registry=r,
+        )

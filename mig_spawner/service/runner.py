@@ -1,0 +1,333 @@
+"""One sweep of the slice service: gather what the hub, the servers, the ledger and the
+GPUs say, let :mod:`mig_spawner.service.sweep` decide, carry the decisions out.
+
+Order of a sweep:
+
+1. read the held leases (ledger) and list every active server (hub, paged);
+2. per server, as the pages arrive: pick the limits of the group its lease is
+   charged to, look inside it when that can change the outcome, decide, act;
+3. only after a *complete* listing: release orphan leases past their grace and
+   report busy MIG devices no lease accounts for. A listing cut short by a hub
+   outage proves nothing about which servers run, so nothing is released then.
+
+Every decision and repair is logged and counted; errors are counted by kind and
+end the sweep, never the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.policy import GroupPolicy, PolicySet
+from mig_spawner.gpu.errors import InstanceInUse, InstanceNotFound
+from mig_spawner.hub.client import HubClient, HubError
+from mig_spawner.hub.models import HubServer, HubUser
+from mig_spawner.ledger import Lease, Ledger
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.sweep import (
+    UNREACHABLE,
+    Decision,
+    Probe,
+    decide,
+    find_orphans,
+    idle_by_hub_data,
+    needs_probe,
+    unleased_busy_devices,
+)
+
+
+class GpuSource(Protocol):
+    """What the runner needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
+
+    def inventory(self) -> Inventory: ...
+
+    def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class SweepReport:
+    """What one sweep saw and did."""
+
+    servers: int = 0
+    decisions: list[Decision] = field(default_factory=list)
+    carried_out: list[Decision] = field(default_factory=list)
+    orphans_released: list[Lease] = field(default_factory=list)
+    unleased_devices: list[str] = field(default_factory=list)
+    complete: bool = False
+    error: str | None = None
+
+
+class Sweeper:
+    """Runs sweeps; keeps between them only the orphan clocks (``missing_since``)."""
+
+    def __init__(
+        self,
+        client: HubClient,
+        policy: PolicySet,
+        metrics: ServiceMetrics,
+        *,
+        ledger: Ledger | None = None,
+        gpus: GpuSource | None = None,
+        dry_run: bool = False,
+        probe_servers: bool = True,
+        cull_connected_kernels: bool = False,
+        orphan_grace: float = 300.0,
+        log: logging.Logger | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.client = client
+        self.policy = policy
+        self.metrics = metrics
+        self.ledger = ledger
+        self.gpus = gpus
+        self.dry_run = dry_run
+        self.probe_servers = probe_servers
+        self.cull_connected_kernels = cull_connected_kernels
+        self.orphan_grace = orphan_grace
+        self.log = log or logging.getLogger(__name__)
+        self.clock = clock
+        self.missing_since: dict[str, datetime] = {}
+
+    def close(self) -> None:
+        """Close the hub client, the ledger and the GPU adapter."""
+        self.client.close()
+        if self.ledger is not None:
+            self.ledger.close()
+        close_gpus = getattr(self.gpus, "close", None)
+        if close_gpus is not None:
+            close_gpus()
+
+    # -- policy -------------------------------------------------------------------
+
+    def limits_for(self, user: HubUser, lease: Lease | None) -> GroupPolicy:
+        """The group whose limits apply: the one the slice is charged to; for a
+        server without a lease, the user's highest-priority group (or the default)."""
+        if lease is not None:
+            return self.policy.group(lease.group)
+        groups = self.policy.for_user(user.groups).groups
+        return min(groups, key=lambda g: (-g.priority, g.name))
+
+    # -- one sweep ----------------------------------------------------------------
+
+    async def sweep(self) -> SweepReport:
+        """One full pass. Never raises for hub, server or ledger trouble: it is
+        logged, counted, and put in the report's ``error``."""
+        report = SweepReport()
+        started = time.monotonic()
+        now = self.clock()
+        try:
+            leases = await self._leases()
+            running = await self._list_and_handle(now, leases, report)
+            report.servers = len(running)
+            report.complete = True
+            self.metrics.servers_seen.set(report.servers)
+            await self._repair_orphans(now, leases, running, report)
+            await self._report_unleased(leases, report)
+            self.metrics.last_sweep.set(time.time())
+        except HubError as e:
+            self._error("hub", f"hub unavailable, sweep cut short: {e}", report)
+        except Exception as e:
+            # The service must outlive any one bad sweep (a ledger outage, a bug).
+            self.log.exception("sweep failed")
+            self._error("internal", f"sweep failed: {e!r}", report)
+        finally:
+            self.metrics.sweep_duration.observe(time.monotonic() - started)
+        self.log.info(
+            "sweep: %d servers, %d decisions, %d carried out, %d orphans released%s",
+            report.servers, len(report.decisions), len(report.carried_out),
+            len(report.orphans_released), " (dry run)" if self.dry_run else "",
+        )
+        return report
+
+    async def _list_and_handle(
+        self, now: datetime, leases: list[Lease], report: SweepReport
+    ) -> set[tuple[str, str]]:
+        """Handle every server the hub lists as active; return their ``(user, name)``.
+
+        Servers are probed as their page arrives, while the next page loads.
+        Raises :class:`HubError` when the listing fails, after the servers already
+        listed have been handled.
+        """
+        by_server = {(lease.user, lease.server_name): lease for lease in leases}
+        running: set[tuple[str, str]] = set()
+        tasks: list[asyncio.Future[None]] = []
+        listed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        try:
+            async for user in self.client.iter_users(state="active"):
+                for server in user.servers:
+                    running.add(server.key)
+                    tasks.append(asyncio.ensure_future(self._handle_server(
+                        now, user, server, by_server.get(server.key), report, listed
+                    )))
+        except BaseException:
+            listed.set_result(False)
+            raise
+        else:
+            listed.set_result(True)
+        finally:
+            await asyncio.gather(*tasks)
+        return running
+
+    def _error(self, kind: str, message: str, report: SweepReport) -> None:
+        self.metrics.errors.labels(kind=kind).inc()
+        self.log.error(message)
+        report.error = message
+
+    async def _leases(self) -> list[Lease]:
+        if self.ledger is None:
+            return []
+        # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
+        return await asyncio.to_thread(self.ledger.active)
+
+    async def _handle_server(
+        self, now: datetime, user: HubUser, server: HubServer, lease: Lease | None,
+        report: SweepReport, listed: asyncio.Future[bool],
+    ) -> None:
+        """Probe, decide and act on one server.
+
+        Stops wait for the whole list (``listed``): stopping a server while the
+        hub's list is being paged shifts the later pages (``offset`` counts
+        active servers), and users would be skipped. A list cut short means the
+        hub is failing: stops are left to the next sweep.
+        """
+        limits = self.limits_for(user, lease)
+        probe = None
+        if self.probe_servers and needs_probe(now, server, limits):
+            probe = await self._probe(server, idle_by_hub_data(now, server, limits))
+        decisions = decide(now, server, limits.name, limits, probe, self.cull_connected_kernels)
+        if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
+            seen = "not probed" if probe is None else [
+                (k.execution_state, k.last_activity) for k in probe.kernels
+            ]
+            self.log.debug("%s: group %s, last activity %s, kernels %s, %d to cull",
+                           server.label, limits.name, server.last_activity, seen,
+                           len(decisions))
+        for decision in decisions:
+            report.decisions.append(decision)
+            kind = "server" if decision.stops_server else "kernel"
+            self.metrics.decisions.labels(kind, decision.rule.value, decision.group).inc()
+            if self.dry_run:
+                self.log.info("would cull %s (dry run)", decision.describe())
+                continue
+            if decision.stops_server and not await listed:
+                self.log.warning("not culling %s now: the hub is failing", decision.describe())
+                continue
+            self.log.info("culling %s", decision.describe())
+            if await self._carry_out(server, decision, lease is not None):
+                report.carried_out.append(decision)
+                self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
+
+    async def _probe(self, server: HubServer, needs_status: bool) -> Probe:
+        """Read the server's kernels (and status when server idleness is at stake)."""
+        try:
+            if needs_status:
+                kernels, status = await asyncio.gather(
+                    self.client.kernels(server), self.client.server_status(server)
+                )
+            else:
+                kernels, status = await self.client.kernels(server), None
+        except HubError as e:
+            self.metrics.errors.labels(kind="server_unreachable").inc()
+            self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
+            return UNREACHABLE
+        return Probe(kernels=tuple(kernels), status=status)
+
+    async def _carry_out(self, server: HubServer, decision: Decision, leased: bool) -> bool:
+        try:
+            if decision.kernel_id is not None:
+                await self.client.shutdown_kernel(server, decision.kernel_id)
+                return True
+            stopped = await self.client.stop_server(server.user, server.name)
+        except HubError as e:
+            self.metrics.errors.labels(kind="cull_failed").inc()
+            self.log.error("could not cull %s: %s", decision.describe(), e)
+            return False
+        if not stopped:
+            self.log.warning("%s is slow to stop; its slice returns when it has", server.label)
+        if leased:
+            # The spawner's stop releases the lease; a stop that never completes
+            # is caught later by the orphan check.
+            self.metrics.slices_reclaimed.labels(decision.rule.value, decision.group).inc()
+        return True
+
+    # -- repairs ------------------------------------------------------------------
+
+    async def _repair_orphans(
+        self, now: datetime, leases: list[Lease], running: set[tuple[str, str]],
+        report: SweepReport,
+    ) -> None:
+        if self.ledger is None:
+            return
+        orphans, self.missing_since = find_orphans(
+            now, leases, running, self.missing_since, self.orphan_grace
+        )
+        for lease in orphans:
+            reason = (
+                f"orphan: hub has not run {lease.server} for "
+                f"{self.orphan_grace:.0f}s or more (released by the slice service)"
+            )
+            if self.dry_run:
+                self.log.warning("would release lease %s (%s, dry run)", lease.id, reason)
+                continue
+            outcome = await asyncio.to_thread(self._give_back, self.ledger, lease, reason)
+            if outcome != "released":
+                self.log.warning("orphan lease %s of %s: %s", lease.id, lease.server, outcome)
+                continue
+            self.missing_since.pop(lease.id, None)
+            self.log.warning(
+                "released orphan lease %s of %s (%s %s, group %s)",
+                lease.id, lease.server, lease.profile, lease.mig_uuid or "", lease.group,
+            )
+            report.orphans_released.append(lease)
+            self.metrics.orphans_repaired.labels(lease.group).inc()
+            self.metrics.slices_reclaimed.labels("orphan", lease.group).inc()
+
+    def _give_back(self, ledger: Ledger, lease: Lease, reason: str) -> str:
+        """Destroy a dynamic lease's instance, then release the lease (in a thread).
+
+        The same order as the spawner's own release: an instance that still runs
+        processes is not destroyed and its lease stays ``releasing``, holding the
+        slice, to be tried again next sweep. An instance already gone is fine.
+        """
+        if lease.mode == "dynamic" and lease.gi_id is not None and lease.gpu_index is not None:
+            if self.gpus is None:
+                ledger.begin_release(lease.id, reason)
+                return "dynamic instance to destroy, but this service has no GPU access"
+            try:
+                self.gpus.destroy_instance(lease.gpu_index, lease.gi_id)
+            except InstanceNotFound:
+                pass  # destroyed already (by the spawner, or out of band)
+            except InstanceInUse as e:
+                ledger.begin_release(lease.id, f"{reason}; instance in use by {e.pids}")
+                return f"instance still runs PIDs {list(e.pids)}; left releasing, not killed"
+        released = ledger.release(lease.id, reason)
+        return "released" if released is not None else "already released by the spawner"
+
+    async def _report_unleased(self, leases: list[Lease], report: SweepReport) -> None:
+        if self.gpus is None:
+            return
+        try:
+            inventory = await asyncio.to_thread(self.gpus.inventory)
+        except Exception as e:
+            self._error("gpu", f"cannot read the GPU inventory: {e}", report)
+            return
+        devices = unleased_busy_devices(inventory, leases)
+        self.metrics.unleased_devices.set(len(devices))
+        for device in devices:
+            self.log.warning(
+                "MIG device %s (%s, GPU %d) runs processes %s but no lease holds it; "
+                "not killing them", device.uuid, device.profile, device.gpu_index,
+                list(device.pids),
+            )
+        report.unleased_devices = [d.uuid for d in devices]

@@ -1,0 +1,291 @@
+"""What one sweep of the slice service decides, as pure functions.
+
+Given the time, one server as the hub lists it, the limits of the group its
+slice is charged to, and what the server itself reported (its kernels and
+status), say which kernels to shut down and whether to stop the server, and
+why. Given the ledger's held leases and the servers the hub runs, say which
+leases are orphans. No I/O here: :mod:`mig_spawner.service.app` gathers the
+inputs and carries the decisions out, so every rule can be tested with tables.
+
+Rules (see docs/culling.md):
+
+* ``max_session_age``: a server older than this is stopped, busy or not.
+* ``server_idle_timeout``: a server with no activity for this long is stopped.
+  Activity is the latest of the hub's ``last_activity``, the server's own
+  ``/api/status`` and its kernels' activity; a busy kernel makes the server
+  active unless the group sets ``cull_busy_kernels``.
+* ``kernel_idle_timeout``: a kernel with no activity for this long is shut down
+  (its server and slice stay). A busy kernel only with ``cull_busy_kernels``;
+  a kernel with a connected client only with the service's ``cull_connected_kernels``.
+* A server the service could not reach is never stopped for idleness: it might
+  be running a busy kernel we cannot see. Only ``max_session_age`` applies to it.
+* Servers still starting or stopping (``pending``) are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
+
+if TYPE_CHECKING:
+    from mig_spawner.core.inventory import Inventory, MigDevice
+    from mig_spawner.ledger.records import Lease
+
+
+class CullLimits(Protocol):
+    """The limits the sweep applies; :class:`mig_spawner.core.policy.GroupPolicy` has them.
+
+    Durations are seconds; ``None`` means no limit.
+    """
+
+    @property
+    def server_idle_timeout(self) -> float | None: ...
+    @property
+    def kernel_idle_timeout(self) -> float | None: ...
+    @property
+    def max_session_age(self) -> float | None: ...
+    @property
+    def cull_busy_kernels(self) -> bool: ...
+
+
+class Rule(StrEnum):
+    """Why something was culled; also the ``reason`` label of the metrics."""
+
+    KERNEL_IDLE = "kernel_idle"
+    SERVER_IDLE = "server_idle"
+    MAX_SESSION_AGE = "max_session_age"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the service learned from the server itself this sweep.
+
+    ``reachable=False`` means the server (or the proxy in front of it) did not
+    answer; ``kernels`` and ``status`` are then empty.
+    """
+
+    reachable: bool = True
+    kernels: tuple[Kernel, ...] = ()
+    status: ServerStatus | None = None
+
+
+UNREACHABLE = Probe(reachable=False)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing to cull: a kernel (``kernel_id`` set) or a whole server."""
+
+    rule: Rule
+    user: str
+    server: str
+    group: str
+    idle_seconds: float | None
+    age_seconds: float | None
+    limit_seconds: float
+    kernel_id: str | None = None
+
+    @property
+    def stops_server(self) -> bool:
+        """True when the decision stops the server (and so frees its slice)."""
+        return self.kernel_id is None
+
+    def describe(self) -> str:
+        """One log line: what, whose, which rule, measured against which limit."""
+        where = f"{self.user}/{self.server}" if self.server else self.user
+        what = f"kernel {self.kernel_id} of {where}" if self.kernel_id else f"server {where}"
+        measured = self.age_seconds if self.rule is Rule.MAX_SESSION_AGE else self.idle_seconds
+        kind = "age" if self.rule is Rule.MAX_SESSION_AGE else "idle"
+        return (
+            f"{what} (group {self.group}): {self.rule.value}, {kind} "
+            f"{_fmt(measured)} >= limit {_fmt(self.limit_seconds)}"
+        )
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    whole = int(seconds)
+    return f"{whole // 3600:02}:{whole % 3600 // 60:02}:{whole % 60:02}"
+
+
+def _since(now: datetime, when: datetime | None) -> float | None:
+    return None if when is None else max(0.0, (now - when).total_seconds())
+
+
+def _latest(times: Iterable[datetime | None]) -> datetime | None:
+    return max((t for t in times if t is not None), default=None)
+
+
+def is_cullable(server: HubServer) -> bool:
+    """Only ready servers with nothing pending are considered."""
+    return server.ready and not server.pending
+
+
+def needs_probe(now: datetime, server: HubServer, limits: CullLimits) -> bool:
+    """Whether the sweep must read the server's kernels before deciding.
+
+    Kernels are read when kernel limits apply, or when the hub's data alone
+    would stop the server for idleness (a busy kernel may prove otherwise).
+    Not when max age stops it anyway: that needs no look inside.
+    """
+    by_hub_data = decide_server(now, server, "", limits, None)
+    if by_hub_data is not None:
+        # Max age stops it whatever the kernels do; idleness by the hub's data
+        # alone is what a look inside may disprove.
+        return by_hub_data.rule is Rule.SERVER_IDLE
+    return is_cullable(server) and limits.kernel_idle_timeout is not None
+
+
+def idle_by_hub_data(now: datetime, server: HubServer, limits: CullLimits) -> bool:
+    """Whether the hub's data alone would stop the server for idleness; only then is
+    the server's own ``/api/status`` worth reading (it may show later activity)."""
+    by_hub_data = decide_server(now, server, "", limits, None)
+    return by_hub_data is not None and by_hub_data.rule is Rule.SERVER_IDLE
+
+
+def server_idle_seconds(
+    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool
+) -> float | None:
+    """Seconds since the server's last known activity; 0 while a kernel is busy
+    (unless busy kernels may be culled); ``None`` when nothing is known."""
+    kernels = probe.kernels if probe else ()
+    if not cull_busy_kernels and any(k.execution_state == "busy" for k in kernels):
+        return 0.0
+    status = probe.status if probe else None
+    latest = _latest(
+        [
+            server.last_activity or server.started,
+            status.last_activity if status else None,
+            *(k.last_activity for k in kernels),
+        ]
+    )
+    return _since(now, latest)
+
+
+def decide_server(
+    now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None
+) -> Decision | None:
+    """Whether to stop ``server``, and why. ``probe`` is ``None`` when the service
+    judges on the hub's data alone (it did not look inside the server)."""
+    if not is_cullable(server):
+        return None
+    age = _since(now, server.started)
+    max_age = limits.max_session_age
+    if max_age is not None and age is not None and age >= max_age:
+        return Decision(
+            Rule.MAX_SESSION_AGE, server.user, server.name, group,
+            idle_seconds=_since(now, server.last_activity), age_seconds=age,
+            limit_seconds=max_age,
+        )
+    if probe is not None and not probe.reachable:
+        return None
+    idle = server_idle_seconds(now, server, probe, limits.cull_busy_kernels)
+    idle_limit = limits.server_idle_timeout
+    if idle_limit is not None and idle is not None and idle >= idle_limit:
+        return Decision(
+            Rule.SERVER_IDLE, server.user, server.name, group,
+            idle_seconds=idle, age_seconds=age, limit_seconds=idle_limit,
+        )
+    return None
+
+
+def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) -> bool:
+    """Busy kernels only with ``cull_busy``, connected ones only with ``cull_connected``;
+    any other state may go: the same test Jupyter Server's own kernel culler makes.
+
+    That includes ``starting``: Jupyter Server reports a kernel nobody has talked to
+    as starting for as long as it lives, and its activity is its start time.
+    """
+    busy_ok = cull_busy or kernel.execution_state != "busy"
+    return busy_ok and (cull_connected or kernel.connections == 0)
+
+
+def decide_kernels(
+    now: datetime,
+    server: HubServer,
+    group: str,
+    limits: CullLimits,
+    kernels: Sequence[Kernel],
+    cull_connected: bool,
+) -> list[Decision]:
+    """The kernels of ``server`` to shut down for ``kernel_idle_timeout``."""
+    limit = limits.kernel_idle_timeout
+    if limit is None or not is_cullable(server):
+        return []
+    decisions = []
+    for kernel in kernels:
+        idle = _since(now, kernel.last_activity)
+        if idle is not None and idle >= limit and kernel_is_cullable(
+            kernel, limits.cull_busy_kernels, cull_connected
+        ):
+            decisions.append(
+                Decision(
+                    Rule.KERNEL_IDLE, server.user, server.name, group,
+                    idle_seconds=idle, age_seconds=_since(now, server.started),
+                    limit_seconds=limit, kernel_id=kernel.id,
+                )
+            )
+    return decisions
+
+
+def decide(
+    now: datetime,
+    server: HubServer,
+    group: str,
+    limits: CullLimits,
+    probe: Probe | None,
+    cull_connected_kernels: bool = False,
+) -> list[Decision]:
+    """Everything to cull on one server: the server itself, or else its idle kernels."""
+    stop = decide_server(now, server, group, limits, probe)
+    if stop is not None:
+        return [stop]
+    if probe is None or not probe.reachable:
+        return []
+    return decide_kernels(now, server, group, limits, probe.kernels, cull_connected_kernels)
+
+
+def find_orphans(
+    now: datetime,
+    leases: Iterable[Lease],
+    running: set[tuple[str, str]],
+    missing_since: Mapping[str, datetime],
+    grace: float,
+) -> tuple[list[Lease], dict[str, datetime]]:
+    """Held leases whose server the hub does not run, past ``grace`` seconds.
+
+    ``running`` holds ``(user, server_name)`` of every server the hub lists as
+    active (running or pending). A lease counts as missing from the first sweep
+    that did not see its server (``missing_since``, carried between sweeps) and
+    is an orphan once missing for ``grace`` seconds *and* claimed ``grace``
+    seconds ago, so that a spawn the hub has not recorded yet is not one.
+    Returns the orphans and the ``missing_since`` map for the next sweep.
+    """
+    orphans: list[Lease] = []
+    still_missing: dict[str, datetime] = {}
+    for lease in leases:
+        if not lease.held or (lease.user, lease.server_name) in running:
+            continue
+        first_missed = missing_since.get(lease.id, now)
+        still_missing[lease.id] = first_missed
+        missed_for = _since(now, first_missed) or 0.0
+        claimed_for = _since(now, lease.claimed_at) or 0.0
+        if missed_for >= grace and claimed_for >= grace:
+            orphans.append(lease)
+    return orphans, still_missing
+
+
+def unleased_busy_devices(inventory: Inventory, leases: Iterable[Lease]) -> list[MigDevice]:
+    """MIG devices running processes that no held lease accounts for.
+
+    Someone is using a slice outside the hub (or a lease was lost). The service
+    reports these; it never kills the processes.
+    """
+    leased = {lease.mig_uuid for lease in leases if lease.held and lease.mig_uuid}
+    return [d for d in inventory.mig_devices if d.busy and d.uuid not in leased]

@@ -1,0 +1,228 @@
+"""A tornado stand-in for the parts of the JupyterHub REST API a culler uses, at scale.
+
+It answers as JupyterHub 5/6 does (``jupyterhub/apihandlers``): ``GET /hub/api/``;
+``GET /hub/api/users`` with the ``state`` filter, ``offset``/``limit`` (default
+page 50, at most 200) and, with ``Accept: application/jupyterhub-pagination+json``,
+the ``{"items", "_pagination": {offset, limit, total, next}}`` model whose
+``next.url`` is built from the request URL; ``DELETE /hub/api/users/<u>/server``
+and ``.../servers/<name>`` (204); and, for single-user servers behind the proxy,
+``/user/<u>/api/kernels``, ``/user/<u>/api/status`` and kernel DELETE.
+
+Used by tests that need thousands of users or injected faults (a real hub is
+used where behaviour matters), and by ``benchmarks/culler.py`` in a subprocess:
+``python tests/hub_standin.py --users 5000 --kernels 4`` prints the port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+PAGE_DEFAULT, PAGE_MAX = 50, 200
+
+
+def iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class StandinState:
+    """Users with one running default server each, and knobs for faults.
+
+    ``fail_next`` answers that many API requests with ``fail_code`` (after
+    ``ok_before_failing`` requests have been answered normally);
+    ``delay`` holds every answer back that long (``max_in_flight`` then shows how
+    many requests a client had open at once); ``requests`` counts every request
+    by (method, first path part).
+    """
+
+    users: dict[str, dict] = field(default_factory=dict)
+    kernels: dict[str, list[dict]] = field(default_factory=dict)
+    fail_next: int = 0
+    fail_code: int = 503
+    ok_before_failing: int = 0
+    delay: float = 0.0
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    @classmethod
+    def build(cls, n_users: int, *, idle_every: int = 5, kernels_per_server: int = 0,
+              now: datetime | None = None) -> StandinState:
+        """``n_users`` with running servers; every ``idle_every``-th idle for 2 hours
+        (the rest active a minute ago); each with ``kernels_per_server`` kernels,
+        all idle for 2 hours on an idle server, every other one on an active server."""
+        now = now or datetime.now(UTC)
+        state = cls()
+        for i in range(n_users):
+            name = f"user{i:05}"
+            idle = idle_every and i % idle_every == 0
+            active = now - (timedelta(hours=2) if idle else timedelta(minutes=1))
+            state.users[name] = user_model(name, started=now - timedelta(hours=3),
+                                           last_activity=active)
+            state.kernels[name] = [
+                {"id": f"{name}-k{k}", "name": "python3",
+                 "last_activity": iso(now - timedelta(hours=2 if idle or k % 2 == 0 else 0)),
+                 "execution_state": "idle", "connections": 0}
+                for k in range(kernels_per_server)
+            ]
+        return state
+
+    def count(self, method: str, path: str) -> None:
+        key = (method, path.strip("/").split("/")[0])
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+def server_model(user: str, name: str, started: datetime, last_activity: datetime) -> dict:
+    """A ready server, as ``APIHandler.server_model`` writes it."""
+    url = f"/user/{user}/{name + '/' if name else ''}"
+    return {
+        "name": name, "display_name": name, "full_name": f"{user}/{name}",
+        "last_activity": iso(last_activity), "started": iso(started), "pending": None,
+        "ready": True, "stopped": False, "url": url, "user_options": {},
+        "progress_url": f"/hub/api/users/{user}/server/progress",
+        "full_url": None, "full_progress_url": None,
+    }
+
+
+def user_model(name: str, started: datetime, last_activity: datetime) -> dict:
+    """A user with a running default server, as ``APIHandler.user_model`` writes it."""
+    return {
+        "kind": "user", "name": name, "admin": False, "roles": ["user"],
+        "groups": ["analysts"], "server": f"/user/{name}/", "pending": None,
+        "created": iso(started - timedelta(days=30)), "last_activity": iso(last_activity),
+        "servers": {"": server_model(name, "", started, last_activity)},
+    }
+
+
+class StandinHandler(web.RequestHandler):
+    def initialize(self, state: StandinState) -> None:
+        self.state = state
+
+    async def prepare(self) -> None:
+        self.state.count(self.request.method, self.request.path.removeprefix("/hub/api"))
+        self.state.in_flight += 1
+        self.state.max_in_flight = max(self.state.max_in_flight, self.state.in_flight)
+        if self.state.delay:
+            await asyncio.sleep(self.state.delay)
+        if self.state.ok_before_failing > 0:
+            self.state.ok_before_failing -= 1
+        elif self.state.fail_next > 0:
+            self.state.fail_next -= 1
+            self.set_status(self.state.fail_code)
+            self.finish(json.dumps({"status": self.state.fail_code, "message": "hub is busy"}))
+
+    def on_finish(self) -> None:
+        self.state.in_flight -= 1
+
+    def write_json(self, model: object) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(model))
+
+
+class VersionHandler(StandinHandler):
+    def get(self) -> None:
+        self.write_json({"version": "5.2.1"})
+
+
+class UsersHandler(StandinHandler):
+    def get(self) -> None:
+        state_filter = self.get_argument("state", None)
+        users = [u for u in self.state.users.values()
+                 if state_filter not in ("ready", "active") or u["servers"]]
+        paged = "application/jupyterhub-pagination+json" in self.request.headers.get(
+            "Accept", "")
+        offset = int(self.get_argument("offset", "0"))
+        limit = min(int(self.get_argument("limit", PAGE_DEFAULT if paged else PAGE_MAX)),
+                    PAGE_MAX)
+        items = users[offset:offset + limit]
+        if not paged:
+            self.write_json(items)
+            return
+        nxt = None
+        if offset + limit < len(users):
+            parsed = urlparse(self.request.full_url())
+            query = parse_qs(parsed.query, keep_blank_values=True)
+            query["offset"], query["limit"] = [offset + limit], [limit]
+            nxt = {"offset": offset + limit, "limit": limit,
+                   "url": urlunparse(parsed._replace(query=urlencode(query, doseq=True)))}
+        self.write_json({"items": items, "_pagination": {
+            "offset": offset, "limit": limit, "total": len(users), "next": nxt}})
+
+
+class ServerHandler(StandinHandler):
+    def delete(self, user: str, name: str = "") -> None:
+        model = self.state.users.get(user)
+        if model is None:
+            raise web.HTTPError(404)
+        model["servers"].pop(name or "", None)
+        model["server"] = None
+        self.state.stopped.append(f"{user}/{name or ''}")
+        self.set_status(204)
+        self.finish()
+
+
+class KernelsHandler(StandinHandler):
+    def get(self, user: str) -> None:
+        self.write_json(self.state.kernels.get(user, []))
+
+
+class KernelHandler(StandinHandler):
+    def delete(self, user: str, kernel_id: str) -> None:
+        self.state.kernels[user] = [k for k in self.state.kernels.get(user, [])
+                                    if k["id"] != kernel_id]
+        self.set_status(204)
+        self.finish()
+
+
+class StatusHandler(StandinHandler):
+    def get(self, user: str) -> None:
+        model = self.state.users[user]["servers"][""]
+        self.write_json({"started": model["started"], "last_activity": model["last_activity"],
+                         "connections": 0, "kernels": len(self.state.kernels.get(user, []))})
+
+
+def make_app(state: StandinState) -> web.Application:
+    args = {"state": state}
+    return web.Application([
+        (r"/hub/api/", VersionHandler, args),
+        (r"/hub/api/users", UsersHandler, args),
+        (r"/hub/api/users/([^/]+)/server", ServerHandler, args),
+        (r"/hub/api/users/([^/]+)/servers/([^/]+)", ServerHandler, args),
+        (r"/user/([^/]+)/api/kernels", KernelsHandler, args),
+        (r"/user/([^/]+)/api/kernels/([^/]+)", KernelHandler, args),
+        (r"/user/([^/]+)/api/status", StatusHandler, args),
+    ])
+
+
+def listen(state: StandinState) -> tuple[HTTPServer, int]:
+    """Serve ``state`` on a free localhost port in the current event loop."""
+    [sock] = bind_sockets(0, "127.0.0.1", reuse_port=False)[:1]
+    server = HTTPServer(make_app(state))
+    server.add_sockets([sock])
+    return server, sock.getsockname()[1]
+
+
+async def _serve_forever(args: argparse.Namespace) -> None:
+    state = StandinState.build(args.users, idle_every=args.idle_every,
+                               kernels_per_server=args.kernels)
+    _, port = listen(state)
+    print(port, flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--kernels", type=int, default=0, help="kernels per server")
+    parser.add_argument("--idle-every", type=int, default=5)
+    asyncio.run(_serve_forever(parser.parse_args()))

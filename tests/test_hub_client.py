@@ -1,0 +1,195 @@
+"""The hub REST client: paging, retries, concurrency, timeouts; then against a real hub."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from hub_standin import StandinState, listen
+
+from mig_spawner.hub.client import HubClient, HubError, HubUnavailable
+from mig_spawner.hub.models import HubServer
+from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
+
+# -- against the stand-in (scale and injected faults) ---------------------------------
+
+
+@pytest.fixture
+async def standin():
+    state = StandinState.build(1234, kernels_per_server=2)
+    server, port = listen(state)
+    yield state, f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def client_for(base: str, **kw) -> HubClient:
+    kw.setdefault("backoff_base", 0.01)
+    return HubClient(f"{base}/hub/api", "secret", proxy_url=base, **kw)
+
+
+async def test_pagination_follows_next_until_every_user_is_read(standin):
+    state, base = standin
+    client = client_for(base)
+    users = await client.list_users(state="ready")
+    assert [u.name for u in users] == sorted(state.users)  # each once, in order
+    assert state.requests[("GET", "users")] == 25  # 1234 users / 50 per page
+    server = users[7].servers[0]
+    assert (server.user, server.name, server.ready) == ("user00007", "", True)
+    assert server.last_activity is not None and server.last_activity.tzinfo is not None
+
+
+async def test_page_size_is_sent_and_capped_by_the_hub(standin):
+    state, base = standin
+    users = await client_for(base, page_size=500).list_users()
+    assert len(users) == 1234
+    assert state.requests[("GET", "users")] == 7  # the hub caps a page at 200
+
+
+async def test_503_is_retried_with_backoff_then_succeeds(standin):
+    state, base = standin
+    state.fail_next = 3
+    began = time.monotonic()
+    users = await client_for(base, retries=4, backoff_base=0.05).list_users()
+    assert len(users) == 1234
+    # 0.05 + 0.1 + 0.2 s of backoff before the first page came through
+    assert time.monotonic() - began >= 0.35
+    assert state.requests[("GET", "users")] == 25 + 3
+
+
+async def test_retries_exhausted_raise_hub_unavailable_naming_the_call(standin):
+    state, base = standin
+    state.fail_next = 100
+    with pytest.raises(HubUnavailable) as err:
+        await client_for(base, retries=2).version()
+    assert err.value.code == 503
+    assert "GET http://127.0.0.1" in str(err.value) and "hub is busy" in str(err.value)
+    assert state.requests[("GET", "")] == 3
+
+
+async def test_client_errors_are_not_retried(standin):
+    state, base = standin
+    state.fail_next, state.fail_code = 1, 403
+    with pytest.raises(HubError) as err:
+        await client_for(base).version()
+    assert not isinstance(err.value, HubUnavailable)
+    assert err.value.code == 403
+    assert state.requests[("GET", "")] == 1
+
+
+async def test_connection_refused_is_retried_then_reported():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(HubUnavailable) as err:
+        await client_for(f"http://127.0.0.1:{port}", retries=2).version()
+    assert err.value.code == 599
+
+
+async def test_slow_hub_times_out_and_is_reported(standin):
+    state, base = standin
+    state.delay = 1.0
+    with pytest.raises(HubUnavailable) as err:
+        await client_for(base, retries=1, request_timeout=0.2).version()
+    assert err.value.code == 599
+    assert "Timeout" in err.value.reason
+
+
+async def test_concurrency_is_bounded(standin):
+    state, base = standin
+    state.delay = 0.02
+    client = client_for(base, concurrency=4)
+    users = await client.list_users()
+    servers = [s for u in users[:40] for s in u.servers]
+    await asyncio.gather(*(client.kernels(s) for s in servers))
+    assert state.max_in_flight == 4
+
+
+async def test_stop_server_and_kernels_through_the_proxy(standin):
+    state, base = standin
+    client = client_for(base)
+    [user] = [u for u in await client.list_users() if u.name == "user00003"]
+    server = user.servers[0]
+    kernels = await client.kernels(server)
+    assert [k.id for k in kernels] == ["user00003-k0", "user00003-k1"]
+    await client.shutdown_kernel(server, "user00003-k0")
+    await client.shutdown_kernel(server, "user00003-k0")  # already gone: fine
+    assert [k.id for k in await client.kernels(server)] == ["user00003-k1"]
+    assert await client.stop_server("user00003") is True
+    assert state.stopped == ["user00003/"]
+    assert await client.stop_server("nobody") is True  # an unknown user counts as stopped
+
+
+def test_server_without_any_url_to_reach_it_says_what_to_set():
+    client = HubClient("http://127.0.0.1:1/hub/api", "t")
+    server = HubServer("ana", "", "/user/ana/", None, True, None, None, None)
+    with pytest.raises(HubError, match=r"JupyterHub\.public_url"):
+        client.server_url(server)
+    full = HubServer("ana", "x", "/user/ana/x/", "http://hub.example/user/ana/x", True,
+                     None, None, None)
+    assert client.server_url(full) == "http://hub.example/user/ana/x/"
+
+
+# -- against a real JupyterHub ------------------------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def real_hub(tmp_path_factory):
+    from hub_harness import HubProcess
+
+    workdir = tmp_path_factory.mktemp("hub")
+    token = "slice-service-test-token-0123456789"
+    hub = HubProcess.start(workdir, extra_config=f"""
+        c.JupyterHub.api_page_default_limit = 20
+        c.JupyterHub.spawner_class = "simple"
+        c.SimpleLocalProcessSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.JupyterHub.services.append({{"name": "slices", "api_token": "{token}"}})
+        c.JupyterHub.load_roles.append(
+            {{"name": "slices", "services": ["slices"], "scopes": {list(REQUIRED_SCOPES)!r}}})
+    """)
+    hub.service_token = token
+    hub.request("POST", "/users", json={"usernames": [f"u{i:03}" for i in range(75)]})
+    hub.add_to_group("analysts", ["u001", "u002"])
+    yield hub
+    hub.close()
+
+
+@pytest.mark.hub
+async def test_real_hub_pagination_and_groups(real_hub):
+    client = HubClient(real_hub.api(""), real_hub.service_token, proxy_url=real_hub.url)
+    users = await client.list_users(state=None)
+    names = [u.name for u in users]
+    assert len(names) == len(set(names)) and {f"u{i:03}" for i in range(75)} <= set(names)
+    assert {u.name: u.groups for u in users}["u001"] == ("analysts",)
+    assert await client.list_users(state="ready") == []
+    assert (await client.version()).startswith(("5.", "6."))
+    # The documented scopes are what the hub grants, and all the service checks for.
+    assert missing_scopes(await client.token_scopes()) == []
+    harness = HubClient(real_hub.api(""), real_hub.token)  # an admin, all scopes
+    assert missing_scopes(await harness.token_scopes()) == []
+
+
+@pytest.mark.hub
+async def test_real_hub_kernels_status_and_stop_with_culler_scopes(real_hub):
+    real_hub.create_user("kay")
+    assert real_hub.spawn("kay").status_code in (201, 202)
+    real_hub.wait_ready("kay")
+    client = HubClient(real_hub.api(""), real_hub.service_token, proxy_url=real_hub.url)
+    [user] = await client.list_users(state="ready")
+    server = user.servers[0]
+    assert server.started is not None
+
+    assert await client.kernels(server) == []
+    real_hub.session.post(f"{real_hub.url}/user/kay/api/kernels", json={"name": "python3"},
+                          timeout=30).raise_for_status()
+    [kernel] = await client.kernels(server)
+    status = await client.server_status(server)
+    assert status.kernels == 1 and status.last_activity is not None
+
+    await client.shutdown_kernel(server, kernel.id)
+    assert await client.kernels(server) == []
+    assert await client.stop_server("kay") in (True, False)
+    real_hub.wait_until(lambda: real_hub.server_model("kay") is None, 30)
+    assert await client.list_users(state="active") == []

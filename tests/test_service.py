@@ -1,0 +1,320 @@
+"""The slice service's sweeps, endpoints and config, against the stand-in hub.
+
+The stand-in gives scale (hundreds of users over many pages) and faults on demand;
+tests/test_service_e2e.py runs the service against a real JupyterHub.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hub_standin import StandinState, listen
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.hub.client import HubClient
+from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.service.app import SliceServiceApp, missing_scopes
+from mig_spawner.service.handlers import make_web_app
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.runner import Sweeper
+
+POLICY = MIGPolicyConfig(group_policies={
+    "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
+}).build()
+
+
+@pytest.fixture
+async def standin():
+    state = StandinState.build(300, idle_every=3)
+    server, port = listen(state)
+    yield state, f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def sweeper_for(base: str, **kw) -> Sweeper:
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=2, backoff_base=0.01)
+    kw.setdefault("probe_servers", False)
+    return Sweeper(client, POLICY, ServiceMetrics(), **kw)
+
+
+def sample(metrics: ServiceMetrics, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(
+        generate_latest(metrics.registry).decode()
+    ):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+async def test_every_idle_server_on_every_page_is_stopped(standin):
+    state, base = standin
+    sweeper = sweeper_for(base)
+    report = await sweeper.sweep()
+    # Stopping while paging would shift later pages and skip users: none may be missed.
+    assert sorted(state.stopped) == [f"user{i:05}/" for i in range(0, 300, 3)]
+    assert report.complete and report.servers == 300
+    assert {d.rule.value for d in report.carried_out} == {"server_idle"}
+    assert sample(sweeper.metrics, "mig_spawner_service_culls_total", kind="server",
+                  reason="server_idle", group="analysts") == 100
+
+
+async def test_dry_run_decides_and_counts_but_stops_nothing(standin):
+    state, base = standin
+    sweeper = sweeper_for(base, dry_run=True)
+    report = await sweeper.sweep()
+    assert state.stopped == [] and len(report.decisions) == 100 and report.carried_out == []
+    assert sample(sweeper.metrics, "mig_spawner_service_cull_decisions_total",
+                  reason="server_idle") == 100
+
+
+async def test_hub_outage_fails_the_sweep_not_the_service_and_it_resumes(standin):
+    state, base = standin
+    sweeper = sweeper_for(base)
+    state.fail_next = 100
+    report = await sweeper.sweep()
+    assert not report.complete and "503" in report.error and state.stopped == []
+    assert sample(sweeper.metrics, "mig_spawner_service_errors_total", kind="hub") == 1
+
+    state.fail_next = 0  # the hub is back
+    report = await sweeper.sweep()
+    assert report.complete and len(state.stopped) == 100
+
+
+def claim(ledger: Ledger, user: str, start: int, **grant) -> str:
+    grant = {"mode": "pool", "host": "h", "gpu_uuid": "GPU-0", "mig_uuid": f"MIG-{start}",
+             **grant}
+
+    def decide(view):
+        return Decision(group="analysts", profile="1g.18gb", compute_slices=1, gpu_index=0,
+                        start=start, size=1, **grant)
+    return ledger.claim(LeaseRequest(user), decide).id
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite", clock=lambda: an_hour_ago) as led:
+        yield led
+
+
+async def test_orphan_lease_released_after_grace_but_running_servers_keep_theirs(
+    standin, ledger
+):
+    _, base = standin
+    running = claim(ledger, "user00001", 0)  # the stand-in runs user00001's server
+    orphan = claim(ledger, "ghost", 1)  # no such server on the hub
+    clock = [datetime.now(UTC)]
+    sweeper = sweeper_for(base, ledger=ledger, orphan_grace=60, clock=lambda: clock[0])
+
+    assert (await sweeper.sweep()).orphans_released == []  # grace starts now
+    clock[0] += timedelta(seconds=61)
+    report = await sweeper.sweep()
+    assert [lease.id for lease in report.orphans_released] == [orphan]
+    assert ledger.get(orphan).state == "released"
+    assert "orphan" in ledger.get(orphan).release_reason
+    assert ledger.get(running).held
+    assert sample(sweeper.metrics, "mig_spawner_service_slices_reclaimed_total",
+                  reason="orphan", group="analysts") == 1
+
+
+async def test_listing_cut_short_releases_no_orphans_but_handles_listed_servers(
+    standin, ledger
+):
+    state, base = standin
+    orphan = claim(ledger, "ghost", 0)
+    sweeper = sweeper_for(base, ledger=ledger, orphan_grace=0)
+    state.ok_before_failing, state.fail_next = 1, 100  # page 1 comes, page 2 never does
+    report = await sweeper.sweep()
+    assert not report.complete and report.orphans_released == []
+    assert ledger.get(orphan).held
+    # The first page's idle servers were judged, but not stopped while the hub fails.
+    assert len(report.decisions) == 17 and state.stopped == []
+
+    state.fail_next = 0
+    report = await sweeper.sweep()
+    assert [x.id for x in report.orphans_released] == [orphan]
+    assert len(state.stopped) == 100
+
+
+async def test_health_and_metrics_endpoints(standin):
+    _, base = standin
+    app = SliceServiceApp(hub_api_url=f"{base}/hub/api", api_token="t", ledger_url="",
+                          check_gpus=False, probe_servers=False, config_dir="")
+    metrics = ServiceMetrics()
+    [sock] = bind_sockets(0, "127.0.0.1")[:1]
+    server = HTTPServer(make_web_app("/services/slices/", metrics, app.health))
+    server.add_sockets([sock])
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    http = AsyncHTTPClient(force_instance=True)
+    try:
+        r = await http.fetch(f"{url}/services/slices/health", raise_error=False)
+        assert r.code == 503 and b'"starting"' in r.body  # no sweep yet
+
+        sweeper = Sweeper(HubClient(f"{base}/hub/api", "t"), POLICY, metrics,
+                          probe_servers=False)
+        app._last_report = await sweeper.sweep()
+        r = await http.fetch(f"{url}/health")
+        assert r.code == 200 and b'"ok"' in r.body
+        r = await http.fetch(f"{url}/services/slices/metrics")
+        assert b'mig_spawner_service_culls_total{group="analysts",kind="server"' in r.body
+        assert b"mig_spawner_service_sweep_duration_seconds_count 1.0" in r.body
+    finally:
+        http.close()
+        server.stop()
+
+
+# -- configuration ------------------------------------------------------------------
+
+
+def test_durations_accept_units_and_bad_values_say_what_to_write():
+    app = SliceServiceApp(cull_every="2m", orphan_grace="never")
+    assert app.cull_every == 120 and app.orphan_grace == float("inf")
+    with pytest.raises(ValueError, match=r"cull_every: 'soon' is not a duration"):
+        SliceServiceApp(cull_every="soon")
+    with pytest.raises(ValueError, match="concurrency must be 1 or more"):
+        SliceServiceApp(concurrency=0)
+
+
+def test_config_dir_gives_the_hub_policy_and_the_command_line_wins(tmp_path):
+    (tmp_path / "10-policy.py").write_text(
+        'c.MIGPolicyConfig.group_policies = {"analysts": {"allowed": ["1g.18gb"],'
+        ' "kernel_idle_timeout": "20m"}}\n'
+        "c.SliceServiceApp.cull_every = 30\n"
+        "c.SliceServiceApp.concurrency = 3\n"
+        'c.JupyterHub.spawner_class = "ignored.by.the.Service"\n'
+    )
+    app = SliceServiceApp()
+    app.initialize([f"--config-dir={tmp_path}", "--concurrency=7"])
+    assert app.cull_every == 30 and app.concurrency == 7
+    assert app.load_policy().group("analysts").kernel_idle_timeout == 1200
+
+
+def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    app = SliceServiceApp(ledger_url="", check_gpus=False)
+    with pytest.raises(ValueError, match="run the service from JupyterHub"):
+        app.make_sweeper(ServiceMetrics())
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ('c.JupyterHub.db_url = "sqlite:////srv/hub/jupyterhub.sqlite"\n',
+         "sqlite:////srv/hub/mig_spawner_ledger.sqlite"),
+        ('c.JupyterHub.db_url = "sqlite:////srv/hub/jupyterhub.sqlite"\n'
+         'c.LocalMIGSpawner.ledger_url = "postgresql://mig@db/leases"\n',
+         "postgresql://mig@db/leases"),
+        ('c.JupyterHub.db_url = "postgresql://hub@db/hub"\n',
+         "sqlite:///mig_spawner_ledger.sqlite"),
+    ],
+)
+def test_the_service_finds_the_spawners_ledger_in_the_hub_config(tmp_path, config, expected):
+    (tmp_path / "00-hub.py").write_text(config)
+    app = SliceServiceApp()
+    app.initialize([f"--config-dir={tmp_path}"])
+    assert app.ledger_url == expected
+
+
+def test_missing_scopes_are_named_and_a_filtered_grant_counts():
+    granted = {"list:users", "read:users:groups", "read:users:activity",
+               "read:servers!group=gpu", "access:servers!group=gpu", "read:users:name"}
+    assert missing_scopes(granted) == ["delete:servers"]
+
+
+async def test_dynamic_orphan_instance_is_destroyed_only_once_its_processes_are_gone(
+    standin, ledger, tmp_path
+):
+    _, base = standin
+    gpus = connect(simulate="h200x1", state_file=str(tmp_path / "sim.json"))
+    sim = SimulatedHost.open(tmp_path / "sim.json")
+    device = gpus.create_instance(0, "1g.18gb", start=0)
+    lease = claim(ledger, "ghost", 0, mode="dynamic", gpu_uuid=device.gpu_uuid,
+                  mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id)
+    sim.set_processes(device.uuid, [(4242, 1000)])
+    sweeper = sweeper_for(base, ledger=ledger, gpus=gpus, orphan_grace=0)
+    try:
+        report = await sweeper.sweep()
+        # Someone still computes on it: nothing is killed, the slice stays held.
+        assert report.orphans_released == []
+        assert ledger.get(lease).state == "releasing"
+        assert gpus.inventory().device_by_uuid(device.uuid) is not None
+
+        sim.set_processes(device.uuid, [])
+        report = await sweeper.sweep()
+        assert [x.id for x in report.orphans_released] == [lease]
+        assert gpus.inventory().device_by_uuid(device.uuid) is None
+    finally:
+        gpus.close()
+
+
+async def test_busy_slice_without_a_lease_is_reported_never_killed(standin, ledger, tmp_path):
+    _, base = standin
+    gpus = connect(simulate="h200x1:layout=1g.18gb*2", state_file=str(tmp_path / "sim.json"))
+    sim = SimulatedHost.open(tmp_path / "sim.json")
+    leased, stray = sim.device_uuids()
+    claim(ledger, "user00001", 0, mig_uuid=leased)
+    sim.set_processes(leased, [(11, 100)])
+    sim.set_processes(stray, [(12, 100)])
+    sweeper = sweeper_for(base, ledger=ledger, gpus=gpus)
+    try:
+        report = await sweeper.sweep()
+        assert report.unleased_devices == [stray]
+        assert sample(sweeper.metrics, "mig_spawner_service_unleased_busy_devices") == 1
+        assert gpus.inventory().device_by_uuid(stray).pids == (12,)  # still running
+    finally:
+        gpus.close()
+
+
+def test_no_gpu_on_this_host_is_logged_and_the_service_runs_on(tmp_path, capsys):
+    app = SliceServiceApp(simulate=None, sim_state_file=str(tmp_path / "missing.json"))
+    assert app.connect_gpus() is None
+    logged = capsys.readouterr().err
+    assert "missing.json does not exist" in logged and "check_gpus = False" in logged
+    assert SliceServiceApp(check_gpus=False).connect_gpus() is None
+
+
+KERNEL_POLICY = MIGPolicyConfig(group_policies={
+    "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h",
+                 "kernel_idle_timeout": "1h"},
+}).build()
+
+
+async def test_kernel_level_sweep_shuts_down_idle_kernels_and_stops_idle_servers():
+    state = StandinState.build(30, idle_every=3, kernels_per_server=2)
+    server, port = listen(state)
+    base = f"http://127.0.0.1:{port}"
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base)
+    try:
+        report = await Sweeper(client, KERNEL_POLICY, ServiceMetrics()).sweep()
+    finally:
+        server.stop()
+    # Idle servers (every third) are stopped whole; on the others, the kernel idle
+    # for two hours goes and the one active a moment ago stays.
+    assert len(state.stopped) == 10
+    assert [k["id"] for k in state.kernels["user00001"]] == ["user00001-k1"]
+    assert len([d for d in report.carried_out if not d.stops_server]) == 20
+
+
+async def test_unreachable_servers_are_not_stopped_for_idleness(standin):
+    state, base = standin
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}"  # no proxy listens here
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=nowhere, retries=0)
+    sweeper = Sweeper(client, POLICY, ServiceMetrics(), probe_servers=True)
+    report = await sweeper.sweep()
+    # The hub says 100 servers are idle, but none could be looked at: none is stopped.
+    assert report.complete and report.decisions == [] and state.stopped == []
+    assert sample(sweeper.metrics, "mig_spawner_service_errors_total",
+                  kind="server_unreachable") == 100

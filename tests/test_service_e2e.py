@@ -1,0 +1,309 @@
+"""The slice service end to end: a real JupyterHub with the MIG spawner on a simulated
+H200, real single-user servers and kernels, and ``mig-spawner-service`` in its own
+process reading the same config directory as the hub, with limits shortened to seconds.
+
+One hub and one service for the module. Each user belongs to a group whose limits make
+one rule fire; the tests watch what a user and an admin would see: kernels and servers
+gone or still there, leases released, metrics counted, the service alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+import websocket
+from hub_harness import REPO, HubProcess, free_port
+
+from mig_spawner.ledger import Ledger
+from mig_spawner.service.app import REQUIRED_SCOPES
+
+pytestmark = pytest.mark.hub
+
+SIM = "h200x1:layout=1g.18gb*7"
+SERVICE = "mig-slices"
+MANAGED = "mig-slices-managed"
+TOKEN = "slice-service-e2e-token-" + "0" * 16
+SCOPES = list(REQUIRED_SCOPES)
+# Who is in which group, and the one limit each group sets (seconds).
+GROUPS = {
+    "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
+    "bob": ("server-short", {"server_idle_timeout": 4}),
+    # Long enough to start a server and a busy kernel on a loaded test machine.
+    "cy": ("age-capped", {"max_session_age": 25}),
+    "ghost": ("analysts", {}),
+}
+
+
+def write_config_dir(workdir: Path) -> Path:
+    """The repo's spawner and group snippets plus this test's overrides, as one
+    jupyterhub_config.d that both the hub and the service load."""
+    config_d = workdir / "jupyterhub_config.d"
+    config_d.mkdir()
+    for name in ("10-spawner.py", "20-groups.py"):
+        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
+    policies = {group: {"allowed": ["small"], **limits} for group, limits in GROUPS.values()
+                if group != "analysts"}
+    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
+        c = get_config()  # noqa: F821
+        c.JupyterHub.spawner_class = "mig-simple"
+        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.LocalMIGSpawner.simulate = "{SIM}"
+        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        c.Spawner.poll_interval = 1
+        c.Spawner.start_timeout = 120
+        c.Spawner.http_timeout = 120
+        c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
+        c.MIGPolicyConfig.group_policies.update({policies!r})
+        c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
+        c.JupyterHub.load_roles.append(
+            {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+
+        # ghost's server never comes up: a spawn the hub can be killed in the middle of.
+        def _slow_ghost(spawner):
+            if spawner.user.name == "ghost":
+                spawner.cmd = ["sleep", "60"]
+        c.Spawner.pre_spawn_hook = _slow_ghost
+
+        # The documented way to run it: managed by the hub (here in dry-run, so that
+        # it only watches while the service under test acts).
+        c.JupyterHub.services.append({{
+            "name": "{MANAGED}",
+            "command": ["{Path(sys.executable).parent / 'mig-spawner-service'}",
+                        "--config-dir={workdir / 'harness_config.py'}", "--dry-run"],
+            "url": "http://127.0.0.1:{free_port()}",
+        }})
+        c.JupyterHub.load_roles.append(
+            {{"name": "{MANAGED}", "services": ["{MANAGED}"], "scopes": {SCOPES!r}}})
+
+        c.SliceServiceApp.cull_every = 1
+        c.SliceServiceApp.orphan_grace = 3
+        c.SliceServiceApp.retries = 1
+        c.SliceServiceApp.simulate = "{SIM}"
+        c.SliceServiceApp.sim_state_file = "{workdir}/sim-gpus.json"
+    """))
+    return config_d
+
+
+class Service:
+    """``mig-spawner-service`` as a process of its own, as the hub would run it."""
+
+    def __init__(self, hub: HubProcess, config_d: Path) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = hub.workdir / "service.log"
+        env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
+               "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
+               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mig-spawner-service"),
+             f"--config-dir={config_d}", f"--proxy-url={hub.url}",
+             f"--ledger-url=sqlite:///{hub.workdir}/mig_spawner_ledger.sqlite",
+             "--log-level=DEBUG"],
+            env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, timeout=10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        total = 0.0
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith((name + "{", name + " ")) and all(
+                f'{k}="{v}"' in line for k, v in labels.items()
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("slicehub")
+    config_d = write_config_dir(workdir)
+    hub = HubProcess.start(workdir, sorted(config_d.glob("*.py")), timeout=120)
+    for user, (group, _) in GROUPS.items():
+        hub.create_user(user, groups=[group])
+    service = Service(hub, config_d)
+    HubProcess.wait_until(lambda: _up(service), 30)
+    with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
+        yield hub, service, ledger
+    service.close()
+    hub.close()
+
+
+def _up(service: Service) -> bool:
+    try:
+        return service.get("/health").status_code == 200
+    except requests.ConnectionError:
+        assert service.proc.poll() is None, service.log()
+        return False
+
+
+def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
+
+
+def start(hub: HubProcess, user: str) -> None:
+    r = hub.spawn(user, {"profile": "small"})
+    assert r.status_code in (201, 202), r.text
+
+
+def kernels(hub: HubProcess, user: str) -> dict[str, str]:
+    r = hub.session.get(f"{hub.url}/user/{user}/api/kernels", timeout=10)
+    r.raise_for_status()
+    return {k["id"]: k["execution_state"] for k in r.json()}
+
+
+def new_kernel(hub: HubProcess, user: str) -> str:
+    r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
+                         timeout=60)
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
+    """Send ``code`` to a kernel and return the open websocket (the kernel stays busy)."""
+    ws = websocket.create_connection(
+        f"{hub.url.replace('http', 'ws')}/user/{user}/api/kernels/{kernel_id}/channels",
+        header=[f"Authorization: token {hub.token}"], timeout=30,
+    )
+    ws.send(json.dumps({
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request",
+                   "username": user, "session": uuid.uuid4().hex, "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": False,
+                    "user_expressions": {}, "allow_stdin": False},
+    }))
+    return ws
+
+
+def lease_of(ledger: Ledger, user: str):
+    return ledger.active_for_server(user)
+
+
+def test_runs_as_a_hub_managed_service_reading_the_hub_config(env):
+    hub, _, _ = env
+    base = f"{hub.url}/services/{MANAGED}"
+    HubProcess.wait_until(lambda: requests.get(f"{base}/health", timeout=5).ok, 30)
+    health = requests.get(f"{base}/health", timeout=5).json()
+    assert health["status"] == "ok" and health["dry_run"] is True
+    metrics = requests.get(f"{base}/metrics", timeout=5).text
+    assert "mig_spawner_service_sweep_duration_seconds_count" in metrics
+
+
+def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
+    hub, service, ledger = env
+    start(hub, "ana")
+    hub.wait_ready("ana")
+    idle = new_kernel(hub, "ana")
+    busy = new_kernel(hub, "ana")
+    ws = run_without_waiting(hub, "ana", busy, "import time; time.sleep(600)")
+    try:
+        wait_for(lambda: idle not in kernels(hub, "ana"), 30, "idle kernel shut down", service)
+        time.sleep(5)  # several more sweeps, all past the busy kernel's 3 s limit
+        assert kernels(hub, "ana") == {busy: "busy"}
+        assert hub.server_model("ana")["ready"]  # the server and its slice stay
+        assert lease_of(ledger, "ana") is not None
+        assert service.metric("mig_spawner_service_culls_total", kind="kernel",
+                              reason="kernel_idle", group="kernel-quick") == 1
+    finally:
+        ws.close()
+
+
+def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouched(env):
+    hub, service, ledger = env
+    start(hub, "bob")
+    wait_for(lambda: lease_of(ledger, "bob") is not None, 30, "bob's lease", service)
+    slice_uuid = lease_of(ledger, "bob").mig_uuid
+    wait_for(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
+             service)
+    wait_for(lambda: lease_of(ledger, "bob") is None, 15, "bob's lease released", service)
+    assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="server_idle", group="server-short") == 1
+    assert service.metric("mig_spawner_service_slices_reclaimed_total",
+                          reason="server_idle", group="server-short") == 1
+    # ana's group has no server idle limit: her server, idle just as long, still runs.
+    assert hub.server_model("ana")["ready"]
+
+
+def test_max_session_age_stops_a_busy_server(env):
+    hub, service, ledger = env
+    start(hub, "cy")
+    hub.wait_ready("cy")
+    kernel = new_kernel(hub, "cy")
+    ws = run_without_waiting(hub, "cy", kernel, "import time; time.sleep(600)")
+    try:
+        wait_for(lambda: kernels(hub, "cy") == {kernel: "busy"}, 10, "busy kernel", service)
+        wait_for(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", service)
+    finally:
+        ws.close()
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="max_session_age", group="age-capped") == 1
+    wait_for(lambda: lease_of(ledger, "cy") is None, 15, "cy's lease released", service)
+
+
+def test_hub_going_away_does_not_crash_the_service(env):
+    hub, service, _ = env
+    errors_before = service.metric("mig_spawner_service_errors_total", kind="hub")
+    hub.stop_hub()
+    try:
+        wait_for(lambda: service.get("/health").status_code == 503, 30,
+                 "health failing while the hub is down", service)
+        assert service.get("/health").json()["status"] == "failing"
+        time.sleep(3)
+        assert service.proc.poll() is None, service.log()
+    finally:
+        hub.restart_hub()
+    wait_for(lambda: service.get("/health").status_code == 200, 30,
+             "health ok once the hub is back", service)
+    assert service.metric("mig_spawner_service_errors_total", kind="hub") > errors_before
+
+
+def forget_spawn(hub: HubProcess, user: str) -> None:
+    """Make the hub's database hold no trace of ``user``'s spawn, as when the hub dies
+    after the slice was leased but before it recorded the server."""
+    with sqlite3.connect(hub.workdir / "jupyterhub.sqlite") as db:
+        db.execute(
+            "UPDATE spawners SET server_id = NULL, state = '{}' "
+            "WHERE user_id = (SELECT id FROM users WHERE name = ?)", (user,),
+        )
+
+
+def test_orphan_lease_left_by_a_killed_hub_is_released(env):
+    hub, service, ledger = env
+    start(hub, "ghost")  # its server never answers: the spawn stays pending
+    wait_for(lambda: lease_of(ledger, "ghost") is not None, 30, "ghost's lease", service)
+    lease = lease_of(ledger, "ghost")
+    os.killpg(hub.proc.pid, signal.SIGKILL)  # the hub (and its proxy) die mid-spawn
+    hub.proc.wait(10)
+    forget_spawn(hub, "ghost")
+    hub.restart_hub()
+    wait_for(lambda: lease_of(ledger, "ghost") is None, 60, "orphan lease released", service)
+    released = ledger.get(lease.id)
+    assert released.state == "released"
+    assert released.release_reason.startswith("orphan"), released.release_reason
+    assert service.metric("mig_spawner_service_orphans_repaired_total", group="analysts") == 1

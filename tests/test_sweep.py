@@ -1,0 +1,232 @@
+"""Decision tables for the slice service's sweep: which kernels and servers are culled, and why."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mig_spawner.core.inventory import Gpu, GpuProcess, Inventory, MigDevice
+from mig_spawner.core.policy import GroupPolicy
+from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
+from mig_spawner.ledger.records import Lease
+from mig_spawner.service.sweep import (
+    UNREACHABLE,
+    Probe,
+    Rule,
+    decide,
+    find_orphans,
+    needs_probe,
+    unleased_busy_devices,
+)
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+MIN = 60.0
+
+
+def ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
+def server(active_ago: float | None = 5, started_ago: float = 60, **kw) -> HubServer:
+    fields = dict(
+        user="ana", name="", url="/user/ana/", full_url=None, ready=True, pending=None,
+        started=ago(started_ago),
+        last_activity=None if active_ago is None else ago(active_ago),
+    )
+    fields.update(kw)
+    return HubServer(**fields)
+
+
+def kernel(state: str = "idle", active_ago: float = 5, connections: int = 0, kid="k1") -> Kernel:
+    return Kernel(kid, "python3", state, ago(active_ago), connections)
+
+
+LIMITS = GroupPolicy(
+    "analysts", server_idle_timeout=30 * MIN, kernel_idle_timeout=10 * MIN,
+    max_session_age=8 * 60 * MIN,
+)
+BUSY_OK = GroupPolicy(
+    "batch", server_idle_timeout=30 * MIN, kernel_idle_timeout=10 * MIN, cull_busy_kernels=True
+)
+NO_LIMITS = GroupPolicy("research")
+
+
+# (case, server, limits, probe, expected [(rule, kernel_id)])
+SERVER_TABLE = [
+    ("recently active server stays", server(active_ago=5), LIMITS, None, []),
+    ("idle past server limit is stopped on hub data alone",
+     server(active_ago=31), LIMITS, None, [(Rule.SERVER_IDLE, None)]),
+    ("exactly at the limit is stopped", server(active_ago=30), LIMITS, None,
+     [(Rule.SERVER_IDLE, None)]),
+    ("no limits: never culled", server(active_ago=10_000, started_ago=10_000),
+     NO_LIMITS, None, []),
+    ("over max age: stopped although active", server(active_ago=0, started_ago=481),
+     LIMITS, None, [(Rule.MAX_SESSION_AGE, None)]),
+    ("over max age: stopped although unreachable", server(active_ago=0, started_ago=481),
+     LIMITS, UNREACHABLE, [(Rule.MAX_SESSION_AGE, None)]),
+    ("over max age with a busy kernel: still stopped", server(started_ago=481), LIMITS,
+     Probe(kernels=(kernel("busy", active_ago=400),)), [(Rule.MAX_SESSION_AGE, None)]),
+    ("hub says idle but server unreachable: never culled for that",
+     server(active_ago=600), LIMITS, UNREACHABLE, []),
+    ("hub says idle but a kernel is busy: stays",
+     server(active_ago=45), LIMITS, Probe(kernels=(kernel("busy", active_ago=45),)), []),
+    ("busy kernel with cull_busy_kernels: server idle",
+     server(active_ago=45), BUSY_OK, Probe(kernels=(kernel("busy", active_ago=45),)),
+     [(Rule.SERVER_IDLE, None)]),
+    ("hub activity stale but server's own status recent: stays",
+     server(active_ago=45), LIMITS,
+     Probe(status=ServerStatus(ago(60), ago(2), 0, 0)), []),
+    ("hub activity stale, kernel active recently: stays, kernel not idle enough",
+     server(active_ago=45), LIMITS, Probe(kernels=(kernel("idle", active_ago=3),)), []),
+    ("no activity recorded: idle since start",
+     server(active_ago=None, started_ago=31), LIMITS, None, [(Rule.SERVER_IDLE, None)]),
+    ("pending server is left alone",
+     server(active_ago=600, started_ago=600, pending="stop"), LIMITS, None, []),
+    ("not ready server is left alone",
+     server(active_ago=600, started_ago=600, ready=False), LIMITS, None, []),
+]
+
+
+KERNEL_TABLE = [
+    ("idle kernel past limit is shut down", [kernel("idle", 11)], LIMITS, False,
+     [(Rule.KERNEL_IDLE, "k1")]),
+    ("idle kernel under limit stays", [kernel("idle", 9)], LIMITS, False, []),
+    ("busy kernel never, by default", [kernel("busy", 60)], LIMITS, False, []),
+    ("busy kernel with cull_busy_kernels", [kernel("busy", 11)], BUSY_OK, False,
+     [(Rule.KERNEL_IDLE, "k1")]),
+    ("kernel nobody talked to (still 'starting') past limit",
+     [kernel("starting", 11)], LIMITS, False, [(Rule.KERNEL_IDLE, "k1")]),
+    ("just started kernel stays", [kernel("starting", 1)], LIMITS, False, []),
+    ("connected idle kernel stays by default", [kernel("idle", 11, connections=1)],
+     LIMITS, False, []),
+    ("connected idle kernel with cull_connected_kernels", [kernel("idle", 11, connections=1)],
+     LIMITS, True, [(Rule.KERNEL_IDLE, "k1")]),
+    ("no kernel limit: none shut down", [kernel("idle", 600)], NO_LIMITS, False, []),
+    ("only the idle one of two",
+     [kernel("idle", 11, kid="old"), kernel("busy", 11, kid="work")], LIMITS, False,
+     [(Rule.KERNEL_IDLE, "old")]),
+]
+
+
+def outcome(decisions):
+    return [(d.rule, d.kernel_id) for d in decisions]
+
+
+@pytest.mark.parametrize(("case", "srv", "limits", "probe", "expected"), SERVER_TABLE,
+                         ids=[row[0] for row in SERVER_TABLE])
+def test_server_decisions(case, srv, limits, probe, expected):
+    assert outcome(decide(NOW, srv, limits.name, limits, probe)) == expected
+
+
+@pytest.mark.parametrize(("case", "kernels", "limits", "connected", "expected"), KERNEL_TABLE,
+                         ids=[row[0] for row in KERNEL_TABLE])
+def test_kernel_decisions(case, kernels, limits, connected, expected):
+    # The server itself is active, so only kernel rules can fire.
+    probe = Probe(kernels=tuple(kernels))
+    decisions = decide(NOW, server(active_ago=1), limits.name, limits, probe, connected)
+    assert outcome(decisions) == expected
+
+
+def test_decision_carries_who_what_and_measured_idle_time():
+    [d] = decide(NOW, server(active_ago=45, name="big"), "analysts", LIMITS, None)
+    assert (d.user, d.server, d.group, d.rule) == ("ana", "big", "analysts", Rule.SERVER_IDLE)
+    assert d.idle_seconds == 45 * MIN
+    assert d.limit_seconds == 30 * MIN
+    assert d.stops_server
+    assert d.describe() == (
+        "server ana/big (group analysts): server_idle, idle 00:45:00 >= limit 00:30:00"
+    )
+
+
+def test_kernel_decision_does_not_stop_the_server():
+    [d] = decide(NOW, server(), "analysts", LIMITS, Probe(kernels=(kernel("idle", 12),)))
+    assert not d.stops_server
+    assert d.describe().startswith("kernel k1 of ana (group analysts): kernel_idle, idle 00:12")
+
+
+def test_server_stop_takes_precedence_over_kernel_shutdowns():
+    probe = Probe(kernels=(kernel("idle", 50),))
+    assert outcome(decide(NOW, server(active_ago=50), "a", LIMITS, probe)) == [
+        (Rule.SERVER_IDLE, None)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("srv", "limits", "expected"),
+    [
+        (server(active_ago=5), LIMITS, True),  # kernel limit set: look at kernels
+        (server(active_ago=5), GroupPolicy("s", server_idle_timeout=30 * MIN), False),
+        (server(active_ago=31), GroupPolicy("s", server_idle_timeout=30 * MIN), True),
+        (server(started_ago=481), LIMITS, False),  # max age: stopped without looking
+        (server(active_ago=600), NO_LIMITS, False),
+        (server(pending="spawn"), LIMITS, False),
+    ],
+)
+def test_needs_probe_only_when_a_look_inside_can_change_the_outcome(srv, limits, expected):
+    assert needs_probe(NOW, srv, limits) is expected
+
+
+def lease(lid: str, user: str, server_name: str = "", claimed_ago: float = 60,
+          state: str = "active", mig_uuid: str | None = None) -> Lease:
+    return Lease(
+        id=lid, user=user, server_name=server_name, group="analysts", profile="1g.18gb",
+        compute_slices=1, mode="pool", state=state, claimed_at=ago(claimed_ago),
+        mig_uuid=mig_uuid,
+    )
+
+
+def test_orphan_released_only_after_missing_for_the_grace_period():
+    leases = [lease("L1", "ana"), lease("L2", "bob"), lease("L3", "cy", "gpu")]
+    running = {("bob", "")}
+    orphans, missing = find_orphans(NOW, leases, running, {}, grace=5 * MIN)
+    assert orphans == []  # first sweep that misses them starts the clock
+    assert set(missing) == {"L1", "L3"}
+
+    later = NOW + timedelta(minutes=5)
+    orphans, missing = find_orphans(later, leases, running, missing, grace=5 * MIN)
+    assert [o.id for o in orphans] == ["L1", "L3"]
+
+
+def test_orphan_clock_resets_when_the_server_shows_up_again():
+    leases = [lease("L1", "ana")]
+    _, missing = find_orphans(NOW, leases, set(), {}, grace=5 * MIN)
+    _, missing = find_orphans(NOW + timedelta(minutes=3), leases, {("ana", "")}, missing, 300)
+    assert missing == {}
+    orphans, _ = find_orphans(NOW + timedelta(minutes=6), leases, set(), missing, 300)
+    assert orphans == []
+
+
+def test_fresh_claim_is_not_an_orphan_while_its_spawn_may_be_in_flight():
+    young = lease("L1", "ana", claimed_ago=1)
+    orphans, missing = find_orphans(NOW, [young], set(), {"L1": ago(10)}, grace=5 * MIN)
+    assert orphans == []
+    assert "L1" in missing
+
+
+def test_released_leases_are_never_orphans():
+    gone = lease("L1", "ana", state="released")
+    orphans, missing = find_orphans(NOW, [gone], set(), {"L1": ago(60)}, grace=0)
+    assert (orphans, missing) == ([], {})
+
+
+def mig(uuid: str, pids: tuple[int, ...]) -> MigDevice:
+    return MigDevice(
+        uuid=uuid, gpu_index=0, gpu_uuid="GPU-0", index=0, name="1g.18gb", profile="1g.18gb",
+        gi_id=7, ci_id=0, start=0, size=1, memory_total_mib=16000, memory_used_mib=100,
+        processes=tuple(GpuProcess(p, 100) for p in pids),
+    )
+
+
+def test_busy_device_without_a_lease_is_reported():
+    gpu = Gpu(
+        index=0, uuid="GPU-0", product="NVIDIA H200", model_key="h200", minor=0,
+        memory_total_mib=143000, mig_current=True, mig_pending=True, mig_supported=True,
+        gpu_instances=(),
+        mig_devices=(mig("MIG-a", (11,)), mig("MIG-b", (12,)), mig("MIG-c", ())),
+    )
+    inventory = Inventory(host="h", driver_version="580", nvml_version="13",
+                          cuda_driver_version=13000, gpus=(gpu,))
+    leases = [lease("L1", "ana", mig_uuid="MIG-a"), lease("L2", "bob", mig_uuid="MIG-b",
+                                                         state="released")]
+    assert [d.uuid for d in unleased_busy_devices(inventory, leases)] == ["MIG-b"]
