@@ -1,0 +1,325 @@
+"""KubeMIGSpawner: one MIG slice per notebook pod, through NVIDIA's device plugin.
+
+The mixin gives the form, ``user_options`` validation, quotas and the lease;
+KubeSpawner runs the pod. This class connects them to the cluster: the form and
+the claim read free slices from the nodes and pods (cached a few seconds), the
+lease records the pod (and, once it runs, its node), and the pod asks for the
+slice as ``nvidia.com/mig-<profile>: 1`` (mixed strategy) or ``nvidia.com/gpu: 1``
+on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from kubespawner import KubeSpawner
+from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
+
+from mig_spawner.core.catalog import CatalogError, model
+from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.kube import (
+    ClusterAvailability,
+    ClusterReadError,
+    ClusterSlices,
+    KubeConfigError,
+    SliceRequest,
+    apply_to_pod,
+    check_toleration,
+    slice_request,
+)
+from mig_spawner.ledger import Lease, LeaseRequest, LedgerError
+
+from . import form
+from .decide import ClaimRefused, quota_problem
+from .kube_decide import Choice, free_per_profile, make_kube_decide
+from .mixin import MIGSpawnerMixin, spawn_error
+
+# Environment variables that choose GPUs or MIG capabilities inside a container.
+DEVICE_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+)
+
+
+class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
+    """A KubeSpawner whose pods each get one MIG slice that the user's groups allow."""
+
+    mig_mode = Enum(
+        ["kube"],
+        default_value="kube",
+        help="""Always ``kube``: NVIDIA's device plugin hands each pod its MIG device
+        from layouts that the GPU Operator's MIG Manager applied (docs/kubernetes.md).""",
+    ).tag(config=True)
+
+    mig_strategy = Enum(
+        ["auto", "mixed", "single"],
+        default_value="auto",
+        help="""The device plugin's ``--mig-strategy`` (GPU Operator: ``mig.strategy``).
+
+        ``auto`` (default) reads each node's ``nvidia.com/mig.strategy`` label set by GPU
+        Feature Discovery. ``mixed``: pods request ``nvidia.com/mig-<profile>: 1``.
+        ``single``: pods request ``nvidia.com/gpu: 1`` and select the node labelled
+        ``nvidia.com/gpu.product=<product>-MIG-<profile>``.
+        """,
+    ).tag(config=True)
+
+    mig_tolerations = List(
+        Dict(),
+        help="""Tolerations added to GPU pods only (Kubernetes Toleration fields, camelCase).
+
+        E.g. ``[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]``
+        when the GPU nodes carry that taint. Nodes whose NoSchedule/NoExecute taints these
+        do not tolerate are not offered on the form. ``KubeSpawner.tolerations`` still
+        applies to every pod.
+        """,
+    ).tag(config=True)
+
+    mig_node_selector = Dict(
+        value_trait=Unicode(),
+        help="""Node selector labels added to GPU pods only, on top of
+        ``KubeSpawner.node_selector`` (e.g. ``{"pool": "gpu"}``).""",
+    ).tag(config=True)
+
+    mig_product_models = Dict(
+        value_trait=Unicode(),
+        help="""Extra ``nvidia.com/gpu.product`` label values -> catalog model key, for
+        GPUs whose label the catalog does not know, e.g.
+        ``{"NVIDIA-H200-SXM-141GB": "h200"}``. Keys: the label without ``-MIG-...``.""",
+    ).tag(config=True)
+
+    mig_availability_ttl = Float(
+        10.0,
+        help="""Seconds a read of the cluster's nodes and pods is reused for spawn forms.
+        Claims always re-read when the cached read is older than 2 seconds.""",
+    ).tag(config=True)
+
+    mig_node_label_selector = Unicode(
+        "",
+        help="""Label selector for the nodes to read, e.g. ``nvidia.com/gpu.present=true``
+        (empty: all nodes). Cuts the Node list on big clusters.""",
+    ).tag(config=True)
+
+    # This start's slice request, built in prepare_slice, applied in get_pod_manifest and
+    # dropped when start ends: nothing of one spawn survives into the next.
+    _slice_request: SliceRequest | None = None
+    _kube_choice: Choice | None = None
+    # Claims re-read the cluster when the cached snapshot is older than this.
+    claim_max_age: ClassVar[float] = 2.0
+    # One reader (and cache) per API client and settings, shared by every spawner.
+    _readers: ClassVar[dict[tuple, ClusterAvailability]] = {}
+
+    @validate("mig_tolerations")
+    def _check_tolerations(self, proposal: dict) -> list[dict]:
+        try:
+            return [check_toleration(t) for t in proposal["value"]]
+        except KubeConfigError as e:
+            raise TraitError(f"KubeMIGSpawner.mig_tolerations: {e}") from None
+
+    @validate("mig_product_models")
+    def _check_product_models(self, proposal: dict) -> dict[str, str]:
+        try:
+            return {label: model(key).key for label, key in proposal["value"].items()}
+        except CatalogError as e:
+            raise TraitError(f"KubeMIGSpawner.mig_product_models: {e}") from None
+
+    @validate("mig_availability_ttl")
+    def _check_ttl(self, proposal: dict) -> float:
+        if proposal["value"] < 0:
+            raise TraitError(
+                f"KubeMIGSpawner.mig_availability_ttl must be >= 0 seconds, "
+                f"got {proposal['value']}"
+            )
+        return proposal["value"]
+
+    # --- the cluster ------------------------------------------------------------------
+
+    @property
+    def availability(self) -> ClusterAvailability:
+        """The shared, cached reader of free slices, on KubeSpawner's API client."""
+        key = (
+            id(self.api),
+            self.mig_availability_ttl,
+            self.mig_strategy,
+            tuple(sorted(self.mig_product_models.items())),
+            repr(self.mig_tolerations),
+            self.mig_node_label_selector,
+        )
+        reader = self._readers.get(key)
+        if reader is None or reader.api is not self.api:
+            reader = self._readers[key] = ClusterAvailability(
+                self.api,
+                ttl=self.mig_availability_ttl,
+                strategy=None if self.mig_strategy == "auto" else self.mig_strategy,
+                product_models=self.mig_product_models,
+                tolerations=self.mig_tolerations,
+                node_selector=self.mig_node_label_selector,
+            )
+        return reader
+
+    async def cluster_slices(self, max_age: float | None = None) -> ClusterSlices:
+        """Free slices of the cluster; a read failure becomes a message for the user and the
+        cause (with what to check) for the hub log."""
+        try:
+            return await self.availability.slices(max_age=max_age)
+        except ClusterReadError as e:
+            raise spawn_error(
+                "The hub cannot read the cluster's GPU nodes right now; tell a hub admin.",
+                reason="mig_backend",
+                log_message=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""),
+                status_code=500,
+            ) from None
+
+    async def _held_leases(self) -> list[Lease]:
+        try:
+            return await self.runtime.run(lambda: self.runtime.ledger().active())
+        except LedgerError as e:
+            raise self._backend_error(e) from None
+
+    @property
+    def pod_ref(self) -> str:
+        """``namespace/pod-name``, as leases and the cluster snapshot name pods."""
+        return f"{self.namespace}/{self.pod_name}"
+
+    # --- form and claim (the cluster instead of the local GPUs) ------------------------
+
+    async def render_options_form(self) -> str:
+        """The spawn form with the cluster's free slices for the user's offers."""
+        policies = self.policies()
+        mine = self.user_policy(policies)
+        slices = await self.cluster_slices()
+        held = tuple(await self._held_leases())
+
+        def quota(offer: Offer, compute: int) -> str | None:
+            refusal = quota_problem(mine, offer, compute, held, self.user.name)
+            return None if refusal is None else refusal.message
+
+        models = [model(key) for key in slices.model_keys()]
+        choices = form.build_choices(mine, models, free_per_profile(slices, held), quota)
+        return form.render_form(choices, self.last_choice())
+
+    async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
+        self.progress_log.add(10, f"Reserving a {offer.display_name or offer.key} slice")
+        tic = time.perf_counter()
+        slices = await self.cluster_slices(max_age=self.claim_max_age)
+        choice = Choice()
+        decide = make_kube_decide(mine, offer, slices, self.pod_ref, choice)
+        request = LeaseRequest(self.user.name, self.name or "")
+        try:
+            lease = await self.runtime.run(lambda: self.runtime.ledger().claim(request, decide))
+        except ClaimRefused as e:
+            raise self._refuse(e.reason, e.message) from None
+        except LedgerError as e:
+            raise self._backend_error(e) from None
+        self.lease_id = lease.id
+        self._lease = lease
+        self._kube_choice = choice
+        # The claim consumed a slice the cached snapshot still shows as free.
+        self.availability.invalidate()
+        target = choice.target
+        gpu = model(target.model_key).display_name if target else "?"
+        nodes = ", ".join(target.nodes) if target else "?"
+        self.log.info(
+            "Lease %s: %s on %s (nodes %s) for pod %s, charged to %s, claimed in %.0f ms",
+            lease.id, lease.profile, gpu, nodes, lease.pod, lease.group,
+            (time.perf_counter() - tic) * 1000,
+        )
+        self.progress_log.add(30, f"Reserved a {lease.profile} slice on {gpu}")
+        return lease
+
+    async def prepare_slice(self, lease: Lease) -> None:
+        """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
+        self._slice_request = self.slice_request_for(lease, self._kube_choice)
+
+    def slice_request_for(self, lease: Lease, choice: Choice | None) -> SliceRequest:
+        """Resource, selector and tolerations for the lease's slice on the chosen nodes."""
+        target = choice.target if choice else None
+        if target is None:  # decide() sets it whenever it grants
+            raise spawn_error(
+                "The hub lost track of the reserved slice; try again.",
+                reason="mig_config",
+                log_message=f"lease {lease.id}: claim granted without a target",
+                status_code=500,
+            )
+        try:
+            return slice_request(
+                lease.profile,
+                target.strategy,
+                product=target.product_labels[0] if target.strategy == "single" else None,
+                products=target.product_labels if target.strategy == "mixed" else (),
+                tolerations=self.mig_tolerations,
+                node_selector=self.mig_node_selector,
+            )
+        except KubeConfigError as e:
+            raise spawn_error(
+                "The hub's Kubernetes GPU settings are wrong; tell a hub admin.",
+                reason="mig_config",
+                log_message=str(e),
+                status_code=500,
+            ) from None
+
+    # --- the pod ----------------------------------------------------------------------
+
+    async def load_user_options(self) -> None:
+        """mig-spawner's ``profile`` option names a MIG slice, not a KubeSpawner
+        ``profile_list`` entry; the two cannot be combined."""
+        if self.profile_list:
+            raise spawn_error(
+                "The hub's spawner configuration is wrong; tell a hub admin.",
+                reason="mig_config",
+                log_message="KubeMIGSpawner does not support KubeSpawner.profile_list (its "
+                "'profile' user option picks the MIG slice); remove profile_list",
+                status_code=500,
+            )
+
+    async def get_pod_manifest(self) -> Any:
+        """KubeSpawner's manifest, plus this start's slice (nothing when none is held)."""
+        pod = await super().get_pod_manifest()
+        lease = getattr(self, "_lease", None)
+        if self._slice_request is not None and lease is not None and lease.id == self.lease_id:
+            apply_to_pod(pod, self._slice_request)
+        return pod
+
+    def get_env(self) -> dict[str, str]:
+        """KubeSpawner's environment plus the lease's profile and id.
+
+        The device plugin gives the container its slice (and sets the device variables
+        itself), so variables that select devices are removed, even when the hub's
+        config sets them: ``NVIDIA_VISIBLE_DEVICES=all`` in a pod's environment can give
+        it every GPU of the node under the default container toolkit settings.
+        """
+        env = super(MIGSpawnerMixin, self).get_env()
+        for name in DEVICE_VARIABLES:
+            if env.pop(name, None) is not None:
+                self.log.warning("Not passing %s to %s: the device plugin sets it",
+                                 name, self._log_name)
+        lease = getattr(self, "_lease", None)
+        if lease is not None and lease.id == self.lease_id:
+            env["MIG_SPAWNER_PROFILE"] = lease.profile
+            env["MIG_SPAWNER_LEASE_ID"] = lease.id
+        return env
+
+    async def start(self) -> Any:
+        """Start as the mixin does, then record the node the pod runs on in the lease."""
+        try:
+            url = await super().start()
+        finally:
+            self._slice_request = None
+            self._kube_choice = None
+        lease_id = self.lease_id
+        node = self._pod_node()
+        if lease_id and node:
+            try:
+                await self.runtime.run(
+                    lambda: self.runtime.ledger().activate(lease_id, node=node)
+                )
+            except LedgerError as e:
+                # The server runs and holds its lease; only the node column stays empty.
+                self.log.warning("Could not record node %s for lease %s: %s", node, lease_id, e)
+        return url
+
+    def _pod_node(self) -> str | None:
+        pod = self.pod_reflector.pods.get(self.pod_ref) if self.pod_reflector else None
+        return ((pod or {}).get("spec") or {}).get("nodeName")

@@ -1,0 +1,131 @@
+"""The claim decision on Kubernetes: quota from the ledger, capacity from the cluster.
+
+The device plugin, not mig-spawner, hands a pod its MIG device, so a Kubernetes
+lease records no GPU placement: the ledger's transaction guards the quotas, and
+capacity comes from the cluster snapshot (node allocatable minus the requests of
+running pods) less the leases whose pods that snapshot does not show yet.
+Pure functions; :mod:`mig_spawner.spawner.kube` wires them into the spawner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from mig_spawner.core.catalog import model
+from mig_spawner.core.policy import (
+    GroupPolicy,
+    Offer,
+    QuotaRefusal,
+    UserPolicy,
+    check_claim,
+)
+from mig_spawner.kube import ClusterSlices
+from mig_spawner.kube.cluster import Target
+from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
+
+from .decide import ClaimRefused, holdings
+
+
+def wanted_on_cluster(offer: Offer, slices: ClusterSlices) -> dict[str, str]:
+    """GPU model key -> the profile ``offer`` means there, for the models the cluster
+    offers now."""
+    return {
+        key: name for key in slices.model_keys() if (name := offer.profile_for(key)) is not None
+    }
+
+
+def in_flight(leases: Iterable[Lease], slices: ClusterSlices) -> Counter[str]:
+    """Held Kubernetes leases per profile whose pod the snapshot did not count: claimed a
+    moment ago (pod not created or not yet bound to a node), so the slice they will
+    take still looks free in the cluster."""
+    return Counter(
+        lease.profile
+        for lease in leases
+        if lease.mode == "kube" and lease.held and lease.pod not in slices.counted_pods
+    )
+
+
+def free_per_profile(slices: ClusterSlices, leases: Iterable[Lease]) -> dict[str, int]:
+    """Free count per profile name as the spawn form shows it, in-flight leases taken off."""
+    pending = in_flight(leases, slices)
+    totals: Counter[str] = Counter()
+    for per_model in slices.free().values():
+        totals.update(per_model)
+    return {name: max(0, count - pending[name]) for name, count in totals.items()}
+
+
+@dataclass
+class Choice:
+    """Where the decision sent the claim; filled in by ``decide`` for the pod manifest."""
+
+    target: Target | None = None
+
+
+def _charge(policy: UserPolicy, offer: Offer, compute: int, view: LedgerView) -> GroupPolicy:
+    mine, usage = holdings(view.leases, view.request.user)
+    try:
+        return check_claim(policy, offer.key, compute, mine, usage)
+    except QuotaRefusal as refusal:
+        raise ClaimRefused(refusal.reason, f"{refusal.message}. {refusal.hint}.") from None
+
+
+def _nothing_here(offer: Offer, slices: ClusterSlices) -> ClaimRefused:
+    name = offer.display_name or offer.key
+    left_out = (
+        " GPU nodes not offered now: "
+        + "; ".join(f"{s.name}: {s.reason}" for s in slices.skipped)
+        + "."
+        if slices.skipped
+        else ""
+    )
+    return ClaimRefused(
+        "no_gpu_for_profile",
+        f"No schedulable GPU node of the cluster offers {name!r} now.{left_out}",
+    )
+
+
+def make_kube_decide(
+    policy: UserPolicy, offer: Offer, slices: ClusterSlices, pod: str, choice: Choice
+) -> Decide:
+    """The ``decide(view)`` callback for one Kubernetes spawn of ``offer`` as pod ``pod``
+    (``namespace/name``). It records the chosen :class:`Target` in ``choice``."""
+    wants = wanted_on_cluster(offer, slices)
+
+    def decide(view: LedgerView) -> Decision:
+        if not wants:
+            raise _nothing_here(offer, slices)
+        # Quota first with the smallest size the offer can mean: a user at their limit
+        # hears about the limit, not about what happens to be free.
+        smallest = min(model(k).profile(p).compute_slices for k, p in wants.items())
+        _charge(policy, offer, smallest, view)
+        pending = in_flight(view.leases, slices)
+        targets = slices.targets(wants)
+        target = next((t for t in targets if t.free - pending[t.profile] > 0), None)
+        if target is None:
+            total = sum(t.free for t in targets)
+            raise ClaimRefused(
+                "none_free",
+                f"All {offer.display_name or offer.key!r} slices of the cluster are in use "
+                f"({len(targets)} kind(s) of node looked at, {total} free before the "
+                f"{sum(pending.values())} being started). Try again later or pick another size.",
+            )
+        profile = model(target.model_key).profile(target.profile)
+        group = _charge(policy, offer, profile.compute_slices, view)
+        choice.target = target
+        return Decision(
+            group=group.name,
+            profile=profile.name,
+            compute_slices=profile.compute_slices,
+            mode="kube",
+            pod=pod,
+            expires_at=(
+                view.now + timedelta(seconds=group.max_session_age)
+                if group.max_session_age
+                else None
+            ),
+        )
+
+    return decide

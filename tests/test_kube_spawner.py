@@ -1,0 +1,339 @@
+"""KubeMIGSpawner end to end against the stand-in API server: KubeSpawner's real start
+and stop, pods scheduled by the stand-in's scheduler, leases in a real ledger."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from jupyterhub.spawner import SpawnException
+from kube_objects import gpu_labels, node, pod, write_kubeconfig
+from kube_standin import KubeStandin
+from kubernetes_asyncio.config import kube_config
+from kubespawner import KubeSpawner
+from traitlets import TraitError
+from traitlets.config import Config
+
+from mig_spawner.ledger import Ledger
+from mig_spawner.spawner.kube import KubeMIGSpawner
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+class Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.properties: dict = {}
+
+
+class User:
+    """What a Spawner reads of JupyterHub's User (as KubeSpawner's own tests mock it)."""
+
+    def __init__(self, name: str, groups: list[str]) -> None:
+        self.name = name
+        self.id = abs(hash(name)) % 10_000
+        self.url = f"/user/{name}/"
+        self.groups = [Group(g) for g in groups]
+        self.settings: dict = {}
+
+
+class OrmSpawner:
+    """The database row JupyterHub keeps per server: its name and last options."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.user_options: dict | None = None
+        self.server = None
+
+
+class Hub:
+    public_host = "hub.example.org"
+    url = "http://hub:8081/hub/"
+    base_url = "/hub/"
+    api_url = "http://hub:8081/hub/api"
+
+
+def a100_node(name: str, *, state: str = "success", **kw) -> dict:
+    return node(
+        name,
+        gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-balanced", state=state),
+        {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
+        **kw,
+    )
+
+
+def h200_single(name: str, slices: int = 2, **kw) -> dict:
+    return node(name, gpu_labels("NVIDIA-H200-MIG-1g.18gb", "single"),
+                {"nvidia.com/gpu": str(slices)}, **kw)
+
+
+@pytest.fixture
+async def standin(tmp_path, monkeypatch):
+    server = KubeStandin()
+    server.start()
+    path = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+    yield server
+    # KubeSpawner keeps pod reflectors per class across spawners: stop them with the loop.
+    for reflector in list(KubeSpawner.reflectors.values()):
+        await reflector.stop()
+    KubeSpawner.reflectors.clear()
+    KubeMIGSpawner._readers.clear()
+    server.stop()
+
+
+@pytest.fixture
+def ledger_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+
+def config(ledger_url: str, **spawner) -> Config:
+    c = Config()
+    c.MIGPolicyConfig.slice_classes = {
+        "small": {"display_name": "Small", "profiles": {"a100-80gb": "1g.10gb",
+                                                        "h200": "1g.18gb"}},
+        "large": {"display_name": "Large", "profiles": {"a100-80gb": "3g.40gb"}},
+    }
+    c.MIGPolicyConfig.group_policies = {
+        "analysts": {"allowed": ["small", "large"], "max_slices_per_user": 1},
+    }
+    c.KubeMIGSpawner.ledger_url = ledger_url
+    c.KubeMIGSpawner.namespace = "jupyterhub"
+    c.KubeMIGSpawner.events_enabled = False
+    c.KubeMIGSpawner.start_timeout = 20
+    c.KubeMIGSpawner.k8s_api_request_retry_timeout = 5
+    for key, value in spawner.items():
+        setattr(c.KubeMIGSpawner, key, value)
+    return c
+
+
+def make(standin, ledger_url, name="ana", groups=("analysts",), profile="small", server="",
+         **spawner) -> KubeMIGSpawner:
+    s = KubeMIGSpawner(
+        config=config(ledger_url, k8s_api_host=standin.url, **spawner),
+        user=User(name, list(groups)),
+        hub=Hub(),
+        orm_spawner=OrmSpawner(server),
+        _mock=True,
+    )
+    s.user_options = {"profile": profile}
+    s.api_token = "token"
+    return s
+
+
+def created(standin, name: str) -> dict:
+    return next(p for p in standin.pods if p["metadata"]["name"] == name)
+
+
+def held(ledger_url: str) -> list:
+    with Ledger.open(ledger_url) as ledger:
+        return ledger.active()
+
+
+async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(standin, ledger_url):
+    standin.nodes = [a100_node("gpu-a1", taints=[GPU_TAINT])]
+    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+             environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0",
+                          "TEAM": "analytics"})
+    url = await s.start()
+    assert url.startswith("http://10.244.0.")
+
+    spec = created(standin, s.pod_name)["spec"]
+    notebook = spec["containers"][0]
+    assert notebook["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
+    assert notebook["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+    assert TOLERATE_GPU in spec["tolerations"]
+    assert spec["nodeName"] == "gpu-a1"
+    env = {e["name"]: e.get("value") for e in notebook["env"]}
+    assert env["MIG_SPAWNER_PROFILE"] == "3g.40gb"
+    # The device plugin picks the device; a config that names devices is not passed on.
+    assert "CUDA_VISIBLE_DEVICES" not in env and "NVIDIA_VISIBLE_DEVICES" not in env
+    assert env["TEAM"] == "analytics"
+
+    (lease,) = held(ledger_url)
+    assert (lease.mode, lease.profile, lease.state) == ("kube", "3g.40gb", "active")
+    assert (lease.pod, lease.node) == (f"jupyterhub/{s.pod_name}", "gpu-a1")
+    assert s.get_state()["mig_lease_id"] == lease.id
+
+    await s.stop()
+    assert standin.pods == []
+    assert held(ledger_url) == []
+
+
+async def test_single_strategy_pod_selects_the_mig_product_node(standin, ledger_url):
+    standin.nodes = [h200_single("gpu-h1")]
+    s = make(standin, ledger_url, profile="small",
+             mig_node_selector={"pool": "gpu"})
+    standin.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+    await s.start()
+    spec = created(standin, s.pod_name)["spec"]
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert spec["nodeSelector"] == {"pool": "gpu",
+                                    "nvidia.com/gpu.product": "NVIDIA-H200-MIG-1g.18gb"}
+    await s.stop()
+
+
+async def test_mixed_fleet_class_goes_to_the_model_with_room(standin, ledger_url):
+    """'small' means 1g.10gb on A100 and 1g.18gb on H200: each spawn goes where most are
+    free (ties: model key order), and the pod is pinned to that model's nodes."""
+    standin.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=1)]
+    spawners = [make(standin, ledger_url, name=n) for n in ("ana", "ben", "cy")]
+    for s in spawners:
+        await s.start()
+    placed = {p["metadata"]["name"]: (p["spec"]["nodeName"],
+                                       p["spec"]["containers"][0]["resources"]["limits"])
+              for p in standin.pods}
+    assert placed == {
+        "jupyter-ana": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
+        "jupyter-ben": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
+        "jupyter-cy": ("gpu-h1", {"nvidia.com/gpu": "1"}),
+    }
+    terms = created(standin, "jupyter-ana")["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                            "values": ["NVIDIA-A100-SXM4-80GB"]}]}]
+    assert sorted((lease.user, lease.profile, lease.node) for lease in held(ledger_url)) == [
+        ("ana", "1g.10gb", "gpu-a1"), ("ben", "1g.10gb", "gpu-a1"), ("cy", "1g.18gb", "gpu-h1"),
+    ]
+    for s in spawners:
+        await s.stop()
+
+
+async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledger_url):
+    standin.nodes = [a100_node("gpu-a1")]
+    standin.pods = [pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
+                        namespace="batch")]
+    s = make(standin, ledger_url, profile="large")
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert info.value.status_code == 503
+    assert "All 'Large' slices of the cluster are in use" in str(info.value)
+    assert held(ledger_url) == []
+    assert [p["metadata"]["name"] for p in standin.pods] == ["batch-train"]
+
+
+async def test_node_being_reconfigured_is_not_offered_and_the_refusal_says_so(
+    standin, ledger_url
+):
+    standin.nodes = [a100_node("gpu-a1", state="pending")]
+    s = make(standin, ledger_url, profile="large")
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert "gpu-a1: MIG Manager is applying a layout" in str(info.value)
+    form = await s.render_options_form()
+    assert "free now" not in form
+    assert held(ledger_url) == []
+
+
+async def test_form_shows_cluster_free_counts_from_one_cached_read(standin, ledger_url):
+    standin.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=3)]
+    standin.pods = [pod("other", "gpu-h1", {"nvidia.com/gpu": "1"}, namespace="x")]
+    forms = [await make(standin, ledger_url, name=f"u{i}").render_options_form()
+             for i in range(5)]
+    assert "4 free now" in forms[0]  # small: 2 A100 1g.10gb + 2 H200 1g.18gb
+    assert "1 free now" in forms[0]  # large: the A100's 3g.40gb
+    assert len(set(forms)) == 1
+    assert standin.list_hits() == 2  # five users, one Node list and one Pod list
+
+
+async def test_quota_is_checked_in_the_ledger_before_the_cluster(standin, ledger_url):
+    standin.nodes = [a100_node("gpu-a1")]
+    first = make(standin, ledger_url, server="one")
+    await first.start()
+    second = make(standin, ledger_url, server="two")
+    with pytest.raises(SpawnException) as info:
+        await second.start()
+    assert info.value.status_code == 409
+    assert "you already hold 1 of 1" in str(info.value)
+    assert len(standin.pods) == 1
+    await first.stop()
+
+
+async def test_unschedulable_pod_gives_its_slice_back(standin, ledger_url):
+    """The cluster looked free but the pod cannot be placed (here: a configured node
+    selector no node has): the start times out and the lease is released."""
+    standin.nodes = [a100_node("gpu-a1")]
+    s = make(standin, ledger_url, profile="large", mig_node_selector={"pool": "none"},
+             start_timeout=2)
+    with pytest.raises(TimeoutError):
+        await s.start()
+    assert held(ledger_url) == []
+
+
+async def test_manifest_without_a_lease_has_no_gpu(standin, ledger_url):
+    standin.nodes = [a100_node("gpu-a1")]
+    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+             mig_node_selector={"pool": "gpu"})
+    standin.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+    await s.start()
+    await s.stop()
+    pod_after = await s.get_pod_manifest()
+    resources = pod_after.spec.containers[0].resources
+    assert not any(k.startswith("nvidia.com/") for k in {**(resources.limits or {}),
+                                                         **(resources.requests or {})})
+    assert not pod_after.spec.node_selector
+    assert not pod_after.spec.tolerations
+    assert s.node_selector == {} and s.tolerations == []
+
+
+def test_bad_settings_are_refused_at_config_time(tmp_path):
+    with pytest.raises(TraitError, match="unknown GPU model 'h300'"):
+        KubeMIGSpawner.class_traits()["mig_product_models"]
+        KubeMIGSpawner(_mock=True, mig_product_models={"X": "h300"})
+    with pytest.raises(TraitError, match="'Equal' or 'Exists'"):
+        KubeMIGSpawner(_mock=True, mig_tolerations=[{"key": "a", "operator": "Is"}])
+
+
+async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_url):
+    """jupyterhub_config.d/examples/kube.py with the shipped group policies."""
+    from traitlets.utils.importstring import import_item
+
+    from mig_spawner.config import load_config_files
+
+    shipped = Path(__file__).resolve().parents[1] / "jupyterhub_config.d"
+    c = load_config_files([shipped / "20-groups.py", shipped / "examples" / "kube.py"])
+    assert import_item(c.JupyterHub.spawner_class) is KubeMIGSpawner
+    c.KubeMIGSpawner.ledger_url = ledger_url
+    c.KubeMIGSpawner.k8s_api_host = standin.url
+    s = KubeMIGSpawner(config=c, user=User("ana", ["analysts"]), hub=Hub(),
+                       orm_spawner=OrmSpawner(""), _mock=True)
+    standin.nodes = [h200_single("gpu-h1", taints=[GPU_TAINT])]
+    form = await s.render_options_form()
+    assert "2 free now" in form  # the example tolerates the usual GPU taint
+
+
+def test_every_setting_is_explained():
+    own = {name: trait for name, trait in KubeMIGSpawner.class_own_traits(config=True).items()}
+    assert {"mig_strategy", "mig_tolerations", "mig_node_selector", "mig_product_models",
+            "mig_availability_ttl", "mig_node_label_selector"} <= set(own)
+    for name, trait in own.items():
+        assert len(trait.help) > 40, name
+
+
+async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_frees_it(
+    standin, ledger_url
+):
+    standin.nodes = [a100_node("gpu-a1")]
+    before = make(standin, ledger_url, name="ana")
+    await before.start()
+    state = before.get_state()
+    (lease,) = held(ledger_url)
+
+    # The hub restarts: a new spawner object gets the saved state and polls.
+    after = make(standin, ledger_url, name="ana")
+    after.load_state(state)
+    assert await after.poll() is None
+    assert [x.id for x in held(ledger_url)] == [lease.id]
+
+    # The pod is deleted behind the hub's back (node drained, kubectl delete ...).
+    standin.delete_pod("jupyterhub", after.pod_name)
+    for _ in range(50):
+        if after.pod_reflector.pods.get(after.pod_ref) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await after.poll() is not None
+    assert held(ledger_url) == []
+    with Ledger.open(ledger_url) as ledger:
+        assert ledger.get(lease.id).release_reason.startswith("server-exited")
