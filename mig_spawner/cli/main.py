@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import doctor, status
+from . import demo, doctor, report, status
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
     p.set_defaults(func=cmd_doctor)
+
+    report.add_parser(sub, _add_gpu_options)
+    demo.add_parser(sub)
     return parser
 
 

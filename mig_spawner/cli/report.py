@@ -1,0 +1,171 @@
+"""``mig-spawner report``: usage per profile and group from the ledger, and layout advice.
+
+Reads the ledger's history (never writes), the host's current MIG layout (for
+``--advise`` and the plots' capacity lines), and prints a table; ``--plots DIR``
+adds PNGs, ``--advise`` replays the history on the layout that would have refused
+fewest and prints it as a NVIDIA mig-parted config (``--write-config FILE`` saves it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.durations import DurationError, parse_duration
+
+if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
+    from ..gpu.errors import GpuError
+    from ..ledger import Ledger
+    from ..report.advise import Advice
+    from ..report.demand import RefusalRecord, UsageRow
+    from ..report.replay import Fleet
+
+# The ledger's default URL, repeated so that building the parser imports no SQLAlchemy
+# (mig_spawner.ledger.DEFAULT_URL; a test checks they agree).
+DEFAULT_LEDGER_URL = "sqlite:///mig_spawner_ledger.sqlite"
+
+DEFAULT_WINDOW = "30d"
+
+
+def parse_when(text: str, now: datetime) -> datetime:
+    """A moment: ISO date/time (UTC when no zone is given) or a duration back from ``now``."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text, unlimited_ok=False)
+        except DurationError as e:
+            raise ValueError(
+                f"{text!r} is neither a date (2026-11-01, 2026-11-01T08:00) nor a duration "
+                f"back from now (30d, 12h): {e}") from None
+        return now - timedelta(seconds=seconds)
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
+    """Register ``report`` on the ``mig-spawner`` parser (``add_gpu_options``: main's
+    ``--simulate``/``--sim-state``, for the current layout)."""
+    p = sub.add_parser(
+        "report",
+        help="usage per MIG profile and group from the ledger; --advise proposes a layout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_gpu_options(p)
+    p.add_argument("--ledger-url", default=DEFAULT_LEDGER_URL, metavar="URL",
+                   help=f"SQLAlchemy URL of the lease ledger (default: {DEFAULT_LEDGER_URL})")
+    p.add_argument("--since", default=DEFAULT_WINDOW, metavar="WHEN",
+                   help="start of the window: a date (2026-11-01) or a duration back from "
+                        f"now (default: {DEFAULT_WINDOW})")
+    p.add_argument("--until", metavar="WHEN", help="end of the window (default: now)")
+    p.add_argument("--no-groups", action="store_true",
+                   help="one line per profile instead of per profile and group")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plots", metavar="DIR", type=Path,
+                   help="also write concurrency.png and demand.png into DIR")
+    p.add_argument("--advise", action="store_true",
+                   help="replay the history on other layouts and propose the best one")
+    p.add_argument("--write-config", metavar="FILE", type=Path,
+                   help="with --advise: write the mig-parted config to FILE")
+    p.set_defaults(func=cmd_report)
+
+
+def _refusals(ledger: Ledger, since: datetime) -> tuple[list[RefusalRecord], bool]:
+    """The ledger's refusal records, and whether it keeps any (a ledger without the
+    refusals table, schema 0001, does not)."""
+    reader = getattr(ledger, "refusals", None)
+    return (list(reader(since)), True) if reader is not None else ([], False)
+
+
+def _fleet(args: argparse.Namespace) -> Fleet:
+    """The MIG layout of this host (or of the ``--simulate`` spec)."""
+    from ..gpu import connect
+    from ..report.replay import fleet_of
+
+    adapter = connect(simulate=args.simulate, state_file=args.sim_state)
+    try:
+        return fleet_of(adapter.inventory())
+    finally:
+        adapter.close()
+
+
+def _gpu_error(e: GpuError, doing: str) -> None:
+    print(f"error: {doing}: {e}", file=sys.stderr)
+    if e.hint:
+        print(f"hint: {e.hint}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
+    """Run ``mig-spawner report``; returns the exit status."""
+    from ..gpu.errors import GpuError
+    from ..ledger import Ledger, LedgerError
+    from ..report.advise import advise, capacity
+    from ..report.demand import requests_of, usage
+
+    now = now or datetime.now(UTC)
+    try:
+        until = parse_when(args.until, now) if args.until else now
+        since = parse_when(args.since, now)
+        if since >= until:
+            raise ValueError(f"--since ({since:%Y-%m-%d %H:%M}) must be before --until "
+                             f"({until:%Y-%m-%d %H:%M})")
+        if args.write_config and not args.advise:
+            raise ValueError("--write-config needs --advise")
+        with Ledger.open(args.ledger_url) as ledger:
+            leases = [x for x in ledger.history(since) if x.claimed_at <= until]
+            refusals, recorded = _refusals(ledger, since)
+        rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
+    except (ValueError, LedgerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    fleet: Fleet = ()
+    if args.advise or args.plots:
+        try:
+            fleet = _fleet(args)
+        except GpuError as e:
+            if args.advise:
+                _gpu_error(e, "reading the current MIG layout to advise on")
+                return 1
+            # The plots only use the layout for capacity lines: draw them without.
+            print(f"note: no capacity lines in the plots ({e})", file=sys.stderr)
+    advice = None
+    if args.advise:
+        if not fleet:
+            print("error: --advise needs a MIG GPU to lay out; this host has none "
+                  "(use --simulate with the fleet to plan for)", file=sys.stderr)
+            return 1
+        advice = advise(fleet, requests_of(leases, refusals, until))
+    _print(args, rows, advice, since, until, recorded)
+    if advice is not None and args.write_config:
+        from ..report.render import mig_parted_yaml
+
+        args.write_config.write_text(mig_parted_yaml(advice), encoding="utf-8")
+        print(f"\nwrote {args.write_config}", file=sys.stderr)
+    if args.plots:
+        try:
+            from ..report.plots import write_plots
+        except ImportError as e:
+            print(f"error: --plots needs matplotlib ({e}); pip install matplotlib",
+                  file=sys.stderr)
+            return 1
+        for path in write_plots(args.plots, leases, rows, since, until, capacity(fleet)):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _print(args: argparse.Namespace, rows: list[UsageRow], advice: Advice | None,
+           since: datetime, until: datetime, recorded: bool) -> None:
+    from ..report import render
+
+    if args.json:
+        print(json.dumps(render.to_json(rows, advice, since, until), indent=2))
+        return
+    print(render.usage_text(rows, since, until, recorded))
+    if advice is not None:
+        print()
+        print(render.advice_text(advice))

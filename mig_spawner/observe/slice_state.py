@@ -1,0 +1,348 @@
+"""One row per MIG slice: what the GPU has, what the ledger says, what the policy allows.
+
+:func:`slice_map` joins three snapshots taken at (almost) the same moment, the host's
+:class:`~mig_spawner.core.inventory.Inventory`, the ledger's held leases and the
+:class:`~mig_spawner.core.policy.PolicySet`, into plain rows that the metrics, the
+admin map and the CLI all read. Pure: no I/O, so the same join is tested once and
+shown three ways.
+
+A slice is in one of four states:
+
+``free``
+    an instance exists, no lease holds it and no process runs on it;
+``leased``
+    a held lease covers it and its server was active within ``idle_after``
+    (a dynamic lease whose instance is not created yet is ``leased`` too);
+``idle``
+    a held lease covers it but its server has shown no activity for ``idle_after``
+    or longer: the slice is a candidate for the culler, or for a talk with its user;
+``orphan``
+    the GPU and the ledger disagree: processes run on an instance no lease holds
+    (someone uses the slice outside mig-spawner), or an active lease names an
+    instance that no longer exists (destroyed out of band). ``note`` says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from mig_spawner.core.catalog import CatalogError, model
+from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
+from mig_spawner.core.policy import PolicySet
+from mig_spawner.ledger import Lease
+
+SliceState = Literal["free", "leased", "idle", "orphan"]
+SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
+
+#: Default for ``idle_after``: a leased slice with no activity for this long shows as idle.
+DEFAULT_IDLE_AFTER = 15 * 60.0
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One slice (GPU instance) of one GPU, or a lease that should have one."""
+
+    gpu_index: int
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int
+    state: SliceState
+    mig_uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    memory_total_mib: int = 0
+    memory_used_mib: int = 0
+    processes: int = 0
+    lease_id: str | None = None
+    user: str | None = None
+    server_name: str | None = None
+    group: str | None = None
+    lease_state: str | None = None
+    #: Seconds since the server started (since the claim while it starts).
+    age_seconds: float | None = None
+    #: Seconds since the last activity the ledger recorded for the server.
+    idle_seconds: float | None = None
+    #: The charged group's ``server_idle_timeout`` (None: no idle limit).
+    idle_limit_seconds: float | None = None
+    #: The charged group's ``max_session_age`` (None: no limit).
+    max_age_seconds: float | None = None
+    note: str = ""
+
+    @property
+    def memory_slices(self) -> range:
+        """The GPU memory slices this slice covers."""
+        return range(self.start, self.start + self.size)
+
+    @property
+    def server(self) -> str | None:
+        """``user/server_name`` of the holder, or None when not leased."""
+        return None if self.user is None else f"{self.user}/{self.server_name or ''}"
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One physical GPU with its slices, in memory-slice order."""
+
+    index: int
+    uuid: str
+    product: str
+    model_key: str | None
+    memory_slices: int
+    mig_enabled: bool
+    slices: tuple[SliceRow, ...]
+
+    @property
+    def free_memory_slices(self) -> tuple[int, ...]:
+        """Memory slices no instance (and no pending dynamic lease) covers."""
+        taken = {s for row in self.slices for s in row.memory_slices}
+        return tuple(s for s in range(self.memory_slices) if s not in taken)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """What one group holds hub-wide, against its quotas (None: no quota)."""
+
+    name: str
+    slices: int
+    compute_slices: int
+    quota_slices: int | None
+    quota_compute_slices: int | None
+    configured: bool
+
+
+@dataclass(frozen=True)
+class SliceMap:
+    """The whole picture at ``taken_at``: GPUs of one host, and every group's usage."""
+
+    host: str
+    taken_at: datetime
+    idle_after: float
+    gpus: tuple[GpuRow, ...]
+    groups: tuple[GroupRow, ...]
+    #: Held leases on a GPU this host no longer shows (fallen off the bus, removed): orphans.
+    lost: tuple[SliceRow, ...] = ()
+
+    @property
+    def slices(self) -> tuple[SliceRow, ...]:
+        """Every slice row of every GPU, then the lost ones."""
+        return (*(row for gpu in self.gpus for row in gpu.slices), *self.lost)
+
+    def count(self, state: SliceState) -> int:
+        """How many slices are in ``state``."""
+        return sum(1 for row in self.slices if row.state == state)
+
+
+def _seconds(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else max(0.0, (now - then).total_seconds())
+
+
+def _memory_slices(gpu: Gpu) -> int:
+    if gpu.model_key is None:
+        return 0
+    try:
+        return model(gpu.model_key).memory_slices
+    except CatalogError:
+        return 0
+
+
+class _LeaseIndex:
+    """Held leases of one host, findable by MIG UUID or by placement."""
+
+    def __init__(self, leases: Iterable[Lease], host: str) -> None:
+        self.unmatched: dict[str, Lease] = {}
+        self._by_uuid: dict[str, Lease] = {}
+        self._by_place: dict[tuple[str, int, int], Lease] = {}
+        for lease in leases:
+            if not lease.held or lease.host != host or lease.gpu_uuid is None:
+                continue  # another host's, or a Kubernetes lease the device plugin placed
+            self.unmatched[lease.id] = lease
+            if lease.mig_uuid:
+                self._by_uuid[lease.mig_uuid] = lease
+            if lease.start is not None and lease.size is not None:
+                self._by_place[(lease.gpu_uuid, lease.start, lease.size)] = lease
+
+    def take(self, device: MigDevice) -> Lease | None:
+        """The lease of ``device`` (by UUID, else by placement), marked as matched."""
+        lease = self._by_uuid.get(device.uuid) or self._by_place.get(
+            (device.gpu_uuid, device.start, device.size)
+        )
+        if lease is not None and lease.mig_uuid not in (None, device.uuid):
+            lease = None  # same place, but the lease's own instance was replaced
+        if lease is not None:
+            self.unmatched.pop(lease.id, None)
+        return lease
+
+
+def _idle_seconds(lease: Lease, now: datetime) -> float:
+    # A server that never reported activity has been idle since it started.
+    since = lease.last_activity_at or lease.started_at or lease.claimed_at
+    return max(0.0, (now - since).total_seconds())
+
+
+def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict[str, Any]:
+    group = policy.group(lease.group) if policy is not None else None
+    return {
+        "lease_id": lease.id,
+        "user": lease.user,
+        "server_name": lease.server_name,
+        "group": lease.group,
+        "lease_state": lease.state,
+        "age_seconds": _seconds(now, lease.started_at or lease.claimed_at),
+        "idle_seconds": _idle_seconds(lease, now),
+        "idle_limit_seconds": group.server_idle_timeout if group else None,
+        "max_age_seconds": group.max_session_age if group else None,
+    }
+
+
+def _device_row(
+    device: MigDevice, lease: Lease | None, policy: PolicySet | None, now: datetime,
+    idle_after: float,
+) -> SliceRow:
+    base: dict[str, Any] = {
+        "gpu_index": device.gpu_index,
+        "gpu_uuid": device.gpu_uuid,
+        "profile": device.profile,
+        "start": device.start,
+        "size": device.size,
+        "mig_uuid": device.uuid,
+        "gi_id": device.gi_id,
+        "ci_id": device.ci_id,
+        "memory_total_mib": device.memory_total_mib,
+        "memory_used_mib": device.memory_used_mib,
+        "processes": len(device.processes),
+    }
+    if lease is None:
+        if device.processes:
+            pids = ", ".join(str(p) for p in device.pids)
+            return SliceRow(
+                **base, state="orphan",
+                note=f"processes {pids} run on it but no lease holds it",
+            )
+        return SliceRow(**base, state="free")
+    state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
+    return SliceRow(**base, **_lease_fields(lease, policy, now), state=state)
+
+
+def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: datetime,
+                 ) -> SliceRow:
+    """A held lease whose instance ``gpu`` does not show (``gpu`` None: nor the GPU)."""
+    if gpu is None:
+        state: SliceState = "orphan"
+        note = (f"the lease's GPU {lease.gpu_index} ({lease.gpu_uuid}) is not on this host "
+                "any more: check nvidia-smi and the kernel log for Xid errors")
+    elif lease.state == "claimed":
+        state = "leased"
+        note = "instance being created for a starting server"
+    elif lease.state == "releasing":
+        state, note = "leased", f"being released ({lease.release_reason})"
+    else:
+        state = "orphan"
+        note = "the lease is active but its instance is gone (destroyed out of band?)"
+    return SliceRow(
+        gpu_index=gpu.index if gpu else (lease.gpu_index if lease.gpu_index is not None else -1),
+        gpu_uuid=lease.gpu_uuid or "",
+        profile=lease.profile,
+        start=lease.start if lease.start is not None else -1,
+        size=lease.size or 0,
+        state=state,
+        mig_uuid=lease.mig_uuid,
+        gi_id=lease.gi_id,
+        ci_id=lease.ci_id,
+        note=note,
+        **_lease_fields(lease, policy, now),
+    )
+
+
+def _groups(leases: Iterable[Lease], policy: PolicySet | None) -> tuple[GroupRow, ...]:
+    held: dict[str, list[int]] = {}
+    for lease in leases:
+        if lease.held:
+            totals = held.setdefault(lease.group, [0, 0])
+            totals[0] += 1
+            totals[1] += lease.compute_slices
+    names: set[str] = set(held)
+    if policy is not None:
+        names.update(policy.groups)
+    rows = []
+    for name in sorted(names):
+        group = policy.group(name) if policy is not None else None
+        slices, compute = held.get(name, (0, 0))
+        rows.append(GroupRow(
+            name=name,
+            slices=slices,
+            compute_slices=compute,
+            quota_slices=group.quota_slices if group else None,
+            quota_compute_slices=group.quota_compute_slices if group else None,
+            configured=policy is not None and name in policy.groups,
+        ))
+    return tuple(rows)
+
+
+def slice_map(
+    inventory: Inventory,
+    leases: Iterable[Lease],
+    now: datetime,
+    policy: PolicySet | None = None,
+    *,
+    idle_after: float = DEFAULT_IDLE_AFTER,
+) -> SliceMap:
+    """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
+
+    ``leases``: the ledger's held leases of the whole hub (``Ledger.active()``); those of
+    other hosts only count towards the group totals. ``now``: an aware datetime (ages
+    and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
+    them out. ``idle_after``: seconds without activity after which a leased slice is
+    shown as idle.
+    """
+    if now.utcoffset() is None:
+        raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
+    if idle_after <= 0:
+        raise ValueError(f"idle_after must be a positive number of seconds, got {idle_after}")
+    all_leases = list(leases)
+    index = _LeaseIndex(all_leases, inventory.host)
+    by_uuid = {
+        gpu.uuid: [_device_row(d, index.take(d), policy, now, idle_after)
+                   for d in gpu.mig_devices]
+        for gpu in inventory.gpus
+    }
+    lost = []
+    for lease in index.unmatched.values():
+        gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
+        row = _missing_row(lease, gpu, policy, now)
+        if gpu is None:
+            lost.append(row)
+        else:
+            by_uuid[gpu.uuid].append(row)
+    gpus = []
+    for gpu in inventory.gpus:
+        rows = sorted(by_uuid[gpu.uuid], key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
+        gpus.append(GpuRow(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            product=gpu.product,
+            model_key=gpu.model_key,
+            memory_slices=_memory_slices(gpu),
+            mig_enabled=gpu.mig_enabled,
+            slices=tuple(rows),
+        ))
+    return SliceMap(
+        host=inventory.host,
+        taken_at=now,
+        idle_after=idle_after,
+        gpus=tuple(gpus),
+        groups=_groups(all_leases, policy),
+        lost=tuple(lost),
+    )
+
+
+def counts_by(rows: Iterable[SliceRow], *keys: str) -> Mapping[tuple[object, ...], int]:
+    """How many rows share each combination of the given attributes (for metrics)."""
+    counts: dict[tuple[object, ...], int] = {}
+    for row in rows:
+        key = tuple(getattr(row, k) for k in keys)
+        counts[key] = counts.get(key, 0) + 1
+    return counts

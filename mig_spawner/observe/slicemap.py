@@ -1,0 +1,176 @@
+"""The admin slice map: every GPU drawn as its memory slices, the instances laid on them.
+
+Three views of one :class:`~mig_spawner.observe.slice_state.SliceMap`, all for hub
+admins only (JupyterHub OAuth, custom scope ``custom:mig-spawner:slicemap``):
+
+``<prefix>slices``
+    the map page: one bar per GPU, instances coloured by state (free, leased, idle,
+    orphan) with user, profile, age and idle time; it refreshes itself from the JSON;
+``<prefix>slices/table``
+    the same as a plain HTML table (no JavaScript; reloads itself);
+``<prefix>slices.json``
+    the data, for scripts and for the map page.
+
+The slice service mounts them with :func:`slicemap_routes`; the hub grants the scope
+to admins (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from tornado import template, web
+
+from mig_spawner.observe.slice_state import SLICE_STATES, SliceMap
+
+#: The custom scope a user's OAuth token must carry to see the slice map.
+SLICEMAP_SCOPE = "custom:mig-spawner:slicemap"
+SLICEMAP_SCOPE_DESCRIPTION = "See every MIG slice, who holds it, its age and idle time."
+TEMPLATES = Path(__file__).with_name("templates")
+_LOADER = template.Loader(str(TEMPLATES))
+
+Snapshot = Callable[[], SliceMap]
+
+
+def slicemap_json(view: SliceMap) -> dict[str, Any]:
+    """The slice map as JSON-ready data (what ``slices.json`` returns)."""
+    return {
+        "host": view.host,
+        "taken_at": view.taken_at.isoformat(),
+        "idle_after": view.idle_after,
+        "states": list(SLICE_STATES),
+        "counts": {state: view.count(state) for state in SLICE_STATES},
+        "gpus": [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "product": gpu.product,
+                "model": gpu.model_key,
+                "memory_slices": gpu.memory_slices,
+                "mig_enabled": gpu.mig_enabled,
+                "free_memory_slices": list(gpu.free_memory_slices),
+                "slices": [
+                    {**asdict(row), "server": row.server} for row in gpu.slices
+                ],
+            }
+            for gpu in view.gpus
+        ],
+        "groups": [asdict(group) for group in view.groups],
+        "lost": [{**asdict(row), "server": row.server} for row in view.lost],
+    }
+
+
+def _script_json(data: Any) -> str:
+    """JSON safe inside a ``<script>`` element (no ``</script>`` break-out)."""
+    return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace(
+        "&", "\\u0026")
+
+
+def human_seconds(seconds: float | None) -> str:
+    """``"3d 4h"``, ``"2h 05m"``, ``"7m"``, ``"40s"``; ``"-"`` for None."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+class SliceMapHandler(HubOAuthenticated, web.RequestHandler):
+    """Base of the three views: admin check through the hub, and the snapshot."""
+
+    def initialize(self, snapshot: Snapshot, refresh_seconds: int = 10) -> None:
+        self._snapshot = snapshot
+        self._refresh = refresh_seconds
+
+    @property
+    def hub_scopes(self) -> set[str]:
+        """Only tokens with the slice map scope pass, whatever the service's defaults."""
+        return {SLICEMAP_SCOPE}
+
+    def set_default_headers(self) -> None:
+        # Who holds which slice is not for caches or other sites' frames.
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Frame-Options", "DENY")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code == 403:
+            self.finish(
+                "403: the MIG slice map is for hub admins. Ask an admin to grant you the "
+                f"'{SLICEMAP_SCOPE}' scope (a role in c.JupyterHub.load_roles), then log in "
+                "again.")
+            return
+        super().write_error(status_code, **kwargs)
+
+    async def snapshot(self) -> SliceMap:
+        """The slice map, read off the event loop (NVML and the ledger block)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._snapshot)
+
+
+class SliceMapPage(SliceMapHandler):
+    """The drawn map; its script redraws from ``slices.json`` every ``refresh_seconds``."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        data = slicemap_json(await self.snapshot())
+        # The page's fetch() is a CORS-mode request: JupyterHub accepts its auth cookie
+        # only with the XSRF token (plain navigations need none).
+        self.finish(_LOADER.load("slicemap.html").generate(
+            data_json=_script_json(data), refresh=self._refresh, user=self.current_user,
+            json_url="slices.json", table_url="slices/table", states=SLICE_STATES,
+            xsrf=self.xsrf_token.decode(),
+        ))
+
+
+class SliceTablePage(SliceMapHandler):
+    """The map as a table, rendered on the server; reloads every ``refresh_seconds``."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.finish(_LOADER.load("slicetable.html").generate(
+            view=await self.snapshot(), refresh=self._refresh, human=human_seconds,
+            user=self.current_user, map_url="../slices",
+        ))
+
+
+class SliceMapJson(SliceMapHandler):
+    """The slice map as JSON."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        view = await self.snapshot()
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(slicemap_json(view)))
+
+
+def slicemap_routes(prefix: str, snapshot: Snapshot, *, refresh_seconds: int = 10,
+                    oauth_callback: bool = True) -> list[Any]:
+    """Tornado routes of the three views under ``prefix`` (the service prefix, e.g.
+    ``/services/mig-slice-service/``), plus the OAuth callback at ``prefix +
+    "oauth_callback"`` unless the application already has one.
+
+    Authentication uses ``HubOAuth.instance()``, configured from the ``JUPYTERHUB_*``
+    environment the hub gives a managed service (client ID, callback URL, API token).
+    """
+    if refresh_seconds < 1:
+        raise ValueError(f"refresh_seconds must be 1 or more, got {refresh_seconds}")
+    root = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
+    args = {"snapshot": snapshot, "refresh_seconds": refresh_seconds}
+    routes: list[Any] = [
+        (root + "slices", SliceMapPage, args),
+        (root + "slices/table", SliceTablePage, args),
+        (root + "slices.json", SliceMapJson, args),
+    ]
+    if oauth_callback:
+        routes.append((root + "oauth_callback", HubOAuthCallbackHandler))
+    return routes

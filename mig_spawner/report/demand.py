@@ -1,0 +1,213 @@
+"""What users asked for and got, per profile and group, from the ledger's history.
+
+Pure: takes :class:`~mig_spawner.ledger.Lease` records (granted requests) and
+:class:`RefusalRecord` values (refused ones) and returns :class:`UsageRow` figures.
+Both also become :class:`Request` values that :mod:`.replay` plays through the
+allocator on other layouts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mig_spawner.ledger import Lease
+
+#: Refusals a different MIG layout could have avoided: no free slice of that profile,
+#: no room to create one, or no GPU offering it at all. The others (group quota, user
+#: limit, profile not allowed, MIG off) are policy or operations matters.
+CAPACITY_REASONS = frozenset({"none_free", "no_capacity", "no_gpu_for_profile"})
+#: Hold time assumed for a refused request when no granted lease of its profile exists.
+DEFAULT_HOLD = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class RefusalRecord:
+    """One spawn that got no slice: when, who, what they asked for, and the refusal code."""
+
+    at: datetime
+    user: str
+    server_name: str
+    offer: str
+    reason: str
+    profile: str | None = None  # the concrete profile, when the offer names one
+    group: str | None = None  # the group it would have been charged to, when known
+
+
+def wanted(refusal: RefusalRecord) -> str:
+    """The profile (or, failing that, the offer key) a refused spawn asked for."""
+    return refusal.profile or refusal.offer
+
+
+def layout_refusal(refusal: RefusalRecord) -> bool:
+    """True when another layout could have served it (see ``CAPACITY_REASONS``)."""
+    return refusal.reason in CAPACITY_REASONS
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request for a slice as the replay sees it: arrive, hold, leave."""
+
+    arrive: datetime
+    leave: datetime
+    profile: str
+    group: str
+    user: str
+    granted: bool  # what happened in reality
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Figures for one (profile, group) pair over the report window; ``group`` "*" = all."""
+
+    profile: str
+    group: str
+    requests: int
+    granted: int
+    refused_capacity: int
+    refused_policy: int
+    hold_hours: float
+    median_hold_minutes: float | None
+    idle_share: float | None
+    peak_concurrent: int
+
+    @property
+    def refused(self) -> int:
+        return self.refused_capacity + self.refused_policy
+
+
+def _clip(start: datetime, end: datetime, since: datetime, until: datetime) -> float:
+    """Seconds of ``[start, end]`` inside ``[since, until]``."""
+    return max(0.0, (min(end, until) - max(start, since)).total_seconds())
+
+
+def lease_end(lease: Lease, until: datetime) -> datetime:
+    """When the lease stopped holding its slice (``until`` if it still holds it)."""
+    return lease.released_at or until
+
+
+def peak_concurrency(intervals: Iterable[tuple[datetime, datetime]]) -> int:
+    """Most intervals overlapping at one moment (an end at t frees before a start at t)."""
+    events = sorted(
+        (moment, step) for start, end in intervals for moment, step in ((start, 1), (end, -1))
+    )
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def median_holds(leases: Iterable[Lease], until: datetime) -> dict[str, timedelta]:
+    """Median hold time per profile of the leases that have ended."""
+    holds: dict[str, list[float]] = {}
+    for lease in leases:
+        if lease.released_at is not None:
+            holds.setdefault(lease.profile, []).append(
+                (lease.released_at - lease.claimed_at).total_seconds())
+    return {p: timedelta(seconds=statistics.median(v)) for p, v in holds.items()}
+
+
+def requests_of(
+    leases: Sequence[Lease], refusals: Iterable[RefusalRecord], until: datetime
+) -> list[Request]:
+    """Granted leases and capacity refusals as requests, in arrival order.
+
+    A refused request never held anything, so it is given the median hold time of
+    granted leases of its profile (of all profiles when it has none; one hour when
+    nothing ended yet): the time it would likely have held a slice.
+    """
+    medians = median_holds(leases, until)
+    overall = (
+        timedelta(seconds=statistics.median(m.total_seconds() for m in medians.values()))
+        if medians else DEFAULT_HOLD
+    )
+    found = [
+        Request(lease.claimed_at, lease_end(lease, until), lease.profile, lease.group,
+                lease.user, True)
+        for lease in leases
+    ]
+    found.extend(
+        Request(r.at, r.at + medians.get(wanted(r), overall), wanted(r), r.group or "", r.user,
+                False)
+        for r in refusals if layout_refusal(r)
+    )
+    return sorted(found, key=lambda q: (q.arrive, q.user))
+
+
+def usage(
+    leases: Sequence[Lease],
+    refusals: Sequence[RefusalRecord],
+    since: datetime,
+    until: datetime,
+    *,
+    by_group: bool = True,
+) -> list[UsageRow]:
+    """Per profile (and group, unless ``by_group`` is False) figures over ``[since, until]``.
+
+    ``idle_share``: of the hold time, the share after the server's last recorded
+    activity (the idle tail before a cull or stop); a lower bound of real idleness,
+    since idle spells between two activities leave no trace in the ledger.
+    """
+    if since >= until:
+        raise ValueError(f"the report window is empty: since {since} is not before {until}")
+    keys: set[tuple[str, str]] = set()
+    mine: dict[tuple[str, str], list[Lease]] = {}
+    refused: dict[tuple[str, str], list[RefusalRecord]] = {}
+    for lease in leases:
+        if lease_end(lease, until) >= since and lease.claimed_at <= until:
+            key = (lease.profile, lease.group if by_group else "*")
+            mine.setdefault(key, []).append(lease)
+            keys.add(key)
+    for r in refusals:
+        if since <= r.at <= until:
+            key = (wanted(r), (r.group or "?") if by_group else "*")
+            refused.setdefault(key, []).append(r)
+            keys.add(key)
+    rows = []
+    for key in sorted(keys):
+        held = mine.get(key, [])
+        nos = refused.get(key, [])
+        hold = [_clip(x.claimed_at, lease_end(x, until), since, until) for x in held]
+        idle = [
+            _clip(x.last_activity_at, lease_end(x, until), since, until)
+            for x in held if x.last_activity_at is not None
+        ]
+        ended = [(x.released_at - x.claimed_at).total_seconds() / 60
+                 for x in held if x.released_at is not None]
+        total = sum(hold)
+        rows.append(UsageRow(
+            profile=key[0],
+            group=key[1],
+            requests=len(held) + len(nos),
+            granted=len(held),
+            refused_capacity=sum(1 for r in nos if layout_refusal(r)),
+            refused_policy=sum(1 for r in nos if not layout_refusal(r)),
+            hold_hours=total / 3600,
+            median_hold_minutes=statistics.median(ended) if ended else None,
+            idle_share=sum(idle) / total if total else None,
+            peak_concurrent=peak_concurrency(
+                (max(x.claimed_at, since), min(lease_end(x, until), until)) for x in held),
+        ))
+    return rows
+
+
+def concurrency_series(
+    leases: Sequence[Lease], since: datetime, until: datetime, step: timedelta
+) -> tuple[list[datetime], dict[str, list[int]]]:
+    """Leases held at each ``step`` from ``since``, per profile (for the plots)."""
+    times = []
+    t = since
+    while t <= until:
+        times.append(t)
+        t += step
+    series: dict[str, list[int]] = {}
+    for lease in leases:
+        counts = series.setdefault(lease.profile, [0] * len(times))
+        end = lease_end(lease, until)
+        for i, moment in enumerate(times):
+            if lease.claimed_at <= moment < end:
+                counts[i] += 1
+    return times, series

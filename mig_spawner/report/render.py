@@ -1,0 +1,106 @@
+"""The report as people read it: a text table, JSON, the advice with its mig-parted YAML."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from mig_spawner.report.advise import Advice, mig_parted_config
+from mig_spawner.report.demand import UsageRow
+
+HEADER = ("PROFILE", "GROUP", "REQUESTS", "GRANTED", "REFUSED:LAYOUT", "REFUSED:POLICY",
+          "HOLD H", "MEDIAN MIN", "IDLE", "PEAK")
+
+
+def _cells(row: UsageRow) -> tuple[str, ...]:
+    return (
+        row.profile,
+        row.group,
+        str(row.requests),
+        str(row.granted),
+        str(row.refused_capacity),
+        str(row.refused_policy),
+        f"{row.hold_hours:.1f}",
+        "-" if row.median_hold_minutes is None else f"{row.median_hold_minutes:.0f}",
+        "-" if row.idle_share is None else f"{row.idle_share:.0%}",
+        str(row.peak_concurrent),
+    )
+
+
+def table(rows: Sequence[UsageRow]) -> str:
+    """Aligned columns, one line per (profile, group)."""
+    lines = [HEADER, *(_cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                  for i, (c, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+        for line in lines
+    )
+
+
+def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime,
+               refusals_recorded: bool) -> str:
+    """The usage section: window, table, and how to read it."""
+    head = f"MIG slice usage {since:%Y-%m-%d %H:%M} .. {until:%Y-%m-%d %H:%M} UTC"
+    if not rows:
+        return f"{head}\n\nno leases or refusals in this window"
+    notes = [
+        "REFUSED:LAYOUT = no free slice of that profile (another layout could help);",
+        "REFUSED:POLICY = quota, user limit or profile not allowed (a policy matter).",
+        "IDLE = share of hold time after the server's last recorded activity.",
+        "PEAK = most slices of that profile the group held at once.",
+    ]
+    if not refusals_recorded:
+        notes.append("This ledger records no refusals, so only granted requests count.")
+    return "\n".join([head, "", table(rows), "", *notes])
+
+
+def advice_text(advice: Advice) -> str:
+    """Current vs proposed layout per GPU, the replayed refusals, and the YAML to apply."""
+    lines = ["Layout advice (replay of the history through the allocator, pool mode)", ""]
+    for now, then in zip(advice.current, advice.proposed, strict=True):
+        mark = "  (changes)" if now.key() != then.key() else ""
+        lines.append(f"  GPU {now.gpu_index} {now.model_key}: {now.describe()}")
+        lines.append(f"  {'':>{len(str(now.gpu_index)) + 4}} -> {then.describe()}{mark}")
+    lines += ["", f"  refused now:      {advice.before.refused} of {advice.before.requests}",
+              f"  refused proposed: {advice.after.refused} of {advice.after.requests}",
+              f"  refused dynamic:  {advice.dynamic.refused} of {advice.dynamic.requests}",
+              "", advice.summary()]
+    if advice.changed:
+        lines += ["", "mig-parted config (apply with nvidia-mig-parted, or label the node "
+                  "nvidia.com/mig.config=mig-spawner-advised for the GPU Operator):", "",
+                  mig_parted_yaml(advice)]
+    return "\n".join(lines)
+
+
+def mig_parted_yaml(advice: Advice) -> str:
+    """The proposed layout, and the current one to roll back to, as mig-parted YAML."""
+    config = mig_parted_config(advice.proposed)
+    config["mig-configs"].update(
+        mig_parted_config(advice.current, "mig-spawner-current")["mig-configs"])
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def to_json(rows: Sequence[UsageRow], advice: Advice | None, since: datetime,
+            until: datetime) -> dict[str, Any]:
+    """Everything in the report as JSON-ready data."""
+    data: dict[str, Any] = {
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "usage": [asdict(r) for r in rows],
+    }
+    if advice is not None:
+        data["advice"] = {
+            "refused_before": advice.before.refused,
+            "refused_after": advice.after.refused,
+            "refused_dynamic": advice.dynamic.refused,
+            "requests": advice.before.requests,
+            "changed_gpus": list(advice.changed),
+            "summary": advice.summary(),
+            "mig_parted": mig_parted_config(advice.proposed),
+        }
+    return data

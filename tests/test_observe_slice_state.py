@@ -1,0 +1,149 @@
+"""The slice map join: inventory (simulated GPU) + ledger leases + policy -> one row per slice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from observe_world import T0, World, make_world
+
+from mig_spawner.ledger import Decision, LeaseRequest
+from mig_spawner.observe.slice_state import slice_map
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = make_world(tmp_path)
+    yield w
+    w.close()
+
+
+def snapshot(world: World, **kwargs):
+    return slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy,
+                     **kwargs)
+
+
+def test_nothing_leased_every_slice_is_free(world):
+    view = snapshot(world)
+    assert [g.index for g in view.gpus] == [0, 1]
+    assert view.count("free") == 8
+    first = view.gpus[0]
+    assert first.memory_slices == 8
+    # 1g at 0 and 1, 2g at 2-3, 3g at 4-7: every memory slice is in an instance.
+    assert first.free_memory_slices == ()
+    assert [(r.profile, r.start) for r in first.slices] == [
+        ("1g.18gb", 0), ("1g.18gb", 1), ("2g.35gb", 2), ("3g.71gb", 4)]
+
+
+def test_leased_slice_names_holder_group_age_and_idle_time(world):
+    device = world.device(0, "3g.71gb")
+    world.lease("ada", "research", device, server="big")
+    world.clock.advance(minutes=5)
+    world.ledger.touch(world.leases["ada"].id, world.clock.now)
+    world.clock.advance(minutes=3)
+    row = next(r for r in snapshot(world).slices if r.mig_uuid == device.uuid)
+    assert row.state == "leased"
+    assert (row.user, row.server_name, row.group, row.server) == (
+        "ada", "big", "research", "ada/big")
+    assert row.age_seconds == pytest.approx(8 * 60)
+    assert row.idle_seconds == pytest.approx(3 * 60)
+    assert row.max_age_seconds == pytest.approx(8 * 3600)  # from the research policy
+    assert row.idle_limit_seconds is None
+
+
+def test_slice_without_activity_for_idle_after_is_idle(world):
+    world.lease("bob", "analysts", world.device(1, "1g.18gb"))
+    world.clock.advance(minutes=20)
+    rows = [r for r in snapshot(world, idle_after=600).slices if r.user == "bob"]
+    assert [r.state for r in rows] == ["idle"]
+    assert rows[0].idle_limit_seconds == pytest.approx(1800)
+    # Activity makes it leased again.
+    world.ledger.touch(world.leases["bob"].id, world.clock.now)
+    assert [r.state for r in snapshot(world, idle_after=600).slices if r.user == "bob"] == [
+        "leased"]
+
+
+def test_processes_without_a_lease_make_an_orphan_and_memory_is_reported(world):
+    device = world.device(0, "2g.35gb")
+    world.sim.set_processes(device.uuid, [(4242, 2048), (4343, 1024)])
+    row = next(r for r in snapshot(world).slices if r.mig_uuid == device.uuid)
+    assert row.state == "orphan"
+    assert "4242" in row.note and "no lease" in row.note
+    assert row.processes == 2
+    assert row.memory_used_mib == 3072
+
+
+def test_active_lease_whose_instance_is_gone_is_an_orphan(world):
+    device = world.device(1, "2g.35gb")
+    world.lease("cy", "analysts", device)
+    world.adapter.destroy_instance(1, device.gi_id)
+    view = snapshot(world)
+    row = next(r for r in view.slices if r.user == "cy")
+    assert row.state == "orphan"
+    assert "gone" in row.note
+    assert (row.gpu_index, row.start, row.size) == (1, 2, 2)
+
+
+def test_dynamic_claim_before_its_instance_exists_is_leased(tmp_path):
+    world = make_world(tmp_path, "h200x1")  # MIG on, no instances
+    try:
+        gpu0 = world.inventory().gpus[0]
+        decision = Decision(group="research", profile="3g.71gb", compute_slices=3,
+                            mode="dynamic", host=world.inventory().host, gpu_uuid=gpu0.uuid,
+                            gpu_index=0, start=4, size=4)
+        world.ledger.claim(LeaseRequest("dee"), lambda view: decision)
+        view = snapshot(world)
+        (row,) = view.slices
+        assert (row.state, row.user, row.mig_uuid) == ("leased", "dee", None)
+        assert "being created" in row.note
+        assert view.gpus[0].free_memory_slices == (0, 1, 2, 3)
+    finally:
+        world.close()
+
+
+def test_group_rows_count_hub_wide_leases_against_quotas(world):
+    world.lease("ada", "research", world.device(0, "3g.71gb"))
+    world.lease("eve", "research", world.device(1, "1g.18gb"))
+    world.lease("bob", "analysts", world.device(0, "1g.18gb"))
+    groups = {g.name: g for g in snapshot(world).groups}
+    assert (groups["research"].slices, groups["research"].quota_slices) == (2, 2)
+    assert groups["research"].compute_slices == 4
+    assert (groups["analysts"].slices, groups["analysts"].quota_slices) == (1, 4)
+    assert groups["analysts"].configured
+
+
+def test_leases_of_other_hosts_count_for_groups_but_not_as_slices(world):
+    decision = Decision(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+                        host="other-host", gpu_uuid="GPU-elsewhere", gpu_index=0, start=0,
+                        size=1, mig_uuid="MIG-elsewhere")
+    world.ledger.claim(LeaseRequest("far"), lambda view: decision)
+    view = snapshot(world)
+    assert all(r.user != "far" for r in view.slices)
+    assert next(g for g in view.groups if g.name == "analysts").slices == 1
+
+
+def test_naive_time_and_bad_idle_after_are_refused(world):
+    with pytest.raises(ValueError, match="timezone-aware"):
+        slice_map(world.inventory(), [], T0.replace(tzinfo=None))
+    with pytest.raises(ValueError, match="idle_after"):
+        slice_map(world.inventory(), [], T0, idle_after=0)
+
+
+def test_released_leases_free_their_slice(world):
+    lease = world.lease("ada", "research", world.device(0, "3g.71gb"))
+    world.clock.advance(hours=1)
+    world.ledger.release(lease.id, "stopped")
+    view = slice_map(world.inventory(), world.ledger.history(), world.clock.now + timedelta(1))
+    assert view.count("free") == 8
+
+
+def test_lease_on_a_gpu_the_host_no_longer_shows_is_a_lost_orphan(world):
+    decision = Decision(group="research", profile="3g.71gb", compute_slices=3, mode="pool",
+                        host=world.inventory().host, gpu_uuid="GPU-fell-off-the-bus",
+                        gpu_index=5, start=0, size=4, mig_uuid="MIG-gone")
+    world.ledger.claim(LeaseRequest("fay"), lambda view: decision)
+    view = snapshot(world)
+    (row,) = view.lost
+    assert (row.state, row.user, row.gpu_index) == ("orphan", "fay", 5)
+    assert "not on this host" in row.note and "Xid" in row.note
+    assert row in view.slices and view.count("orphan") == 1

@@ -1,0 +1,79 @@
+"""The slice map's data, templates and routes, without a hub (the OAuth path runs against a
+real hub in test_slicemap_browser.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from observe_world import make_world
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+from tornado.web import Application
+
+from mig_spawner.observe import slicemap
+from mig_spawner.observe.slice_state import slice_map
+
+HOSTILE = "</script><script>alert(1)</script>"
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = make_world(tmp_path)
+    yield w
+    w.close()
+
+
+def test_json_has_every_gpu_slice_and_group(world):
+    world.lease("ada", "research", world.device(0, "3g.71gb"), server="llm")
+    world.clock.advance(minutes=90)
+    data = slicemap.slicemap_json(
+        slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy))
+    json.dumps(data)  # all of it serialisable
+    assert data["counts"] == {"free": 7, "leased": 0, "idle": 1, "orphan": 0}
+    gpu0 = data["gpus"][0]
+    assert gpu0["memory_slices"] == 8 and gpu0["free_memory_slices"] == []
+    ada = next(s for s in gpu0["slices"] if s["user"] == "ada")
+    assert (ada["server"], ada["state"], ada["start"], ada["size"]) == ("ada/llm", "idle", 4, 4)
+    assert {g["name"] for g in data["groups"]} == {"analysts", "research"}
+
+
+def test_hostile_names_cannot_break_out_of_the_page(world):
+    world.lease(HOSTILE, "research", world.device(1, "1g.18gb"))
+    view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+    page = slicemap._LOADER.load("slicemap.html").generate(
+        data_json=slicemap._script_json(slicemap.slicemap_json(view)), refresh=5,
+        user=None, json_url="slices.json", table_url="slices/table",
+        states=("free", "leased", "idle", "orphan"), xsrf="x").decode()
+    assert HOSTILE not in page
+    assert json.loads(page.split('type="application/json">')[1].split("</script>")[0])[
+        "gpus"][1]["slices"][0]["user"] == HOSTILE
+    table = slicemap._LOADER.load("slicetable.html").generate(
+        view=view, refresh=5, human=slicemap.human_seconds, user=None,
+        map_url="../slices").decode()
+    assert HOSTILE not in table and "&lt;/script&gt;" in table
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "-"), (42, "42s"), (7 * 60 + 5, "7m"), (2 * 3600 + 5 * 60, "2h 05m"),
+    (3 * 86400 + 4 * 3600, "3d 4h"),
+])
+def test_human_seconds(seconds, text):
+    assert slicemap.human_seconds(seconds) == text
+
+
+def test_routes_live_under_the_service_prefix():
+    app = Application(slicemap.slicemap_routes("/services/mig-slice-service", lambda: None))
+
+    def handler(path: str) -> type:
+        request = HTTPServerRequest(start_line=RequestStartLine("GET", path, "HTTP/1.0"),
+                                    headers=HTTPHeaders())
+        return app.find_handler(request).handler_class
+
+    root = "/services/mig-slice-service/"
+    assert handler(root + "slices") is slicemap.SliceMapPage
+    assert handler(root + "slices/table") is slicemap.SliceTablePage
+    assert handler(root + "slices.json") is slicemap.SliceMapJson
+    assert handler(root + "oauth_callback").__name__ == "HubOAuthCallbackHandler"
+    with pytest.raises(ValueError, match="refresh_seconds"):
+        slicemap.slicemap_routes("/", lambda: None, refresh_seconds=0)
+

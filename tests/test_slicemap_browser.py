@@ -1,0 +1,192 @@
+"""The admin slice map in a real browser, behind a real hub's OAuth and a custom scope.
+
+A real JupyterHub runs the slice map as a managed service (tests/slicemap_service.py)
+over a simulated 2x H200 and a SQLite ledger with leases in every state. An admin logs
+in and sees each GPU as its memory slices with the instances laid on them; the page
+redraws itself when a slice changes; a user without the scope gets 403. Saves the map's
+screenshot to docs/img/slice-map.png for the docs.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import requests
+from hub_harness import REPO, HubProcess, free_port
+from observe_world import make_world
+
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser]
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SERVICE = "mig-slicemap"
+SERVICE_SCRIPT = Path(__file__).with_name("slicemap_service.py")
+SCREENSHOT = REPO / "docs" / "img" / "slice-map.png"
+# As the page's own refresh does it: a script fetch needs the XSRF token the page carries.
+FETCH_JSON = "fetch('slices.json', {headers: {'X-XSRFToken': XSRF}}).then(r => r.json())"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    workdir = tmp_path_factory.mktemp("slicemap")
+    world = make_world(workdir)
+    # Leases with real times, since the service measures ages against its own clock.
+    world.clock.now = datetime.now(UTC) - timedelta(hours=2, minutes=5)
+    big = world.device(0, "3g.71gb")
+    world.lease("ada", "research", big, server="llm")
+    world.sim.set_processes(big.uuid, [(4242, 52_000)])
+    world.lease("bob", "analysts", world.device(1, "1g.18gb"))
+    world.clock.now = datetime.now(UTC) - timedelta(minutes=50)
+    world.lease("cy", "analysts", world.device(0, "2g.35gb"))
+    world.ledger.touch(world.leases["ada"].id, datetime.now(UTC) - timedelta(minutes=1))
+    world.ledger.touch(world.leases["cy"].id, datetime.now(UTC) - timedelta(minutes=3))
+    world.sim.set_processes(world.device(1, "2g.35gb").uuid, [(9999, 1024)])  # no lease
+    ledger_url = world.ledger.url
+    state_file = world.state_file
+    world.close()
+
+    port = free_port()
+    extra = textwrap.dedent(f"""
+        c.JupyterHub.custom_scopes = {{
+            "{SLICEMAP_SCOPE}": {{"description": "See every MIG slice and who holds it."}},
+        }}
+        c.JupyterHub.services.append({{
+            "name": "{SERVICE}",
+            "url": "http://127.0.0.1:{port}",
+            "command": [{sys.executable!r}, {str(SERVICE_SCRIPT)!r}],
+            "environment": {{
+                "MIG_SPAWNER_SIM_STATE": {state_file!r},
+                "MIG_SLICEMAP_LEDGER_URL": {ledger_url!r},
+                "MIG_SLICEMAP_IDLE_AFTER": "1200",
+            }},
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": ["{SLICEMAP_SCOPE}"],
+        }})
+        c.JupyterHub.load_groups = {{"hub-admins": {{"users": ["boss"]}}}}
+        c.JupyterHub.load_roles.append({{
+            "name": "mig-slicemap-viewers",
+            "scopes": ["{SLICEMAP_SCOPE}", "access:services!service={SERVICE}"],
+            "groups": ["hub-admins"],
+        }})
+        # ann may reach the service, but lacks the slice map scope.
+        c.JupyterHub.load_roles.append({{
+            "name": "mig-slicemap-visitors",
+            "scopes": ["access:services!service={SERVICE}"],
+            "users": ["ann"],
+        }})
+    """)
+    hub = HubProcess.start(workdir, [], extra, timeout=120)
+    url = f"{hub.url}/services/{SERVICE}/slices"
+    HubProcess.wait_until(lambda: _reachable(url), 30)
+    yield hub, url, state_file
+    hub.close()
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2, allow_redirects=False).status_code in (302, 403)
+    except requests.ConnectionError:
+        return False
+
+
+def open_as(browser, hub_url: str, url: str, name: str):
+    """Log in to the hub as ``name`` (any password: dummy authenticator) on the way to
+    ``url``; returns the page and the response of the final navigation."""
+    page = browser.new_context(viewport={"width": 1500, "height": 900}).new_page()
+    page.goto(f"{hub_url}/hub/login?next={quote(url)}")
+    page.get_by_label("Username").fill(name)
+    page.get_by_label("Password").fill("any password")
+    with page.expect_navigation(url=lambda u: u.startswith(url)) as navigation:
+        page.get_by_role("button", name="Sign in").click()
+    return page, navigation.value
+
+
+def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
+    hub, url, state_file = setup
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page, _ = open_as(browser, hub.url, url, "boss")  # login, OAuth, then the map
+            page.locator("section.gpu").first.wait_for(timeout=30_000)
+            assert page.locator("section.gpu").count() == 2
+            states = {
+                (b.get_attribute("data-state"), b.get_attribute("data-user"))
+                for b in page.locator(".slice").all()
+            }
+            assert ("leased", "ada") in states and ("leased", "cy") in states
+            assert ("idle", "bob") in states  # 2 h without activity, idle after 20 min
+            assert ("orphan", "") in states  # processes but no lease
+            ada = page.locator('.slice[data-user="ada"]')
+            text = ada.inner_text()
+            assert "3g.71gb" in text and "ada/llm" in text and "group research" in text
+            assert "age 2h 0" in text and "idle 1m" in text and "1 proc" in text
+            assert "research" in page.locator("#groups").inner_text()
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+            # A stray process appears on a free slice: the page redraws it as an orphan.
+            free = page.locator('section.gpu[data-gpu="0"] .slice[data-state="free"]')
+            assert free.count() == 2
+            data = page.evaluate(FETCH_JSON)
+            stray = next(s["mig_uuid"] for s in data["gpus"][0]["slices"] if s["state"] == "free")
+            SimulatedHost.open(state_file).set_processes(stray, [(31337, 2048)])
+            page.wait_for_function(
+                "n => document.querySelectorAll("
+                "'section.gpu .slice[data-state=\"orphan\"]').length === n", arg=2,
+                timeout=15_000)
+            assert free.count() == 1
+
+            table = page.context.new_page()  # same cookies: no second OAuth round trip
+            table.goto(url + "/table")
+            rows = table.locator("#slices tbody tr")
+            assert rows.count() == 8
+            assert "ada/llm" in table.locator("#slices").inner_text()
+            data = page.evaluate(FETCH_JSON)
+            assert data["counts"]["orphan"] == 2 and len(data["gpus"]) == 2
+        finally:
+            browser.close()
+
+
+def test_user_without_the_scope_is_refused(setup):
+    hub, url, _ = setup
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page, response = open_as(browser, hub.url, url, "ann")
+            assert response.status == 403
+            assert SLICEMAP_SCOPE in page.inner_text("body")
+            assert page.locator("section.gpu").count() == 0
+            json_response = page.goto(url + ".json")
+            assert json_response is not None and json_response.status == 403
+        finally:
+            browser.close()
+
+
+def test_no_token_no_map(setup):
+    _, url, _ = setup
+    r = requests.get(url + ".json", timeout=10, allow_redirects=False)
+    assert r.status_code == 302 and "oauth2/authorize" in r.headers["Location"]
+
+
+def test_the_live_service_exports_the_slice_metrics(setup):
+    _, url, _ = setup
+    text = requests.get(url.replace("/slices", "/metrics"), timeout=10).text
+    host = socket.gethostname()  # the adapter names the host as the machine does
+    assert (f'mig_spawner_slices{{gpu="1",host="{host}",profile="1g.18gb",state="idle"}} 1.0'
+            in text)
+    assert 'mig_spawner_lease_age_seconds{' in text and 'user="ada"' in text
+    assert "mig_spawner_slice_collector_up 1.0" in text
