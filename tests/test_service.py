@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hub_standin import StandinState, listen
@@ -215,15 +216,16 @@ def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
         ('c.JupyterHub.db_url = "sqlite:////srv/hub/jupyterhub.sqlite"\n'
          'c.LocalMIGSpawner.ledger_url = "postgresql://mig@db/leases"\n',
          "postgresql://mig@db/leases"),
+        # Not a SQLite hub database: the ledger file goes in the working directory.
         ('c.JupyterHub.db_url = "postgresql://hub@db/hub"\n',
-         "sqlite:///mig_spawner_ledger.sqlite"),
+         "sqlite:///{cwd}/mig_spawner_ledger.sqlite"),
     ],
 )
 def test_the_service_finds_the_spawners_ledger_in_the_hub_config(tmp_path, config, expected):
     (tmp_path / "00-hub.py").write_text(config)
     app = SliceServiceApp()
     app.initialize([f"--config-dir={tmp_path}"])
-    assert app.ledger_url == expected
+    assert app.ledger_url == expected.format(cwd=Path.cwd())
 
 
 def test_missing_scopes_are_named_and_a_filtered_grant_counts():

@@ -87,7 +87,7 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     assert [d.uuid for d in _devices(hub)] == [device.uuid]
     lease = ledger.history(user="ana")[-1]
     assert lease.state == "releasing"  # still holds the slice: nobody else gets it
-    assert "in use by (4242,)" in lease.release_reason
+    assert "in use by PIDs [4242]" in lease.release_reason
     # The same server cannot start again on top of it, and hears why.
     again = hub.spawn("ana", {"profile": "small"})
     assert again.status_code == 409, again.text

@@ -3,7 +3,7 @@
 See ``docs/ledger.md`` for what is stored and how double grants are made impossible.
 """
 
-from .engine import DEFAULT_URL
+from .engine import DEFAULT_URL, LEDGER_FILE, url_beside_hub_db
 from .errors import (
     Conflict,
     DoubleGrant,
@@ -31,6 +31,7 @@ from .store import Decide, Ledger
 __all__ = [
     "DEFAULT_URL",
     "HELD_STATES",
+    "LEDGER_FILE",
     "MODES",
     "STATES",
     "Conflict",
@@ -50,4 +51,5 @@ __all__ = [
     "SchemaError",
     "ServerHasLease",
     "Usage",
+    "url_beside_hub_db",
 ]

@@ -24,10 +24,24 @@ from .errors import LedgerConfigError
 from .models import ledger_lock
 
 #: JupyterHub keeps ``jupyterhub.sqlite`` in its working directory; the ledger sits beside it.
-DEFAULT_URL = "sqlite:///mig_spawner_ledger.sqlite"
+LEDGER_FILE = "mig_spawner_ledger.sqlite"
+DEFAULT_URL = f"sqlite:///{LEDGER_FILE}"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 #: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``.
 _BEGIN_OPTION = "mig_spawner_sqlite_begin"
+
+
+def url_beside_hub_db(hub_db_url: str | None) -> str:
+    """The default ledger: a SQLite file beside the hub's own SQLite database.
+
+    The spawner and the slice service both derive it from ``JupyterHub.db_url``, so they
+    find the same file; with a non-SQLite hub database (or none), the working directory.
+    """
+    if hub_db_url:
+        url = make_url(hub_db_url)
+        if url.drivername.startswith("sqlite") and url.database:
+            return f"sqlite:///{Path(url.database).resolve().parent / LEDGER_FILE}"
+    return f"sqlite:///{Path.cwd() / LEDGER_FILE}"
 
 
 def parse_url(url: str) -> URL:

@@ -26,11 +26,9 @@ import contextlib
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy.engine import make_url
 from tornado.httpserver import HTTPServer
 from tornado.log import LogFormatter
 from traitlets import Bool, Float, Int, Unicode, Union, default, validate
@@ -41,7 +39,7 @@ from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.hub.client import HubClient, HubError
-from mig_spawner.ledger import DEFAULT_URL, Ledger
+from mig_spawner.ledger import Ledger, url_beside_hub_db
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.runner import Sweeper, SweepReport
@@ -61,10 +59,6 @@ def missing_scopes(granted: set[str]) -> list[str]:
         scope for scope in REQUIRED_SCOPES
         if scope not in granted and not any(g.startswith(scope + "!") for g in granted)
     ]
-
-
-# The spawner's default ledger file name (mig_spawner.spawner.mixin.LEDGER_FILE).
-LEDGER_FILE = "mig_spawner_ledger.sqlite"
 
 
 def _duration_trait(default_value: float, help: str) -> Union:
@@ -244,12 +238,7 @@ class SliceServiceApp(Application):
             spawner_url = section.get("ledger_url") if isinstance(section, Config) else None
             if section_name != type(self).__name__ and spawner_url:
                 return str(spawner_url)
-        hub_db = self.config.JupyterHub.get("db_url")
-        if hub_db:
-            url = make_url(hub_db)
-            if url.drivername.startswith("sqlite") and url.database:
-                return f"sqlite:///{Path(url.database).resolve().parent / LEDGER_FILE}"
-        return DEFAULT_URL
+        return url_beside_hub_db(self.config.JupyterHub.get("db_url"))
 
     @default("service_url")
     def _default_service_url(self) -> str:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
-from mig_spawner.gpu.errors import InstanceInUse, InstanceNotFound
+from mig_spawner.giveback import RELEASED, give_back
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.ledger import Lease, Ledger
@@ -280,8 +280,8 @@ class Sweeper:
             if self.dry_run:
                 self.log.warning("would release lease %s (%s, dry run)", lease.id, reason)
                 continue
-            outcome = await asyncio.to_thread(self._give_back, self.ledger, lease, reason)
-            if outcome != "released":
+            outcome = await asyncio.to_thread(give_back, self.ledger, self.gpus, lease, reason)
+            if outcome != RELEASED:
                 self.log.warning("orphan lease %s of %s: %s", lease.id, lease.server, outcome)
                 continue
             self.missing_since.pop(lease.id, None)
@@ -292,27 +292,6 @@ class Sweeper:
             report.orphans_released.append(lease)
             self.metrics.orphans_repaired.labels(lease.group).inc()
             self.metrics.slices_reclaimed.labels("orphan", lease.group).inc()
-
-    def _give_back(self, ledger: Ledger, lease: Lease, reason: str) -> str:
-        """Destroy a dynamic lease's instance, then release the lease (in a thread).
-
-        The same order as the spawner's own release: an instance that still runs
-        processes is not destroyed and its lease stays ``releasing``, holding the
-        slice, to be tried again next sweep. An instance already gone is fine.
-        """
-        if lease.mode == "dynamic" and lease.gi_id is not None and lease.gpu_index is not None:
-            if self.gpus is None:
-                ledger.begin_release(lease.id, reason)
-                return "dynamic instance to destroy, but this service has no GPU access"
-            try:
-                self.gpus.destroy_instance(lease.gpu_index, lease.gi_id)
-            except InstanceNotFound:
-                pass  # destroyed already (by the spawner, or out of band)
-            except InstanceInUse as e:
-                ledger.begin_release(lease.id, f"{reason}; instance in use by {e.pids}")
-                return f"instance still runs PIDs {list(e.pids)}; left releasing, not killed"
-        released = ledger.release(lease.id, reason)
-        return "released" if released is not None else "already released by the spawner"
 
     async def _report_unleased(self, leases: list[Lease], report: SweepReport) -> None:
         if self.gpus is None:

@@ -30,8 +30,15 @@ from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.core.catalog import GpuModel, find_model_for_product, model
 from mig_spawner.core.inventory import Gpu, Inventory
 from mig_spawner.core.policy import Offer, PolicyError, PolicySet, UserPolicy
-from mig_spawner.gpu.errors import GpuError, InstanceInUse
-from mig_spawner.ledger import Lease, LeaseRequest, LedgerError, ServerHasLease
+from mig_spawner.giveback import give_back
+from mig_spawner.gpu.errors import GpuError
+from mig_spawner.ledger import (
+    Lease,
+    LeaseRequest,
+    LedgerError,
+    ServerHasLease,
+    url_beside_hub_db,
+)
 
 from . import form, options
 from .decide import ClaimRefused, free_now, make_decide, quota_problem
@@ -40,7 +47,6 @@ from .errors import refusal, spawn_error
 from .progress import ProgressLog
 from .runtime import RuntimeKey, SpawnerRuntime, runtime_for
 
-LEDGER_FILE = "mig_spawner_ledger.sqlite"
 STATE_KEY = "mig_lease_id"
 
 
@@ -163,13 +169,8 @@ class MIGSpawnerMixin(Spawner):
     # --- shared runtime, policy -----------------------------------------------------
 
     def _default_ledger_location(self) -> str:
-        hub_db = getattr(self.user, "settings", {}).get("app")
-        hub_url = make_url(hub_db.db_url) if hub_db is not None else None
-        if hub_url is not None and hub_url.drivername.startswith("sqlite") and hub_url.database:
-            folder = Path(hub_url.database).resolve().parent
-        else:
-            folder = Path.cwd()
-        return f"sqlite:///{folder / LEDGER_FILE}"
+        hub = getattr(self.user, "settings", {}).get("app")
+        return url_beside_hub_db(hub.db_url if hub is not None else None)
 
     @property
     def runtime(self) -> SpawnerRuntime:
@@ -435,22 +436,16 @@ class MIGSpawnerMixin(Spawner):
         if not lease_id:
             return
 
-        def give_back() -> str:
+        def release() -> str:
             ledger = self.runtime.ledger()
             lease = ledger.get(lease_id)
             if lease is None or not lease.held:
                 return "already released"
-            if lease.mode == "dynamic" and lease.gi_id is not None:
-                try:
-                    self.runtime.gpu().destroy_instance(lease.gpu_index, lease.gi_id)
-                except InstanceInUse as e:
-                    ledger.begin_release(lease_id, f"{reason}; instance in use by {e.pids}")
-                    return f"instance still in use by PIDs {list(e.pids)}; left releasing"
-            ledger.release(lease_id, reason)
-            return "released"
+            gpus = self.runtime.gpu() if lease.mode == "dynamic" else None
+            return give_back(ledger, gpus, lease, reason)
 
         try:
-            outcome = await self.runtime.run(give_back)
+            outcome = await self.runtime.run(release)
         except (GpuError, LedgerError) as e:
             # Keep the id so that the next poll or stop tries again.
             self.lease_id = lease_id
