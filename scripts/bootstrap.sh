@@ -24,9 +24,10 @@ if [ "$want_system" = 1 ]; then
     fi
 fi
 
-if [ ! -x node_modules/.bin/configurable-http-proxy ]; then
-    step "installing configurable-http-proxy (npm)"
-    npm install --no-audit --no-fund --silent configurable-http-proxy@^5 >/dev/null
+if [ ! -x node_modules/.bin/configurable-http-proxy ] || [ package.json -nt node_modules ]; then
+    step "installing configurable-http-proxy (npm, from package.json)"
+    npm install --no-audit --no-fund --silent >/dev/null
+    touch node_modules
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -36,7 +37,12 @@ fi
 stamp=.venv/.mig-spawner-installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
     step "installing mig-spawner and its test dependencies into .venv"
-    .venv/bin/pip install -q --upgrade pip >/dev/null
-    .venv/bin/pip install -q -e '.[test,kube]'
+    # pip's output goes to a log that is shown only when the install fails.
+    if ! { .venv/bin/pip install -q --upgrade pip &&
+           .venv/bin/pip install -q -e '.[test,kube,report]'; } >.venv/pip.log 2>&1; then
+        cat .venv/pip.log
+        echo "error: installing the Python packages failed (log above)" >&2
+        exit 1
+    fi
     touch "$stamp"
 fi
