@@ -6,14 +6,26 @@
 # and the GPU settings are the spawner's. It stops servers through the hub's REST API
 # (never by killing processes); the spawner then gives the slice back (pool mode) or
 # destroys the instance (dynamic mode). Guide: docs/culling.md.
+#
+# It also draws the slice map for admins: every GPU, its MIG slices, who holds each,
+# for how long and how long idle (docs/operations.md), at /services/mig-slices/slices.
 import sys
 from pathlib import Path
 
 c = get_config()  # noqa: F821  (provided by the config loader)
 
+SERVICE = "mig-slices"
+# A scope of our own: JupyterHub's built-in ones cannot say "may see the slice map".
+SLICEMAP_SCOPE = "custom:mig-spawner:slicemap"
+c.JupyterHub.custom_scopes.update({
+    SLICEMAP_SCOPE: {
+        "description": "See every MIG slice, who holds it, its age and idle time.",
+    },
+})
+
 c.JupyterHub.services.append(
     {
-        "name": "mig-slices",
+        "name": SERVICE,
         "command": [
             sys.executable, "-m", "mig_spawner.service",
             f"--config-dir={Path(__file__).resolve().parent}",
@@ -21,12 +33,17 @@ c.JupyterHub.services.append(
         # Where it serves /health and Prometheus /metrics. /metrics has no login: keep
         # it on 127.0.0.1 and let Prometheus scrape it there.
         "url": "http://127.0.0.1:10101",
+        # Admins open the slice map through the hub's login (OAuth). The service may ask
+        # for this scope only, so its cookie can do nothing else in the admin's name,
+        # and there is no "authorize this service?" page for what the hub itself runs.
+        "oauth_client_allowed_scopes": [SLICEMAP_SCOPE],
+        "oauth_no_confirm": True,
     }
 )
 c.JupyterHub.load_roles.append(
     {
-        "name": "mig-slices",
-        "services": ["mig-slices"],
+        "name": SERVICE,
+        "services": [SERVICE],
         "scopes": [
             "list:users", "read:users:groups",      # who has servers, and their groups
             "read:users:activity", "read:servers",  # last activity, started, pending
@@ -36,8 +53,24 @@ c.JupyterHub.load_roles.append(
     }
 )
 
+# Who may see the slice map: the members of the JupyterHub group "admins" (created if
+# missing; manage its members on /hub/admin). Being a hub admin is not enough:
+# JupyterHub's own "admin" role cannot take extra scopes, so put your hub admins
+# (c.Authenticator.admin_users in 00-hub.py) in the group, or list them under "users"
+# here. Anyone else who opens the map gets a 403 that names the scope.
+c.JupyterHub.load_roles.append(
+    {
+        "name": "mig-slicemap-viewers",
+        "description": "Open the MIG slice map of the slice service.",
+        "scopes": [SLICEMAP_SCOPE, f"access:services!service={SERVICE}"],
+        "groups": ["admins"],
+    }
+)
+
 # How often to sweep, and whether to only log what it would do (try dry_run first).
 c.SliceServiceApp.cull_every = "1m"
 c.SliceServiceApp.dry_run = False
 # A lease whose server the hub does not run for this long is released (crash leftovers).
 c.SliceServiceApp.orphan_grace = "5m"
+# The slice map draws a held slice as idle after this long without activity in its server.
+c.SliceServiceApp.slice_idle_after = "15m"

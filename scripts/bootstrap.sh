@@ -39,7 +39,7 @@ if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
     step "installing mig-spawner and its test dependencies into .venv"
     # pip's output goes to a log that is shown only when the install fails.
     if ! { .venv/bin/pip install -q --upgrade pip &&
-           .venv/bin/pip install -q -e '.[test,kube,report]'; } >.venv/pip.log 2>&1; then
+           .venv/bin/pip install -q -e '.[test,kube,report,demo]'; } >.venv/pip.log 2>&1; then
         cat .venv/pip.log
         echo "error: installing the Python packages failed (log above)" >&2
         exit 1

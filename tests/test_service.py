@@ -6,7 +6,12 @@ tests/test_service_e2e.py runs the service against a real JupyterHub.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -228,6 +233,26 @@ def test_the_service_finds_the_spawners_ledger_in_the_hub_config(tmp_path, confi
     assert app.ledger_url == expected.format(cwd=Path.cwd())
 
 
+def test_the_service_finds_the_spawners_simulated_gpus_in_the_hub_config(tmp_path):
+    (tmp_path / "10-spawner.py").write_text(
+        'c.LocalMIGSpawner.simulate = "h200x1:layout=1g.18gb*7"\n'
+        f'c.LocalMIGSpawner.sim_state_file = "{tmp_path}/sim.json"\n'
+    )
+    app = SliceServiceApp()
+    app.initialize([f"--config-dir={tmp_path}"])
+    assert app.simulate == "h200x1:layout=1g.18gb*7"
+    assert app.sim_state_file == f"{tmp_path}/sim.json"
+    gpus = app.connect_gpus()  # the spawner's simulated host, not the real driver
+    try:
+        assert len(gpus.inventory().mig_devices) == 7
+    finally:
+        gpus.close()
+    # Set for the service itself, its own setting wins.
+    app = SliceServiceApp()
+    app.initialize([f"--config-dir={tmp_path}", "--simulate=h200x2"])
+    assert app.simulate == "h200x2"
+
+
 def test_missing_scopes_are_named_and_a_filtered_grant_counts():
     granted = {"list:users", "read:users:groups", "read:users:activity",
                "read:servers!group=gpu", "access:servers!group=gpu", "read:users:name"}
@@ -320,3 +345,32 @@ async def test_unreachable_servers_are_not_stopped_for_idleness(standin):
     assert report.complete and report.decisions == [] and state.stopped == []
     assert sample(sweeper.metrics, "mig_spawner_service_errors_total",
                   kind="server_unreachable") == 100
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_hubs_stop_signal_ends_the_service_cleanly_even_with_sigint_ignored(
+    tmp_path, signum
+):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}/hub/api"
+    log = tmp_path / "service.log"
+    env = {**os.environ, "JUPYTERHUB_API_URL": nowhere, "JUPYTERHUB_API_TOKEN": "t"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mig_spawner.service", "--ledger-url=",
+             "--SliceServiceApp.check_gpus=False", "--cull-every=1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+            # As a hub started in the background (nohup, &) passes it on.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "sweeping every" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        assert proc.wait(10) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "mig-spawner-service stopped" in log.read_text()

@@ -89,8 +89,7 @@ def write_config_dir(workdir: Path) -> Path:
         c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 3
         c.SliceServiceApp.retries = 1
-        c.SliceServiceApp.simulate = "{SIM}"
-        c.SliceServiceApp.sim_state_file = "{workdir}/sim-gpus.json"
+        # No c.SliceServiceApp.simulate: the service takes the spawner's simulated GPU.
     """))
     return config_d
 

@@ -1,16 +1,16 @@
 """The admin slice map in a real browser, behind a real hub's OAuth and a custom scope.
 
-A real JupyterHub runs the slice map as a managed service (tests/slicemap_service.py)
-over a simulated 2x H200 and a SQLite ledger with leases in every state. An admin logs
-in and sees each GPU as its memory slices with the instances laid on them; the page
-redraws itself when a slice changes; a user without the scope gets 403. Saves the map's
-screenshot to docs/img/slice-map.png for the docs.
+A real JupyterHub runs the real slice service as the shipped
+``jupyterhub_config.d/30-slice-service.py`` defines it (its custom scope, OAuth client
+and viewer role), over a simulated 2x H200 and a SQLite ledger with leases in every
+state. An admin (group ``admins``) logs in and sees each GPU as its memory slices with
+the instances laid on them; the page redraws itself when a slice changes; a user
+without the scope gets 403. Saves the map's screenshot to docs/img/slice-map.png.
 """
 
 from __future__ import annotations
 
 import socket
-import sys
 import textwrap
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 import requests
 from hub_harness import REPO, HubProcess, free_port
-from observe_world import make_world
+from observe_world import POLICY, make_world
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
@@ -31,8 +31,8 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-SERVICE = "mig-slicemap"
-SERVICE_SCRIPT = Path(__file__).with_name("slicemap_service.py")
+SERVICE = "mig-slices"
+SNIPPET = REPO / "jupyterhub_config.d" / "30-slice-service.py"
 SCREENSHOT = REPO / "docs" / "img" / "slice-map.png"
 # As the page's own refresh does it: a script fetch needs the XSRF token the page carries.
 FETCH_JSON = "fetch('slices.json', {headers: {'X-XSRFToken': XSRF}}).then(r => r.json())"
@@ -59,37 +59,24 @@ def setup(tmp_path_factory):
     state_file = world.state_file
     world.close()
 
-    port = free_port()
     extra = textwrap.dedent(f"""
-        c.JupyterHub.custom_scopes = {{
-            "{SLICEMAP_SCOPE}": {{"description": "See every MIG slice and who holds it."}},
-        }}
-        c.JupyterHub.services.append({{
-            "name": "{SERVICE}",
-            "url": "http://127.0.0.1:{port}",
-            "command": [{sys.executable!r}, {str(SERVICE_SCRIPT)!r}],
-            "environment": {{
-                "MIG_SPAWNER_SIM_STATE": {state_file!r},
-                "MIG_SLICEMAP_LEDGER_URL": {ledger_url!r},
-                "MIG_SLICEMAP_IDLE_AFTER": "1200",
-            }},
-            "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": ["{SLICEMAP_SCOPE}"],
-        }})
-        c.JupyterHub.load_groups = {{"hub-admins": {{"users": ["boss"]}}}}
-        c.JupyterHub.load_roles.append({{
-            "name": "mig-slicemap-viewers",
-            "scopes": ["{SLICEMAP_SCOPE}", "access:services!service={SERVICE}"],
-            "groups": ["hub-admins"],
-        }})
+        c.MIGPolicyConfig.group_policies = {POLICY!r}
+        c.SliceServiceApp.ledger_url = {ledger_url!r}
+        c.SliceServiceApp.sim_state_file = {state_file!r}
+        c.SliceServiceApp.slice_idle_after = "20m"
+        c.SliceServiceApp.slicemap_refresh = 1
+        c.SliceServiceApp.release_orphans = False  # no hub servers for these leases
+        c.JupyterHub.load_groups = {{"admins": {{"users": ["boss"]}}}}
         # ann may reach the service, but lacks the slice map scope.
         c.JupyterHub.load_roles.append({{
             "name": "mig-slicemap-visitors",
             "scopes": ["access:services!service={SERVICE}"],
             "users": ["ann"],
         }})
+        from mig_spawner.cli.demo import point_service
+        point_service(c, "{SERVICE}", "http://127.0.0.1:{free_port()}", __file__)
     """)
-    hub = HubProcess.start(workdir, [], extra, timeout=120)
+    hub = HubProcess.start(workdir, [SNIPPET], extra, timeout=120)
     url = f"{hub.url}/services/{SERVICE}/slices"
     HubProcess.wait_until(lambda: _reachable(url), 30)
     yield hub, url, state_file

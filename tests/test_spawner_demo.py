@@ -1,28 +1,32 @@
 """The shipped jupyterhub_config.py, and ``mig-spawner demo``: config and what it prints.
 
-The hub itself is exercised by test_spawner_hub.py and test_browser.py with the same
-snippets; here only what the demo adds (users, groups, ports, the who-sees-what table).
+The demo hub itself runs in test_demo_hub.py; here only what the demo's config and
+banner say (users, groups, ports, limits, the slice service, the who-sees-what table).
 """
 
 from __future__ import annotations
 
-import argparse
+import re
 
+import pytest
 from traitlets.config import PyFileConfigLoader
 
 from mig_spawner.cli import demo
+from mig_spawner.cli.main import build_parser
+from mig_spawner.service.app import SliceServiceApp
 
 
-def _args(tmp_path, **kw):
-    values = {"simulate": demo.DEMO_SPEC, "ip": "127.0.0.1", "port": 8000,
-              "dir": str(tmp_path), "password": demo.DEFAULT_PASSWORD}
-    values.update(kw)
-    return argparse.Namespace(**values)
+def _args(tmp_path, *argv):
+    return build_parser().parse_args(["demo", "--simulate", "--dir", str(tmp_path), *argv])
+
+
+def load(path):
+    return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
 
 
 def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_path):
     path = demo.write_config(_args(tmp_path), tmp_path)
-    config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    config = load(path)
     assert config.JupyterHub.bind_url == "http://127.0.0.1:8000"
     assert config.JupyterHub.spawner_class == "mig-simple"
     groups = config.JupyterHub.load_groups
@@ -35,7 +39,9 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
 
 
 def test_without_simulate_the_demo_uses_the_real_driver(tmp_path):
-    path = demo.write_config(_args(tmp_path, simulate=None), tmp_path)
+    args = _args(tmp_path)
+    args.simulate = None
+    path = demo.write_config(args, tmp_path)
     assert "LocalMIGSpawner.simulate" not in path.read_text()
 
 
@@ -48,6 +54,49 @@ def test_it_prints_who_sees_what_on_the_spawn_form(tmp_path):
     assert "large" not in analysts
     admins = next(r for r in rows if " admins " in r)
     assert "full (none free)" in admins
+
+
+def test_the_slice_service_runs_beside_the_demo_hub_on_its_config_and_short_limits(tmp_path):
+    path = demo.write_config(_args(tmp_path, "--kernel-idle", "20s", "--port", "8123"),
+                             tmp_path)
+    config = load(path)
+    [service] = [s for s in config.JupyterHub.services if s["name"] == demo.SLICE_SERVICE]
+    # On a port of its own (not the snippet's fixed 10101), reading the demo's file.
+    assert service["url"] != "http://127.0.0.1:10101"
+    assert service["command"][-1] == f"--config-dir={path}"
+    assert sum(a.startswith("--config-dir=") for a in service["command"]) == 1
+    assert "custom:mig-spawner:slicemap" in config.JupyterHub.custom_scopes.get_value({})
+
+    # What the service itself makes of that file: the demo's GPUs, ledger and limits.
+    app = SliceServiceApp()
+    app.initialize(service["command"][3:])
+    assert app.simulate == demo.DEMO_SPEC and app.sim_state_file == f"{tmp_path}/sim-gpus.json"
+    assert app.ledger_url == f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
+    assert app.cull_every == 15 and app.slice_idle_after == 20
+    policy = app.load_policy()
+    assert policy.group("analysts").kernel_idle_timeout == 20
+    assert policy.group("admins").server_idle_timeout == 600
+
+
+def test_bad_limit_says_what_to_write(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _args(tmp_path, "--kernel-idle", "soon")
+    assert "--kernel-idle: 'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_the_banner_gives_limits_and_the_slice_map(tmp_path):
+    text = demo.banner(_args(tmp_path, "--port", "8123"), tmp_path)
+    assert "a kernel idle 2 min is shut down, a server idle 10 min is stopped" in text
+    assert "checks every 15 s" in text
+    assert re.search(r"Slice map \(log in as ada, group admins\): "
+                     r"http://127.0.0.1:8123/services/mig-slices/slices", text)
+
+
+def test_point_service_needs_the_service_loaded():
+    from traitlets.config import Config
+
+    with pytest.raises(ValueError, match=r"load jupyterhub_config\.d/30-slice-service\.py"):
+        demo.point_service(Config(), "mig-slices", "http://127.0.0.1:1", "x.py")
 
 
 def test_the_shipped_jupyterhub_config_loads_every_snippet_in_order():

@@ -1,12 +1,14 @@
 """``mig-spawner demo``: a real JupyterHub on http://127.0.0.1:8000 sharing MIG slices.
 
 Starts JupyterHub and configurable-http-proxy with the repository's own config
-snippets (``jupyterhub_config.d/10-spawner.py`` and ``20-groups.py``), demo users
-in three groups who log in with one shared password, and the MIG spawner in pool
-mode. With ``--simulate`` the GPUs are the NVML simulator (a pre-partitioned
-2 x H200 by default, shared with ``mig-spawner status --sim-state``); without it,
-the real driver. Servers run as the hub's own user (``mig-simple``): a demo, not
-a deployment (docs/admin-install.md).
+snippets (``jupyterhub_config.d/10-spawner.py``, ``20-groups.py`` and
+``30-slice-service.py``), demo users in three groups who log in with one shared
+password, the MIG spawner in pool mode, and the slice service beside the hub with
+limits short enough to watch it cull (``--kernel-idle``, ``--server-idle``); the
+demo admin opens its slice map. With ``--simulate`` the GPUs are the NVML simulator
+(a pre-partitioned 2 x H200 by default, shared with ``mig-spawner status
+--sim-state``); without it, the real driver. Servers run as the hub's own user
+(``mig-simple``): a demo, not a deployment (docs/admin-install.md).
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from traitlets.config import Config, LazyConfigValue
+
+from mig_spawner.core.durations import DurationError, parse_duration
 
 DEMO_SPEC = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
 DEMO_GROUPS = {
@@ -26,7 +33,12 @@ DEMO_GROUPS = {
     "admins": ["ada"],
 }
 DEFAULT_PASSWORD = "mig-demo-pass"
-SNIPPETS = ("10-spawner.py", "20-groups.py")
+SNIPPETS = ("10-spawner.py", "20-groups.py", "30-slice-service.py")
+#: The slice service's name in 30-slice-service.py, and where its slice map is served.
+SLICE_SERVICE = "mig-slices"
+SLICEMAP_PATH = f"/services/{SLICE_SERVICE}/slices"
+#: The demo's limits, in every group: short enough to watch the slice service work.
+DEMO_LIMITS = {"kernel_idle": "2m", "server_idle": "10m", "sweep_every": "15s"}
 
 
 def config_dir() -> Path:
@@ -54,11 +66,53 @@ def find_proxy() -> str:
     return found
 
 
+def free_port() -> int:
+    """A TCP port free a moment ago: the demo's internal ports must not clash with
+    another hub (or another demo) on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def point_service(c: Config, name: str, url: str, config_file: str) -> None:
+    """Move the hub-managed service ``name`` (defined in a loaded snippet) to ``url``
+    and make it read ``config_file`` instead of the snippet's own directory.
+
+    For a hub config that loads ``30-slice-service.py`` but keeps its settings
+    elsewhere (the demo's generated file, a test's). Raises ValueError if no
+    service ``name`` was loaded.
+    """
+    services = c.JupyterHub.services
+    if isinstance(services, LazyConfigValue):  # appended to by load_subconfig'd files
+        services = services.get_value([])
+    if not any(service.get("name") == name for service in services):
+        raise ValueError(f"no service {name!r} in c.JupyterHub.services: load "
+                         "jupyterhub_config.d/30-slice-service.py first")
+    c.JupyterHub.services = [
+        {**service, "url": url, "command": [
+            *(arg for arg in service["command"] if not arg.startswith("--config-dir=")),
+            f"--config-dir={config_file}",
+        ]} if service.get("name") == name else service
+        for service in services
+    ]
+
+
+def seconds(value: str) -> float:
+    """argparse type: a duration ("20s", "2m") as seconds, or a clear error."""
+    try:
+        return parse_duration(value, unlimited_ok=False)
+    except DurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def write_config(args: argparse.Namespace, workdir: Path) -> Path:
-    """The hub config for the demo: shipped snippets plus demo users, ports and paths."""
+    """The hub config for the demo: shipped snippets plus demo users, ports, paths and
+    short limits. The slice service reads this same file."""
     bin_dir = Path(sys.executable).parent
     users = sorted(u for members in DEMO_GROUPS.values() for u in members)
     groups = {name: {"users": members} for name, members in DEMO_GROUPS.items()}
+    path = workdir / "demo_config.py"
+    short = {key: getattr(args, key) for key in DEMO_LIMITS}
     lines = [
         "# Written by 'mig-spawner demo'; every run rewrites it.",
         "c = get_config()  # noqa: F821",
@@ -67,6 +121,8 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         f'c.JupyterHub.db_url = "sqlite:///{workdir}/jupyterhub.sqlite"',
         f'c.JupyterHub.cookie_secret_file = "{workdir}/jupyterhub_cookie_secret"',
         f'c.JupyterHub.pid_file = "{workdir}/jupyterhub.pid"',
+        f"c.JupyterHub.hub_port = {free_port()}",
+        f'c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"',
         f"c.ConfigurableHTTPProxy.command = [{find_proxy()!r}]",
         'c.JupyterHub.authenticator_class = "shared-password"',
         f"c.SharedPasswordAuthenticator.user_password = {args.password!r}",
@@ -75,7 +131,22 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         'c.JupyterHub.spawner_class = "mig-simple"',
         f'c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"',
         f"c.Spawner.cmd = [{str(bin_dir / 'jupyterhub-singleuser')!r}]",
-        'c.Spawner.default_url = "/tree"',
+        # Users land in JupyterLab (the 'demo' extra installs it).
+        'c.Spawner.default_url = "/lab"',
+        "# Short limits in every group, to see the slice service cull within minutes.",
+        "c.MIGPolicyConfig.group_policies = {",
+        "    name: {**policy, "
+        f'"kernel_idle_timeout": {short["kernel_idle"]}, '
+        f'"server_idle_timeout": {short["server_idle"]}}}',
+        "    for name, policy in c.MIGPolicyConfig.group_policies.items()",
+        "}",
+        f"c.SliceServiceApp.cull_every = {short['sweep_every']}",
+        f"c.SliceServiceApp.slice_idle_after = {short['kernel_idle']}",
+        "c.SliceServiceApp.slicemap_refresh = 5",
+        "# The slice service on a free port, reading this file: the demo's users, GPUs,",
+        "# ledger and limits, not only the repository's snippets.",
+        "from mig_spawner.cli.demo import point_service  # noqa: E402",
+        f"point_service(c, {SLICE_SERVICE!r}, 'http://127.0.0.1:{free_port()}', __file__)",
     ]
     if os.geteuid() == 0:
         lines.append('c.Spawner.args = ["--ServerApp.allow_root=True"]')
@@ -84,7 +155,6 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
             f"c.LocalMIGSpawner.simulate = {args.simulate!r}",
             f'c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"',
         ]
-    path = workdir / "demo_config.py"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -119,6 +189,24 @@ def who_sees_what(args: argparse.Namespace, workdir: Path) -> str:
     return "\n".join([f"GPUs: {gpus}", "  users      group     sees on the spawn form", *rows])
 
 
+def _human(secs: float) -> str:
+    return f"{secs / 60:g} min" if secs >= 60 else f"{secs:g} s"
+
+
+def banner(args: argparse.Namespace, workdir: Path) -> str:
+    """What to open, who logs in how, the demo's limits, and where the slice map is."""
+    url = f"http://{args.ip}:{args.port}"
+    admins = ", ".join(DEMO_GROUPS["admins"])
+    return "\n".join([
+        f"Open {url} and log in as any user above with the password {args.password!r}.",
+        f"Limits (every group, demo only): a kernel idle {_human(args.kernel_idle)} is shut "
+        f"down, a server idle {_human(args.server_idle)} is stopped; the slice service "
+        f"checks every {_human(args.sweep_every)}.",
+        f"Slice map (log in as {admins}, group admins): {url}{SLICEMAP_PATH}",
+        f"State and logs: {workdir}. Stop with Ctrl-C.",
+    ])
+
+
 def run(args: argparse.Namespace) -> int:
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -127,15 +215,12 @@ def run(args: argparse.Namespace) -> int:
     (workdir / "sim-gpus.json").unlink(missing_ok=True)
     config = write_config(args, workdir)
     print(who_sees_what(args, workdir))
-    print(
-        f"\nOpen http://{args.ip}:{args.port} and log in as any user above with the password "
-        f"{args.password!r}.\nState and logs: {workdir}. Stop with Ctrl-C.\n",
-        flush=True,
-    )
+    print(f"\n{banner(args, workdir)}\n", flush=True)
     hub = subprocess.Popen(
         [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(config)], cwd=workdir
     )
-    # The hub (and its proxy) stop with the demo, however the demo is stopped.
+    # The hub stops with the demo, however the demo is stopped, and with it its proxy,
+    # the slice service and the servers.
     signal.signal(signal.SIGTERM, lambda signum, frame: hub.send_signal(signum))
     try:
         return hub.wait()
@@ -161,4 +246,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--dir", default=".demo", help="folder for the hub's state and logs")
     p.add_argument("--password", default=DEFAULT_PASSWORD, help="shared demo password")
+    for key, what in (("kernel_idle", "shut down a kernel idle this long"),
+                      ("server_idle", "stop a server idle this long"),
+                      ("sweep_every", "how often the slice service checks")):
+        p.add_argument(f"--{key.replace('_', '-')}", type=seconds, default=DEMO_LIMITS[key],
+                       metavar="DURATION",
+                       help=f"{what}, in every group (default {DEMO_LIMITS[key]})")
     p.set_defaults(func=run)

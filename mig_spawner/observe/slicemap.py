@@ -156,8 +156,8 @@ class SliceMapJson(SliceMapHandler):
 def slicemap_routes(prefix: str, snapshot: Snapshot, *, refresh_seconds: int = 10,
                     oauth_callback: bool = True) -> list[Any]:
     """Tornado routes of the three views under ``prefix`` (the service prefix, e.g.
-    ``/services/mig-slice-service/``), plus the OAuth callback at ``prefix +
-    "oauth_callback"`` unless the application already has one.
+    ``/services/mig-slices/``), a redirect from ``prefix`` itself to the map, plus the
+    OAuth callback at ``prefix + "oauth_callback"`` unless the application already has one.
 
     Authentication uses ``HubOAuth.instance()``, configured from the ``JUPYTERHUB_*``
     environment the hub gives a managed service (client ID, callback URL, API token).
@@ -170,6 +170,8 @@ def slicemap_routes(prefix: str, snapshot: Snapshot, *, refresh_seconds: int = 1
         (root + "slices", SliceMapPage, args),
         (root + "slices/table", SliceTablePage, args),
         (root + "slices.json", SliceMapJson, args),
+        # The hub's "Services" menu links to the service's root: show the map there.
+        (root, web.RedirectHandler, {"url": root + "slices"}),
     ]
     if oauth_callback:
         routes.append((root + "oauth_callback", HubOAuthCallbackHandler))

@@ -3,28 +3,28 @@
 It sweeps every ``cull_every`` seconds: shuts down idle kernels, stops idle or
 over-age servers through the hub API (per the limits of the group each slice
 is charged to), releases ledger leases whose server the hub no longer runs,
-and reports MIG devices used outside any lease. It serves ``/health`` and
-``/metrics``. Register it in ``jupyterhub_config.d`` (see docs/culling.md)::
+and reports MIG devices used outside any lease. It serves ``/health``,
+``/metrics`` (with per-slice gauges) and, for hub admins, the slice map
+(``slices``; docs/operations.md). ``jupyterhub_config.d/30-slice-service.py``
+registers it with the hub: the command, its scopes, and the slice map's scope and
+role (docs/culling.md)::
 
     c.JupyterHub.services.append({
-        "name": "mig-slice-service",
+        "name": "mig-slices",
         "command": ["mig-spawner-service", "--config-dir=/etc/jupyterhub/jupyterhub_config.d"],
         "url": "http://127.0.0.1:10101",
-    })
-    c.JupyterHub.load_roles.append({
-        "name": "mig-slice-service",
-        "services": ["mig-slice-service"],
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers",
-                   "read:users:groups", "access:servers"],
+        "oauth_client_allowed_scopes": ["custom:mig-spawner:slicemap"],
+        "oauth_no_confirm": True,
     })
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
+import secrets
+import signal
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -38,8 +38,12 @@ from mig_spawner import __version__, gpu
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicySet
+from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.ledger import Ledger, url_beside_hub_db
+from mig_spawner.observe.gpu_metrics import SliceCollector
+from mig_spawner.observe.slicemap import slicemap_routes
+from mig_spawner.observe.source import SliceSource
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.runner import Sweeper, SweepReport
@@ -171,6 +175,22 @@ class SliceServiceApp(Application):
         (``JupyterHub.db_url``), as the spawner does, else in the working directory.
         Empty: no ledger (culling only, no orphan repair).""",
     ).tag(config=True)
+    slice_idle_after = _duration_trait(
+        900.0,
+        """A leased slice whose server shows no activity for this long is drawn as idle
+        on the slice map and counted in ``mig_spawner_slices{state="idle"}``
+        (seconds or a duration such as "15m").""",
+    )
+    slicemap = Bool(
+        True,
+        help="""Serve the admin slice map (``slices``, ``slices/table``, ``slices.json``)
+        under the service prefix, to users whose token carries the
+        ``custom:mig-spawner:slicemap`` scope (docs/operations.md). Needs the ledger
+        and ``check_gpus``.""",
+    ).tag(config=True)
+    slicemap_refresh = Int(
+        10, help="Seconds between redraws of an open slice map page (1 or more)."
+    ).tag(config=True)
     check_gpus = Bool(
         True,
         help="""Read this host's MIG devices each sweep and report busy ones no lease
@@ -180,13 +200,15 @@ class SliceServiceApp(Application):
         None,
         allow_none=True,
         help="""Use the simulated GPU instead of NVML, with this spec (``h200x2``).
-        Default: $MIG_SPAWNER_SIMULATE, else real NVML.""",
+        Default: the spawner's ``simulate`` if ``config_dir`` sets one, else
+        $MIG_SPAWNER_SIMULATE, else real NVML.""",
     ).tag(config=True)
     sim_state_file = Unicode(
         None,
         allow_none=True,
-        help="JSON state file of the simulated GPU, shared with the hub "
-        "(default: $MIG_SPAWNER_SIM_STATE).",
+        help="""JSON state file of the simulated GPU, shared with the hub. Default: the
+        spawner's ``sim_state_file`` if ``config_dir`` sets one, else
+        $MIG_SPAWNER_SIM_STATE.""",
     ).tag(config=True)
 
     aliases = {
@@ -232,13 +254,28 @@ class SliceServiceApp(Application):
                 return urlparse(str(url))._replace(path="", query="").geturl()
         return ""
 
+    def _spawner_setting(self, name: str) -> str | None:
+        """The spawner's ``name`` setting in the loaded config (any section but this
+        app's: ``LocalMIGSpawner``, ``KubeMIGSpawner``, ...), if one sets it non-empty.
+        One setting then serves the hub and the service alike."""
+        for section_name, section in self.config.items():
+            value = section.get(name) if isinstance(section, Config) else None
+            if section_name != type(self).__name__ and value:
+                return str(value)
+        return None
+
     @default("ledger_url")
     def _default_ledger_url(self) -> str:
-        for section_name, section in self.config.items():
-            spawner_url = section.get("ledger_url") if isinstance(section, Config) else None
-            if section_name != type(self).__name__ and spawner_url:
-                return str(spawner_url)
-        return url_beside_hub_db(self.config.JupyterHub.get("db_url"))
+        return self._spawner_setting("ledger_url") or url_beside_hub_db(
+            self.config.JupyterHub.get("db_url"))
+
+    @default("simulate")
+    def _default_simulate(self) -> str | None:
+        return self._spawner_setting("simulate")
+
+    @default("sim_state_file")
+    def _default_sim_state_file(self) -> str | None:
+        return self._spawner_setting("sim_state_file")
 
     @default("service_url")
     def _default_service_url(self) -> str:
@@ -248,7 +285,7 @@ class SliceServiceApp(Application):
     def _default_service_prefix(self) -> str:
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
 
-    @validate("cull_every", "orphan_grace")
+    @validate("cull_every", "orphan_grace", "slice_idle_after")
     def _valid_duration(self, proposal: dict[str, Any]) -> float:
         name = proposal["trait"].name
         try:
@@ -258,11 +295,12 @@ class SliceServiceApp(Application):
         # An orphan grace of "never" (or 0) means: never release, only report.
         return float("inf") if seconds is None else seconds
 
-    @validate("concurrency")
-    def _valid_concurrency(self, proposal: dict[str, Any]) -> int:
+    @validate("concurrency", "slicemap_refresh")
+    def _valid_positive(self, proposal: dict[str, Any]) -> int:
         if proposal["value"] < 1:
             raise ValueError(
-                f"SliceServiceApp.concurrency must be 1 or more, got {proposal['value']}"
+                f"SliceServiceApp.{proposal['trait'].name} must be 1 or more, "
+                f"got {proposal['value']}"
             )
         return proposal["value"]
 
@@ -370,7 +408,10 @@ class SliceServiceApp(Application):
         """Serve the endpoints and sweep every ``cull_every`` seconds, forever."""
         metrics = ServiceMetrics()
         sweeper = self.make_sweeper(metrics)
-        server = self.serve(metrics)
+        source = self.slice_source(sweeper)
+        if source is not None:
+            metrics.registry.register(SliceCollector(source.snapshot, gpm=GpmSampler()))
+        server = self.serve(metrics, source)
         self.log.info(
             "%s %s: sweeping every %ss, %s%s", self.name, __version__, self.cull_every,
             f"{len(sweeper.policy.groups)} group policies", " (dry run)" if self.dry_run else "",
@@ -387,21 +428,54 @@ class SliceServiceApp(Application):
                 server.stop()
             sweeper.close()
 
-    def serve(self, metrics: ServiceMetrics) -> HTTPServer | None:
-        """Start the ``/health`` and ``/metrics`` endpoints on ``service_url``."""
-        if not self.service_url:
-            self.log.info("no service_url: not serving /health and /metrics")
+    def slice_source(self, sweeper: Sweeper) -> SliceSource | None:
+        """What the slice map and the per-slice metrics show: this host's GPUs joined
+        with the sweeper's ledger. None (and said why) without GPUs or a ledger."""
+        if sweeper.gpus is None or sweeper.ledger is None:
+            self.log.warning(
+                "no slice map or per-slice metrics: they need the ledger (ledger_url) "
+                "and this host's GPUs (check_gpus)")
             return None
+        return SliceSource(sweeper.gpus, sweeper.ledger, sweeper.policy,
+                           idle_after=self.slice_idle_after)
+
+    def serve(self, metrics: ServiceMetrics, source: SliceSource | None = None
+              ) -> HTTPServer | None:
+        """Start ``/health``, ``/metrics`` and (given a ``source``) the slice map on
+        ``service_url``."""
+        if not self.service_url:
+            self.log.info("no service_url: not serving /health, /metrics, the slice map")
+            return None
+        routes = []
+        if source is not None and self.slicemap:
+            routes = slicemap_routes(self.service_prefix, source.snapshot,
+                                     refresh_seconds=self.slicemap_refresh)
+        # HubOAuth keeps an admin's token in a signed cookie. A new secret each start
+        # only means admins pass through the hub's OAuth again (silently) after a restart.
+        app = make_web_app(self.service_prefix, metrics, self.health, routes,
+                           cookie_secret=secrets.token_bytes(32))
         where = urlparse(self.service_url)
-        server = HTTPServer(make_web_app(self.service_prefix, metrics, self.health))
+        server = HTTPServer(app)
         server.listen(where.port or 80, where.hostname or "127.0.0.1")
-        self.log.info("serving /health and /metrics on %s", self.service_url)
+        self.log.info("serving /health and /metrics%s on %s",
+                      " and the slice map (slices)" if routes else "", self.service_url)
         return server
 
     def start(self) -> None:
-        """Run until interrupted."""
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(self.run())
+        """Run until SIGINT or SIGTERM, then close the endpoints, ledger and GPUs."""
+        asyncio.run(self._run_until_signalled())
+
+    async def _run_until_signalled(self) -> None:
+        # JupyterHub stops a managed service with SIGINT, then SIGTERM: both end it
+        # cleanly, even where SIGINT was ignored by whoever started the hub (nohup, &).
+        main = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, main.cancel)
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            self.log.info("%s stopped", self.name)
 
 
 main = SliceServiceApp.launch_instance

@@ -1,9 +1,10 @@
-"""HTTP endpoints of the slice service: ``/health`` (JSON) and ``/metrics`` (Prometheus)."""
+"""HTTP endpoints of the slice service: ``/health`` (JSON) and ``/metrics`` (Prometheus);
+the admin slice map (:mod:`mig_spawner.observe.slicemap`) is mounted beside them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -38,14 +39,22 @@ class MetricsHandler(web.RequestHandler):
 
 
 def make_web_app(
-    prefix: str, metrics: ServiceMetrics, health: Callable[[], dict[str, Any]]
+    prefix: str,
+    metrics: ServiceMetrics,
+    health: Callable[[], dict[str, Any]],
+    extra_routes: Sequence[Any] = (),
+    **settings: Any,
 ) -> web.Application:
     """Routes at ``/health`` and ``/metrics``, and also under the service prefix
-    (``/services/<name>/``) where the hub's proxy forwards requests unchanged."""
+    (``/services/<name>/``) where the hub's proxy forwards requests unchanged.
+
+    ``extra_routes`` (the slice map's) are added as given; ``settings`` go to the
+    tornado application (the slice map's OAuth cookie needs a ``cookie_secret``)."""
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
     roots = {"/", prefix}
     routes: list[Any] = []
     for root in sorted(roots):
         routes.append((root + "health", HealthHandler, {"health": health}))
         routes.append((root + "metrics", MetricsHandler, {"metrics": metrics}))
-    return web.Application(routes)
+    routes.extend(extra_routes)
+    return web.Application(routes, **settings)

@@ -35,6 +35,7 @@ from mig_spawner.service.sweep import (
     UNREACHABLE,
     Decision,
     Probe,
+    activity_to_record,
     decide,
     find_orphans,
     idle_by_hub_data,
@@ -83,6 +84,7 @@ class Sweeper:
         probe_servers: bool = True,
         cull_connected_kernels: bool = False,
         orphan_grace: float = 300.0,
+        activity_resolution: float = 60.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -95,6 +97,7 @@ class Sweeper:
         self.probe_servers = probe_servers
         self.cull_connected_kernels = cull_connected_kernels
         self.orphan_grace = orphan_grace
+        self.activity_resolution = activity_resolution
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
@@ -205,6 +208,7 @@ class Sweeper:
         probe = None
         if self.probe_servers and needs_probe(now, server, limits):
             probe = await self._probe(server, idle_by_hub_data(now, server, limits))
+        await self._record_activity(now, server, lease, probe)
         decisions = decide(now, server, limits.name, limits, probe, self.cull_connected_kernels)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
@@ -227,6 +231,21 @@ class Sweeper:
             if await self._carry_out(server, decision, lease is not None):
                 report.carried_out.append(decision)
                 self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
+
+    async def _record_activity(
+        self, now: datetime, server: HubServer, lease: Lease | None, probe: Probe | None
+    ) -> None:
+        """Write the server's latest activity on its lease, which is where the slice
+        map's idle time and the usage report's idle share come from."""
+        if lease is None or self.ledger is None or self.dry_run:
+            return
+        active = activity_to_record(
+            now, server, probe, lease.last_activity_at, self.activity_resolution
+        )
+        if active is not None:
+            # ``touch`` only moves forward and skips released leases: safe against a
+            # stop racing this sweep.
+            await asyncio.to_thread(self.ledger.touch, lease.id, active)
 
     async def _probe(self, server: HubServer, needs_status: bool) -> Probe:
         """Read the server's kernels (and status when server idleness is at stake)."""

@@ -149,23 +149,51 @@ def idle_by_hub_data(now: datetime, server: HubServer, limits: CullLimits) -> bo
     return by_hub_data is not None and by_hub_data.rule is Rule.SERVER_IDLE
 
 
+def last_activity(server: HubServer, probe: Probe | None) -> datetime | None:
+    """The server's latest known activity: the hub's (else its start), its own
+    ``/api/status`` and its kernels', whichever is latest; ``None`` if nothing is known."""
+    status = probe.status if probe else None
+    return _latest(
+        [
+            server.last_activity or server.started,
+            status.last_activity if status else None,
+            *(k.last_activity for k in (probe.kernels if probe else ())),
+        ]
+    )
+
+
+def has_busy_kernel(probe: Probe | None) -> bool:
+    """Whether the probe saw a kernel computing right now."""
+    return probe is not None and any(k.execution_state == "busy" for k in probe.kernels)
+
+
 def server_idle_seconds(
     now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool
 ) -> float | None:
     """Seconds since the server's last known activity; 0 while a kernel is busy
     (unless busy kernels may be culled); ``None`` when nothing is known."""
-    kernels = probe.kernels if probe else ()
-    if not cull_busy_kernels and any(k.execution_state == "busy" for k in kernels):
+    if not cull_busy_kernels and has_busy_kernel(probe):
         return 0.0
-    status = probe.status if probe else None
-    latest = _latest(
-        [
-            server.last_activity or server.started,
-            status.last_activity if status else None,
-            *(k.last_activity for k in kernels),
-        ]
-    )
-    return _since(now, latest)
+    return _since(now, last_activity(server, probe))
+
+
+def activity_to_record(
+    now: datetime, server: HubServer, probe: Probe | None, recorded: datetime | None,
+    resolution: float,
+) -> datetime | None:
+    """The activity time to write on the server's lease, or ``None`` to write nothing.
+
+    A busy kernel is activity now. Nothing is written unless activity moved on by
+    ``resolution`` seconds or more since ``recorded`` (the lease's
+    ``last_activity_at``): one write per server per sweep at most, and only when it
+    changes what the slice map and the usage report show.
+    """
+    active = now if has_busy_kernel(probe) else last_activity(server, probe)
+    if active is None or (
+        recorded is not None and (active - recorded).total_seconds() < resolution
+    ):
+        return None
+    return active
 
 
 def decide_server(

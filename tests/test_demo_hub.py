@@ -1,0 +1,172 @@
+"""``mig-spawner demo --simulate`` end to end, as a person trying it would use it.
+
+One demo for the module, started as ``make demo`` starts it (with free ports, a temp
+folder and a kernel idle limit of seconds): users log in through the hub's login form
+with the demo password, each group's user sees its own menu, an analyst starts a
+server and a kernel and leaves it idle, the slice service beside the hub shuts the
+kernel down at the limit, the demo admin opens the slice map through the hub's OAuth
+and sees the analyst's slice, and SIGTERM stops the demo with everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from hub_harness import VENV_BIN, HubError, HubProcess, free_port
+
+from mig_spawner.cli.demo import DEFAULT_PASSWORD, SLICEMAP_PATH
+
+pytestmark = pytest.mark.hub
+
+KERNEL_IDLE = 10  # seconds, the demo's --kernel-idle here
+SWEEP = 2  # seconds, --sweep-every
+SMALL_ON_H200 = "1g.18gb"  # what the "small" class is on the demo's GPUs
+
+
+@dataclass
+class Demo:
+    proc: subprocess.Popen
+    url: str
+    workdir: Path
+
+    def log(self, chars: int = 6000) -> str:
+        return (self.workdir / "demo.log").read_text(errors="replace")[-chars:]
+
+    def login(self, name: str) -> requests.Session:
+        """A browser-like session, logged in through the login form (cookie and _xsrf)."""
+        browser = requests.Session()
+        browser.get(f"{self.url}/hub/login", timeout=30).raise_for_status()
+        r = browser.post(
+            f"{self.url}/hub/login",
+            data={"username": name, "password": DEFAULT_PASSWORD,
+                  "_xsrf": browser.cookies.get("_xsrf", path="/hub/")},
+            timeout=30, allow_redirects=False,
+        )
+        assert r.status_code == 302, f"login of {name}: {r.status_code}\n{self.log()}"
+        return browser
+
+    def api(self, browser: requests.Session, method: str, path: str, **kw) -> requests.Response:
+        """The hub's REST API with the browser's cookie, which needs its XSRF token."""
+        headers = {"X-XSRFToken": browser.cookies.get("_xsrf", path="/hub/")}
+        return browser.request(method, f"{self.url}/hub/api{path}", headers=headers,
+                               timeout=60, **kw)
+
+
+def _up(demo: Demo) -> bool:
+    assert demo.proc.poll() is None, f"the demo exited\n{demo.log()}"
+    try:
+        # Up once the hub answers and the slice service (through the proxy) has swept.
+        return requests.get(f"{demo.url}/services/mig-slices/health", timeout=2).ok
+    except requests.ConnectionError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("demo")
+    port = free_port()
+    with (workdir / "demo.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "mig-spawner"), "demo", "--simulate", "--port", str(port),
+             "--dir", str(workdir), "--kernel-idle", f"{KERNEL_IDLE}s",
+             "--sweep-every", f"{SWEEP}s"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    running = Demo(proc, f"http://127.0.0.1:{port}", workdir)
+    try:
+        HubProcess.wait_until(lambda: _up(running), 90)
+    except HubError:
+        pytest.fail(f"the demo did not come up\n{running.log()}")
+    yield running
+    if proc.poll() is None:  # a test failed before stopping it
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def menu(demo: Demo, browser: requests.Session) -> list[str]:
+    form = browser.get(f"{demo.url}/hub/spawn", timeout=30)
+    form.raise_for_status()
+    return re.findall(r'name="profile"[^>]*?value="([^"]+)"', form.text)
+
+
+def test_the_banner_names_the_limits_and_the_slice_map(demo):
+    text = demo.log(chars=10**7)
+    assert f"a kernel idle {KERNEL_IDLE} s is shut down" in text
+    assert f"Slice map (log in as ada, group admins): {demo.url}{SLICEMAP_PATH}" in text
+
+
+def test_each_group_sees_its_own_menu(demo):
+    menus = {name: menu(demo, demo.login(name)) for name in ("ben", "mia", "ada")}
+    assert menus["ben"] == ["small", "medium"]  # analysts
+    assert menus["mia"] == ["medium", "large", "1g.35gb"]  # ml-team
+    assert set(menus["ada"]) == {"small", "medium", "large", "full", "1g.35gb"}  # admins
+
+
+def test_an_idle_kernel_is_shut_down_at_the_demo_limit_and_the_server_keeps_its_slice(demo):
+    ana = demo.login("ana")
+    r = ana.post(f"{demo.url}/hub/spawn", data={
+        "profile": "small", "_xsrf": ana.cookies.get("_xsrf", path="/hub/")},
+        timeout=60, allow_redirects=False)
+    assert r.status_code == 302, r.text
+
+    def ready() -> bool:
+        server = demo.api(ana, "GET", "/users/ana").json()["servers"].get("")
+        return bool(server and server["ready"])
+    HubProcess.wait_until(ready, 60)
+
+    # Jupyter's REST API with a token ana makes for herself (as on /hub/token).
+    token = demo.api(ana, "POST", "/users/ana/tokens", json={"note": "test"}).json()["token"]
+    jupyter = requests.Session()
+    jupyter.headers["Authorization"] = f"token {token}"
+    kernels = f"{demo.url}/user/ana/api/kernels"
+    r = jupyter.post(kernels, json={"name": "python3"}, timeout=60)
+    assert r.status_code == 201, r.text
+    kernel_id, started = r.json()["id"], time.monotonic()
+
+    deadline = started + KERNEL_IDLE + 6 * SWEEP + 15
+    while any(k["id"] == kernel_id for k in jupyter.get(kernels, timeout=30).json()):
+        assert time.monotonic() < deadline, f"idle kernel still there\n{demo.log()}"
+        time.sleep(0.5)
+    assert time.monotonic() - started >= KERNEL_IDLE - 1  # not before its limit
+    assert f"culling kernel {kernel_id} of ana (group analysts): kernel_idle" in demo.log(
+        chars=10**7)
+    assert ready()  # the server, and so its slice, stay
+
+
+def test_the_admin_sees_the_analysts_slice_on_the_map_and_an_analyst_may_not(demo):
+    ada = demo.login("ada")
+    page = ada.get(demo.url + SLICEMAP_PATH, timeout=30)  # through the hub's OAuth
+    assert page.status_code == 200 and page.url == demo.url + SLICEMAP_PATH, page.text[:500]
+    data = ada.get(demo.url + SLICEMAP_PATH + ".json", timeout=30).json()
+    held = [s for gpu in data["gpus"] for s in gpu["slices"] if s["user"] == "ana"]
+    assert [s["profile"] for s in held] == [SMALL_ON_H200]
+    assert held[0]["state"] in ("leased", "idle") and held[0]["group"] == "analysts"
+    # The hub's Services menu links to the service's root: it leads to the map.
+    assert ada.get(f"{demo.url}/services/mig-slices/", timeout=30).url == demo.url + SLICEMAP_PATH
+
+    denied = demo.login("ben").get(demo.url + SLICEMAP_PATH, timeout=30)
+    assert denied.status_code == 403
+
+
+def test_sigterm_stops_the_hub_proxy_service_and_servers(demo):
+    started = psutil.Process(demo.proc.pid).children(recursive=True)
+    commands = " ".join(" ".join(p.cmdline()) for p in started)
+    for part in ("jupyterhub -f", "configurable-http-proxy", "mig_spawner.service",
+                 "jupyterhub-singleuser"):
+        assert part in commands, commands
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.proc.wait(60) == 0, demo.log()
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert alive == [], [p.cmdline() for p in alive]

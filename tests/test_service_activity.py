@@ -1,0 +1,113 @@
+"""The slice service writes each server's latest activity on its lease, so that the slice
+map's idle time and the usage report's idle share are real, not "idle since start".
+
+The rule as a table (pure), then sweeps against the stand-in hub and a real SQLite ledger.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hub_standin import StandinState, listen
+
+from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.hub.client import HubClient
+from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
+from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.runner import Sweeper
+from mig_spawner.service.sweep import Probe, activity_to_record
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
+def server(active_ago: float | None) -> HubServer:
+    return HubServer(user="ana", name="", url="/user/ana/", full_url=None, ready=True,
+                     pending=None, started=ago(120),
+                     last_activity=None if active_ago is None else ago(active_ago))
+
+
+def kernel(state: str, active_ago: float) -> Kernel:
+    return Kernel("k1", "python3", state, ago(active_ago), 0)
+
+
+# (case, server, probe, recorded on the lease, expected write)
+TABLE = [
+    ("hub activity newer than the lease's: written", server(5), None, ago(30), ago(5)),
+    ("moved on by less than the resolution: nothing written", server(5), None, ago(5.5),
+     None),
+    ("older than the lease's: nothing written (touch only moves forward)", server(50), None,
+     ago(30), None),
+    ("nothing recorded yet: written", server(5), None, None, ago(5)),
+    ("a kernel's activity is later than the hub's", server(40),
+     Probe(kernels=(kernel("idle", 3),)), ago(30), ago(3)),
+    ("the server's own status is later than the hub's", server(40),
+     Probe(status=ServerStatus(started=ago(120), last_activity=ago(2), connections=0,
+                               kernels=0)), ago(30), ago(2)),
+    ("a busy kernel is activity now, however long its output is silent", server(90),
+     Probe(kernels=(kernel("busy", 90),)), ago(30), NOW),
+    ("never active: its start counts", server(None), None, None, ago(120)),
+]
+
+
+@pytest.mark.parametrize(("case", "srv", "probe", "recorded", "expected"), TABLE,
+                         ids=[row[0] for row in TABLE])
+def test_what_activity_is_written_on_the_lease(case, srv, probe, recorded, expected):
+    assert activity_to_record(NOW, srv, probe, recorded, resolution=60) == expected
+
+
+POLICY = MIGPolicyConfig(group_policies={
+    "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
+}).build()
+
+
+def claim(ledger: Ledger, user: str, start: int) -> str:
+    def decide(view):
+        return Decision(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+                        host="h", gpu_uuid="GPU-0", gpu_index=0, start=start, size=1,
+                        mig_uuid=f"MIG-{start}")
+    return ledger.activate(ledger.claim(LeaseRequest(user), decide).id).id
+
+
+@pytest.fixture
+async def world(tmp_path):
+    """The stand-in hub (user00001 active a minute ago, user00000 idle for 2 h) and a
+    ledger whose leases were claimed 90 minutes ago."""
+    now = datetime.now(UTC)
+    state = StandinState.build(3, idle_every=3, now=now)
+    server_, port = listen(state)
+    base = f"http://127.0.0.1:{port}"
+    claimed = now - timedelta(minutes=90)
+    with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite", clock=lambda: claimed) as ledger:
+        leases = {user: claim(ledger, user, i) for i, user in enumerate(state.users)}
+        yield base, ledger, leases, now
+    server_.stop()
+
+
+def sweeper(base: str, ledger: Ledger, **kw) -> Sweeper:
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+    return Sweeper(client, POLICY, ServiceMetrics(), ledger=ledger, probe_servers=False, **kw)
+
+
+async def test_a_sweep_writes_the_hubs_activity_on_each_lease(world):
+    base, ledger, leases, now = world
+    before = ledger.get(leases["user00001"]).last_activity_at
+    assert before < now - timedelta(minutes=89)  # as claimed: "idle" for 90 minutes
+
+    await sweeper(base, ledger).sweep()
+    active = ledger.get(leases["user00001"]).last_activity_at
+    assert now - timedelta(minutes=2) < active < now  # the hub said: a minute ago
+    # Idle for 2 h by the hub, which is before the claim: the lease keeps its time.
+    assert ledger.get(leases["user00000"]).last_activity_at == before
+
+
+async def test_a_dry_run_writes_nothing(world):
+    base, ledger, leases, _ = world
+    before = ledger.get(leases["user00001"]).last_activity_at
+    await sweeper(base, ledger, dry_run=True).sweep()
+    assert ledger.get(leases["user00001"]).last_activity_at == before
