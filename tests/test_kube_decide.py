@@ -13,7 +13,7 @@ from mig_spawner.ledger import Lease, LeaseRequest, LedgerView
 from mig_spawner.spawner.decide import ClaimRefused
 from mig_spawner.spawner.kube_decide import (
     Choice,
-    free_per_profile,
+    free_by_model,
     in_flight,
     make_kube_decide,
 )
@@ -62,7 +62,7 @@ def test_a_lease_whose_pod_the_snapshot_does_not_show_yet_takes_its_slice():
     slices = cluster_slices([h200("h1")], [])
     bens = lease("ben", "3g.71gb", "jupyterhub/jupyter-ben")
     assert in_flight([bens], slices) == {"3g.71gb": 1}
-    assert free_per_profile(slices, [bens]) == {"1g.18gb": 1, "3g.71gb": 0}
+    assert free_by_model(slices, [bens]) == {"h200": {"1g.18gb": 1, "3g.71gb": 0}}
     decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "jupyterhub/a", Choice())
     with pytest.raises(ClaimRefused) as info:
         decide(view("ana", bens))
@@ -75,7 +75,7 @@ def test_a_lease_whose_pod_runs_is_counted_once():
     slices = cluster_slices([h200("h1", n18=2)], pods)
     bens = lease("ben", "1g.18gb", "jupyterhub/jupyter-ben")
     assert in_flight([bens], slices) == {}
-    assert free_per_profile(slices, [bens])["1g.18gb"] == 1
+    assert free_by_model(slices, [bens])["h200"]["1g.18gb"] == 1
     decision = make_kube_decide(ANALYST, POLICY.offer("small"), slices, "jupyterhub/a",
                                 Choice())(view("ana", bens))
     assert decision.profile == "1g.18gb"

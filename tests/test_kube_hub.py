@@ -170,6 +170,12 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
     assert r.status_code == 403, r.text
     assert pod_of(cluster, "bob") is None and pod_of(cluster, "nobody") is None
     assert ledger.active() == []
+    # Both kept for the usage report, with what was asked for and by which group.
+    hub.wait_until(lambda: len(ledger.refusals()) >= 2, 10)
+    assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals()[-2:]] == [
+        ("bob", "full", "not_allowed", "analysts"),
+        ("nobody", "small", "no_gpu_access", "default"),
+    ]
 
 
 def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):

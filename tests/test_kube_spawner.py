@@ -93,6 +93,7 @@ def config(ledger_url: str, **spawner) -> Config:
     c = Config()
     c.MIGPolicyConfig.slice_classes = {
         "small": {"display_name": "Small", "profiles": {"a100-80gb": "1g.10gb",
+                                                        "h100": "1g.10gb",
                                                         "h200": "1g.18gb"}},
         "large": {"display_name": "Large", "profiles": {"a100-80gb": "3g.40gb"}},
     }
@@ -211,6 +212,10 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledg
     assert info.value.status_code == 503
     assert "All 'Large' slices of the cluster are in use" in str(info.value)
     assert held(ledger_url) == []
+    await s.runtime.run(lambda: None)  # the refusal is written on the worker thread
+    with Ledger.open(ledger_url) as ledger:
+        assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
+            ("ana", "large", "3g.40gb", "none_free", "analysts")]
     assert [p["metadata"]["name"] for p in standin.pods] == ["batch-train"]
 
 
@@ -224,6 +229,7 @@ async def test_node_being_reconfigured_is_not_offered_and_the_refusal_says_so(
     assert "gpu-a1: MIG Manager is applying a layout" in str(info.value)
     form = await s.render_options_form()
     assert "free now" not in form
+    assert "no GPU in the cluster has this size" in form
     assert held(ledger_url) == []
 
 
@@ -236,6 +242,24 @@ async def test_form_shows_cluster_free_counts_from_one_cached_read(standin, ledg
     assert "1 free now" in forms[0]  # large: the A100's 3g.40gb
     assert len(set(forms)) == 1
     assert standin.list_hits() == 2  # five users, one Node list and one Pod list
+
+
+async def test_form_counts_a_profile_that_two_models_share_once(standin, ledger_url):
+    """'small' is 1g.10gb on the A100 80GB and on the H100: 2 + 3 free, not 5 per model."""
+    h100 = node("gpu-h1", gpu_labels("NVIDIA-H100-80GB-HBM3", "mixed"),
+                {"nvidia.com/mig-1g.10gb": "3"})
+    standin.nodes = [a100_node("gpu-a1"), h100]
+    form = await make(standin, ledger_url).render_options_form()
+    assert "5 free now" in form and "10 free now" not in form
+
+
+async def test_form_says_why_when_the_cluster_cannot_be_read(standin, ledger_url):
+    standin.fail_with = (403, 'nodes is forbidden: User "system:serviceaccount:jhub:hub" '
+                              'cannot list resource "nodes"')
+    form = await make(standin, ledger_url).render_options_form()
+    assert "The cluster&#39;s GPU nodes cannot be read right now: " in form
+    assert "cannot list resource" in form and "free now" not in form
+    assert form.count("disabled") == 2  # small and large, neither selectable
 
 
 async def test_quota_is_checked_in_the_ledger_before_the_cluster(standin, ledger_url):

@@ -26,6 +26,7 @@ from mig_spawner.ledger import (
     LeaseStateError,
     Ledger,
     LedgerConfigError,
+    LedgerUnavailable,
     LedgerView,
     SchemaError,
     ServerHasLease,
@@ -298,6 +299,24 @@ def test_expired_and_history_since(ledger: Ledger, clock: Clock) -> None:
     assert ledger.history(group="chemistry") == []
 
 
+def test_request_counts_add_recent_leases_and_refusals_per_profile(
+    ledger: Ledger, clock: Clock
+) -> None:
+    old = ledger.claim(LeaseRequest("old"), first_free)  # 1g.10gb, before the window
+    ledger.release(old.id, "stopped")
+    clock.advance(days=8)
+    since = clock.now
+    ledger.claim(LeaseRequest("a"), first_free)
+    ledger.claim(LeaseRequest("b"), lambda view: first_free(view, size=2))
+    ledger.record_refusal(LeaseRequest("c"), offer="2g.20gb", profile="2g.20gb",
+                          reason="no_capacity", group="physics" * 50)
+    # A slice class refused where it means several profiles: no profile to count.
+    ledger.record_refusal(LeaseRequest("d"), offer="small", reason="none_free")
+    assert ledger.request_counts(since) == {"1g.10gb": 1, "2g.20gb": 2}
+    assert ledger.request_counts(T0) == {"1g.10gb": 2, "2g.20gb": 2}
+    assert len(ledger.refusals(since)[0].group) == 255  # kept to the column's size
+
+
 def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> None:
     with pytest.raises(InvalidDecision, match="pool mode leases an existing instance"):
         Decision(
@@ -346,16 +365,17 @@ def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) ->
 
 def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> None:
     ledger = Ledger(url)
-    with pytest.raises(SchemaError, match=r"revision none, this mig-spawner needs 0001.*open"):
+    with pytest.raises(SchemaError, match=r"revision none, this mig-spawner needs 0002.*open"):
         ledger.active()
     assert ledger.revision() is None
-    assert ledger.upgrade() == "0001"
-    assert ledger.upgrade() == "0001"
+    assert ledger.upgrade() == "0002"
+    assert ledger.upgrade() == "0002"
     assert ledger.active() == []
     engine = create_engine(url)
     try:
         tables = set(inspect(engine).get_table_names())
-        assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", VERSION_TABLE}
+        assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", "refusals",
+                          VERSION_TABLE}
         with engine.connect() as conn:
             # The migrated schema is exactly what the code declares.
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
@@ -401,6 +421,12 @@ def test_ledger_shares_jupyterhubs_database(url: str) -> None:
 def test_bad_urls_say_what_to_do(bad: str, message: str) -> None:
     with pytest.raises(LedgerConfigError, match=message):
         Ledger(bad)
+
+
+def test_a_file_that_is_not_a_database_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "notes.sqlite").write_text("not a database")
+    with pytest.raises(LedgerUnavailable, match=r"notes.sqlite cannot be used: file is not a"):
+        Ledger.open(f"sqlite:///{tmp_path / 'notes.sqlite'}")
 
 
 def test_a_bare_path_means_a_sqlite_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,9 +13,9 @@ from observe_world import Clock
 
 from mig_spawner.cli.main import main
 from mig_spawner.core.catalog import model
-from mig_spawner.ledger import Decision, Lease, LeaseRequest, Ledger
+from mig_spawner.ledger import Decision, Lease, LeaseRequest, Ledger, RefusalRecord
 from mig_spawner.report.advise import advise, candidate_layouts, count_refusals
-from mig_spawner.report.demand import RefusalRecord, Request, requests_of, usage
+from mig_spawner.report.demand import Request, requests_of, usage
 from mig_spawner.report.replay import (
     GpuLayout,
     LayoutError,
@@ -262,3 +262,25 @@ def test_report_command_says_what_is_wrong(tmp_path, capsys):
     assert main(["report", "--ledger-url", url, "--since", "2026-12-02",
                  "--until", "2026-12-01"]) == 2
     assert "must be before" in capsys.readouterr().err
+
+
+def test_ledger_keeps_refusals_and_the_report_counts_them(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    record_history(url)
+    clock = Clock(at(10.25))
+    with Ledger.open(url, clock=clock) as ledger:
+        ledger.record_refusal(LeaseRequest("r3"), offer=BIG, profile=BIG, reason="none_free",
+                              group="research", host="gpu1", message="no 3g.71gb free")
+        clock.now = at(10.5)
+        ledger.record_refusal(LeaseRequest("a3", "second"), offer="small",
+                              reason="user_limit", group="analysts", message="limit")
+        kept = ledger.refusals(at(10.4))
+        assert [(r.user, r.server_name, r.offer, r.reason) for r in kept] == [
+            ("a3", "second", "small", "user_limit")]
+        assert [r.at for r in ledger.refusals(until=at(10.3))] == [at(10.25)]
+    assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
+                 "--until", "2026-12-02", "--json"]) == 0
+    rows = {(r["profile"], r["group"]): r for r in json.loads(capsys.readouterr().out)["usage"]}
+    assert rows[(BIG, "research")]["refused_capacity"] == 1
+    assert rows[(BIG, "research")]["requests"] == 4
+    assert rows[("small", "analysts")]["refused_policy"] == 1

@@ -77,10 +77,10 @@ def test_slice_classes_follow_the_gpu_model(ledger, policies, inventory):
 def test_dynamic_mode_reserves_a_placement_then_free_counts_drop(ledger, policies):
     with connect(simulate="h200x1") as adapter:
         empty = adapter.inventory()
-    before = free_now(empty, [], "dynamic")["3g.71gb"]
+    before = free_now(empty, [], "dynamic")["h200"]["3g.71gb"]
     lease = claim(ledger, policies, empty, "mia", ["ml-team"], "large", mode="dynamic")
     assert lease.mig_uuid is None and lease.size == 4  # created by the spawner next
-    after = free_now(empty, ledger.active(), "dynamic")["3g.71gb"]
+    after = free_now(empty, ledger.active(), "dynamic")["h200"]["3g.71gb"]
     assert (before, after) == (2, 1)
 
 

@@ -12,12 +12,15 @@ import os
 import signal
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from hub_harness import REPO, HubProcess
+from prometheus_client.parser import text_string_to_metric_families
 
 from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 
 pytestmark = pytest.mark.hub
@@ -173,6 +176,61 @@ def test_the_next_spawn_when_all_are_taken_hears_why(hub, ledger):
         assert _held(ledger) == {"ana": "2g.35gb"}
     finally:
         hub.stop_server("ana")
+
+
+def metric(hub: HubProcess, name: str, **labels: str) -> float:
+    """One sample of the hub's own /hub/metrics (0 when the series does not exist yet)."""
+    r = hub.session.get(f"{hub.url}/hub/metrics")
+    assert r.status_code == 200, r.text
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_refused_spawns_are_recorded_and_every_outcome_is_counted(hub, ledger):
+    refused = {
+        "not_allowed": ("mig_spawner_spawn_refusals_total",
+                        {"reason": "not_allowed", "group": "analysts"}),
+        "none_free": ("mig_spawner_spawn_refusals_total",
+                      {"reason": "none_free", "group": "ml-team"}),
+    }
+    granted = ("mig_spawner_leases_claimed_total",
+               {"profile": "1g.18gb", "group": "analysts", "mode": "pool"})
+    released = ("mig_spawner_leases_released_total", {"reason": "stopped"})
+    claims = ("mig_spawner_claim_duration_seconds_count", {})
+    watched = [*refused.values(), granted, released, claims]
+    before = [metric(hub, name, **labels) for name, labels in watched]
+    since = datetime.now(UTC)
+
+    assert hub.spawn("bob", {"profile": "large"}).status_code == 403  # not for analysts
+    assert hub.spawn("mia", {"profile": "large"}).status_code == 503  # no 3g.71gb made
+    _start(hub, "bob", "small")
+    hub.stop_server("bob")
+
+    hub.wait_until(lambda: len(ledger.refusals(since)) == 2, 10)
+    assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals(since)] == [
+        ("bob", "large", None, "not_allowed", "analysts"),
+        ("mia", "large", "3g.71gb", "none_free", "ml-team"),
+    ]
+    assert "not allowed for your groups" in ledger.refusals(since)[0].message
+    after = [metric(hub, name, **labels) for name, labels in watched]
+    # Two refusals, one grant and one release; three claims were timed (two reached the
+    # backend: the not-allowed one was refused before).
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1, 2]
+
+
+def test_spawn_page_says_why_when_the_gpu_cannot_be_read(hub):
+    sim = SimulatedHost.from_spec(SIM, hub.workdir / "sim-gpus.json")
+    sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
+    try:
+        r = hub.login("ana").get(f"{hub.url}/hub/spawn/ana")
+    finally:
+        sim.clear_errors()
+    assert r.status_code == 200, r.text  # the form, not an error page
+    assert "The GPU inventory cannot be read right now: " in r.text
+    assert "GPU is lost. Try again in a minute; if it persists, tell a hub admin." in r.text
 
 
 def test_a_start_that_fails_gives_the_slice_back(hub, ledger):

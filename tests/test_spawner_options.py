@@ -14,7 +14,9 @@ import pytest
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.catalog import model
+from mig_spawner.gpu import connect
 from mig_spawner.spawner import form
+from mig_spawner.spawner.decide import free_now
 from mig_spawner.spawner.options import (
     INVALID,
     UNKNOWN,
@@ -108,7 +110,7 @@ def _parse(html: str) -> _Radios:
 
 
 def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
-    free = {"1g.18gb": 3, "2g.35gb": 0, "3g.71gb": 2}
+    free = {"h200": {"1g.18gb": 3, "2g.35gb": 0, "3g.71gb": 2}}
     choices = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None)
     assert [c.key for c in choices] == ["small", "medium"]  # not "large": not allowed
     small, medium = choices
@@ -129,7 +131,7 @@ def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
 
 def test_form_says_when_a_quota_is_used_up(analyst):
     choices = form.build_choices(
-        analyst, [model("h200")], {"1g.18gb": 3, "2g.35gb": 1},
+        analyst, [model("h200")], {"h200": {"1g.18gb": 3, "2g.35gb": 1}},
         lambda offer, c: "you already hold 1 of 1 slices",
     )
     assert all(c.unavailable == "you already hold 1 of 1 slices" for c in choices)
@@ -139,7 +141,7 @@ def test_form_says_when_a_quota_is_used_up(analyst):
 
 def test_form_keeps_the_last_choice_and_escapes_admin_text(policies):
     ml = policies.for_user(["ml-team"])
-    choices = form.build_choices(ml, [model("h200")], {"3g.71gb": 1, "2g.35gb": 1},
+    choices = form.build_choices(ml, [model("h200")], {"h200": {"3g.71gb": 1, "2g.35gb": 1}},
                                  lambda offer, c: None)
     html = form.render_form(choices, last="large")
     checked = [r["value"] for r in _parse(html).radios if "checked" in r]
@@ -147,6 +149,28 @@ def test_form_keeps_the_last_choice_and_escapes_admin_text(policies):
     assert "<script" not in form.render_form(
         [form.Choice("x", "<script>alert(1)</script>", "d", (), 1, None)]
     )
+
+
+@pytest.mark.parametrize("mode", ["pool", "dynamic"])
+def test_a_class_on_two_models_counts_each_gpus_slices_once(analyst, mode):
+    """'small' is 1g.10gb on both the A100 80GB and the H100: a mixed host must show the
+    sum of both GPUs' free 1g.10gb, not that sum once per model."""
+    spec = ("a100-80gbx1:layout=1g.10gb*7+h100x1:layout=1g.10gb*4,3g.40gb" if mode == "pool"
+            else "a100-80gbx1+h100x1")
+    with connect(simulate=spec) as gpus:
+        inventory = gpus.inventory()
+    free = free_now(inventory, [], mode)
+    models = [model(g.model_key) for g in inventory.gpus]
+    small, medium = form.build_choices(analyst, models, free, lambda offer, c: None)
+    assert small.free == (11 if mode == "pool" else 14)
+    assert [f.gpu for f in small.facts] == ["A100 80GB", "H100 80GB"]
+    assert medium.free == (0 if mode == "pool" else 6)
+
+
+def test_a_size_no_gpu_has_says_where_it_looked(analyst):
+    on_a30 = form.build_choices(analyst, [model("a30")], {}, lambda o, c: None,
+                                 scope="in the cluster")
+    assert {c.unavailable for c in on_a30} == {"no GPU in the cluster has this size"}
 
 
 def test_form_without_any_offer_explains_instead_of_showing_radios(policies):

@@ -20,9 +20,8 @@ from ..core.durations import DurationError, parse_duration
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..gpu.errors import GpuError
-    from ..ledger import Ledger
     from ..report.advise import Advice
-    from ..report.demand import RefusalRecord, UsageRow
+    from ..report.demand import UsageRow
     from ..report.replay import Fleet
 
 # The ledger's default URL, repeated so that building the parser imports no SQLAlchemy
@@ -75,13 +74,6 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     p.set_defaults(func=cmd_report)
 
 
-def _refusals(ledger: Ledger, since: datetime) -> tuple[list[RefusalRecord], bool]:
-    """The ledger's refusal records, and whether it keeps any (a ledger without the
-    refusals table, schema 0001, does not)."""
-    reader = getattr(ledger, "refusals", None)
-    return (list(reader(since)), True) if reader is not None else ([], False)
-
-
 def _fleet(args: argparse.Namespace) -> Fleet:
     """The MIG layout of this host (or of the ``--simulate`` spec)."""
     from ..gpu import connect
@@ -118,7 +110,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             raise ValueError("--write-config needs --advise")
         with Ledger.open(args.ledger_url) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
-            refusals, recorded = _refusals(ledger, since)
+            refusals = ledger.refusals(since, until)
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
     except (ValueError, LedgerError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -140,7 +132,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
                   "(use --simulate with the fleet to plan for)", file=sys.stderr)
             return 1
         advice = advise(fleet, requests_of(leases, refusals, until))
-    _print(args, rows, advice, since, until, recorded)
+    _print(args, rows, advice, since, until)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 
@@ -159,13 +151,13 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
 
 
 def _print(args: argparse.Namespace, rows: list[UsageRow], advice: Advice | None,
-           since: datetime, until: datetime, recorded: bool) -> None:
+           since: datetime, until: datetime) -> None:
     from ..report import render
 
     if args.json:
         print(json.dumps(render.to_json(rows, advice, since, until), indent=2))
         return
-    print(render.usage_text(rows, since, until, recorded))
+    print(render.usage_text(rows, since, until))
     if advice is not None:
         print()
         print(render.advice_text(advice))

@@ -12,6 +12,7 @@ from .errors import (
     LeaseStateError,
     LedgerConfigError,
     LedgerError,
+    LedgerUnavailable,
     SchemaError,
     ServerHasLease,
 )
@@ -24,6 +25,7 @@ from .records import (
     Lease,
     LeaseRequest,
     LedgerView,
+    RefusalRecord,
     Usage,
 )
 from .store import Decide, Ledger
@@ -47,7 +49,9 @@ __all__ = [
     "Ledger",
     "LedgerConfigError",
     "LedgerError",
+    "LedgerUnavailable",
     "LedgerView",
+    "RefusalRecord",
     "SchemaError",
     "ServerHasLease",
     "Usage",

@@ -20,6 +20,11 @@ class LedgerConfigError(LedgerError, ValueError):
     """The ledger URL or its database cannot be used as configured."""
 
 
+class LedgerUnavailable(LedgerError):
+    """The ledger database cannot be reached or used now (down, unreachable, locked for
+    too long, not a database). Nothing was written; try again later."""
+
+
 class SchemaError(LedgerError):
     """The database schema is missing or older than this version of mig-spawner expects."""
 

@@ -114,6 +114,26 @@ lease_servers = Table(
     Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False, unique=True),
 )
 
+#: Spawns that got no slice, for usage reports. Written outside any claim
+#: transaction and never read by claims: a refusal changes no lease.
+refusals = Table(
+    "refusals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("offer", String(64), nullable=False,
+           comment="what was asked for: a profile or a slice class"),
+    Column("profile", String(64), comment="the concrete profile, when known"),
+    Column("reason", String(32), nullable=False,
+           comment="stable refusal code: none_free, no_capacity, group_quota, ..."),
+    Column("group_name", String(255), comment="group it would have been charged to"),
+    Column("host", String(255)),
+    Column("message", String(1000), nullable=False),
+    Index("ix_refusals_at", "at"),
+)
+
 #: One row (id 1). Claims lock it (``SELECT ... FOR UPDATE``) on databases
 #: with row locks, so concurrent claims queue instead of failing on the keys.
 ledger_lock = Table(

@@ -167,6 +167,21 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class RefusalRecord:
+    """A spawn that got no slice: when, who, what they asked for, and the refusal code."""
+
+    at: datetime
+    user: str
+    server_name: str
+    offer: str
+    reason: str
+    profile: str | None = None  # the concrete profile, when the offer names one
+    group: str | None = None  # the group it would have been charged to, when known
+    host: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class GroupUsage:
     """What one group holds right now."""
 

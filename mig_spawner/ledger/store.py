@@ -16,7 +16,7 @@ from typing import Any
 from uuid import uuid4
 
 from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
 from . import migrate
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
@@ -26,6 +26,7 @@ from .errors import (
     InvalidDecision,
     LeaseNotFound,
     LeaseStateError,
+    LedgerUnavailable,
     SchemaError,
     ServerHasLease,
 )
@@ -39,6 +40,7 @@ from .records import (
     Usage,
     require_aware,
 )
+from .refusal_log import RefusalLog
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
@@ -76,7 +78,7 @@ def _clean_reason(reason: str) -> str:
     return reason[:_REASON_MAX]
 
 
-class Ledger:
+class Ledger(RefusalLog):
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
@@ -113,7 +115,8 @@ class Ledger:
 
     def upgrade(self) -> str:
         """Run pending migrations (safe to call from several processes at once)."""
-        revision = migrate.upgrade(self._engine)
+        with self._database():
+            revision = migrate.upgrade(self._engine)
         self._schema_ok = True
         return revision
 
@@ -154,18 +157,34 @@ class Ledger:
         self._schema_ok = True
 
     @contextmanager
+    def _database(self) -> Iterator[None]:
+        """The database failing (down, unreachable, not a database) becomes
+        LedgerUnavailable; constraint violations and SQL mistakes stay as they are."""
+        try:
+            yield
+        except (IntegrityError, ProgrammingError):
+            raise
+        except DBAPIError as e:
+            raise LedgerUnavailable(
+                f"the ledger database {self.url} cannot be used: {e.orig}; check that it is "
+                "up and reachable from here, and that the URL points at a ledger"
+            ) from e
+
+    @contextmanager
     def _read(self) -> Iterator[Connection]:
-        self._check_schema()
-        with self._engine.connect() as connection, connection.begin():
-            yield connection
+        with self._database():
+            self._check_schema()
+            with self._engine.connect() as connection, connection.begin():
+                yield connection
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        self._check_schema()
-        with self._engine.connect() as connection:
-            prepare_write(connection)
-            with connection.begin():
-                yield connection
+        with self._database():
+            self._check_schema()
+            with self._engine.connect() as connection:
+                prepare_write(connection)
+                with connection.begin():
+                    yield connection
 
     def _now(self) -> datetime:
         now = self._clock()

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mig_spawner.ledger import Lease
+from mig_spawner.ledger import Lease, RefusalRecord
 
 #: Refusals a different MIG layout could have avoided: no free slice of that profile,
 #: no room to create one, or no GPU offering it at all. The others (group quota, user
@@ -21,19 +21,6 @@ from mig_spawner.ledger import Lease
 CAPACITY_REASONS = frozenset({"none_free", "no_capacity", "no_gpu_for_profile"})
 #: Hold time assumed for a refused request when no granted lease of its profile exists.
 DEFAULT_HOLD = timedelta(hours=1)
-
-
-@dataclass(frozen=True)
-class RefusalRecord:
-    """One spawn that got no slice: when, who, what they asked for, and the refusal code."""
-
-    at: datetime
-    user: str
-    server_name: str
-    offer: str
-    reason: str
-    profile: str | None = None  # the concrete profile, when the offer names one
-    group: str | None = None  # the group it would have been charged to, when known
 
 
 def wanted(refusal: RefusalRecord) -> str:

@@ -42,8 +42,7 @@ def table(rows: Sequence[UsageRow]) -> str:
     )
 
 
-def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime,
-               refusals_recorded: bool) -> str:
+def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime) -> str:
     """The usage section: window, table, and how to read it."""
     head = f"MIG slice usage {since:%Y-%m-%d %H:%M} .. {until:%Y-%m-%d %H:%M} UTC"
     if not rows:
@@ -54,8 +53,6 @@ def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime,
         "IDLE = share of hold time after the server's last recorded activity.",
         "PEAK = most slices of that profile the group held at once.",
     ]
-    if not refusals_recorded:
-        notes.append("This ledger records no refusals, so only granted requests count.")
     return "\n".join([head, "", table(rows), "", *notes])
 
 

@@ -9,7 +9,8 @@ Refusals are raised as :class:`ClaimRefused` and nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Literal
 
@@ -66,14 +67,29 @@ def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
     ]
 
 
-def free_now(inventory: Inventory, leases: Iterable[Lease], mode: Mode) -> dict[str, int]:
-    """Free count per profile name, as the spawn form shows it."""
+def free_now(
+    inventory: Inventory, leases: Iterable[Lease], mode: Mode
+) -> dict[str, dict[str, int]]:
+    """Free count per GPU model key, then per profile name, as the spawn form shows it.
+
+    Counted per model because one profile name can exist on two models (``1g.10gb`` on
+    the A100 80GB and the H100): a slice class that means it on both must count each
+    GPU's slices once, not the fleet's total once per model.
+    """
     held = list(leases)
-    if mode == "pool":
-        return free_counts(
-            inventory, "pool", held_mig_uuids={lease.mig_uuid for lease in held if lease.mig_uuid}
+    taken = {lease.mig_uuid for lease in held if lease.mig_uuid}
+    reserved = reserved_placements(held, inventory.host)
+    out: dict[str, dict[str, int]] = {}
+    for key in sorted({g.model_key for g in inventory.gpus if g.model_key}):
+        # The allocator counts per profile name over the GPUs it is given: give it one
+        # model's GPUs at a time.
+        mine = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.model_key == key))
+        out[key] = (
+            free_counts(mine, "pool", held_mig_uuids=taken)
+            if mode == "pool"
+            else free_counts(mine, "dynamic", reserved=reserved)
         )
-    return free_counts(inventory, "dynamic", reserved=reserved_placements(held, inventory.host))
+    return out
 
 
 def holdings(
@@ -120,8 +136,13 @@ def make_decide(
     inventory: Inventory,
     mode: Mode,
     strategy: Literal["pack", "spread"],
+    demand: Mapping[str, float] | None = None,
 ) -> Decide:
-    """The ``decide`` callback for one spawn of ``offer`` on this host's ``inventory``."""
+    """The ``decide`` callback for one spawn of ``offer`` on this host's ``inventory``.
+
+    ``demand`` (profile name -> recent requests) lets dynamic placement keep room for
+    the sizes users actually ask for (docs/allocator.md).
+    """
     host = inventory.host
     wants = wanted_profiles(offer, inventory)
 
@@ -138,7 +159,7 @@ def make_decide(
             grant = pick_pool(inventory, view.held_mig_uuids(), wants, strategy)
         else:
             reserved = reserved_placements(view.leases, host)
-            grant = pick_dynamic(inventory, reserved, wants, strategy)
+            grant = pick_dynamic(inventory, reserved, wants, strategy, demand)
         if isinstance(grant, Refusal):
             raise ClaimRefused(grant.reason, grant.message)
         where = grant.placement if isinstance(grant, PoolGrant) else grant

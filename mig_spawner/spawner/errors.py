@@ -39,6 +39,12 @@ def spawn_error(
     return error
 
 
+def admin_error(problem: str, reason: str, detail: str) -> SpawnException:
+    """A 500 for what only a hub admin can fix: ``problem`` for the user (who is told to
+    tell an admin), ``detail`` (what is wrong and how to fix it) for the hub log."""
+    return spawn_error(f"{problem}; tell a hub admin.", reason, 500, log_message=detail)
+
+
 def refusal(reason: str, message: str) -> SpawnException:
     """A refusal whose HTTP status follows from its reason (503: try later or elsewhere)."""
     return spawn_error(message, reason, STATUS.get(reason, UNAVAILABLE))

@@ -84,14 +84,17 @@ def need_text(offer: Offer, compute_slices: int) -> str:
 def build_choices(
     policy: UserPolicy,
     models: Iterable[GpuModel],
-    free: Mapping[str, int],
+    free: Mapping[str, Mapping[str, int]],
     quota_problem: Callable[[Offer, int], str | None],
+    scope: str = "on this host",
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
-    ``models``: the MIG GPU models on this host (what the offer means here).
-    ``free``: free count per profile name. ``quota_problem(offer, compute_slices)``:
-    why the user's or group's quota forbids one more of it, or ``None``.
+    ``models``: the MIG GPU models present (what the offer means here). ``free``: free
+    count per GPU model key, then per profile name; an offer's count adds up the profile
+    it means on each model. ``quota_problem(offer, compute_slices)``: why the user's or
+    group's quota forbids one more of it, or ``None``. ``scope``: where the GPUs are, in
+    words (``"on this host"``, ``"in the cluster"``).
     """
     present = list({m.key: m for m in models}.values())
     choices = []
@@ -101,10 +104,10 @@ def build_choices(
             for gpu in present
             if (name := offer.profile_for(gpu.key)) is not None
         ]
-        count = sum(free.get(profile.name, 0) for _, profile in served)
+        count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
         if not served:
-            why = "no GPU on this host has this size"
+            why = f"no GPU {scope} has this size"
         else:
             why = quota_problem(offer, compute) or (None if count else "none free right now")
         choices.append(
@@ -118,6 +121,22 @@ def build_choices(
             )
         )
     return choices
+
+
+def blocked_choices(policy: UserPolicy) -> list[Choice]:
+    """The user's offers, none of them selectable: for a form shown while the GPUs or
+    the ledger cannot be read (the form's ``problem`` says why)."""
+    return [
+        Choice(
+            key=offer.key,
+            title=offer.display_name or offer.key,
+            description=offer.description,
+            facts=(),
+            free=0,
+            unavailable="cannot be checked right now",
+        )
+        for offer in policy.offers
+    ]
 
 
 def preselect(choices: Iterable[Choice], last: str | None) -> str | None:
@@ -138,10 +157,14 @@ def _template() -> jinja2.Template:
     return env.get_template("spawn_form.html")
 
 
-def render_form(choices: list[Choice], last: str | None = None) -> str:
-    """The HTML fragment JupyterHub puts inside its spawn ``<form>``."""
+def render_form(
+    choices: list[Choice], last: str | None = None, problem: str | None = None
+) -> str:
+    """The HTML fragment JupyterHub puts inside its spawn ``<form>``; ``problem``: why
+    nothing can be picked now, shown above the choices."""
     return _template().render(
         choices=choices,
         selected=preselect(choices, last),
         no_access_message=NO_ACCESS_MESSAGE,
+        problem=problem,
     )

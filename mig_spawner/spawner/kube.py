@@ -10,7 +10,6 @@ on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar
 
 from kubespawner import KubeSpawner
@@ -21,19 +20,19 @@ from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.kube import (
     ClusterAvailability,
     ClusterReadError,
-    ClusterSlices,
     KubeConfigError,
     SliceRequest,
     apply_to_pod,
     check_toleration,
     slice_request,
 )
-from mig_spawner.ledger import Lease, LeaseRequest, LedgerError
+from mig_spawner.ledger import Lease
 
-from . import form
-from .decide import ClaimRefused, quota_problem
-from .kube_decide import Choice, free_per_profile, make_kube_decide
-from .mixin import MIGSpawnerMixin, spawn_error
+from .environment import lease_environment
+from .errors import admin_error, spawn_error
+from .hooks import ClaimPlan, SliceSupply
+from .kube_decide import Choice, free_by_model, make_kube_decide, wanted_on_cluster
+from .mixin import MIGSpawnerMixin
 
 # Environment variables that choose GPUs or MIG capabilities inside a container.
 DEVICE_VARIABLES = (
@@ -102,6 +101,12 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         (empty: all nodes). Cuts the Node list on big clusters.""",
     ).tag(config=True)
 
+    supply_scope: ClassVar[str] = "in the cluster"
+    backend_errors: ClassVar[dict[type[Exception], str]] = {
+        **MIGSpawnerMixin.backend_errors,
+        ClusterReadError: "The cluster's GPU nodes",
+    }
+
     # This start's slice request, built in prepare_slice, applied in get_pod_manifest and
     # dropped when start ends: nothing of one spawn survives into the next.
     _slice_request: SliceRequest | None = None
@@ -159,75 +164,42 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
             )
         return reader
 
-    async def cluster_slices(self, max_age: float | None = None) -> ClusterSlices:
-        """Free slices of the cluster; a read failure becomes a message for the user and the
-        cause (with what to check) for the hub log."""
-        try:
-            return await self.availability.slices(max_age=max_age)
-        except ClusterReadError as e:
-            raise spawn_error(
-                "The hub cannot read the cluster's GPU nodes right now; tell a hub admin.",
-                reason="mig_backend",
-                log_message=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""),
-                status_code=500,
-            ) from None
-
-    async def _held_leases(self) -> list[Lease]:
-        try:
-            return await self.runtime.run(lambda: self.runtime.ledger().active())
-        except LedgerError as e:
-            raise self._backend_error(e) from None
-
     @property
     def pod_ref(self) -> str:
         """``namespace/pod-name``, as leases and the cluster snapshot name pods."""
         return f"{self.namespace}/{self.pod_name}"
 
-    # --- form and claim (the cluster instead of the local GPUs) ------------------------
+    # --- the mixin's hooks: the cluster instead of the local GPUs --------------------
 
-    async def render_options_form(self) -> str:
-        """The spawn form with the cluster's free slices for the user's offers."""
-        policies = self.policies()
-        mine = self.user_policy(policies)
-        slices = await self.cluster_slices()
-        held = tuple(await self._held_leases())
+    async def slice_supply(self) -> SliceSupply:
+        """The cluster's free slices (cached), less the leases whose pods are not there yet."""
+        slices = await self.availability.slices()
+        held = tuple(await self.held_leases())
+        free = free_by_model(slices, held)
+        return SliceSupply(tuple(model(key) for key in slices.model_keys()), free, held)
 
-        def quota(offer: Offer, compute: int) -> str | None:
-            refusal = quota_problem(mine, offer, compute, held, self.user.name)
-            return None if refusal is None else refusal.message
+    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """Decide on a fresh read of the cluster; the decision picks the nodes' target."""
+        slices = await self.availability.slices(max_age=self.claim_max_age)
+        choice = self._kube_choice = Choice()
 
-        models = [model(key) for key in slices.model_keys()]
-        choices = form.build_choices(mine, models, free_per_profile(slices, held), quota)
-        return form.render_form(choices, self.last_choice())
+        def granted(lease: Lease) -> str:
+            # The claim consumed a slice the cached snapshot still shows as free.
+            self.availability.invalidate()
+            target = choice.target
+            return model(target.model_key).display_name if target else "an unknown GPU"
 
-    async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
-        self.progress_log.add(10, f"Reserving a {offer.display_name or offer.key} slice")
-        tic = time.perf_counter()
-        slices = await self.cluster_slices(max_age=self.claim_max_age)
-        choice = Choice()
         decide = make_kube_decide(mine, offer, slices, self.pod_ref, choice)
-        request = LeaseRequest(self.user.name, self.name or "")
-        try:
-            lease = await self.runtime.run(lambda: self.runtime.ledger().claim(request, decide))
-        except ClaimRefused as e:
-            raise self._refuse(e.reason, e.message) from None
-        except LedgerError as e:
-            raise self._backend_error(e) from None
-        self.lease_id = lease.id
-        self._lease = lease
-        self._kube_choice = choice
-        # The claim consumed a slice the cached snapshot still shows as free.
-        self.availability.invalidate()
-        target = choice.target
-        gpu = model(target.model_key).display_name if target else "?"
-        nodes = ", ".join(target.nodes) if target else "?"
-        self.log.info(
-            "Lease %s: %s on %s (nodes %s) for pod %s, charged to %s, claimed in %.0f ms",
-            lease.id, lease.profile, gpu, nodes, lease.pod, lease.group,
-            (time.perf_counter() - tic) * 1000,
-        )
-        self.progress_log.add(30, f"Reserved a {lease.profile} slice on {gpu}")
-        return lease
+        return ClaimPlan(decide, granted, wanted_on_cluster(offer, slices))
+
+    def slice_environment(self, lease: Lease) -> dict[str, str]:
+        """The profile and lease id: the device plugin gives the container its slice."""
+        return lease_environment(lease)
+
+    def activation_details(self, lease: Lease) -> dict[str, Any]:
+        """The node the pod runs on, for the lease (admins, the slice service)."""
+        node = self._pod_node()
+        return {"node": node} if node else {}
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
@@ -253,11 +225,10 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
                 node_selector=self.mig_node_selector,
             )
         except KubeConfigError as e:
-            raise spawn_error(
-                "The hub's Kubernetes GPU settings are wrong; tell a hub admin.",
-                reason="mig_config",
-                log_message=str(e),
-                status_code=500,
+            raise admin_error(
+                "The hub's Kubernetes GPU settings are wrong",
+                "mig_config",
+                str(e),
             ) from None
 
     # --- the pod ----------------------------------------------------------------------
@@ -266,12 +237,11 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         """mig-spawner's ``profile`` option names a MIG slice, not a KubeSpawner
         ``profile_list`` entry; the two cannot be combined."""
         if self.profile_list:
-            raise spawn_error(
-                "The hub's spawner configuration is wrong; tell a hub admin.",
-                reason="mig_config",
-                log_message="KubeMIGSpawner does not support KubeSpawner.profile_list (its "
+            raise admin_error(
+                "The hub's spawner configuration is wrong",
+                "mig_config",
+                "KubeMIGSpawner does not support KubeSpawner.profile_list (its "
                 "'profile' user option picks the MIG slice); remove profile_list",
-                status_code=500,
             )
 
     async def get_pod_manifest(self) -> Any:
@@ -283,42 +253,27 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return pod
 
     def get_env(self) -> dict[str, str]:
-        """KubeSpawner's environment plus the lease's profile and id.
+        """The mixin's environment without the variables that select devices.
 
         The device plugin gives the container its slice (and sets the device variables
-        itself), so variables that select devices are removed, even when the hub's
-        config sets them: ``NVIDIA_VISIBLE_DEVICES=all`` in a pod's environment can give
-        it every GPU of the node under the default container toolkit settings.
+        itself), so they are removed, even when the hub's config sets them:
+        ``NVIDIA_VISIBLE_DEVICES=all`` in a pod's environment can give it every GPU of
+        the node under the default container toolkit settings.
         """
-        env = super(MIGSpawnerMixin, self).get_env()
+        env = super().get_env()
         for name in DEVICE_VARIABLES:
             if env.pop(name, None) is not None:
                 self.log.warning("Not passing %s to %s: the device plugin sets it",
                                  name, self._log_name)
-        lease = getattr(self, "_lease", None)
-        if lease is not None and lease.id == self.lease_id:
-            env["MIG_SPAWNER_PROFILE"] = lease.profile
-            env["MIG_SPAWNER_LEASE_ID"] = lease.id
         return env
 
     async def start(self) -> Any:
-        """Start as the mixin does, then record the node the pod runs on in the lease."""
+        """Start as the mixin does; nothing of this start's slice survives into the next."""
         try:
-            url = await super().start()
+            return await super().start()
         finally:
             self._slice_request = None
             self._kube_choice = None
-        lease_id = self.lease_id
-        node = self._pod_node()
-        if lease_id and node:
-            try:
-                await self.runtime.run(
-                    lambda: self.runtime.ledger().activate(lease_id, node=node)
-                )
-            except LedgerError as e:
-                # The server runs and holds its lease; only the node column stays empty.
-                self.log.warning("Could not record node %s for lease %s: %s", node, lease_id, e)
-        return url
 
     def _pod_node(self) -> str | None:
         pod = self.pod_reflector.pods.get(self.pod_ref) if self.pod_reflector else None

@@ -48,13 +48,23 @@ def in_flight(leases: Iterable[Lease], slices: ClusterSlices) -> Counter[str]:
     )
 
 
-def free_per_profile(slices: ClusterSlices, leases: Iterable[Lease]) -> dict[str, int]:
-    """Free count per profile name as the spawn form shows it, in-flight leases taken off."""
+def free_by_model(slices: ClusterSlices, leases: Iterable[Lease]) -> dict[str, dict[str, int]]:
+    """Free count per GPU model key, then per profile, as the spawn form shows it, with
+    the in-flight leases taken off.
+
+    A lease records its profile, not the GPU model its pod will land on, so a profile
+    that two models share has its in-flight leases taken off the models in key order:
+    each model's count may be off by those, their sum is exact.
+    """
     pending = in_flight(leases, slices)
-    totals: Counter[str] = Counter()
-    for per_model in slices.free().values():
-        totals.update(per_model)
-    return {name: max(0, count - pending[name]) for name, count in totals.items()}
+    out: dict[str, dict[str, int]] = {}
+    for key, per_profile in sorted(slices.free().items()):
+        out[key] = {}
+        for name, count in per_profile.items():
+            taken = min(count, pending[name])
+            pending[name] -= taken
+            out[key][name] = count - taken
+    return out
 
 
 @dataclass

@@ -19,7 +19,7 @@ from traitlets import Bool, Unicode
 
 from mig_spawner.ledger import Lease
 
-from .errors import spawn_error
+from .errors import admin_error
 from .isolation import capability_paths, device_rules, systemd_run_args
 from .mixin import MIGSpawnerMixin
 
@@ -56,12 +56,11 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         inventory = await self.runtime.run(lambda: self.runtime.gpu().inventory())
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
-            raise spawn_error(
-                "The hub could not find the reserved slice to isolate it; tell a hub admin.",
-                reason="isolation",
-                log_message=f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
+            raise admin_error(
+                "The hub could not find the reserved slice to isolate it",
+                "isolation",
+                f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
                 f"ci={lease.ci_id} not in the inventory",
-                status_code=500,
             )
         await self.runtime.run(self._make_capability_nodes, lease)
         rules = device_rules(gpu.minor, lease.gi_id, lease.ci_id)
@@ -70,23 +69,21 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     def _make_capability_nodes(self, lease: Lease) -> None:
         tool = shutil.which(self.nvidia_modprobe)
         if tool is None or shutil.which("systemd-run") is None:
-            raise spawn_error(
-                "GPU isolation is on but this host cannot apply it; tell a hub admin.",
-                reason="isolation",
-                log_message=f"isolation needs {self.nvidia_modprobe!r} and 'systemd-run' "
+            raise admin_error(
+                "GPU isolation is on but this host cannot apply it",
+                "isolation",
+                f"isolation needs {self.nvidia_modprobe!r} and 'systemd-run' "
                 "in the hub's PATH (set LocalMIGSpawner.isolation = False to run without)",
-                status_code=500,
             )
         args = [tool]
         for path in capability_paths(lease.gpu_index or 0, lease.gi_id or 0, lease.ci_id or 0):
             args += ["-f", path]
         done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
         if done.returncode:
-            raise spawn_error(
-                "The hub could not prepare the GPU slice's device nodes; tell a hub admin.",
-                reason="isolation",
-                log_message=f"{' '.join(args)} exited {done.returncode}: {done.stderr.strip()}",
-                status_code=500,
+            raise admin_error(
+                "The hub could not prepare the GPU slice's device nodes",
+                "isolation",
+                f"{' '.join(args)} exited {done.returncode}: {done.stderr.strip()}",
             )
 
 

@@ -13,39 +13,43 @@ state, and progress events. Where JupyterHub calls what (see MIG.md):
   when ``poll()`` says the server is gone, and after a hub restart it polls every
   server it had (``load_state`` restored the lease id), so a server that died
   while the hub was down frees its slice and a live one keeps it.
+
+Every refusal is counted on the hub's ``/hub/metrics`` (``metrics.py``) and, when it
+names an offer, kept in the ledger for ``mig-spawner report``. A backend that cannot
+be read gives a spawn form that says so instead of an error page.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, ClassVar
 
 from jupyterhub.spawner import Spawner, SpawnException
-from sqlalchemy.engine import make_url
-from traitlets import Enum, TraitError, Unicode, default, validate
+from traitlets import Unicode, default
 
-from mig_spawner.config import MIGPolicyConfig
-from mig_spawner.core.catalog import GpuModel, find_model_for_product, model
-from mig_spawner.core.inventory import Gpu, Inventory
-from mig_spawner.core.policy import Offer, PolicyError, PolicySet, UserPolicy
-from mig_spawner.giveback import give_back
+from mig_spawner.core.catalog import model
+from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.giveback import RELEASED, give_back
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
     Lease,
     LeaseRequest,
+    LeaseStateError,
     LedgerError,
     ServerHasLease,
-    url_beside_hub_db,
 )
 
 from . import form, options
-from .decide import ClaimRefused, free_now, make_decide, quota_problem
+from .decide import ClaimRefused, free_now, make_decide, quota_problem, wanted_profiles
 from .environment import slice_environment
 from .errors import refusal, spawn_error
+from .hooks import ClaimPlan, SliceSupply
+from .metrics import CLAIM_DURATION, LEASES_CLAIMED, LEASES_RELEASED, SPAWN_REFUSALS, release_kind
 from .progress import ProgressLog
-from .runtime import RuntimeKey, SpawnerRuntime, runtime_for
+from .settings import MIGSpawnerSettings
 
 STATE_KEY = "mig_lease_id"
 
@@ -55,101 +59,27 @@ async def _options_form(spawner: MIGSpawnerMixin) -> str:
     return await spawner.render_options_form()
 
 
-class MIGSpawnerMixin(Spawner):
+class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     """Gives each server exactly one NVIDIA MIG slice that the user's groups allow.
 
     Mix in before a concrete Spawner: ``class X(MIGSpawnerMixin, LocalProcessSpawner)``.
     Group policies come from ``c.MIGPolicyConfig`` (shared with the slice service).
+
+    Where the slices come from is behind four hooks, answered here for this host's
+    GPUs and overridden by other backends (``kube.py``): :meth:`slice_supply`,
+    :meth:`claim_decide`, :meth:`slice_environment` and :meth:`activation_details`.
     """
 
-    mig_mode = Enum(
-        ["pool", "dynamic"],
-        default_value="pool",
-        help="""How slices are made.
-
-        ``pool``: lease MIG instances that an admin created beforehand (``nvidia-smi mig``
-        or mig-parted); needs no privilege. ``dynamic``: create a GPU + compute instance
-        at spawn, at the placement that keeps the GPU least fragmented, and destroy it
-        when the server stops; the hub needs root or the MIG ``config`` capability.
-        """,
-    ).tag(config=True)
-
-    strategy = Enum(
-        ["pack", "spread"],
-        default_value="pack",
-        help="""Which GPU a new server goes to when several could serve it.
-
-        ``pack`` fills the GPU that is already most used, so whole GPUs stay free for
-        big slices; ``spread`` uses the least used GPU first.
-        """,
-    ).tag(config=True)
-
-    ledger_url = Unicode(
-        "",
-        help="""SQLAlchemy URL of the lease ledger, shared with the slice service.
-
-        Empty (default): a SQLite file ``mig_spawner_ledger.sqlite`` beside the hub's
-        own SQLite database (or in the hub's working directory when the hub's database
-        is not a SQLite file). Use a PostgreSQL URL for a hub with many users.
-        """,
-    ).tag(config=True)
-
-    simulate = Unicode(
-        None,
-        allow_none=True,
-        help="""Use the NVML simulator instead of the real driver (demos and tests).
-
-        A spec such as ``h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb`` (docs/simulator.md).
-        None (default): the real driver through NVML.
-        """,
-    ).tag(config=True)
-
-    sim_state_file = Unicode(
-        None,
-        allow_none=True,
-        help="""JSON file holding the simulated GPUs' state, so that the hub, the slice
-        service and the CLI see one simulated host. Only used with ``simulate``.""",
-    ).tag(config=True)
+    #: Where this backend's GPUs are, in the words of the spawn form.
+    supply_scope: ClassVar[str] = "on this host"
+    #: Errors that mean a backend cannot be read now -> what it is, for messages.
+    backend_errors: ClassVar[dict[type[Exception], str]] = {
+        GpuError: "The GPU inventory",
+        LedgerError: "The lease ledger",
+    }
 
     # The lease this server holds; persisted (get_state) so a restarted hub knows it.
     lease_id = Unicode(None, allow_none=True)
-
-    @validate("ledger_url")
-    def _check_ledger_url(self, proposal: dict) -> str:
-        url = proposal["value"].strip()
-        if url:
-            try:
-                make_url(url)
-            except Exception as e:
-                raise TraitError(
-                    f"ledger_url {url!r} is not a SQLAlchemy URL ({e}); "
-                    "use e.g. 'sqlite:////srv/jupyterhub/mig_ledger.sqlite' or "
-                    "'postgresql://user@db/mig'"
-                ) from None
-        return url
-
-    @validate("simulate")
-    def _check_simulate(self, proposal: dict) -> str | None:
-        spec = proposal["value"]
-        if spec is None or not spec.strip():
-            return None
-        from mig_spawner.gpu.simulator.spec import SpecError, parse_spec
-
-        try:
-            parse_spec(spec)
-        except SpecError as e:
-            raise TraitError(f"simulate: {e}") from None
-        return spec.strip()
-
-    @validate("sim_state_file")
-    def _check_sim_state_file(self, proposal: dict) -> str | None:
-        path = proposal["value"]
-        if path and not Path(path).expanduser().resolve().parent.is_dir():
-            raise TraitError(
-                f"sim_state_file {path!r}: its folder does not exist; create it or pick "
-                "a file in an existing folder"
-            )
-        return path or None
 
     @default("options_form")
     def _default_options_form(self) -> Any:
@@ -166,57 +96,70 @@ class MIGSpawnerMixin(Spawner):
         self._validate(user_options)
         return user_options
 
-    # --- shared runtime, policy -----------------------------------------------------
+    async def held_leases(self) -> list[Lease]:
+        """The ledger's held leases, read on the worker thread."""
+        return await self.runtime.run(lambda: self.runtime.ledger().active())
 
-    def _default_ledger_location(self) -> str:
-        hub = getattr(self.user, "settings", {}).get("app")
-        return url_beside_hub_db(hub.db_url if hub is not None else None)
-
-    @property
-    def runtime(self) -> SpawnerRuntime:
-        """The ledger, GPU adapter and worker thread shared by this hub's spawners."""
-        return runtime_for(
-            RuntimeKey(
-                self.ledger_url or self._default_ledger_location(),
-                self.simulate,
-                self.sim_state_file if self.simulate else None,
-            )
+    def backend_problem(self, e: Exception) -> str:
+        """What the user hears when a backend cannot be read: what, why, what to do."""
+        return (
+            f"{self._backend_name(e)} cannot be read right now: {e}. Try again in a "
+            "minute; if it persists, tell a hub admin."
         )
 
-    def policies(self) -> PolicySet:
-        """The hub's group policies, checked; an admin's mistake stops the spawn."""
-        try:
-            return MIGPolicyConfig(parent=self).build()
-        except PolicyError as e:
-            raise spawn_error(
-                "The hub's GPU policy configuration is wrong; tell a hub admin.",
-                reason="policy_config",
-                log_message=str(e),
-                status_code=500,
-            ) from None
+    def _backend_error(self, e: Exception) -> SpawnException:
+        return spawn_error(
+            self.backend_problem(e), "mig_backend", 500, log_message=_log_detail(e)
+        )
 
-    def user_policy(self, policies: PolicySet) -> UserPolicy:
-        return policies.for_user([g.name for g in self.user.groups])
+    def _backend_name(self, e: Exception) -> str:
+        return next(
+            (name for kind, name in self.backend_errors.items() if isinstance(e, kind)),
+            "The GPU inventory",
+        )
 
-    async def _snapshot(self) -> tuple[Inventory, list[Lease]]:
-        """The GPUs and the held leases, read on the worker thread."""
+    # --- the backend hooks (this host's GPUs; kube.py answers them for a cluster) ------
+
+    async def slice_supply(self) -> SliceSupply:
+        """The GPU models present, the free slices per model and profile, the held leases.
+
+        May raise any error in :attr:`backend_errors`; the form then says so.
+        """
 
         def read() -> tuple[Inventory, list[Lease]]:
             return self.runtime.gpu().inventory(), self.runtime.ledger().active()
 
-        try:
-            return await self.runtime.run(read)
-        except (GpuError, LedgerError) as e:
-            raise self._backend_error(e) from None
+        inventory, held = await self.runtime.run(read)
+        free = free_now(inventory, held, self.mig_mode)
+        return SliceSupply(tuple(model(key) for key in free), free, tuple(held))
 
-    def _backend_error(self, e: Exception) -> SpawnException:
-        hint = getattr(e, "hint", "")
-        return spawn_error(
-            "The hub cannot read the GPUs or the lease ledger right now; tell a hub admin.",
-            reason="mig_backend",
-            log_message=f"{type(e).__name__}: {e}" + (f" (hint: {hint})" if hint else ""),
-            status_code=500,
-        )
+    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
+
+        May raise any error in :attr:`backend_errors`.
+        """
+        dynamic = self.mig_mode == "dynamic"
+
+        def read() -> tuple[Inventory, dict[str, int] | None]:
+            # Dynamic placement keeps room for the sizes users ask for most.
+            return self.runtime.gpu().inventory(), self.runtime.demand() if dynamic else None
+
+        inventory, demand = await self.runtime.run(read)
+        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy, demand)
+
+        def granted(lease: Lease) -> str:
+            return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
+
+        return ClaimPlan(decide, granted, wanted_profiles(offer, inventory), inventory.host)
+
+    def slice_environment(self, lease: Lease) -> dict[str, str]:
+        """Variables that point the server at its slice; they win over ``environment``."""
+        return slice_environment(lease)
+
+    def activation_details(self, lease: Lease) -> dict[str, Any]:
+        """What the lease records once the server runs (``Ledger.activate`` keywords).
+        A local dynamic instance is recorded as soon as it is created, so nothing."""
+        return {}
 
     # --- the form -------------------------------------------------------------------
 
@@ -230,24 +173,53 @@ class MIGSpawnerMixin(Spawner):
         """The spawn form for this user: allowed offers, what each gives, what is free."""
         policies = self.policies()
         mine = self.user_policy(policies)
-        inventory, held = await self._snapshot()
-        free = free_now(inventory, held, self.mig_mode)
-        models = [
-            m for g in inventory.gpus if g.mig_supported and (m := _model_of(g)) is not None
-        ]
-        held_tuple = tuple(held)
+        try:
+            supply = await self.slice_supply()
+        except tuple(self.backend_errors) as e:
+            # The form still comes, saying why nothing can be picked now, not a 500 page.
+            self.log.error("Spawn form of %s shows no slices: %s", self._log_name,
+                           _log_detail(e))
+            return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
         def quota(offer: Offer, compute: int) -> str | None:
-            refusal = quota_problem(mine, offer, compute, held_tuple, self.user.name)
+            refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
             return None if refusal is None else refusal.message
 
-        choices = form.build_choices(mine, models, free, quota)
+        choices = form.build_choices(
+            mine, supply.models, supply.free, quota, scope=self.supply_scope
+        )
         return form.render_form(choices, self.last_choice())
 
     # --- start ----------------------------------------------------------------------
 
-    def _refuse(self, reason: str, message: str) -> SpawnException:
+    def _refuse(
+        self, reason: str, message: str, mine: UserPolicy, offer: Offer | None = None,
+        plan: ClaimPlan | None = None,
+    ) -> SpawnException:
+        """The SpawnException for a refused spawn, counted and kept for ``mig-spawner
+        report`` first. ``offer``: what was asked for, when it names an offer of the hub;
+        ``plan``: the claim's plan, when the backend got that far."""
+        group = refusal_group(mine, offer.key if offer else None)
+        SPAWN_REFUSALS.labels(reason=reason, group=group or "").inc()
+        if offer is not None:
+            request = LeaseRequest(self.user.name, self.name or "")
+            profile = plan.profile if plan else (None if offer.is_class else offer.key)
+            host = plan.host if plan else None
+
+            def record() -> None:
+                self.runtime.ledger().record_refusal(
+                    request, offer=offer.key, reason=reason, message=message,
+                    profile=profile, group=group, host=host,
+                )
+
+            # Written on the worker thread without waiting: the user hears why at once,
+            # and a ledger that cannot be written must not turn a refusal into an error.
+            self.runtime.submit(record).add_done_callback(self._recorded)
         return refusal(reason, message)
+
+    def _recorded(self, done: Future) -> None:
+        if (e := done.exception()) is not None:
+            self.log.warning("Could not record the refused spawn of %s: %s", self._log_name, e)
 
     def _validate(self, user_options: Any) -> tuple[Offer, UserPolicy]:
         """The offer ``user_options`` asks for and the user's policy, or SpawnException."""
@@ -256,7 +228,8 @@ class MIGSpawnerMixin(Spawner):
         try:
             return options.requested_offer(user_options, mine, policies), mine
         except options.OptionsError as e:
-            raise self._refuse(e.reason, e.message) from None
+            offer = options.named_offer(user_options, policies)
+            raise self._refuse(e.reason, e.message, mine, offer) from None
 
     @property
     def progress_log(self) -> ProgressLog:
@@ -278,7 +251,10 @@ class MIGSpawnerMixin(Spawner):
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
                 url = await super().start()
-                await self.runtime.run(lambda: self.runtime.ledger().activate(lease.id))
+                details = self.activation_details(lease)
+                await self.runtime.run(
+                    lambda: self.runtime.ledger().activate(lease.id, **details)
+                )
                 return url
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
@@ -303,17 +279,15 @@ class MIGSpawnerMixin(Spawner):
         self.progress_log.add(10, f"Reserving a {offer.display_name or offer.key} slice")
         tic = time.perf_counter()
         request = LeaseRequest(self.user.name, self.name or "")
-
-        def claim() -> tuple[Inventory, Lease]:
-            # Read the GPUs and claim in one trip to the worker thread.
-            inventory = self.runtime.gpu().inventory()
-            decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy)
-            return inventory, self.runtime.ledger().claim(request, decide)
-
+        plan = None
         try:
-            inventory, lease = await self.runtime.run(claim)
+            with CLAIM_DURATION.time():
+                plan = await self.claim_decide(offer, mine)
+                lease = await self.runtime.run(
+                    lambda: self.runtime.ledger().claim(request, plan.decide)
+                )
         except ClaimRefused as e:
-            raise self._refuse(e.reason, e.message) from None
+            raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
             # Left "releasing" by the last stop: processes still use its instance.
             raise self._refuse(
@@ -321,20 +295,20 @@ class MIGSpawnerMixin(Spawner):
                 f"the slice of this server's last run is not given back yet "
                 f"({e.lease.release_reason}); stop the processes still using it or ask a "
                 "hub admin, then start again",
+                mine, offer, plan,
             ) from None
-        except (GpuError, LedgerError) as e:
+        except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
+        LEASES_CLAIMED.labels(profile=lease.profile, group=lease.group, mode=lease.mode).inc()
         self.lease_id = lease.id
         self._lease = lease
+        where = plan.granted(lease)
         self.log.info(
-            "Lease %s: %s (%s) on GPU %s for %s, charged to %s, claimed in %.0f ms",
-            lease.id, lease.profile, lease.mig_uuid or "to be created", lease.gpu_index,
+            "Lease %s: %s on %s (%s) for %s, charged to %s, claimed in %.0f ms",
+            lease.id, lease.profile, where, lease.mig_uuid or lease.pod or "to be created",
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,
         )
-        self.progress_log.add(
-            30, f"Reserved a {lease.profile} slice on GPU {lease.gpu_index} "
-            f"({_gpu_name(inventory, lease)})"
-        )
+        self.progress_log.add(30, f"Reserved a {lease.profile} slice on {where}")
         return lease
 
     async def _create_instance(self, lease: Lease) -> Lease:
@@ -365,6 +339,14 @@ class MIGSpawnerMixin(Spawner):
                 log_message=str(e),
                 status_code=503,
             ) from None
+        except LeaseStateError as e:
+            raise spawn_error(
+                "The slice reserved for this server was given back while it was starting "
+                f"({e.lease.release_reason}); start it again.",
+                reason="lease_ended",
+                log_message=str(e),
+                status_code=409,
+            ) from None
         except LedgerError as e:
             raise self._backend_error(e) from None
         self._lease = lease
@@ -387,7 +369,7 @@ class MIGSpawnerMixin(Spawner):
         env = super().get_env()
         lease = getattr(self, "_lease", None)
         if lease is not None and lease.id == self.lease_id:
-            env.update(slice_environment(lease))
+            env.update(self.slice_environment(lease))
         return env
 
     def get_state(self) -> dict:
@@ -451,13 +433,21 @@ class MIGSpawnerMixin(Spawner):
             self.lease_id = lease_id
             self.log.error("Could not release lease %s of %s: %s", lease_id, self._log_name, e)
             return
+        if outcome == RELEASED:
+            LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
         self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
 
 
-def _model_of(gpu: Gpu) -> GpuModel | None:
-    if gpu.model_key:
-        return model(gpu.model_key)
-    return find_model_for_product(gpu.product)
+def refusal_group(mine: UserPolicy, offer_key: str | None) -> str | None:
+    """The group a refused spawn concerns: the one it would have been charged to, else
+    the user's policy groups (e.g. those that do not allow what was asked for)."""
+    charged = mine.charge_candidates(offer_key) if offer_key else []
+    return charged[0].name if charged else ",".join(mine.group_names) or None
+
+
+def _log_detail(e: Exception) -> str:
+    hint = getattr(e, "hint", "")
+    return f"{type(e).__name__}: {e}" + (f" (hint: {hint})" if hint else "")
 
 
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:

@@ -113,3 +113,12 @@ def requested_offer(user_options: Any, user_policy: UserPolicy, policies: Policy
         f"{_example(user_policy)}",
         UNKNOWN,
     )
+
+
+def named_offer(user_options: Any, policies: PolicySet) -> Offer | None:
+    """The hub's offer that ``user_options`` names, allowed to the user or not; None when
+    they name none (a refusal is then about malformed input, not about demand)."""
+    value = user_options.get(PROFILE) if isinstance(user_options, Mapping) else None
+    if not isinstance(value, str) or not value or len(value) > MAX_VALUE_LENGTH:
+        return None
+    return policies.offers.get(offer_key(value))

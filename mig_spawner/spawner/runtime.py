@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -21,6 +23,12 @@ from mig_spawner.gpu import GpuAdapter, connect
 from mig_spawner.ledger import Ledger
 
 T = TypeVar("T")
+
+#: The request history dynamic placement weighs (docs/allocator.md: "demand")...
+DEMAND_WINDOW = timedelta(days=7)
+#: ...re-read at most this often: a week's mix hardly moves in a minute, and a claim
+#: should not pay for a history query each time.
+DEMAND_TTL_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,13 +50,19 @@ class SpawnerRuntime:
     )
     _ledger: Ledger | None = None
     _gpu: GpuAdapter | None = None
+    _demand: tuple[float, dict[str, int]] | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the worker thread and await its result."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, *args, **kwargs))
 
-    # The two accessors below run on the worker thread (called from inside ``run``).
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue ``fn`` on the worker thread without waiting for it (after what is queued
+        already, before what comes next)."""
+        return self.executor.submit(fn, *args)
+
+    # The accessors below run on the worker thread (called from inside ``run``).
 
     def ledger(self) -> Ledger:
         """The ledger, opened (and its schema migrated) on first use."""
@@ -61,6 +75,15 @@ class SpawnerRuntime:
         if self._gpu is None:
             self._gpu = connect(simulate=self.key.simulate, state_file=self.key.sim_state_file)
         return self._gpu
+
+    def demand(self) -> dict[str, int]:
+        """Requests per profile over the last :data:`DEMAND_WINDOW` (leases claimed and
+        refusals recorded), from one ledger query at most every :data:`DEMAND_TTL_SECONDS`."""
+        now = time.monotonic()
+        if self._demand is None or now - self._demand[0] > DEMAND_TTL_SECONDS:
+            since = datetime.now(UTC) - DEMAND_WINDOW
+            self._demand = (now, self.ledger().request_counts(since))
+        return self._demand[1]
 
 
 _RUNTIMES: dict[RuntimeKey, SpawnerRuntime] = {}

@@ -1,0 +1,110 @@
+"""Refused spawns, and the request mix that leases and refusals show together.
+
+:class:`RefusalLog` is a base of :class:`~mig_spawner.ledger.store.Ledger` (it uses the
+ledger's ``_read``, ``_write`` and ``_now``). A refusal changes no lease: it is written
+outside any claim transaction and never read by claims.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import fields
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, Connection, and_, func, insert, select, union_all
+
+from .models import leases, refusals
+from .records import LeaseRequest, RefusalRecord, require_aware
+
+_MESSAGE_MAX = refusals.c.message.type.length or 1000
+_GROUP_MAX = refusals.c.group_name.type.length or 255
+# RefusalRecord field -> column, where the SQL name differs.
+_REFUSAL_COLUMN_FOR = {"user": "user_name", "group": "group_name"}
+
+
+class RefusalLog:
+    """The ledger's record of refused spawns (see the module docstring)."""
+
+    # Provided by Ledger: a read and a write transaction, and its clock.
+    _read: Callable[[], AbstractContextManager[Connection]]
+    _write: Callable[[], AbstractContextManager[Connection]]
+    _now: Callable[[], datetime]
+
+    def record_refusal(
+        self,
+        request: LeaseRequest,
+        *,
+        offer: str,
+        reason: str,
+        message: str = "",
+        profile: str | None = None,
+        group: str | None = None,
+        host: str | None = None,
+    ) -> RefusalRecord:
+        """Keep a refused spawn for usage reports; it changes no lease.
+
+        ``reason`` is the refusal's stable code (``none_free``, ``group_quota``, ...),
+        ``offer`` what the user picked, ``profile`` the concrete profile when known and
+        ``group`` the group the lease would have been charged to.
+        """
+        if not offer or not reason:
+            raise ValueError("a refusal needs the offer asked for and the refusal code")
+        record = RefusalRecord(
+            at=self._now(), user=request.user, server_name=request.server_name, offer=offer,
+            reason=reason, profile=profile, group=group[:_GROUP_MAX] if group else None,
+            host=host,
+            message=(message or "")[:_MESSAGE_MAX],
+        )
+        values = {
+            _REFUSAL_COLUMN_FOR.get(f.name, f.name): getattr(record, f.name)
+            for f in fields(RefusalRecord)
+        }
+        with self._write() as connection:
+            connection.execute(insert(refusals).values(values))
+        return record
+
+    def refusals(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[RefusalRecord]:
+        """Refused spawns in ``[since, until]`` (both optional), oldest first."""
+        where: list[ColumnElement[bool]] = []
+        for name, moment in (("since", since), ("until", until)):
+            require_aware(name, moment)
+        if since is not None:
+            where.append(refusals.c.at >= since)
+        if until is not None:
+            where.append(refusals.c.at <= until)
+        with self._read() as connection:
+            rows = connection.execute(
+                select(refusals).where(and_(True, *where)).order_by(refusals.c.at, refusals.c.id)
+            )
+            return [
+                RefusalRecord(**{
+                    f.name: row._mapping[_REFUSAL_COLUMN_FOR.get(f.name, f.name)]
+                    for f in fields(RefusalRecord)
+                })
+                for row in rows
+            ]
+
+    def request_counts(self, since: datetime) -> dict[str, int]:
+        """How often each profile was asked for since ``since``: leases claimed plus
+        refusals that name a concrete profile, in one query. For the allocator's
+        ``demand`` (docs/allocator.md)."""
+        require_aware("since", since)
+        granted = (
+            select(leases.c.profile.label("profile"), func.count().label("n"))
+            .where(leases.c.claimed_at >= since)
+            .group_by(leases.c.profile)
+        )
+        refused = (
+            select(refusals.c.profile.label("profile"), func.count().label("n"))
+            .where(refusals.c.at >= since, refusals.c.profile.is_not(None))
+            .group_by(refusals.c.profile)
+        )
+        counts: Counter[str] = Counter()
+        with self._read() as connection:
+            for profile, n in connection.execute(union_all(granted, refused)):
+                counts[profile] += n
+        return dict(counts)

@@ -1,0 +1,51 @@
+"""What a backend hands the MIG spawner mixin: the slices it can offer and how to claim one.
+
+:class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin` does the form, the validation,
+the claim in the ledger, the give-back and the records; a backend (the local GPUs
+in the mixin itself, the cluster in ``kube.py``) only answers its hooks with these
+values. No JupyterHub import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from mig_spawner.core.catalog import GpuModel
+from mig_spawner.ledger import Decide, Lease
+
+#: Free slices per GPU model key, then per profile name.
+FreeByModel = Mapping[str, Mapping[str, int]]
+
+
+@dataclass(frozen=True)
+class SliceSupply:
+    """What the spawn form shows: the GPU models present, what is free, what is held."""
+
+    models: tuple[GpuModel, ...]
+    free: FreeByModel
+    held: tuple[Lease, ...]
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """How to claim one slice of an offer on this backend.
+
+    ``decide``: the callback ``Ledger.claim`` runs in its transaction. ``granted``:
+    called once, after the claim was granted; returns where the slice is, in words
+    (``"GPU 0 (NVIDIA H200)"``) for the progress page and the log. ``wants``: GPU
+    model key -> the profile the offer means there (recorded with a refusal).
+    ``host``: the host that was asked, when the backend is one host.
+    """
+
+    decide: Decide
+    granted: Callable[[Lease], str]
+    wants: Mapping[str, str]
+    host: str | None = None
+
+    @property
+    def profile(self) -> str | None:
+        """The one concrete profile the offer means here, or None when it means several
+        (a slice class on a mixed fleet) or none."""
+        names = set(self.wants.values())
+        return names.pop() if len(names) == 1 else None

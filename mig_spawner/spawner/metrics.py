@@ -1,0 +1,40 @@
+"""The MIG spawner's Prometheus metrics, served by the hub itself on ``/hub/metrics``.
+
+JupyterHub exports prometheus_client's default registry there (admins, or tokens with
+the ``read:metrics`` scope), so these are defined once, at import, in that registry:
+one hub process has one set. The slice service keeps its own (``service/metrics.py``).
+Labels stay few-valued: refusal and release codes, group and profile names, modes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+SPAWN_REFUSALS = Counter(
+    "mig_spawner_spawn_refusals",
+    "Spawns that got no MIG slice, by refusal code (none_free, user_limit, not_allowed, "
+    "...) and the group concerned.",
+    ["reason", "group"],
+)
+LEASES_CLAIMED = Counter(
+    "mig_spawner_leases_claimed",
+    "Leases granted by the hub, by profile, charged group and mode (pool, dynamic, kube).",
+    ["profile", "group", "mode"],
+)
+LEASES_RELEASED = Counter(
+    "mig_spawner_leases_released",
+    "Leases the hub gave back, by kind of reason (stopped, server-exited, start-failed, "
+    "stale).",
+    ["reason"],
+)
+CLAIM_DURATION = Histogram(
+    "mig_spawner_claim_duration_seconds",
+    "Time from asking the backend for a slice to the lease being granted or refused.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+
+def release_kind(reason: str) -> str:
+    """The code of a release reason, without its details: ``"start-failed: OSError"`` ->
+    ``"start-failed"``, ``"server-exited (status 1)"`` -> ``"server-exited"``."""
+    return reason.split(":", 1)[0].split(" (", 1)[0].strip() or "unknown"

@@ -1,0 +1,174 @@
+"""LocalMIGSpawner's backend hooks in-process, without a hub: what the form shows when the
+GPU cannot be read, and the request mix that steers dynamic placement.
+
+The spawner runs on a simulated H200 whose state file the test changes, and on a real
+ledger; JupyterHub's User is stood in by the few attributes a Spawner reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import UTC, datetime
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from jupyterhub.spawner import SpawnException
+from traitlets.config import Config
+
+from mig_spawner.config import load_config_files
+from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.spawner import LocalMIGSpawner
+
+GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
+SIM = "h200x1"
+
+
+class Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class User:
+    """What a Spawner reads of JupyterHub's User."""
+
+    def __init__(self, name: str, groups: list[str]) -> None:
+        self.name = name
+        self.groups = [Group(g) for g in groups]
+        self.settings: dict = {}
+        self.url = f"/user/{name}/"
+
+
+@pytest.fixture
+def ledger_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+
+@pytest.fixture
+def sim(tmp_path):
+    return SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+
+
+def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",)):
+    c = Config(load_config_files(GROUPS))
+    c.LocalMIGSpawner.ledger_url = ledger_url
+    c.LocalMIGSpawner.simulate = SIM
+    c.LocalMIGSpawner.sim_state_file = str(tmp_path / "sim-gpus.json")
+    c.LocalMIGSpawner.mig_mode = mode
+    return LocalMIGSpawner(config=c, user=User(user, list(groups)))
+
+
+class _Radios(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.radios: list[dict] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "input" and a.get("type") == "radio":
+            self.radios.append(a)
+
+
+def radios(html: str) -> list[dict]:
+    parser = _Radios()
+    parser.feed(html)
+    return parser.radios
+
+
+async def test_form_says_why_when_the_gpu_cannot_be_read(tmp_path, ledger_url, sim, caplog):
+    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
+    with caplog.at_level(logging.ERROR):
+        html = await s.render_options_form()
+    assert (
+        "The GPU inventory cannot be read right now: reading the GPU inventory failed: GPU is "
+        "lost. Try again in a minute; if it persists, tell a hub admin." in html
+    )
+    assert [r["value"] for r in radios(html)] == ["small", "medium"]
+    assert all("disabled" in r and "checked" not in r for r in radios(html))
+    assert "GPU is lost" in caplog.text and "dmesg" in caplog.text  # the hint, for admins
+    # The next read works again: so does the form.
+    html = await s.render_options_form()
+    assert "cannot be read" not in html and "free now" in html
+
+
+async def test_form_says_why_when_the_ledger_cannot_be_read(tmp_path, sim):
+    (tmp_path / "not-a-db.sqlite").write_text("this is not a database")
+    s = spawner(tmp_path, f"sqlite:///{tmp_path / 'not-a-db.sqlite'}")
+    html = await s.render_options_form()
+    assert "The lease ledger cannot be read right now: " in html
+    assert all("disabled" in r for r in radios(html))
+
+
+def big_slices_were_asked_for(ledger_url: str, how: str) -> None:
+    """A week in which users mostly asked for 4g.71gb (granted, or refused)."""
+    with Ledger.open(ledger_url) as ledger:
+        for i in range(5):
+            request = LeaseRequest(f"u{i}")
+            if how == "refusals":
+                ledger.record_refusal(request, offer="4g.71gb", profile="4g.71gb",
+                                      reason="no_capacity")
+                continue
+            lease = ledger.claim(request, lambda view: Decision(
+                group="ml-team", profile="4g.71gb", compute_slices=4, mode="dynamic",
+                host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=4))
+            ledger.release(lease.id, "stopped")
+
+
+@pytest.mark.parametrize("history", ["none", "leases", "refusals"])
+async def test_recent_demand_steers_where_a_dynamic_instance_goes(
+    tmp_path, ledger_url, sim, history
+):
+    """On an empty H200 a 1g.18gb goes to slice 0; when 4g.71gb (which only fits at 0)
+    is in demand, it goes to slice 4 and leaves 0-3 whole."""
+    if history != "none":
+        big_slices_were_asked_for(ledger_url, history)
+    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    mine = s.user_policy(s.policies())
+    plan = await s.claim_decide(mine.offer("small"), mine)
+    with Ledger.open(ledger_url) as ledger:
+        lease = ledger.claim(LeaseRequest("ana"), plan.decide)
+    assert (lease.profile, lease.start) == ("1g.18gb", 0 if history == "none" else 4)
+    assert plan.granted(lease) == "GPU 0 (NVIDIA H200)"
+
+
+async def test_demand_is_read_once_per_minute_not_per_claim(tmp_path, ledger_url, sim):
+    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    first = await s.runtime.run(s.runtime.demand)
+    big_slices_were_asked_for(ledger_url, "refusals")
+    assert await s.runtime.run(s.runtime.demand) == first == {}
+    with Ledger.open(ledger_url) as ledger:
+        assert ledger.request_counts(datetime(2026, 1, 1, tzinfo=UTC)) == {"4g.71gb": 5}
+
+
+class ReleasedWhileStarting(LocalMIGSpawner):
+    """The lease is released right after it was granted, before the instance is recorded
+    (as when an admin or the slice service releases it at that moment)."""
+
+    async def claim_decide(self, offer, mine):
+        plan = await super().claim_decide(offer, mine)
+
+        def granted(lease):
+            with Ledger.open(self.ledger_url) as ledger:
+                ledger.release(lease.id, "released by an admin")
+            return plan.granted(lease)
+
+        return replace(plan, granted=granted)
+
+
+async def test_an_instance_made_for_a_lease_that_ended_meanwhile_is_destroyed(
+    tmp_path, ledger_url, sim
+):
+    c = spawner(tmp_path, ledger_url, mode="dynamic").config
+    s = ReleasedWhileStarting(config=c, user=User("ana", ["analysts"]))
+    s.user_options = {"profile": "small"}
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert info.value.status_code == 409
+    assert "given back while it was starting (released by an admin)" in (
+        info.value.jupyterhub_message)
+    with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        assert gpus.inventory().mig_devices == ()  # created, then destroyed: nothing leaks
