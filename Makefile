@@ -10,8 +10,8 @@ setup:
 demo: setup
 	mig-spawner demo --simulate
 
-# setup installs PostgreSQL, so its tests must run, never skip.
-test: export MIG_SPAWNER_REQUIRE_POSTGRES = 1
+# setup installs PostgreSQL and Chromium, so the tests that need them must run, never skip.
+test: export MIG_SPAWNER_REQUIRE_SYSTEM = 1
 test: setup
 	ruff check mig_spawner tests benchmarks
 	pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -16,29 +16,19 @@ import argparse
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from hub_harness import REPO, HubProcess
+from hub_harness import HubProcess, start_mig_hub
 
 SIM = "h200x1:layout=1g.18gb*7+h200x1:layout=1g.18gb*7"
 GOAL = 1.10
 
 
 def start_hub(workdir: Path, spawner: str) -> HubProcess:
-    extra = textwrap.dedent(
-        f"""
-        c.JupyterHub.spawner_class = "{spawner}"
-        c.SimpleLocalProcessSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
-        """
-    )
-    snippets = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
-    hub = HubProcess.start(workdir, snippets, extra, timeout=120)
+    hub = start_mig_hub(workdir, SIM, spawner=spawner)
     hub.create_user("bench", groups=["analysts"])
     return hub
 

@@ -42,6 +42,8 @@ CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 ADMIN_SERVICE = "test-harness"
 
 
+# The shipped snippets a MIG hub under test runs on: the spawner and the group policies.
+MIG_SNIPPETS = tuple(REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py"))
 PORT_ATTEMPTS = 3
 # What a hub's log says when one of its ports was taken by someone else.
 PORT_CLASH = ("Address already in use", "EADDRINUSE", "api_request to proxy failed")
@@ -415,3 +417,25 @@ def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> 
         elif kind == "status" and msg["content"]["execution_state"] == "idle":
             return
     raise HubError(f"kernel did not finish within {timeout}s")
+
+
+def start_mig_hub(
+    workdir: Path, sim: str, extra_config: str = "", spawner: str = "mig-simple", **kw: Any
+) -> HubProcess:
+    """A hub on the shipped snippets with the MIG spawner on simulated GPUs ``sim``.
+
+    Servers run as the test user (``spawner``, by default ``mig-simple``); the simulator
+    keeps its state in ``workdir/sim-gpus.json`` so tests can see and change it.
+    ``extra_config`` is appended last; other keywords go to :meth:`HubProcess.start`.
+    """
+    mig = textwrap.dedent(
+        f"""
+        c.JupyterHub.spawner_class = "{spawner}"
+        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.SimpleLocalProcessSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        c.LocalMIGSpawner.simulate = "{sim}"
+        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        """
+    )
+    kw.setdefault("timeout", 120)
+    return HubProcess.start(workdir, MIG_SNIPPETS, mig + textwrap.dedent(extra_config), **kw)

@@ -9,8 +9,9 @@ them: one ``Ledger.claim`` per server with a ``Decision`` naming the MIG device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from manual_clock import Clock
 
 from mig_spawner import gpu
 from mig_spawner.core.catalog import model
@@ -18,8 +19,6 @@ from mig_spawner.core.inventory import Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Decision, Lease, LeaseRequest, Ledger
-
-T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 POLICY = {
     "analysts": {"allowed": ["1g.18gb", "2g.35gb"], "quota_slices": 4,
@@ -29,18 +28,6 @@ POLICY = {
 }
 
 
-@dataclass
-class Clock:
-    """A clock the test moves by hand."""
-
-    now: datetime = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
 
 
 @dataclass

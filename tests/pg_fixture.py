@@ -11,7 +11,7 @@ collide on a port. ``postgres_url`` (function scope) creates a fresh database
 per test and returns its SQLAlchemy URL.
 
 When the binaries are missing the tests skip, loudly. Set
-``MIG_SPAWNER_REQUIRE_POSTGRES=1`` (CI does) to make that a failure instead,
+``MIG_SPAWNER_REQUIRE_SYSTEM=1`` (``make test`` does) to make that a failure instead,
 and ``MIG_SPAWNER_PG_BIN`` to point at another ``bin`` directory.
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from system_deps import missing
 
 _DB_NAMES = itertools.count()
 
@@ -117,9 +118,7 @@ def postgres_server() -> Iterator[PostgresServer]:
             "$MIG_SPAWNER_PG_BIN and PATH): install postgresql (Debian: apt-get install "
             "postgresql-15) to run the PostgreSQL ledger tests"
         )
-        if os.environ.get("MIG_SPAWNER_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason + " (MIG_SPAWNER_REQUIRE_POSTGRES=1 forbids skipping)")
-        pytest.skip("SKIPPING POSTGRESQL TESTS: " + reason)
+        missing(reason)
 
     # initdb refuses to run as root; the cluster then belongs to the postgres user,
     # in a directory of its own outside pytest's root-only (0700) tmp tree.

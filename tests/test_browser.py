@@ -8,25 +8,15 @@ server. Saves the form's screenshot to docs/img/spawn-form.png for the docs.
 from __future__ import annotations
 
 import re
-import textwrap
-from pathlib import Path
 
 import pytest
-from hub_harness import REPO, HubProcess
+from hub_harness import REPO, start_mig_hub
+from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
 playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # The demo's mixed 2 x H200: two 2g.35gb, one 3g.71gb, one 1g.35gb, six 1g.18gb.
 SIM = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
 SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
@@ -34,20 +24,9 @@ SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
+    require_chromium()
     workdir = tmp_path_factory.mktemp("browserhub")
-    extra = textwrap.dedent(
-        f"""
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
-        c.Spawner.default_url = "/tree"
-        """
-    )
-    snippets = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
-    hub = HubProcess.start(workdir, snippets, extra, timeout=120)
+    hub = start_mig_hub(workdir, SIM, 'c.Spawner.default_url = "/tree"')
     hub.create_user("mia", groups=["ml-team"])
     hub.create_user("max", groups=["ml-team"])
     yield hub

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from manual_clock import T0, Clock
 from sqlalchemy import create_engine, inspect, text
 
 from mig_spawner.ledger import (
@@ -35,25 +35,12 @@ from mig_spawner.ledger.models import VERSION_TABLE, metadata
 
 HOST = "gpu-host-1"
 GPUS = ("GPU-aaaa", "GPU-bbbb")
-T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 
 class NoFreeSlot(Exception):
     """Stands for the allocator's refusal."""
 
 
-@dataclass
-class Clock:
-    """A clock the test moves by hand, so timestamps are exact."""
-
-    now: datetime = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
 
 
 def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Decision:

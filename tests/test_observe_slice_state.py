@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from observe_world import T0, World, make_world
+from manual_clock import T0
+from observe_world import World, make_world
 
 from mig_spawner.ledger import Decision, LeaseRequest
 from mig_spawner.observe.slice_state import slice_map

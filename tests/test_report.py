@@ -9,7 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from observe_world import Clock
+from manual_clock import Clock
 
 from mig_spawner.cli.main import main
 from mig_spawner.core.catalog import model

@@ -13,13 +13,13 @@ from __future__ import annotations
 import socket
 import textwrap
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import requests
 from hub_harness import REPO, HubProcess, free_port
 from observe_world import POLICY, make_world
+from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
@@ -28,9 +28,6 @@ pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
 playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 SERVICE = "mig-slices"
 SNIPPET = REPO / "jupyterhub_config.d" / "30-slice-service.py"
 SCREENSHOT = REPO / "docs" / "img" / "slice-map.png"
@@ -40,8 +37,7 @@ FETCH_JSON = "fetch('slices.json', {headers: {'X-XSRFToken': XSRF}}).then(r => r
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
+    require_chromium()
     workdir = tmp_path_factory.mktemp("slicemap")
     world = make_world(workdir)
     # Leases with real times, since the service measures ages against its own clock.

@@ -5,10 +5,8 @@ One hub for the module, on a simulated H200 in MIG mode with no instance at all.
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
-from hub_harness import REPO, HubProcess
+from hub_harness import start_mig_hub
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
@@ -22,21 +20,17 @@ SIM = "h200x1"
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dynhub")
-    extra = textwrap.dedent(
-        f"""
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
+    hub = start_mig_hub(
+        workdir,
+        SIM,
+        """
         c.LocalMIGSpawner.mig_mode = "dynamic"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
         def _break(spawner):
             if spawner.user.name == "broken":
                 spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
         c.Spawner.pre_spawn_hook = _break
-        """
+        """,
     )
-    snippets = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
-    hub = HubProcess.start(workdir, snippets, extra, timeout=120)
     hub.create_user("ana", groups=["analysts"])
     hub.create_user("broken", groups=["analysts"])
     yield hub

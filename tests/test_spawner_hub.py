@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-from hub_harness import REPO, HubProcess
+from hub_harness import HubProcess, start_mig_hub
 from prometheus_client.parser import text_string_to_metric_families
 
 from mig_spawner.gpu import connect
@@ -26,37 +24,29 @@ from mig_spawner.ledger import Ledger
 pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7+h200x1:layout=1g.18gb*3,2g.35gb,1g.35gb"
-SNIPPETS = [REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py")]
 
 
-def hub_config(workdir: Path) -> str:
-    """What the tests add to the shipped snippets: simulated GPUs, fast polling."""
-    return textwrap.dedent(
-        f"""
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+# What the tests add to the shipped snippets besides the simulated GPUs: fast polling.
+HUB_EXTRA = """
         # A user's environment must not be able to point CUDA elsewhere.
-        c.Spawner.environment = {{"CUDA_VISIBLE_DEVICES": "all", "MIG_SPAWNER_PROFILE": "x"}}
+        c.Spawner.environment = {"CUDA_VISIBLE_DEVICES": "all", "MIG_SPAWNER_PROFILE": "x"}
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 180
         c.Spawner.http_timeout = 180
         # A crowd of users with no quota, for the concurrency test.
-        c.MIGPolicyConfig.group_policies["crowd"] = {{"allowed": ["small"]}}
+        c.MIGPolicyConfig.group_policies["crowd"] = {"allowed": ["small"]}
         # A user whose server cannot start: its slice must come back.
         def _break(spawner):
             if spawner.user.name == "broken":
                 spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
         c.Spawner.pre_spawn_hook = _break
-        """
-    )
+"""
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("mighub")
-    hub = HubProcess.start(workdir, SNIPPETS, hub_config(workdir), timeout=120)
+    hub = start_mig_hub(workdir, SIM, HUB_EXTRA)
     hub.create_user("ana", groups=["analysts"])
     hub.create_user("bob", groups=["analysts"])
     hub.create_user("mia", groups=["ml-team"])
