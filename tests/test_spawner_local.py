@@ -99,7 +99,8 @@ async def test_form_says_why_when_the_ledger_cannot_be_read(tmp_path, sim):
     (tmp_path / "not-a-db.sqlite").write_text("this is not a database")
     s = spawner(tmp_path, f"sqlite:///{tmp_path / 'not-a-db.sqlite'}")
     html = await s.render_options_form()
-    assert "The lease ledger cannot be read right now: " in html
+    assert "The lease ledger cannot be read right now. Try again in a minute" in html
+    assert "not-a-db.sqlite" not in html  # the database's location is not the user's business
     assert all("disabled" in r for r in radios(html))
 
 

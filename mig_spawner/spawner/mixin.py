@@ -101,9 +101,14 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return await self.runtime.run(lambda: self.runtime.ledger().active())
 
     def backend_problem(self, e: Exception) -> str:
-        """What the user hears when a backend cannot be read: what, why, what to do."""
+        """What the user hears when a backend cannot be read: what, why, what to do.
+
+        A ledger error names its database URL, which is the admin's business (it is
+        logged); users only hear that the ledger is unavailable.
+        """
+        why = "" if isinstance(e, LedgerError) else f": {e}"
         return (
-            f"{self._backend_name(e)} cannot be read right now: {e}. Try again in a "
+            f"{self._backend_name(e)} cannot be read right now{why}. Try again in a "
             "minute; if it persists, tell a hub admin."
         )
 
