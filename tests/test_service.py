@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -374,3 +375,49 @@ def test_the_hubs_stop_signal_ends_the_service_cleanly_even_with_sigint_ignored(
         if proc.poll() is None:
             proc.kill()
     assert "mig-spawner-service stopped" in log.read_text()
+
+
+def test_a_managed_service_exits_when_the_hub_that_started_it_is_gone(tmp_path):
+    # A hub killed outright cannot stop its services; its service must not keep culling
+    # beside the one a restarted hub starts. The "hub" here starts the service, then dies.
+    hub = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        env = dict(os.environ, JUPYTERHUB_SERVICE_NAME="mig-slices",
+                   JUPYTERHUB_API_URL="http://127.0.0.1:{unused_port()}/hub/api",
+                   JUPYTERHUB_API_TOKEN="t" * 32)
+        service = subprocess.Popen(
+            [sys.executable, "-m", "mig_spawner.service", "--config-dir={tmp_path}",
+             "--cull-every=1"], env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=open({str(tmp_path / "service.log")!r}, "w"))
+        # The hub lives until the service runs, then dies without stopping it.
+        log = {str(tmp_path / "service.log")!r}
+        while "sweeping every" not in open(log).read():
+            time.sleep(0.1)
+        print(service.pid, flush=True)
+        """
+    )
+    (tmp_path / "00-hub.py").write_text("c.SliceServiceApp.check_gpus = False\n")
+    out = subprocess.run([sys.executable, "-c", hub], capture_output=True, text=True,
+                         timeout=60, check=True)
+    pid = int(out.stdout)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid), "the orphaned service kept running"
+    assert "the hub that started this service is gone" in (tmp_path / "service.log").read_text()
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie: its new parent, init, may not have reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -45,6 +45,7 @@ from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.observe.source import SliceSource
 from mig_spawner.service.handlers import make_web_app
+from mig_spawner.service.lifeline import call_when_orphaned
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.runner import Sweeper, SweepReport
 
@@ -137,6 +138,12 @@ class SliceServiceApp(Application):
         True,
         help="""Release a lease whose server the hub has not run for ``orphan_grace``.
         False only reports such leases.""",
+    ).tag(config=True)
+    exit_with_hub = Bool(
+        True,
+        help="""When run by the hub as a managed service, exit once the hub process that
+        started it is gone (killed outright, so it could not stop its services): the
+        restarted hub starts a new one, and two services must not cull side by side.""",
     ).tag(config=True)
     config_dir = Unicode(
         "",
@@ -472,10 +479,21 @@ class SliceServiceApp(Application):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, main.cancel)
+        lifeline = None
+        if self.exit_with_hub and os.environ.get("JUPYTERHUB_SERVICE_NAME"):
+            def hub_gone() -> None:
+                self.log.warning("the hub that started this service is gone; exiting "
+                                 "(a restarted hub starts its own)")
+                main.cancel()
+
+            lifeline = asyncio.create_task(call_when_orphaned(hub_gone))
         try:
             await self.run()
         except asyncio.CancelledError:
             self.log.info("%s stopped", self.name)
+        finally:
+            if lifeline is not None:
+                lifeline.cancel()
 
 
 main = SliceServiceApp.launch_instance
