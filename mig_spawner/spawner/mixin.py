@@ -281,7 +281,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             await self._release("stale: server was not running when it started again")
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
-        self.progress_log.add(10, f"Reserving a {offer.display_name or offer.key} slice")
+        # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
+        # are headings ("Small: 1 of 7 compute slices").
+        self.progress_log.add(10, f"Reserving a {offer.key} slice")
         tic = time.perf_counter()
         request = LeaseRequest(self.user.name, self.name or "")
         plan = None

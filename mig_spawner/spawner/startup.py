@@ -19,7 +19,9 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
 
 # Spawner config sections whose simulate/sim_state_file pick the GPUs.
-_LOCAL_SECTIONS = ("LocalMIGSpawner", "SimpleLocalMIGSpawner")
+_LOCAL_SECTIONS = (
+    "MIGSpawnerSettings", "MIGSpawnerMixin", "LocalMIGSpawner", "SimpleLocalMIGSpawner",
+)
 
 
 def local_fleet(config: Config) -> list[GpuModel] | None:
