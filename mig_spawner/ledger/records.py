@@ -237,10 +237,6 @@ class LedgerView:
         """Per-user and per-group usage of the held leases."""
         return Usage.of(self.leases)
 
-    def on_host(self, host: str) -> tuple[Lease, ...]:
-        """Held leases on one host."""
-        return tuple(lease for lease in self.leases if lease.host == host)
-
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""
         return frozenset(
