@@ -108,6 +108,21 @@ def load_config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> Config:
     return config
 
 
+def spawner_setting(config: Config, name: str, skip: str = "") -> str | None:
+    """The spawner's ``name`` setting (``simulate``, ``ledger_url``...) in a loaded config.
+
+    Read from any section that sets it non-empty (``LocalMIGSpawner``,
+    ``MIGSpawnerMixin``, ``KubeMIGSpawner``...) but ``skip``, so that one setting serves
+    the hub, its start-up check and the slice service without naming spawner classes
+    here, below the spawner.
+    """
+    for section_name, section in config.items():
+        value = section.get(name) if isinstance(section, Config) else None
+        if section_name != skip and value:
+            return str(value)
+    return None
+
+
 def offered_profiles_from_config(
     config_dir: PathLike, fleet_models: Iterable[GpuModel] | None = None
 ) -> tuple[list[str], str]:

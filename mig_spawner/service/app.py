@@ -32,10 +32,10 @@ from urllib.parse import urlparse
 from tornado.httpserver import HTTPServer
 from tornado.log import LogFormatter
 from traitlets import Bool, Float, Int, Unicode, Union, default, validate
-from traitlets.config import Application, Config
+from traitlets.config import Application
 
 from mig_spawner import __version__, gpu
-from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.config import MIGPolicyConfig, load_config_files, spawner_setting
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
@@ -262,14 +262,8 @@ class SliceServiceApp(Application):
         return ""
 
     def _spawner_setting(self, name: str) -> str | None:
-        """The spawner's ``name`` setting in the loaded config (any section but this
-        app's: ``LocalMIGSpawner``, ``KubeMIGSpawner``, ...), if one sets it non-empty.
-        One setting then serves the hub and the service alike."""
-        for section_name, section in self.config.items():
-            value = section.get(name) if isinstance(section, Config) else None
-            if section_name != type(self).__name__ and value:
-                return str(value)
-        return None
+        """The spawner's setting in the loaded config: one setting serves hub and service."""
+        return spawner_setting(self.config, name, skip=type(self).__name__)
 
     @default("ledger_url")
     def _default_ledger_url(self) -> str:

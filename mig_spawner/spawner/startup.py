@@ -12,16 +12,11 @@ import sys
 
 from traitlets.config import Config
 
-from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.config import MIGPolicyConfig, spawner_setting
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.policy import PolicyError, PolicySet
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
-
-# Spawner config sections whose simulate/sim_state_file pick the GPUs.
-_LOCAL_SECTIONS = (
-    "MIGSpawnerSettings", "MIGSpawnerMixin", "LocalMIGSpawner", "SimpleLocalMIGSpawner",
-)
 
 
 def local_fleet(config: Config) -> list[GpuModel] | None:
@@ -30,12 +25,11 @@ def local_fleet(config: Config) -> list[GpuModel] | None:
     ``None`` when the GPUs cannot be read now (no driver on the hub's machine, e.g. a
     Kubernetes hub): the policy is then checked without knowing the fleet.
     """
-    section: dict = {}
-    for name in _LOCAL_SECTIONS:
-        section.update(config.get(name, {}))
-    simulate = section.get("simulate")
     try:
-        adapter = connect(simulate=simulate, state_file=section.get("sim_state_file"))
+        adapter = connect(
+            simulate=spawner_setting(config, "simulate"),
+            state_file=spawner_setting(config, "sim_state_file"),
+        )
         try:
             inventory = adapter.inventory()
         finally:
