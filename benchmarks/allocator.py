@@ -32,7 +32,7 @@ from mig_spawner.core.allocator import (
     pick_dynamic,
     pick_pool,
 )
-from mig_spawner.core.allocator_tables import table
+from mig_spawner.core.allocator.tables import table
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory, MigDevice
 

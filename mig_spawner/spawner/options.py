@@ -15,8 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mig_spawner.core.policy import NO_GPU_ACCESS, NOT_ALLOWED, Offer, PolicySet, UserPolicy
-from mig_spawner.core.policy_model import is_profile_name, offer_key
+from mig_spawner.core.policy import (
+    NO_GPU_ACCESS,
+    NOT_ALLOWED,
+    Offer,
+    PolicySet,
+    UserPolicy,
+    is_profile_name,
+    offer_key,
+)
 
 #: The one user option: the key of an offer (a profile like ``1g.18gb`` or a slice class).
 PROFILE = "profile"

@@ -1,6 +1,6 @@
 """Group policy data: what a user may pick, with which limits, and for whom.
 
-Pure values built by :func:`mig_spawner.core.policy_build.build_policy`; import them
+Pure values built by :func:`mig_spawner.core.policy.build_policy`; import them
 through :mod:`mig_spawner.core.policy`. Multi-group semantics live in
 :meth:`PolicySet.for_user` and are documented in docs/policies.md.
 """

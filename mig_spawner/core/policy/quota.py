@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mig_spawner.core.policy_model import GroupPolicy, UserPolicy, offer_key
+from .model import GroupPolicy, UserPolicy, offer_key
 
 # Machine codes of QuotaRefusal.reason (stable: the spawner and metrics use them).
 NO_GPU_ACCESS = "no_gpu_access"

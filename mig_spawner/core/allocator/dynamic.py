@@ -1,34 +1,28 @@
-"""Which MIG slice a new server gets: pure, deterministic decisions over an Inventory.
+"""Dynamic mode: where a NEW GPU instance goes, chosen to keep future requests placeable.
 
-Two modes (see docs/allocator.md):
-
-* **pool**: an admin made the MIG devices beforehand; :func:`pick_pool` hands out a
-  free one of the wanted profile. ``pack`` fills the GPU that is already most used
-  (whole GPUs stay free for big slices), ``spread`` the least used one.
-* **dynamic**: a new GPU instance is created per server; :func:`pick_dynamic` chooses
-  the GPU and the placement ``{start, size}`` that keeps the most future requests
-  placeable, within NVIDIA's rules (valid starts, no overlap, per-profile limits, one
-  ``+me`` instance per GPU, MIG on and not waiting for a reset).
-
-When nothing can be given, a :class:`Refusal` says why and what is free instead.
+:class:`Occupancy` is every GPU's taken memory slices and instance counts (existing
+instances plus the ledger's reservations); :func:`pick_dynamic` chooses the GPU and the
+placement ``{start, size}`` that loses the least future capacity, within NVIDIA's rules
+(:mod:`.tables`). Import through :mod:`mig_spawner.core.allocator`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
-from mig_spawner.core.allocator_pool import PoolGrant, pick_pool, pool_free
-from mig_spawner.core.allocator_refusals import (
+from mig_spawner.core.catalog import normalize_profile_name
+from mig_spawner.core.inventory import Gpu, Inventory
+
+from .refusals import (
     GpuView,
     MigState,
     Refusal,
-    RefusalReason,
     no_capacity,
     precheck,
 )
-from mig_spawner.core.allocator_request import (
+from .request import (
     KNOWN_KEYS,
     Placement,
     Strategy,
@@ -38,23 +32,7 @@ from mig_spawner.core.allocator_request import (
     mig_state,
     resolve,
 )
-from mig_spawner.core.allocator_tables import ModelTable, table
-from mig_spawner.core.catalog import normalize_profile_name
-from mig_spawner.core.inventory import Gpu, Inventory
-
-__all__ = [
-    "GpuSlots",
-    "Occupancy",
-    "Placement",
-    "PoolGrant",
-    "Refusal",
-    "RefusalReason",
-    "Strategy",
-    "Wanted",
-    "free_counts",
-    "pick_dynamic",
-    "pick_pool",
-]
+from .tables import ModelTable, table
 
 _UNSEEN: Any = object()
 
@@ -305,22 +283,3 @@ def pick_dynamic(
     it every profile counts the same.
     """
     return Occupancy.of(inventory, reserved).pick_dynamic(wanted, strategy, demand)
-
-def free_counts(
-    inventory: Inventory,
-    mode: Literal["pool", "dynamic"],
-    *,
-    held_mig_uuids: Collection[str] = (),
-    reserved: Iterable[Placement] = (),
-) -> dict[str, int]:
-    """How many of each profile a user could get right now (for the spawn form).
-
-    pool: free existing devices (``held_mig_uuids`` are taken). dynamic: how many more
-    of that profile could still be created, each profile counted alone (``reserved``
-    are the ledger's claims).
-    """
-    if mode == "pool":
-        return pool_free(inventory, set(held_mig_uuids))
-    if mode == "dynamic":
-        return Occupancy.of(inventory, reserved).free_counts()
-    raise ValueError(f"mode must be 'pool' or 'dynamic', not {mode!r}")

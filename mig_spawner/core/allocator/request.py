@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal, Protocol
 
-from mig_spawner.core.allocator_refusals import MigState
 from mig_spawner.core.catalog import MODELS, CatalogError, model, normalize_profile_name
 from mig_spawner.core.inventory import Gpu
+
+from .refusals import MigState
 
 Strategy = Literal["pack", "spread"]
 # A profile name for every model that has it ("2g.35gb"), or one per model key

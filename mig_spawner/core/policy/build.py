@@ -13,7 +13,8 @@ from types import MappingProxyType
 
 from mig_spawner.core.catalog import MODELS, CatalogError, GpuModel, model, parse_profile_name
 from mig_spawner.core.durations import DurationError, parse_duration
-from mig_spawner.core.policy_model import (
+
+from .model import (
     DEFAULT_GROUP,
     GroupPolicy,
     Offer,

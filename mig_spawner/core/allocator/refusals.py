@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mig_spawner.core.allocator_tables import WHY_LIMIT, WHY_MEDIA, WHY_SLICES
 from mig_spawner.core.catalog import MODELS, model
+
+from .tables import WHY_LIMIT, WHY_MEDIA, WHY_SLICES
 
 RefusalReason = Literal["none_free", "no_capacity", "mig_disabled", "no_gpu_for_profile"]
 # MIG state of one GPU as the allocator sees it.

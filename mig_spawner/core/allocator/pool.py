@@ -6,8 +6,10 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from mig_spawner.core.allocator_refusals import GpuView, Refusal, none_free, precheck
-from mig_spawner.core.allocator_request import (
+from mig_spawner.core.inventory import Inventory, MigDevice
+
+from .refusals import GpuView, Refusal, none_free, precheck
+from .request import (
     KNOWN_KEYS,
     Placement,
     Strategy,
@@ -17,7 +19,6 @@ from mig_spawner.core.allocator_request import (
     mig_state,
     resolve,
 )
-from mig_spawner.core.inventory import Inventory, MigDevice
 
 
 @dataclass(frozen=True)

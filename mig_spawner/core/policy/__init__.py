@@ -1,27 +1,28 @@
 """Group policies: who may have which MIG slice, how many, and for how long.
 
-The public face of the policy layer; the code lives in three small modules:
+This package's face is what callers import; the code lives in three modules:
 
-* :mod:`.policy_model`: the values (:class:`Offer`, :class:`GroupPolicy`,
+* :mod:`.model`: the values (:class:`Offer`, :class:`GroupPolicy`,
   :class:`UserPolicy`, :class:`PolicySet`) and multi-group resolution;
-* :mod:`.policy_build`: :func:`build_policy`, validation of the admin's dicts;
-* :mod:`.policy_quota`: :func:`check_claim`, the quota check a claim runs.
+* :mod:`.build`: :func:`build_policy`, validation of the admin's dicts;
+* :mod:`.quota`: :func:`check_claim`, the quota check a claim runs.
 
 Pure: no I/O and no traitlets or JupyterHub import (``mig_spawner.config`` wraps this
 in a traitlets Configurable). Admin documentation: docs/policies.md.
 """
 
-from mig_spawner.core.policy_build import CLASS_KEYS, GROUP_KEYS, OFFER_KEYS, build_policy
-from mig_spawner.core.policy_model import (
+from .build import CLASS_KEYS, GROUP_KEYS, OFFER_KEYS, build_policy
+from .model import (
     DEFAULT_GROUP,
     GroupPolicy,
     Offer,
     PolicyError,
     PolicySet,
     UserPolicy,
+    is_profile_name,
     offer_key,
 )
-from mig_spawner.core.policy_quota import (
+from .quota import (
     GROUP_QUOTA,
     NO_GPU_ACCESS,
     NOT_ALLOWED,
@@ -52,6 +53,7 @@ __all__ = [
     "UserPolicy",
     "build_policy",
     "check_claim",
+    "is_profile_name",
     "offer_key",
     "tally",
 ]
