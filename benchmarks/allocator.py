@@ -28,13 +28,13 @@ from mig_spawner.core.allocator import (
     GpuSlots,
     Occupancy,
     Placement,
-    Refusal,
     pick_dynamic,
     pick_pool,
 )
 from mig_spawner.core.allocator.tables import table
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory, MigDevice
+from mig_spawner.core.refusal import Refused
 
 # --- (a) latency ----------------------------------------------------------------------
 
@@ -97,7 +97,7 @@ def latency() -> None:
         inv_dyn, _ = _fleet(n, pool=False)
         pm, pp = _time(lambda i=inv_pool, h=held: pick_pool(i, h, "2g.35gb"), reps)
         dm, dp = _time(lambda i=inv_dyn: pick_dynamic(i, (), "2g.35gb"), reps)
-        assert not isinstance(pick_dynamic(inv_dyn, (), "2g.35gb"), Refusal)
+        assert not isinstance(pick_dynamic(inv_dyn, (), "2g.35gb"), Refused)
         first = first or dm
         print(f"{n:>7} {pm:>9.3f} {pp:>9.3f} {dm:>9.3f} {dp:>9.3f} {dm / first:>6.0f}x")
 
@@ -118,7 +118,7 @@ STEPS = 40
 def ours(demand: Mapping[str, float] | None) -> Chooser:
     def choose(occ: Occupancy, name: str) -> Placement | None:
         got = occ.pick_dynamic(name, demand=demand)
-        return None if isinstance(got, Refusal) else got
+        return None if isinstance(got, Refused) else got
     return choose
 
 

@@ -10,13 +10,13 @@ from mig_spawner.core.allocator import (
     Occupancy,
     Placement,
     PoolGrant,
-    Refusal,
     free_counts,
     pick_dynamic,
     pick_pool,
 )
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.inventory import Gpu, GpuInstance, GpuProcess, Inventory, MigDevice
+from mig_spawner.core.refusal import Refused
 
 Layout = Iterable[tuple[str, int]]
 
@@ -82,7 +82,7 @@ def test_pool_skips_leased_and_busy_devices_and_says_so() -> None:
     inv = make_inventory(make_gpu(0, layout=POOL_LAYOUT, busy_starts=[2]),
                          make_gpu(1, layout=POOL_LAYOUT))
     refusal = pick_pool(inv, {"MIG-1-2-2g.35gb"}, "2g.35gb")
-    assert isinstance(refusal, Refusal)
+    assert isinstance(refusal, Refused)
     assert refusal.reason == "none_free"
     assert refusal.message == (
         "no 2g.35gb free on 2 GPUs (2 exist: 1 leased, 1 running processes that no lease "
@@ -94,7 +94,7 @@ def test_pool_skips_leased_and_busy_devices_and_says_so() -> None:
 def test_pool_refusal_when_no_instance_of_the_profile_was_made() -> None:
     inv = make_inventory(make_gpu(0, layout=POOL_LAYOUT))
     refusal = pick_pool(inv, set(), "7g.141gb")
-    assert isinstance(refusal, Refusal) and refusal.reason == "none_free"
+    assert isinstance(refusal, Refused) and refusal.reason == "none_free"
     assert "no 7g.141gb instance exists on the 1 GPU with MIG on" in refusal.message
     assert "nvidia-smi mig -cgi 7g.141gb -C" in refusal.message
 
@@ -107,7 +107,7 @@ def test_pool_wanted_per_model_on_a_mixed_host() -> None:
     second = pick_pool(inv, {first.uuid}, wanted)
     assert isinstance(second, PoolGrant) and second.device.profile == "2g.35gb"
     refusal = pick_pool(inv, {first.uuid, second.uuid}, wanted)
-    assert isinstance(refusal, Refusal)
+    assert isinstance(refusal, Refused)
     assert refusal.message.startswith(
         "no 2g.20gb (H100 80GB) or 2g.35gb (H200 141GB) free on 2 GPUs")
 
@@ -115,7 +115,7 @@ def test_pool_wanted_per_model_on_a_mixed_host() -> None:
 def test_no_gpu_for_profile_names_what_the_host_has() -> None:
     inv = make_inventory(make_gpu(0, "h100", [("1g.10gb", 0)]))
     for refusal in (pick_pool(inv, set(), "2g.35gb"), pick_dynamic(inv, (), "2g.35gb")):
-        assert isinstance(refusal, Refusal) and refusal.reason == "no_gpu_for_profile"
+        assert isinstance(refusal, Refused) and refusal.reason == "no_gpu_for_profile"
         assert refusal.message.startswith(
             "no GPU here offers 2g.35gb; this host has 1 x H100 80GB; free now: 1g.10gb:")
 
@@ -123,7 +123,7 @@ def test_no_gpu_for_profile_names_what_the_host_has() -> None:
 def test_mig_disabled_tells_the_admin_what_to_run() -> None:
     inv = make_inventory(make_gpu(0, mig=(False, False)), make_gpu(1, mig=(False, True)))
     for refusal in (pick_pool(inv, set(), "1g.18gb"), pick_dynamic(inv, (), "1g.18gb")):
-        assert isinstance(refusal, Refusal) and refusal.reason == "mig_disabled"
+        assert isinstance(refusal, Refused) and refusal.reason == "mig_disabled"
         assert refusal.message == (
             "cannot give 1g.18gb: MIG mode is off on GPU 0; an admin enables it with "
             "'nvidia-smi -i 0 -mig 1' (root, GPU idle); GPU 1 has a MIG mode change waiting "
@@ -189,7 +189,7 @@ def test_dynamic_only_one_media_instance_per_gpu() -> None:
     inv = make_inventory(make_gpu(0, layout=[("1g.18gb+me", 0)]),
                          make_gpu(1, layout=[("1g.18gb+me", 0)]), make_gpu(2, mig=(False, False)))
     refusal = pick_dynamic(inv, (), "1g.18gb+me")
-    assert isinstance(refusal, Refusal) and refusal.reason == "no_capacity"
+    assert isinstance(refusal, Refused) and refusal.reason == "no_capacity"
     assert refusal.message.startswith(
         "no room for a new 1g.18gb+me on 2 GPUs (the one +me (media extensions) instance per "
         "GPU is taken on 2 GPUs); 1 more GPU with MIG off or pending; free now: 1g.18gb: 12,")
@@ -198,7 +198,7 @@ def test_dynamic_only_one_media_instance_per_gpu() -> None:
 def test_dynamic_refusal_lists_what_can_still_be_created() -> None:
     inv = make_inventory(make_gpu(0, layout=[("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)]))
     refusal = pick_dynamic(inv, (), "2g.35gb")
-    assert isinstance(refusal, Refusal) and refusal.reason == "no_capacity"
+    assert isinstance(refusal, Refused) and refusal.reason == "no_capacity"
     assert refusal.message == (
         "no room for a new 2g.35gb on 1 GPU (not enough free aligned memory slices on 1 GPU); "
         "nothing else is free either"
@@ -206,14 +206,14 @@ def test_dynamic_refusal_lists_what_can_still_be_created() -> None:
     # Slices 6-7 free: 1g fits only at 6 (no 1g starts at 7), 1g double memory at 6.
     inv = make_inventory(make_gpu(0, layout=[("4g.71gb", 0), ("2g.35gb", 4)]))
     refusal = pick_dynamic(inv, (), "3g.71gb")
-    assert isinstance(refusal, Refusal)
+    assert isinstance(refusal, Refused)
     assert refusal.message.endswith("free now: 1g.18gb: 1, 1g.18gb+me: 1, 1g.35gb: 1")
 
 
 def test_dynamic_media_rule_spans_profiles_on_a30() -> None:
     inv = make_inventory(make_gpu(0, "a30", [("1g.6gb+me", 3)]))
     refusal = pick_dynamic(inv, (), "2g.12gb+me")
-    assert isinstance(refusal, Refusal)
+    assert isinstance(refusal, Refused)
     assert "(the one +me (media extensions) instance per GPU is taken on 1 GPU)" in refusal.message
     assert granted(pick_dynamic(inv, (), "2g.12gb")).start == 0
 

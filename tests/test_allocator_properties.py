@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_allocator import make_gpu, make_inventory
 
-from mig_spawner.core.allocator import Placement, PoolGrant, Refusal, pick_dynamic, pick_pool
+from mig_spawner.core.allocator import Placement, PoolGrant, pick_dynamic, pick_pool
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory
+from mig_spawner.core.refusal import Refused
 
 # A30 twice: its two +me profiles are where the one-media-instance rule bites.
 MODEL_KEYS = ("h200", "h100", "a30", "a30", "a100-40gb")
@@ -103,7 +104,7 @@ def test_dynamic_sequences_follow_the_rules(fleet: list, plan: list) -> None:
         assert pick_dynamic(inv, list(reversed(reserved)), name, strategy) == got
         backwards = replace(inv, gpus=tuple(reversed(inv.gpus)))
         assert pick_dynamic(backwards, reserved, name, strategy) == got
-        if isinstance(got, Refusal):
+        if isinstance(got, Refused):
             assert not any(fits(g, name, s, held) for g in inv.gpus for s in range(8)), got
             assert name in got.message
         else:
@@ -152,7 +153,7 @@ def test_pool_grants_only_free_devices_and_refuses_only_when_none(
     backwards = replace(inv, gpus=tuple(reversed(inv.gpus)))
     assert pick_pool(backwards, set(held), name, strategy) == got  # type: ignore[arg-type]
     if not free:
-        assert isinstance(got, Refusal) and name in got.message
+        assert isinstance(got, Refused) and name in got.message
         return
     assert isinstance(got, PoolGrant) and got.device in free
 

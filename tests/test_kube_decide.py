@@ -8,9 +8,9 @@ import pytest
 from kube_objects import gpu_labels, node, pod
 
 from mig_spawner.core.policy import build_policy
+from mig_spawner.core.refusal import Refused
 from mig_spawner.kube import cluster_slices
 from mig_spawner.ledger import Lease, LeaseRequest, LedgerView
-from mig_spawner.spawner.decide import ClaimRefused
 from mig_spawner.spawner.kube_decide import (
     Choice,
     free_by_model,
@@ -64,7 +64,7 @@ def test_a_lease_whose_pod_the_snapshot_does_not_show_yet_takes_its_slice():
     assert in_flight([bens], slices) == {"3g.71gb": 1}
     assert free_by_model(slices, [bens]) == {"h200": {"1g.18gb": 1, "3g.71gb": 0}}
     decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "jupyterhub/a", Choice())
-    with pytest.raises(ClaimRefused) as info:
+    with pytest.raises(Refused) as info:
         decide(view("ana", bens))
     assert info.value.reason == "none_free"
     assert "1 being started" in info.value.message
@@ -85,7 +85,7 @@ def test_quota_refusal_comes_before_capacity():
     slices = cluster_slices([h200("h1", n18=0, n71=0)], [])
     mine = [lease("ana", "1g.18gb", "ns/a1"), lease("ana", "3g.71gb", "ns/a2")]
     decide = make_kube_decide(ANALYST, POLICY.offer("small"), slices, "ns/a3", Choice())
-    with pytest.raises(ClaimRefused) as info:
+    with pytest.raises(Refused) as info:
         decide(view("ana", *mine))
     assert info.value.reason == "user_limit"
 
@@ -95,7 +95,7 @@ def test_no_node_for_the_offer_names_the_nodes_left_out():
                          {"nvidia.com/mig-3g.71gb": "2"})
     slices = cluster_slices([reconfiguring], [])
     decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "ns/a", Choice())
-    with pytest.raises(ClaimRefused) as info:
+    with pytest.raises(Refused) as info:
         decide(view("ana"))
     assert info.value.reason == "no_gpu_for_profile"
     assert "h9: MIG Manager is applying a layout" in info.value.message

@@ -11,19 +11,15 @@ from hypothesis import strategies as st
 
 from mig_spawner.core.catalog import model
 from mig_spawner.core.policy import (
-    GROUP_QUOTA,
-    NO_GPU_ACCESS,
-    NOT_ALLOWED,
-    USER_LIMIT,
-    GroupUsage,
+    GroupTally,
     Holding,
     PolicyError,
     PolicySet,
-    QuotaRefusal,
     build_policy,
     check_claim,
     tally,
 )
+from mig_spawner.core.refusal import Reason, Refused
 
 H200 = model("h200")
 A100_80 = model("a100-80gb")
@@ -258,11 +254,11 @@ def refusal(
     offer: str,
     compute: int,
     active: list[Holding],
-    usage: dict[str, GroupUsage],
+    usage: dict[str, GroupTally],
     policies: PolicySet | None = None,
-) -> QuotaRefusal:
+) -> Refused:
     user = (policies or policy()).for_user(user_groups)
-    with pytest.raises(QuotaRefusal) as err:
+    with pytest.raises(Refused) as err:
         check_claim(user, offer, compute, active, usage)
     assert err.value.hint
     return err.value
@@ -274,24 +270,24 @@ TWO_HELD = [Holding("", "2g.35gb", 2, "ml-team"), Holding("big", "3g.71gb", 3, "
 
 # fmt: off
 REFUSALS = [
-    ([], "small", 1, [], {}, NO_GPU_ACCESS, NO_ACCESS),
-    (["blocked"], "small", 1, [], {}, NO_GPU_ACCESS, NO_ACCESS),
-    (["analysts"], "large", 3, [], {}, NOT_ALLOWED,
+    ([], "small", 1, [], {}, Reason.NO_GPU_ACCESS, NO_ACCESS),
+    (["blocked"], "small", 1, [], {}, Reason.NO_GPU_ACCESS, NO_ACCESS),
+    (["analysts"], "large", 3, [], {}, Reason.NOT_ALLOWED,
      "'large' is not allowed for your groups (analysts); allowed: small, medium"),
-    (["analysts", "blocked"], "3g.71gb", 3, [], {}, NOT_ALLOWED,
+    (["analysts", "blocked"], "3g.71gb", 3, [], {}, Reason.NOT_ALLOWED,
      "'3g.71gb' is not allowed for your groups (analysts, blocked); allowed: small, medium"),
-    (["analysts"], "small", 1, [GPU], {}, USER_LIMIT,
+    (["analysts"], "small", 1, [GPU], {}, Reason.USER_LIMIT,
      "you already hold 1 of 1 slices (server 'gpu')"),
-    (["analysts"], "small", 1, [Holding("", "1g.18gb", 1, "analysts")], {}, USER_LIMIT,
+    (["analysts"], "small", 1, [Holding("", "1g.18gb", 1, "analysts")], {}, Reason.USER_LIMIT,
      "you already hold 1 of 1 slices (your default server)"),
-    (["ml-team"], "medium", 2, TWO_HELD, {}, USER_LIMIT,
+    (["ml-team"], "medium", 2, TWO_HELD, {}, Reason.USER_LIMIT,
      "you already hold 2 of 2 slices (servers default, 'big')"),
-    (["analysts"], "small", 1, [], {"analysts": GroupUsage(6, 6)}, GROUP_QUOTA,
+    (["analysts"], "small", 1, [], {"analysts": GroupTally(6, 6)}, Reason.GROUP_QUOTA,
      "your group 'analysts' holds 6 of its 6 slices"),
-    (["ml-team"], "large", 3, [], {"ml-team": GroupUsage(2, 6)}, GROUP_QUOTA,
+    (["ml-team"], "large", 3, [], {"ml-team": GroupTally(2, 6)}, Reason.GROUP_QUOTA,
      "your group 'ml-team' uses 6 of its 7 compute slices and 'large' needs 3"),
     (["analysts", "ml-team"], "medium", 2, [],
-     {"analysts": GroupUsage(6, 8), "ml-team": GroupUsage(3, 6)}, GROUP_QUOTA,
+     {"analysts": GroupTally(6, 8), "ml-team": GroupTally(3, 6)}, Reason.GROUP_QUOTA,
      "every group of yours that allows 'medium' is full: group 'ml-team' uses 6 of its 7 "
      "compute slices and 'medium' needs 2; group 'analysts' holds 6 of its 6 slices"),
 ]
@@ -306,7 +302,7 @@ def test_check_claim_refusals(
     offer: str,
     compute: int,
     active: list[Holding],
-    usage: dict[str, GroupUsage],
+    usage: dict[str, GroupTally],
     reason: str,
     message: str,
 ) -> None:
@@ -326,29 +322,29 @@ def test_default_policy_refusals_speak_of_users_outside_the_groups() -> None:
     policies = policy(default={"allowed": ["small"], "quota_slices": 2})
     err = refusal([], "large", 3, [], {}, policies)
     assert str(err) == "'large' is not allowed for users outside the GPU groups; allowed: small"
-    err = refusal([], "small", 1, [], {"default": GroupUsage(2, 2)}, policies)
+    err = refusal([], "small", 1, [], {"default": GroupTally(2, 2)}, policies)
     assert str(err) == "users outside the GPU groups hold 2 of their 2 slices"
     user = policies.for_user(["students"])
-    assert check_claim(user, "small", 1, [], {"default": GroupUsage(1, 1)}).name == "default"
+    assert check_claim(user, "small", 1, [], {"default": GroupTally(1, 1)}).name == "default"
 
 
 @pytest.mark.parametrize(
     ("user_groups", "offer", "compute", "usage", "charged"),
     [
-        (["analysts"], "small", 1, {"analysts": GroupUsage(5, 5)}, "analysts"),
+        (["analysts"], "small", 1, {"analysts": GroupTally(5, 5)}, "analysts"),
         (["analysts", "ml-team"], "medium", 2, {}, "ml-team"),
         # ml-team (priority 10) is full in compute slices: the lease falls to analysts.
-        (["analysts", "ml-team"], "medium", 2, {"ml-team": GroupUsage(3, 6)}, "analysts"),
+        (["analysts", "ml-team"], "medium", 2, {"ml-team": GroupTally(3, 6)}, "analysts"),
         # Only 1 compute slice left in ml-team: a 1g still fits there.
-        (["analysts", "ml-team"], "1g.35gb", 1, {"ml-team": GroupUsage(3, 6)}, "ml-team"),
-        (["analysts", "admins"], "small", 1, {"analysts": GroupUsage(6, 6)}, "admins"),
+        (["analysts", "ml-team"], "1g.35gb", 1, {"ml-team": GroupTally(3, 6)}, "ml-team"),
+        (["analysts", "admins"], "small", 1, {"analysts": GroupTally(6, 6)}, "admins"),
     ],
 )
 def test_check_claim_charges_the_first_group_with_room(
     user_groups: list[str],
     offer: str,
     compute: int,
-    usage: dict[str, GroupUsage],
+    usage: dict[str, GroupTally],
     charged: str,
 ) -> None:
     user = policy().for_user(user_groups)
@@ -357,7 +353,7 @@ def test_check_claim_charges_the_first_group_with_room(
 
 def test_tally_adds_up_leases_per_group() -> None:
     holdings = [GPU, Holding("b", "3g.71gb", 3, "ml-team"), Holding("c", "2g.35gb", 2, "ml-team")]
-    assert tally(holdings) == {"analysts": GroupUsage(1, 1), "ml-team": GroupUsage(2, 5)}
+    assert tally(holdings) == {"analysts": GroupTally(1, 1), "ml-team": GroupTally(2, 5)}
 
 
 @given(
@@ -382,7 +378,7 @@ def test_a_charged_group_always_has_room_and_a_refusal_means_none_had(
         }
         for name, (slices, cs, prio) in zip(names, quotas, strict=False)
     }
-    usage = {name: GroupUsage(*u) for name, u in zip(names, used, strict=False)}
+    usage = {name: GroupTally(*u) for name, u in zip(names, used, strict=False)}
     policy_set = policy(groups=groups)
     user = policy_set.for_user(names)
 
@@ -394,8 +390,8 @@ def test_a_charged_group_always_has_room_and_a_refusal_means_none_had(
 
     try:
         charged = check_claim(user, "small", compute, [], usage)
-    except QuotaRefusal as err:
-        assert err.reason == GROUP_QUOTA
+    except Refused as err:
+        assert err.reason == Reason.GROUP_QUOTA
         assert not any(has_room(n) for n in names)
     else:
         assert has_room(charged.name)

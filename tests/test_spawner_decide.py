@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core.refusal import Refused
 from mig_spawner.gpu import connect
 from mig_spawner.ledger import LeaseRequest, Ledger
-from mig_spawner.spawner.decide import ClaimRefused, free_now, make_decide
+from mig_spawner.spawner.decide import free_now, make_decide
 from mig_spawner.spawner.progress import ProgressLog
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
@@ -58,12 +59,12 @@ def test_pool_grant_records_the_instance_group_and_session_end(ledger, policies,
 def test_quota_is_told_before_availability(ledger, policies, inventory):
     claim(ledger, policies, inventory, "ana", ["analysts"], "medium")
     # ana's second server: the only 2g.35gb is taken, but what stops her is her limit.
-    with pytest.raises(ClaimRefused) as e:
+    with pytest.raises(Refused) as e:
         claim(ledger, policies, inventory, "ana", ["analysts"], "medium", server="two")
     assert e.value.reason == "user_limit"
     assert "you already hold 1 of 1 slices" in e.value.message
     # bob is under his limit, so he hears that none is free, and what is.
-    with pytest.raises(ClaimRefused) as e:
+    with pytest.raises(Refused) as e:
         claim(ledger, policies, inventory, "bob", ["analysts"], "medium")
     assert e.value.reason == "none_free"
     assert "free now: 1g.18gb: 2" in e.value.message

@@ -14,16 +14,11 @@ import pytest
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.catalog import model
+from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.gpu import connect
 from mig_spawner.spawner import form
 from mig_spawner.spawner.decide import free_now
-from mig_spawner.spawner.options import (
-    INVALID,
-    UNKNOWN,
-    OptionsError,
-    options_from_form,
-    requested_offer,
-)
+from mig_spawner.spawner.options import options_from_form, requested_offer
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 
@@ -54,21 +49,22 @@ def test_an_allowed_offer_is_granted(analyst, policies):
 @pytest.mark.parametrize(
     ("user_options", "reason", "words"),
     [
-        (["small"], INVALID, "must be a JSON object"),
-        ({"profile": "small", "gpu": 0}, INVALID, "unknown option(s) 'gpu'"),
-        ({"profile": "small", "x" * 500: 1}, INVALID, "the only option is 'profile'"),
-        ({}, INVALID, "choose a GPU slice"),
-        ({"profile": ["small", "medium"]}, INVALID, "must be one name"),
-        ({"profile": 3}, INVALID, "not int"),
-        ({"profile": "s" * 5000}, INVALID, "5000 characters long"),
+        (["small"], Reason.INVALID_OPTIONS, "must be a JSON object"),
+        ({"profile": "small", "gpu": 0}, Reason.INVALID_OPTIONS, "unknown option(s) 'gpu'"),
+        ({"profile": "small", "x" * 500: 1}, Reason.INVALID_OPTIONS,
+         "the only option is 'profile'"),
+        ({}, Reason.INVALID_OPTIONS, "choose a GPU slice"),
+        ({"profile": ["small", "medium"]}, Reason.INVALID_OPTIONS, "must be one name"),
+        ({"profile": 3}, Reason.INVALID_OPTIONS, "not int"),
+        ({"profile": "s" * 5000}, Reason.INVALID_OPTIONS, "5000 characters long"),
         ({"profile": "large"}, "not_allowed", "not allowed for your groups (analysts)"),
-        ({"profile": "5g.999gb"}, UNKNOWN, "not a MIG profile offered on this hub"),
-        ({"profile": "huge"}, UNKNOWN, "not a slice offered on this hub"),
+        ({"profile": "5g.999gb"}, Reason.UNKNOWN_PROFILE, "not a MIG profile offered on this hub"),
+        ({"profile": "huge"}, Reason.UNKNOWN_PROFILE, "not a slice offered on this hub"),
     ],
 )
 def test_bad_options_are_refused_with_what_to_send(analyst, policies, user_options, reason,
                                                    words):
-    with pytest.raises(OptionsError) as e:
+    with pytest.raises(Refused) as e:
         requested_offer(user_options, analyst, policies)
     assert e.value.reason == reason
     assert words in str(e.value)
@@ -79,7 +75,7 @@ def test_bad_options_are_refused_with_what_to_send(analyst, policies, user_optio
 
 def test_user_in_no_gpu_group_is_told_to_ask_an_admin(policies):
     nobody = policies.for_user(["marketing"])
-    with pytest.raises(OptionsError, match="ask a hub admin") as e:
+    with pytest.raises(Refused, match="ask a hub admin") as e:
         requested_offer({"profile": "small"}, nobody, policies)
     assert e.value.reason == "no_gpu_access"
 

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from mig_spawner.core.refusal import Reason
 from mig_spawner.ledger import Lease, RefusalRecord
 
 #: Refusals a different MIG layout could have avoided: no free slice of that profile,
 #: no room to create one, or no GPU offering it at all. The others (group quota, user
 #: limit, profile not allowed, MIG off) are policy or operations matters.
-CAPACITY_REASONS = frozenset({"none_free", "no_capacity", "no_gpu_for_profile"})
+CAPACITY_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.NO_GPU_FOR_PROFILE})
 #: Hold time assumed for a refused request when no granted lease of its profile exists.
 DEFAULT_HOLD = timedelta(hours=1)
 

@@ -4,7 +4,8 @@
 ``Ledger.claim`` runs while it holds the claim lock, so the quota check and the
 choice of slice see the same held leases as the insert that follows: two
 concurrent spawns cannot both take the last slice or squeeze under one quota.
-Refusals are raised as :class:`ClaimRefused` and nothing is written.
+Refusals are raised as :class:`~mig_spawner.core.refusal.Refused` and nothing is
+written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Literal
 from mig_spawner.core.allocator import (
     Placement,
     PoolGrant,
-    Refusal,
     free_counts,
     pick_dynamic,
     pick_pool,
@@ -26,26 +26,21 @@ from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import (
     GroupPolicy,
-    GroupUsage,
+    GroupTally,
     Holding,
     Offer,
-    QuotaRefusal,
     UserPolicy,
     check_claim,
     tally,
 )
+from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
 
 Mode = Literal["pool", "dynamic"]
 
 
-class ClaimRefused(Exception):
-    """No slice for this spawn. ``reason`` is a stable code; ``str()`` is for the user."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+# second pass: mixin.py imports ClaimRefused; it then catches Refused.
+ClaimRefused = Refused
 
 
 def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
@@ -94,7 +89,7 @@ def free_now(
 
 def holdings(
     leases: Iterable[Lease], user: str
-) -> tuple[list[Holding], dict[str, GroupUsage]]:
+) -> tuple[list[Holding], dict[str, GroupTally]]:
     """The user's held leases and every group's usage, as the quota check reads them."""
     held = [(lease.user, Holding(lease.server_name, lease.profile, lease.compute_slices,
                                  lease.group)) for lease in leases]
@@ -111,23 +106,23 @@ def _check(
 def quota_problem(
     user_policy: UserPolicy, offer: Offer, compute_slices: int, view_leases: Iterable[Lease],
     user: str,
-) -> QuotaRefusal | None:
+) -> Refused | None:
     """Why the quota forbids one more lease of ``offer`` now, or ``None``."""
     try:
         _check(user_policy, offer, compute_slices, view_leases, user)
-    except QuotaRefusal as refusal:
+    except Refused as refusal:
         return refusal
     return None
 
 
-def _charge(
-    user_policy: UserPolicy, offer: Offer, compute: int, view: LedgerView
-) -> GroupPolicy:
-    """The group the lease is charged to; a quota refusal becomes ClaimRefused."""
+def charge(policy: UserPolicy, offer: Offer, compute: int, view: LedgerView) -> GroupPolicy:
+    """The group the lease is charged to, checked in the claim's transaction; else raises
+    :class:`Refused`, its hint in the message."""
     try:
-        return _check(user_policy, offer, compute, view.leases, view.request.user)
-    except QuotaRefusal as refusal:
-        raise ClaimRefused(refusal.reason, f"{refusal.message}. {refusal.hint}.") from None
+        return _check(policy, offer, compute, view.leases, view.request.user)
+    except Refused as refusal:
+        # second pass: the mixin reads e.message; once it reads e.sentence, let it pass.
+        raise Refused(refusal.reason, refusal.sentence) from None
 
 
 def make_decide(
@@ -148,24 +143,22 @@ def make_decide(
 
     def decide(view: LedgerView) -> Decision:
         if not wants:
-            raise ClaimRefused(
-                "no_gpu_for_profile", f"no GPU on this host offers {offer.key!r}"
-            )
+            raise Refused(Reason.NO_GPU_FOR_PROFILE, f"no GPU on this host offers {offer.key!r}")
         # Quota first with the smallest size the offer can mean here: a user at their
         # limit hears about the limit, not about which slices happen to be free.
         smallest = min(model(k).profile(n).compute_slices for k, n in wants.items())
-        _charge(user_policy, offer, smallest, view)
+        charge(user_policy, offer, smallest, view)
         if mode == "pool":
             grant = pick_pool(inventory, view.held_mig_uuids(), wants, strategy)
         else:
             reserved = reserved_placements(view.leases, host)
             grant = pick_dynamic(inventory, reserved, wants, strategy, demand)
-        if isinstance(grant, Refusal):
-            raise ClaimRefused(grant.reason, grant.message)
+        if isinstance(grant, Refused):
+            raise grant
         where = grant.placement if isinstance(grant, PoolGrant) else grant
         gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
         profile = model(gpu.model_key or "").profile(where.profile)
-        group = _charge(user_policy, offer, profile.compute_slices, view)
+        group = charge(user_policy, offer, profile.compute_slices, view)
         expires = (
             view.now + timedelta(seconds=group.max_session_age)
             if group.max_session_age

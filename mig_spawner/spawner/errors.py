@@ -9,19 +9,7 @@ from __future__ import annotations
 
 from jupyterhub.spawner import SpawnException
 
-from . import options
-
-# HTTP status per refusal reason: the REST API returns it, the form shows the message.
-STATUS = {
-    options.INVALID: 400,
-    options.UNKNOWN: 400,
-    "not_allowed": 403,
-    "no_gpu_access": 403,
-    "user_limit": 409,
-    "group_quota": 409,
-    "previous_lease": 409,
-}
-UNAVAILABLE = 503  # none free, no room, MIG off: try again later or pick another size
+from mig_spawner.core.refusal import Reason
 
 
 def spawn_error(
@@ -45,6 +33,7 @@ def admin_error(problem: str, reason: str, detail: str) -> SpawnException:
     return spawn_error(f"{problem}; tell a hub admin.", reason, 500, log_message=detail)
 
 
-def refusal(reason: str, message: str) -> SpawnException:
-    """A refusal whose HTTP status follows from its reason (503: try later or elsewhere)."""
-    return spawn_error(message, reason, STATUS.get(reason, UNAVAILABLE))
+def refusal(reason: Reason, message: str) -> SpawnException:
+    """A refusal with the HTTP status its reason carries (503: try later or elsewhere)."""
+    reason = Reason(reason)
+    return spawn_error(message, reason, reason.status)

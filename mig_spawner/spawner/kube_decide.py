@@ -15,18 +15,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from mig_spawner.core.catalog import model
-from mig_spawner.core.policy import (
-    GroupPolicy,
-    Offer,
-    QuotaRefusal,
-    UserPolicy,
-    check_claim,
-)
+from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.kube import ClusterSlices
 from mig_spawner.kube.cluster import Target
 from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
 
-from .decide import ClaimRefused, holdings
+from .decide import charge
 
 
 def wanted_on_cluster(offer: Offer, slices: ClusterSlices) -> dict[str, str]:
@@ -74,15 +69,7 @@ class Choice:
     target: Target | None = None
 
 
-def _charge(policy: UserPolicy, offer: Offer, compute: int, view: LedgerView) -> GroupPolicy:
-    mine, usage = holdings(view.leases, view.request.user)
-    try:
-        return check_claim(policy, offer.key, compute, mine, usage)
-    except QuotaRefusal as refusal:
-        raise ClaimRefused(refusal.reason, f"{refusal.message}. {refusal.hint}.") from None
-
-
-def _nothing_here(offer: Offer, slices: ClusterSlices) -> ClaimRefused:
+def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:
     name = offer.display_name or offer.key
     left_out = (
         " GPU nodes not offered now: "
@@ -91,8 +78,8 @@ def _nothing_here(offer: Offer, slices: ClusterSlices) -> ClaimRefused:
         if slices.skipped
         else ""
     )
-    return ClaimRefused(
-        "no_gpu_for_profile",
+    return Refused(
+        Reason.NO_GPU_FOR_PROFILE,
         f"No schedulable GPU node of the cluster offers {name!r} now.{left_out}",
     )
 
@@ -110,20 +97,20 @@ def make_kube_decide(
         # Quota first with the smallest size the offer can mean: a user at their limit
         # hears about the limit, not about what happens to be free.
         smallest = min(model(k).profile(p).compute_slices for k, p in wants.items())
-        _charge(policy, offer, smallest, view)
+        charge(policy, offer, smallest, view)
         pending = in_flight(view.leases, slices)
         targets = slices.targets(wants)
         target = next((t for t in targets if t.free - pending[t.profile] > 0), None)
         if target is None:
             total = sum(t.free for t in targets)
-            raise ClaimRefused(
-                "none_free",
+            raise Refused(
+                Reason.NONE_FREE,
                 f"All {offer.display_name or offer.key!r} slices of the cluster are in use "
                 f"({len(targets)} kind(s) of node looked at, {total} free before the "
                 f"{sum(pending.values())} being started). Try again later or pick another size.",
             )
         profile = model(target.model_key).profile(target.profile)
-        group = _charge(policy, offer, profile.compute_slices, view)
+        group = charge(policy, offer, profile.compute_slices, view)
         choice.target = target
         return Decision(
             group=group.name,

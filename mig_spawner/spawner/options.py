@@ -6,8 +6,8 @@ the form entirely. So every spawn goes through :func:`requested_offer`, which
 accepts exactly ``{"profile": "<offer key>"}`` for an offer the user's groups
 allow and refuses anything else with a message that says what to send instead.
 
-No JupyterHub import: the mixin turns :class:`OptionsError` into a
-``SpawnException``.
+No JupyterHub import: the mixin turns the :class:`~mig_spawner.core.refusal.Refused`
+raised here into a ``SpawnException``.
 """
 
 from __future__ import annotations
@@ -15,32 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mig_spawner.core.policy import (
-    NO_GPU_ACCESS,
-    NOT_ALLOWED,
-    Offer,
-    PolicySet,
-    UserPolicy,
-    is_profile_name,
-    offer_key,
-)
+from mig_spawner.core.policy import Offer, PolicySet, UserPolicy, is_profile_name, offer_key
+from mig_spawner.core.refusal import Reason, Refused
 
 #: The one user option: the key of an offer (a profile like ``1g.18gb`` or a slice class).
 PROFILE = "profile"
 #: Longer than any profile or class name; longer values are refused before any lookup.
 MAX_VALUE_LENGTH = 64
-# Reason codes (SpawnException.reason; they label JupyterHub's spawn-failure metrics).
-INVALID = "invalid_options"
-UNKNOWN = "unknown_profile"
+# second pass: mixin.py catches options.OptionsError; it then catches Refused.
+OptionsError = Refused
 
 
-class OptionsError(ValueError):
-    """``user_options`` that cannot be granted. ``reason`` is a short machine code."""
-
-    def __init__(self, message: str, reason: str = INVALID) -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason = reason
+def _invalid(message: str) -> Refused:
+    return Refused(Reason.INVALID_OPTIONS, message)
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -71,37 +58,37 @@ def _first(policy: UserPolicy) -> str:
 
 
 def requested_offer(user_options: Any, user_policy: UserPolicy, policies: PolicySet) -> Offer:
-    """The offer that ``user_options`` asks for, if the user may have it; else OptionsError."""
+    """The offer that ``user_options`` asks for, if the user may have it; else raises Refused."""
     if not isinstance(user_options, Mapping):
-        raise OptionsError(
+        raise _invalid(
             f'user options must be a JSON object like {{"{PROFILE}": "{_first(user_policy)}"}}, '
             f"not {type(user_options).__name__}"
         )
     extra = sorted(str(k) for k in user_options if k != PROFILE)
     if extra:
         names = ", ".join(_short(k) for k in extra[:5]) + (" ..." if len(extra) > 5 else "")
-        raise OptionsError(
+        raise _invalid(
             f"unknown option(s) {names}; the only option is '{PROFILE}' "
             f"(one of: {_example(user_policy)})"
         )
     if not user_policy.has_gpu_access:
-        raise OptionsError(
+        raise Refused(
+            Reason.NO_GPU_ACCESS,
             "your groups are not allowed any GPU slice on this hub; ask a hub admin to add "
             "you to a group with GPU access",
-            NO_GPU_ACCESS,
         )
     value = user_options.get(PROFILE)
     if value is None or value == "":
-        raise OptionsError(
+        raise _invalid(
             f"choose a GPU slice: send {{\"{PROFILE}\": ...}} with one of: {_example(user_policy)}"
         )
     if not isinstance(value, str):
-        raise OptionsError(
+        raise _invalid(
             f"'{PROFILE}' must be one name, not {type(value).__name__} {_short(value)}; "
             f"one of: {_example(user_policy)}"
         )
     if len(value) > MAX_VALUE_LENGTH:
-        raise OptionsError(
+        raise _invalid(
             f"'{PROFILE}' is {len(value)} characters long; names have at most "
             f"{MAX_VALUE_LENGTH} (one of: {_example(user_policy)})"
         )
@@ -109,16 +96,16 @@ def requested_offer(user_options: Any, user_policy: UserPolicy, policies: Policy
     if user_policy.allows(key):
         return user_policy.offer(key)
     if key in policies.offers:
-        raise OptionsError(
+        raise Refused(
+            Reason.NOT_ALLOWED,
             f"{key!r} is not allowed for your groups ({', '.join(user_policy.group_names)}); "
             f"allowed: {_example(user_policy)}",
-            NOT_ALLOWED,
         )
     what = "MIG profile" if is_profile_name(key) else "slice"
-    raise OptionsError(
+    raise Refused(
+        Reason.UNKNOWN_PROFILE,
         f"{_short(value)} is not a {what} offered on this hub; choose one of: "
         f"{_example(user_policy)}",
-        UNKNOWN,
     )
 
 

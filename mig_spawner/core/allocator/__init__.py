@@ -10,7 +10,9 @@ Two modes (see docs/allocator.md):
   placeable, within NVIDIA's rules (valid starts, no overlap, per-profile limits, one
   ``+me`` instance per GPU, MIG on and not waiting for a reset).
 
-When nothing can be given, a :class:`Refusal` says why and what is free instead.
+When nothing can be given, the pickers *return* (not raise: simulations make thousands
+of decisions) a :class:`~mig_spawner.core.refusal.Refused` that says why and what is
+free instead.
 
 This package's face is what callers import; the code lives in :mod:`.pool` (pool
 picking), :mod:`.dynamic` (dynamic picking, :class:`Occupancy`), :mod:`.request` (what
@@ -27,7 +29,6 @@ from mig_spawner.core.inventory import Inventory
 
 from .dynamic import GpuSlots, Occupancy, pick_dynamic
 from .pool import PoolGrant, pick_pool, pool_free
-from .refusals import Refusal, RefusalReason
 from .request import Placement, Strategy, Wanted
 
 __all__ = [
@@ -35,8 +36,6 @@ __all__ = [
     "Occupancy",
     "Placement",
     "PoolGrant",
-    "Refusal",
-    "RefusalReason",
     "Strategy",
     "Wanted",
     "free_counts",

@@ -14,11 +14,11 @@ from typing import Any, NamedTuple
 
 from mig_spawner.core.catalog import normalize_profile_name
 from mig_spawner.core.inventory import Gpu, Inventory
+from mig_spawner.core.refusal import Refused
 
 from .refusals import (
     GpuView,
     MigState,
-    Refusal,
     no_capacity,
     precheck,
 )
@@ -186,7 +186,7 @@ class Occupancy:
         wanted: Wanted,
         strategy: Strategy = "pack",
         demand: Mapping[str, float] | None = None,
-    ) -> Placement | Refusal:
+    ) -> Placement | Refused:
         """Where a new instance of ``wanted`` should go; see :func:`pick_dynamic`."""
         check_strategy(strategy)
         wants = resolve(wanted)
@@ -216,7 +216,7 @@ class Occupancy:
             return Placement(row[0], row[1], p.name, start, p.size)
         return self._refuse(wants)
 
-    def _refuse(self, wants: Mapping[str, str]) -> Refusal:
+    def _refuse(self, wants: Mapping[str, str]) -> Refused:
         free = self.free_counts()
         views = [GpuView(g.index, g.model_key, g.mig) for g in self.gpus]
         usable, refusal = precheck(views, wants, free)
@@ -271,7 +271,7 @@ def pick_dynamic(
     wanted: Wanted,
     strategy: Strategy = "pack",
     demand: Mapping[str, float] | None = None,
-) -> Placement | Refusal:
+) -> Placement | Refused:
     """GPU and placement for a NEW instance of ``wanted``, or why there is none.
 
     ``reserved`` are the ledger's dynamic claims (those whose instance exists are

@@ -7,8 +7,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from mig_spawner.core.inventory import Inventory, MigDevice
+from mig_spawner.core.refusal import Refused
 
-from .refusals import GpuView, Refusal, none_free, precheck
+from .refusals import GpuView, none_free, precheck
 from .request import (
     KNOWN_KEYS,
     Placement,
@@ -53,7 +54,7 @@ def pick_pool(
     held_mig_uuids: Collection[str],
     wanted: Wanted,
     strategy: Strategy = "pack",
-) -> PoolGrant | Refusal:
+) -> PoolGrant | Refused:
     """A free existing MIG device of ``wanted``, or why there is none.
 
     Free = not held by a lease and running no process (a process no lease accounts
@@ -88,7 +89,7 @@ def pick_pool(
     return _refuse_pool(inventory, held, wants)
 
 
-def _refuse_pool(inventory: Inventory, held: Collection[str], wants: Mapping[str, str]) -> Refusal:
+def _refuse_pool(inventory: Inventory, held: Collection[str], wants: Mapping[str, str]) -> Refused:
     free = pool_free(inventory, held)
     views = [
         GpuView(g.index, g.model_key if g.model_key in KNOWN_KEYS else None, mig_state(g))

@@ -1,4 +1,4 @@
-"""Refusals: why the allocator could not give a slice, in words a user can act on.
+"""The allocator's refusals: why it could not give a slice, in words a user can act on.
 
 Every message names the slice that was asked for, how many GPUs were looked at,
 what stood in the way, and what *is* free right now, so the user can pick
@@ -9,32 +9,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from mig_spawner.core.catalog import MODELS, model
+from mig_spawner.core.refusal import Reason, Refused
 
 from .tables import WHY_LIMIT, WHY_MEDIA, WHY_SLICES
 
-RefusalReason = Literal["none_free", "no_capacity", "mig_disabled", "no_gpu_for_profile"]
 # MIG state of one GPU as the allocator sees it.
 MigState = Literal["on", "off", "pending"]
 
 _PROFILE_ORDER = {p.name: (p.placement_size, p.compute_slices, p.media_extensions)
                   for m in MODELS for p in m.profiles}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """No slice was given. ``reason`` is a stable code; ``message`` is for people."""
-
-    reason: RefusalReason
-    message: str
-    # What could be had instead right now: profile name -> free (pool) or creatable (dynamic).
-    free: Mapping[str, int] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclass(frozen=True)
@@ -76,7 +63,7 @@ def wanted_text(wants: Mapping[str, str]) -> str:
 
 def precheck(
     gpus: Iterable[GpuView], wants: Mapping[str, str], free: Mapping[str, int]
-) -> tuple[list[GpuView], Refusal | None]:
+) -> tuple[list[GpuView], Refused | None]:
     """GPUs that may hold the wanted slice (MIG on), or the refusal when there are none."""
     all_gpus = list(gpus)
     eligible = [g for g in all_gpus if g.model_key in wants]
@@ -88,10 +75,10 @@ def precheck(
             for g in all_gpus
         )
         have = ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items())) or "no GPUs"
-        return [], Refusal(
-            "no_gpu_for_profile",
+        return [], Refused(
+            Reason.NO_GPU_FOR_PROFILE,
             f"no GPU here offers {what}; this host has {have}; {free_text(free)}",
-            free,
+            free=free,
         )
     if usable:
         return usable, None
@@ -108,8 +95,9 @@ def precheck(
             f"GPU {_indexes(pending)} has a MIG mode change waiting for a GPU reset "
             f"('nvidia-smi -i {_indexes(pending)} -r' when idle)"
         )
-    return [], Refusal(
-        "mig_disabled", f"cannot give {what}: {'; '.join(parts)}; {free_text(free)}", free
+    return [], Refused(
+        Reason.MIG_DISABLED, f"cannot give {what}: {'; '.join(parts)}; {free_text(free)}",
+        free=free,
     )
 
 
@@ -121,7 +109,7 @@ def _elsewhere(all_eligible: int, usable: int) -> str:
 def none_free(
     wants: Mapping[str, str], usable: int, eligible: int, exist: int, leased: int, busy: int,
     free: Mapping[str, int],
-) -> Refusal:
+) -> Refused:
     """Pool mode: every instance of the profile is taken (or none was ever made)."""
     name = wanted_text(wants)
     on = plural(usable, "GPU")
@@ -134,7 +122,7 @@ def none_free(
             taken.append(f"{busy} running processes that no lease accounts for")
         detail = f"no {name} free on {on} ({exist} exist: {', '.join(taken)})"
     detail += _elsewhere(eligible, usable)
-    return Refusal("none_free", f"{detail}; {free_text(free, wants.values())}", free)
+    return Refused(Reason.NONE_FREE, f"{detail}; {free_text(free, wants.values())}", free=free)
 
 
 _WHY_TEXT = {
@@ -147,7 +135,7 @@ _WHY_TEXT = {
 def no_capacity(
     wants: Mapping[str, str], usable: int, eligible: int, whys: Counter[str],
     free: Mapping[str, int],
-) -> Refusal:
+) -> Refused:
     """Dynamic mode: no GPU has room for a new instance of the profile."""
     name = wanted_text(wants)
     causes = "; ".join(
@@ -156,4 +144,4 @@ def no_capacity(
     )
     text = f"no room for a new {name} on {plural(usable, 'GPU')} ({causes})"
     text += _elsewhere(eligible, usable)
-    return Refusal("no_capacity", f"{text}; {free_text(free, wants.values())}", free)
+    return Refused(Reason.NO_CAPACITY, f"{text}; {free_text(free, wants.values())}", free=free)

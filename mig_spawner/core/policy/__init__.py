@@ -22,34 +22,19 @@ from .model import (
     is_profile_name,
     offer_key,
 )
-from .quota import (
-    GROUP_QUOTA,
-    NO_GPU_ACCESS,
-    NOT_ALLOWED,
-    USER_LIMIT,
-    GroupUsage,
-    Holding,
-    QuotaRefusal,
-    check_claim,
-    tally,
-)
+from .quota import GroupTally, Holding, check_claim, tally
 
 __all__ = [
     "CLASS_KEYS",
     "DEFAULT_GROUP",
     "GROUP_KEYS",
-    "GROUP_QUOTA",
-    "NOT_ALLOWED",
-    "NO_GPU_ACCESS",
     "OFFER_KEYS",
-    "USER_LIMIT",
     "GroupPolicy",
-    "GroupUsage",
+    "GroupTally",
     "Holding",
     "Offer",
     "PolicyError",
     "PolicySet",
-    "QuotaRefusal",
     "UserPolicy",
     "build_policy",
     "check_claim",

@@ -11,13 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .model import GroupPolicy, UserPolicy, offer_key
+from mig_spawner.core.refusal import Reason, Refused
 
-# Machine codes of QuotaRefusal.reason (stable: the spawner and metrics use them).
-NO_GPU_ACCESS = "no_gpu_access"
-NOT_ALLOWED = "not_allowed"
-USER_LIMIT = "user_limit"
-GROUP_QUOTA = "group_quota"
+from .model import GroupPolicy, UserPolicy, offer_key
 
 
 @dataclass(frozen=True)
@@ -31,32 +27,20 @@ class Holding:
 
 
 @dataclass(frozen=True)
-class GroupUsage:
+class GroupTally:
     """What the active leases charged to one group add up to."""
 
     slices: int = 0
     compute_slices: int = 0
 
 
-def tally(holdings: Iterable[Holding]) -> dict[str, GroupUsage]:
+def tally(holdings: Iterable[Holding]) -> dict[str, GroupTally]:
     """Usage per charged group of a set of active leases."""
-    usage: dict[str, GroupUsage] = {}
+    usage: dict[str, GroupTally] = {}
     for h in holdings:
-        before = usage.get(h.group, GroupUsage())
-        usage[h.group] = GroupUsage(before.slices + 1, before.compute_slices + h.compute_slices)
+        before = usage.get(h.group, GroupTally())
+        usage[h.group] = GroupTally(before.slices + 1, before.compute_slices + h.compute_slices)
     return usage
-
-
-class QuotaRefusal(Exception):
-    """A claim the policy does not allow. ``reason`` is a machine code (``NOT_ALLOWED``,
-    ``USER_LIMIT``, ``GROUP_QUOTA``, ``NO_GPU_ACCESS``); ``str()`` says what is wrong in
-    words for the user; ``hint`` says what they can do."""
-
-    def __init__(self, reason: str, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.hint = hint
 
 
 def check_claim(
@@ -64,9 +48,9 @@ def check_claim(
     offer: str,
     profile_compute_slices: int,
     user_active: Sequence[Holding],
-    group_active: Mapping[str, GroupUsage],
+    group_active: Mapping[str, GroupTally],
 ) -> GroupPolicy:
-    """The group a new lease of ``offer`` is charged to, or :class:`QuotaRefusal`.
+    """The group a new lease of ``offer`` is charged to; else raises ``Refused``.
 
     ``profile_compute_slices``: compute slices of the profile the allocator picked (a
     class means different profiles on different GPUs). ``user_active``: the user's active
@@ -76,22 +60,22 @@ def check_claim(
     the first group with room is charged.
     """
     if not user_policy.has_gpu_access:
-        raise QuotaRefusal(
-            NO_GPU_ACCESS,
+        raise Refused(
+            Reason.NO_GPU_ACCESS,
             "your groups allow no GPU slices; ask an admin to add you to a group",
             "a hub admin can add you to a JupyterHub group that has a GPU policy",
         )
     key = offer_key(offer)
     if not user_policy.allows(key):
-        raise QuotaRefusal(
-            NOT_ALLOWED,
+        raise Refused(
+            Reason.NOT_ALLOWED,
             f"{key!r} is not allowed for {_your_groups(user_policy)}; "
             f"allowed: {', '.join(user_policy.offer_keys)}",
             "pick one of the allowed sizes, or ask an admin for a bigger one",
         )
     if len(user_active) >= user_policy.max_slices:
-        raise QuotaRefusal(
-            USER_LIMIT,
+        raise Refused(
+            Reason.USER_LIMIT,
             f"you already hold {len(user_active)} of {user_policy.max_slices} slices "
             f"({_servers(user_active)})",
             "stop one of your GPU servers to start another",
@@ -100,7 +84,7 @@ def check_claim(
     full = []
     for group in candidates:
         shortfall = _shortfall(
-            group, group_active.get(group.name, GroupUsage()), profile_compute_slices, key
+            group, group_active.get(group.name, GroupTally()), profile_compute_slices, key
         )
         if shortfall is None:
             return group
@@ -110,14 +94,14 @@ def check_claim(
         message = full[0] if candidates[0].is_default else f"your {full[0]}"
     else:
         message = f"every group of yours that allows {key!r} is full: " + "; ".join(full)
-    raise QuotaRefusal(
-        GROUP_QUOTA,
+    raise Refused(
+        Reason.GROUP_QUOTA,
         message,
         "wait for a colleague to stop a server, or pick a smaller size",
     )
 
 
-def _shortfall(group: GroupPolicy, usage: GroupUsage, compute: int, key: str) -> str | None:
+def _shortfall(group: GroupPolicy, usage: GroupTally, compute: int, key: str) -> str | None:
     """``None`` when the group has room for one more lease; else why not, in words."""
     if group.is_default:
         who, holds, uses, its = "users outside the GPU groups", "hold", "use", "their"

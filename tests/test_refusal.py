@@ -1,0 +1,43 @@
+"""The one list of refusal reasons: stable values, the status the hub answers with."""
+
+from __future__ import annotations
+
+from mig_spawner.core.refusal import Reason, Refused
+
+# The ledger's refusals table stores these values and metrics label with them: a change
+# here splits every report and dashboard in two.
+STATUS = {
+    "invalid_options": 400,
+    "unknown_profile": 400,
+    "not_allowed": 403,
+    "no_gpu_access": 403,
+    "user_limit": 409,
+    "group_quota": 409,
+    "previous_lease": 409,
+    "none_free": 503,
+    "no_capacity": 503,
+    "mig_disabled": 503,
+    "no_gpu_for_profile": 503,
+    "lease_ended": 409,
+    "mig_create": 503,
+    "mig_backend": 500,
+    "mig_config": 500,
+    "policy_config": 500,
+    "isolation": 500,
+}
+
+
+def test_reasons_keep_their_values_and_statuses():
+    assert {r.value: r.status for r in Reason} == STATUS
+    assert all(Reason(value) == value == str(Reason(value)) for value in STATUS)
+
+
+def test_refused_says_its_message_and_joins_the_hint_on_request():
+    refused = Refused(Reason.USER_LIMIT, "you already hold 1 of 1 slices", "stop one")
+    assert str(refused) == refused.message == "you already hold 1 of 1 slices"
+    assert refused.sentence == "you already hold 1 of 1 slices. stop one."
+    assert Refused(Reason.NONE_FREE, "no 1g.18gb free").sentence == "no 1g.18gb free"
+    # The same question gets an equal refusal (the allocator's decisions are compared).
+    assert refused == Refused(Reason.USER_LIMIT, "you already hold 1 of 1 slices", "stop one")
+    assert len({refused, Refused(Reason.USER_LIMIT, "you already hold 1 of 1 slices",
+                                 "stop one")}) == 1
