@@ -10,10 +10,15 @@ import pytest
 from hub_standin import StandinState, listen
 
 from mig_spawner.hub.client import HubClient, HubError, HubUnavailable
-from mig_spawner.hub.models import HubServer
+from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
 
 # -- against the stand-in (scale and injected faults) ---------------------------------
+
+
+async def all_users(client: HubClient, state: str | None = "active") -> list[HubUser]:
+    """Every user matching ``state``, all pages read."""
+    return [user async for user in client.iter_users(state)]
 
 
 @pytest.fixture
@@ -32,7 +37,7 @@ def client_for(base: str, **kw) -> HubClient:
 async def test_pagination_follows_next_until_every_user_is_read(standin):
     state, base = standin
     client = client_for(base)
-    users = await client.list_users(state="ready")
+    users = await all_users(client, state="ready")
     assert [u.name for u in users] == sorted(state.users)  # each once, in order
     assert state.requests[("GET", "users")] == 25  # 1234 users / 50 per page
     server = users[7].servers[0]
@@ -42,7 +47,7 @@ async def test_pagination_follows_next_until_every_user_is_read(standin):
 
 async def test_page_size_is_sent_and_capped_by_the_hub(standin):
     state, base = standin
-    users = await client_for(base, page_size=500).list_users()
+    users = await all_users(client_for(base, page_size=500))
     assert len(users) == 1234
     assert state.requests[("GET", "users")] == 7  # the hub caps a page at 200
 
@@ -51,7 +56,7 @@ async def test_503_is_retried_with_backoff_then_succeeds(standin):
     state, base = standin
     state.fail_next = 3
     began = time.monotonic()
-    users = await client_for(base, retries=4, backoff_base=0.05).list_users()
+    users = await all_users(client_for(base, retries=4, backoff_base=0.05))
     assert len(users) == 1234
     # 0.05 + 0.1 + 0.2 s of backoff before the first page came through
     assert time.monotonic() - began >= 0.35
@@ -100,7 +105,7 @@ async def test_concurrency_is_bounded(standin):
     state, base = standin
     state.delay = 0.02
     client = client_for(base, concurrency=4)
-    users = await client.list_users()
+    users = await all_users(client)
     servers = [s for u in users[:40] for s in u.servers]
     await asyncio.gather(*(client.kernels(s) for s in servers))
     assert state.max_in_flight == 4
@@ -109,7 +114,7 @@ async def test_concurrency_is_bounded(standin):
 async def test_stop_server_and_kernels_through_the_proxy(standin):
     state, base = standin
     client = client_for(base)
-    [user] = [u for u in await client.list_users() if u.name == "user00003"]
+    [user] = [u for u in await all_users(client) if u.name == "user00003"]
     server = user.servers[0]
     kernels = await client.kernels(server)
     assert [k.id for k in kernels] == ["user00003-k0", "user00003-k1"]
@@ -159,11 +164,11 @@ def real_hub(tmp_path_factory):
 @pytest.mark.hub
 async def test_real_hub_pagination_and_groups(real_hub):
     client = HubClient(real_hub.api(""), real_hub.service_token, proxy_url=real_hub.url)
-    users = await client.list_users(state=None)
+    users = await all_users(client, state=None)
     names = [u.name for u in users]
     assert len(names) == len(set(names)) and {f"u{i:03}" for i in range(75)} <= set(names)
     assert {u.name: u.groups for u in users}["u001"] == ("analysts",)
-    assert await client.list_users(state="ready") == []
+    assert await all_users(client, state="ready") == []
     assert (await client.version()).startswith(("5.", "6."))
     # The documented scopes are what the hub grants, and all the service checks for.
     assert missing_scopes(await client.token_scopes()) == []
@@ -177,7 +182,7 @@ async def test_real_hub_kernels_status_and_stop_with_culler_scopes(real_hub):
     assert real_hub.spawn("kay").status_code in (201, 202)
     real_hub.wait_ready("kay")
     client = HubClient(real_hub.api(""), real_hub.service_token, proxy_url=real_hub.url)
-    [user] = await client.list_users(state="ready")
+    [user] = await all_users(client, state="ready")
     server = user.servers[0]
     assert server.started is not None
 
@@ -192,4 +197,4 @@ async def test_real_hub_kernels_status_and_stop_with_culler_scopes(real_hub):
     assert await client.kernels(server) == []
     assert await client.stop_server("kay") in (True, False)
     real_hub.wait_until(lambda: real_hub.server_model("kay") is None, 30)
-    assert await client.list_users(state="active") == []
+    assert await all_users(client, state="active") == []

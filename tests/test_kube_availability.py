@@ -95,7 +95,9 @@ def test_free_is_allocatable_minus_requests_of_pods_still_running():
         "a100-80gb": {"1g.10gb": 3, "3g.40gb": 1},
         "h200": {"1g.18gb": 55},
     }
-    assert slices.free_by_node("h200", "1g.18gb") == {"h200-1": 55}
+    assert [(t.nodes, t.free) for t in slices.targets({"h200": "1g.18gb"})] == [
+        (("h200-1",), 55)
+    ]
     assert [n.name for n in slices.nodes] == ["a100-1", "h200-1"]
     assert slices.skipped == ()  # a CPU node is not a GPU node left out
     assert "jupyterhub/train-done" not in slices.counted_pods
@@ -171,8 +173,8 @@ def test_mixed_fleet_maps_a_slice_class_to_each_model():
         [pod("x", "h1", {"nvidia.com/mig-1g.18gb": "1"})],
     )
     small = {"a100-80gb": "1g.10gb", "h200": "1g.18gb"}
-    assert slices.free_for(small) == 4 + 1 + 56
-    assert slices.free_for({"h200": "3g.71gb"}) == 1
+    assert sum(t.free for t in slices.targets(small)) == 4 + 1 + 56
+    assert sum(t.free for t in slices.targets({"h200": "3g.71gb"})) == 1
     assert slices.model_keys() == ("a100-80gb", "h200")
 
 
@@ -201,7 +203,9 @@ async def test_node_with_pending_reconfiguration_is_not_offered(standin, api):
              {"nvidia.com/mig-1g.10gb": "14"}),
     ]
     slices = await ClusterAvailability(api).slices()
-    assert slices.free_by_node("a100-80gb", "1g.10gb") == {"a100-1": 4}
+    assert [(t.nodes, t.free) for t in slices.targets({"a100-80gb": "1g.10gb"})] == [
+        (("a100-1",), 4)
+    ]
     assert [s.name for s in slices.skipped] == ["a100-2"]
 
 

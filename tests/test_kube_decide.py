@@ -12,7 +12,7 @@ from mig_spawner.core.refusal import Refused
 from mig_spawner.kube import cluster_slices
 from mig_spawner.ledger import Lease, LeaseRequest, LedgerView
 from mig_spawner.spawner.kube_decide import (
-    Choice,
+    ClaimTarget,
     free_by_model,
     in_flight,
     make_kube_decide,
@@ -46,7 +46,7 @@ def view(user: str, *leases: Lease) -> LedgerView:
 
 def test_grant_records_pod_group_expiry_and_target():
     slices = cluster_slices([h200("h1")], [])
-    choice = Choice()
+    choice = ClaimTarget()
     decision = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices,
                                 "jupyterhub/jupyter-ana", choice)(view("ana"))
     assert (decision.mode, decision.profile, decision.compute_slices) == ("kube", "3g.71gb", 3)
@@ -63,7 +63,8 @@ def test_a_lease_whose_pod_the_snapshot_does_not_show_yet_takes_its_slice():
     bens = lease("ben", "3g.71gb", "jupyterhub/jupyter-ben")
     assert in_flight([bens], slices) == {"3g.71gb": 1}
     assert free_by_model(slices, [bens]) == {"h200": {"1g.18gb": 1, "3g.71gb": 0}}
-    decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "jupyterhub/a", Choice())
+    decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "jupyterhub/a",
+                              ClaimTarget())
     with pytest.raises(Refused) as info:
         decide(view("ana", bens))
     assert info.value.reason == "none_free"
@@ -77,14 +78,14 @@ def test_a_lease_whose_pod_runs_is_counted_once():
     assert in_flight([bens], slices) == {}
     assert free_by_model(slices, [bens])["h200"]["1g.18gb"] == 1
     decision = make_kube_decide(ANALYST, POLICY.offer("small"), slices, "jupyterhub/a",
-                                Choice())(view("ana", bens))
+                                ClaimTarget())(view("ana", bens))
     assert decision.profile == "1g.18gb"
 
 
 def test_quota_refusal_comes_before_capacity():
     slices = cluster_slices([h200("h1", n18=0, n71=0)], [])
     mine = [lease("ana", "1g.18gb", "ns/a1"), lease("ana", "3g.71gb", "ns/a2")]
-    decide = make_kube_decide(ANALYST, POLICY.offer("small"), slices, "ns/a3", Choice())
+    decide = make_kube_decide(ANALYST, POLICY.offer("small"), slices, "ns/a3", ClaimTarget())
     with pytest.raises(Refused) as info:
         decide(view("ana", *mine))
     assert info.value.reason == "user_limit"
@@ -94,7 +95,7 @@ def test_no_node_for_the_offer_names_the_nodes_left_out():
     reconfiguring = node("h9", gpu_labels("NVIDIA-H200", "mixed", state="pending"),
                          {"nvidia.com/mig-3g.71gb": "2"})
     slices = cluster_slices([reconfiguring], [])
-    decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "ns/a", Choice())
+    decide = make_kube_decide(ANALYST, POLICY.offer("3g.71gb"), slices, "ns/a", ClaimTarget())
     with pytest.raises(Refused) as info:
         decide(view("ana"))
     assert info.value.reason == "no_gpu_for_profile"

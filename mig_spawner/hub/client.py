@@ -222,10 +222,6 @@ class HubClient:
             if pending is not None:
                 pending.cancel()
 
-    async def list_users(self, state: str | None = "active") -> list[HubUser]:
-        """All users matching ``state`` (see :meth:`iter_users`)."""
-        return [user async for user in self.iter_users(state)]
-
     async def stop_server(self, user: str, server_name: str = "") -> bool:
         """Ask the hub to stop a server. True once stopped, False while the stop is pending.
 

@@ -95,20 +95,6 @@ class ClusterSlices:
                 per_model[profile] = per_model.get(profile, 0) + node.free(profile)
         return dict(out)
 
-    def free_by_node(self, model_key: str, profile: str) -> dict[str, int]:
-        """Free slices of one model's profile on each node that has that profile."""
-        return {
-            n.name: n.free(profile)
-            for n in self.nodes
-            if n.model_key == model_key and profile in n.allocatable
-        }
-
-    def free_for(self, wants: Mapping[str, str]) -> int:
-        """Free slices that serve a request meaning ``wants`` (model key -> profile)."""
-        return sum(
-            n.free(wants[n.model_key]) for n in self.nodes if n.model_key in wants
-        )
-
     def targets(self, wants: Mapping[str, str]) -> list[Target]:
         """Where a request meaning ``wants`` (model key -> profile) can go, most free first
         (ties by model key, then product label, so the choice is deterministic).

@@ -63,10 +63,14 @@ def free_by_model(slices: ClusterSlices, leases: Iterable[Lease]) -> dict[str, d
 
 
 @dataclass
-class Choice:
+class ClaimTarget:
     """Where the decision sent the claim; filled in by ``decide`` for the pod manifest."""
 
     target: Target | None = None
+
+
+# second pass: kube.py imports Choice (the spawn form's Choice is the other meaning).
+Choice = ClaimTarget
 
 
 def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:
@@ -85,7 +89,7 @@ def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:
 
 
 def make_kube_decide(
-    policy: UserPolicy, offer: Offer, slices: ClusterSlices, pod: str, choice: Choice
+    policy: UserPolicy, offer: Offer, slices: ClusterSlices, pod: str, choice: ClaimTarget
 ) -> Decide:
     """The ``decide(view)`` callback for one Kubernetes spawn of ``offer`` as pod ``pod``
     (``namespace/name``). It records the chosen :class:`Target` in ``choice``."""

@@ -29,14 +29,14 @@ from mig_spawner.core.inventory import Inventory
 
 from .dynamic import GpuSlots, Occupancy, pick_dynamic
 from .pool import PoolGrant, pick_pool, pool_free
-from .request import Placement, Strategy, Wanted
+from .request import Placement, PlacementStrategy, Wanted
 
 __all__ = [
     "GpuSlots",
     "Occupancy",
     "Placement",
+    "PlacementStrategy",
     "PoolGrant",
-    "Strategy",
     "Wanted",
     "free_counts",
     "pick_dynamic",

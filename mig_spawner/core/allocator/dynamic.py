@@ -25,7 +25,7 @@ from .refusals import (
 from .request import (
     KNOWN_KEYS,
     Placement,
-    Strategy,
+    PlacementStrategy,
     Wanted,
     check_strategy,
     key_of,
@@ -46,13 +46,6 @@ class GpuSlots(NamedTuple):
     mig: MigState
     used: int  # bit s set = memory slice s taken
     counts: tuple[int, ...]  # instances per profile, in the model's catalog order
-
-    def profile_counts(self) -> dict[str, int]:
-        """Instances (and reservations) per profile name, for caps and display."""
-        if self.model_key is None:
-            return {}
-        return {p.name: c for p, c in zip(table(self.model_key).profiles, self.counts,
-                                           strict=True) if c}
 
     @property
     def media_used(self) -> bool:
@@ -184,7 +177,7 @@ class Occupancy:
     def pick_dynamic(
         self,
         wanted: Wanted,
-        strategy: Strategy = "pack",
+        strategy: PlacementStrategy = "pack",
         demand: Mapping[str, float] | None = None,
     ) -> Placement | Refused:
         """Where a new instance of ``wanted`` should go; see :func:`pick_dynamic`."""
@@ -269,7 +262,7 @@ def pick_dynamic(
     inventory: Inventory,
     reserved: Iterable[Placement],
     wanted: Wanted,
-    strategy: Strategy = "pack",
+    strategy: PlacementStrategy = "pack",
     demand: Mapping[str, float] | None = None,
 ) -> Placement | Refused:
     """GPU and placement for a NEW instance of ``wanted``, or why there is none.

@@ -13,7 +13,7 @@ from .refusals import GpuView, none_free, precheck
 from .request import (
     KNOWN_KEYS,
     Placement,
-    Strategy,
+    PlacementStrategy,
     Wanted,
     check_strategy,
     key_of,
@@ -53,7 +53,7 @@ def pick_pool(
     inventory: Inventory,
     held_mig_uuids: Collection[str],
     wanted: Wanted,
-    strategy: Strategy = "pack",
+    strategy: PlacementStrategy = "pack",
 ) -> PoolGrant | Refused:
     """A free existing MIG device of ``wanted``, or why there is none.
 

@@ -12,7 +12,7 @@ from mig_spawner.core.inventory import Gpu
 
 from .refusals import MigState
 
-Strategy = Literal["pack", "spread"]
+PlacementStrategy = Literal["pack", "spread"]
 # A profile name for every model that has it ("2g.35gb"), or one per model key
 # ({"h200": "2g.35gb", "h100": "2g.20gb"}), since a slice class maps to a different
 # profile on each GPU model.
