@@ -158,7 +158,8 @@ def run_requests(inv: Inventory, names: Iterable[str], **kw: object) -> list[Pla
 
 
 def test_dynamic_keeps_room_where_the_driver_order_fragments() -> None:
-    # MIG.md: created without placements, 1g,1g,2g,3g fails on the 3g (driver order).
+    # Created without placements, 1g,1g,2g,3g fails on the 3g (the driver's order,
+    # docs/mig-facts.md).
     inv = make_inventory(make_gpu(0, "h100"))
     got = run_requests(inv, ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"])
     assert [(p.start, p.size) for p in got] == [(0, 1), (1, 1), (2, 2), (4, 4)]

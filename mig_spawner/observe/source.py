@@ -10,17 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
+from mig_spawner.core.clock import utcnow
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu import GpuAdapter
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slice_state import DEFAULT_IDLE_AFTER, SliceMap, slice_map
-
-
-def utcnow() -> datetime:
-    """Aware UTC now (the default clock)."""
-    return datetime.now(UTC)
 
 
 class SliceSource:

@@ -21,8 +21,9 @@ NO_ACCESS_MESSAGE = (
     "Ask a hub admin to add you to a group with GPU access."
 )
 
-# What each size is for, by compute slices (the article's advice: start small for
-# notebooks and debugging, measure before fine-tuning, whole GPU only when needed).
+# What each size is for, by compute slices: start small for notebooks and debugging,
+# measure before fine-tuning, whole GPU only when needed (docs/analyst-guide.md,
+# "Choosing a size").
 # An admin's ``description`` on the offer replaces these.
 _NEED_BY_COMPUTE = {
     1: "Notebooks, debugging, small models, checking that a model loads and that the "

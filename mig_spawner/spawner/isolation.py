@@ -5,7 +5,7 @@ can change it. The kernel enforces isolation through the device cgroup: a
 process confined with ``DevicePolicy=closed`` reaches only the device nodes
 listed in ``DeviceAllow=``. For one MIG device that is the NVIDIA control
 nodes, the parent GPU's node, and read access to the capability nodes of its
-GPU instance (GI) and compute instance (CI) (MIG.md, "Isolation on a
+GPU instance (GI) and compute instance (CI) (docs/mig-facts.md, "Isolation on a
 bare-metal host").
 
 Pure functions, no I/O: the spawner turns the result into ``systemd-run``
