@@ -120,37 +120,24 @@ def check_offered_profiles(inv: Inventory, offered: Iterable[str], mode: str) ->
             "no profiles are offered to any group",
             "set c.MIGPolicyConfig.group_policies in jupyterhub_config.d (docs/policies.md)",
         )
-    present = {d.profile for d in inv.mig_devices}
-    fleet = [find_model_for_product(g.product) for g in inv.gpus]
-    creatable = {p for m in fleet if m is not None for p in m.profile_names}
+    names = ", ".join(offered)
     if mode == "dynamic":
-        missing = [p for p in offered if p not in creatable]
-        if missing:
-            return Check(
-                "offered profiles",
-                Status.FAIL,
-                f"no GPU here can create {', '.join(missing)}",
-                "offer profiles of the GPUs this host has (mig-spawner status)",
-            )
-        return Check(
-            "offered profiles",
-            Status.PASS,
-            f"dynamic mode can create every offered profile ({', '.join(offered)})",
-        )
-    missing = [p for p in offered if p not in present]
+        fleet = [find_model_for_product(g.product) for g in inv.gpus]
+        creatable = {p for m in fleet if m is not None for p in m.profile_names}
+        missing = ", ".join(p for p in offered if p not in creatable)
+        problem = f"no GPU here can create {missing}"
+        fix = "offer profiles of the GPUs this host has (mig-spawner status)"
+        fine = f"dynamic mode can create every offered profile ({names})"
+    else:
+        present = {d.profile for d in inv.mig_devices}
+        missing = ", ".join(p for p in offered if p not in present)
+        problem = f"pool mode offers {missing} but no such MIG device exists"
+        fix = ("create them (nvidia-smi mig -cgi <profiles> -C, or NVIDIA mig-parted), "
+               "or remove them from the groups' allowed lists")
+        fine = f"every offered profile has MIG devices ({names})"
     if missing:
-        return Check(
-            "offered profiles",
-            Status.FAIL,
-            f"pool mode offers {', '.join(missing)} but no such MIG device exists",
-            "create them (nvidia-smi mig -cgi <profiles> -C, or NVIDIA mig-parted), "
-            "or remove them from the groups' allowed lists",
-        )
-    return Check(
-        "offered profiles",
-        Status.PASS,
-        f"every offered profile has MIG devices ({', '.join(offered)})",
-    )
+        return Check("offered profiles", Status.FAIL, problem, fix)
+    return Check("offered profiles", Status.PASS, fine)
 
 
 def check_isolation_nodes(inv: Inventory, dev_root: str = "/") -> Check:
