@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from mig_spawner.core.refusal import Reason
+
 SPAWN_REFUSALS = Counter(
     "mig_spawner_spawn_refusals",
-    "Spawns that got no MIG slice, by refusal code (none_free, user_limit, not_allowed, "
-    "...) and the group concerned.",
+    f"Spawns that got no MIG slice, by refusal code ({Reason.NONE_FREE}, {Reason.USER_LIMIT}, "
+    f"{Reason.NOT_ALLOWED}, ...) and the group concerned.",
     ["reason", "group"],
 )
 LEASES_CLAIMED = Counter(
