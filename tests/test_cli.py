@@ -147,3 +147,14 @@ def test_doctor_reports_a_broken_hub_config(tmp_path):
     assert "[FAIL] hub config" in out.stdout
     assert "analysts" in out.stdout
     assert "idle_timout" in out.stdout
+
+
+def test_report_in_an_empty_folder_creates_no_file(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "mig_spawner.cli.main", "report"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert out.returncode == 1, out.stdout
+    assert f"there is no ledger at {tmp_path / 'mig_spawner_ledger.sqlite'}" in out.stderr
+    assert "no leases" not in out.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from manual_clock import Clock
+from matplotlib.dates import num2date
 
 from mig_spawner.cli.main import main
 from mig_spawner.core.catalog import model
@@ -22,7 +23,8 @@ from mig_spawner.ledger import (
     RefusalRecord,
 )
 from mig_spawner.report.advise import advise, candidate_layouts, count_refusals
-from mig_spawner.report.demand import Request, requests_of, usage
+from mig_spawner.report.demand import Request, held_steps, requests_of, usage
+from mig_spawner.report.plots import concurrency_figure, demand_figure
 from mig_spawner.report.replay import (
     GpuLayout,
     LayoutError,
@@ -475,3 +477,33 @@ def test_advice_names_who_loses_a_dropped_profile_and_which_gpu_to_drain(tmp_pat
             "groups allowed it: ml-team)") in out
     assert "GPU 0 changes but has 1 lease holding slices on it: drain it" in out
     assert "refused now:      30 of 61  (range " in out
+
+
+# --- plots that match the ledger ----------------------------------------------------------
+
+def test_held_steps_count_a_held_slice_to_the_right_edge():
+    leases = [lease("ann", "a", SMALL, 9, 9.25), lease("bo", "a", SMALL, 9.1, None)]
+    times, counts = held_steps(leases, at(8), at(10))[SMALL]
+    assert times[0] == at(8) and times[-1] == at(10)
+    assert counts == [0, 1, 2, 1, 1]  # bo still holds his slice at the window's end
+    assert max(counts) == usage(leases, [], at(8), at(10))[0].peak_concurrent
+
+
+def test_concurrency_plot_shows_minutes_of_use_up_to_now():
+    # Twenty minutes of use in a 30-day window, one slice still held "now".
+    now = at(9 + 20 / 60)
+    leases = [lease("ann", "a", SMALL, 9, 9 + 5 / 60), lease("bo", "a", SMALL, 9 + 2 / 60, None)]
+    fig = concurrency_figure(leases, now - timedelta(days=30), now, {SMALL: 7})
+    ax = fig.axes[0]
+    start, end = (num2date(x) for x in ax.get_xlim())
+    assert end == now
+    assert at(9) - timedelta(minutes=2) < start <= at(9)  # the window adapts to the data
+    line = ax.get_lines()[0]
+    assert list(line.get_ydata())[-1] == 1  # held to the right edge
+    assert "2026-12-01 08:59 .. 09:20 UTC" in ax.get_title()
+
+
+def test_demand_plot_is_titled_with_its_window():
+    rows = usage([lease("ann", "a", SMALL, 9, 10)], [], at(0), at(48))
+    assert "2026-12-01 00:00 .. 2026-12-03 00:00 UTC" in demand_figure(
+        rows, at(0), at(48)).axes[0].get_title()
