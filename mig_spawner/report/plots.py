@@ -89,8 +89,8 @@ def demand_figure(rows: Sequence[UsageRow], since: datetime, until: datetime) ->
     ax.set_title(f"Requests per profile, {_window_title(since, until)}", fontsize="medium")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("requests")
-    ax.margins(y=0.35)  # room for the legend above the tallest bar
-    ax.set_ylim(bottom=0)
+    # Room above the tallest bar for the legend.
+    ax.set_ylim(0, max((sum(t) for t in totals.values()), default=1) * 1.35)
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     return fig
