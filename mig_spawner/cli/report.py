@@ -32,9 +32,9 @@ DEFAULT_MIN_REQUESTS = 50
 DESCRIPTION = """\
 Usage per MIG profile and group from the lease ledger, and layout advice.
 
-Only reads: it opens the ledger read-only and never creates it (where there is no
-ledger it says so and exits 1). It reads the host's current MIG layout for --advise
-and for the capacity lines of the plots, and prints a table. --plots DIR adds PNGs;
+It never writes the ledger: it opens it read-only and never creates it (where there
+is no ledger it says so and exits 1). It reads the host's current MIG layout for
+--advise and for the capacity lines of the plots, and prints a table. --plots DIR adds PNGs;
 --advise replays the history on the layout that would have refused fewest and prints
 it as an NVIDIA mig-parted config (--write-config FILE saves it). Below
 --min-requests requests the advice proposes nothing; --config-dir names the groups
