@@ -228,11 +228,11 @@ def _score(demand: _Demand, fleet: Fleet, current: Fleet,
     return demand.refusals(held), changes, -useful
 
 
-def _descend(demand: _Demand, start: Fleet, current: Fleet, keep: frozenset[str],
-             options: Sequence[tuple[GpuLayout, ...]]) -> tuple[tuple[int, int, int], Fleet]:
-    """Best single-GPU changes from ``start`` (which must keep ``keep``) while one helps."""
-    fleet, score = start, _score(demand, start, current, keep)
-    assert score is not None
+def _descend(demand: _Demand, start: tuple[tuple[int, int, int], Fleet], current: Fleet,
+             keep: frozenset[str], options: Sequence[tuple[GpuLayout, ...]]
+             ) -> tuple[tuple[int, int, int], Fleet]:
+    """Best single-GPU changes from ``start`` (a score and its fleet) while one helps."""
+    score, fleet = start
     while True:
         best = (score, fleet)
         for i, choices in enumerate(options):
@@ -291,13 +291,14 @@ def _search(current: Fleet, requests: Sequence[Request]) -> Fleet:
     now = capacity(current)
     keep = frozenset(p for p in demand.profiles if now[p])
     options = [candidate_layouts(g.model_key, demand.profiles) or (g,) for g in current]
-    starts = [current]
+    fleets = [current]
     for model_key in sorted({g.model_key for g in current}):
-        for layout in candidate_layouts(model_key, demand.profiles):
-            start = tuple(g.with_devices(layout.devices) if g.model_key == model_key
-                          else g for g in current)
-            if _score(demand, start, current, keep) is not None:
-                starts.append(start)
+        fleets.extend(tuple(g.with_devices(layout.devices) if g.model_key == model_key
+                            else g for g in current)
+                      for layout in candidate_layouts(model_key, demand.profiles))
+    # Starts that drop a profile in ``keep`` are left out (the current layout never does).
+    starts = [(score, fleet) for fleet in fleets
+              if (score := _score(demand, fleet, current, keep)) is not None]
     results = [_descend(demand, s, current, keep, options) for s in starts]
     # Fewest refusals; among equals the fewest changed GPUs, then most useful capacity.
     _, proposed = min(results, key=lambda r: (r[0][0], r[0][1], r[0][2]))
