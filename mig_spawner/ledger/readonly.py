@@ -8,8 +8,9 @@ write to it; other databases are only checked for the ledger's tables, never giv
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
@@ -31,20 +32,24 @@ def readonly_engine(url: str, *, echo: bool = False) -> Engine:
         if parsed.get_backend_name() == "postgresql":
             engine = engine.execution_options(postgresql_readonly=True)
         return engine
-    return create_engine(_readonly_sqlite_url(parsed), echo=echo,
-                         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S,
-                                       "check_same_thread": False})
+    uri = _readonly_sqlite_uri(parsed)
+    # The engine keeps the URL the admin gave (for messages); connections use the URI.
+    return create_engine(parsed, echo=echo, creator=lambda: sqlite3.connect(
+        uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False))
 
 
-def _readonly_sqlite_url(url: URL) -> URL:
+def _readonly_sqlite_uri(url: URL) -> str:
+    """A ``file:`` URI with ``mode=ro`` for the SQLite ledger ``url``."""
     database = url.database or ""
-    if url.query.get("uri"):  # already a file: URI; sqlite3 resolves it, add mode=ro
-        return url.update_query_dict({"mode": "ro"})
+    if url.query.get("uri"):  # already a file: URI; sqlite3 resolves it
+        base, _, query = database.partition("?")
+        options = dict(parse_qsl(query))
+        options.update({k: v for k, v in url.query.items() if k != "uri"}, mode="ro")
+        return f"{base}?{urlencode(options)}"
     path = Path(database).expanduser().absolute()
     if not path.is_file():
         raise LedgerMissing(
             f"there is no ledger at {path}: nothing was ever recorded there (the hub "
             "creates its ledger when it first opens it)"
         )
-    return URL.create("sqlite", database="file:" + quote(str(path)),
-                      query={"mode": "ro", "uri": "true"})
+    return f"file:{quote(str(path))}?mode=ro"
