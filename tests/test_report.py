@@ -302,10 +302,11 @@ def test_report_opens_the_ledger_read_only(tmp_path, capsys):
     path = tmp_path / "ledger.sqlite"
     record_history(f"sqlite:///{path}")
     before = path.read_bytes()
-    with Ledger.open_existing(f"sqlite:///{path}") as ledger:
-        assert len(ledger.history()) == 6
-        with pytest.raises(LedgerUnavailable, match="readonly"):
-            ledger.record_refusal(LeaseRequest("x"), offer=BIG, reason="none_free")
+    for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?uri=true"):
+        with Ledger.open_existing(url) as ledger:
+            assert len(ledger.history()) == 6
+            with pytest.raises(LedgerUnavailable, match="readonly"):
+                ledger.record_refusal(LeaseRequest("x"), offer=BIG, reason="none_free")
     assert main(["report", "--ledger-url", f"sqlite:///{path}", "--since", "2026-12-01",
                  "--until", "2026-12-02"]) == 0
     assert path.read_bytes() == before
