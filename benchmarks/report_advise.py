@@ -6,7 +6,8 @@ fleets of 2 and 8 H200 whose layout does not fit the demand. For each size it ti
 * baseline: one replay of the history through the allocator (``replay_pool``), the
   cost of checking ONE candidate layout the faithful way;
 * the fast count of one layout (``count_refusals``), what the search uses;
-* the whole ``advise`` (search + the two faithful replays it reports).
+* the day resampling that gives the advice's ranges (``refusal_ranges``);
+* the whole ``advise`` (search + the two faithful replays + the ranges it reports).
 
 Prints a table and the ratios against the baseline measured in the same run.
 Run: ``.venv/bin/python benchmarks/report_advise.py``
@@ -22,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from mig_spawner.report.advise import advise, count_refusals
 from mig_spawner.report.demand import Request
 from mig_spawner.report.replay import GpuLayout, layout_inventory, replay_pool
+from mig_spawner.report.sample import refusal_ranges
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 MIX = (("1g.18gb", 0.6, 3), ("2g.35gb", 0.25, 5), ("3g.71gb", 0.15, 8))  # profile, share, hours
@@ -59,16 +61,18 @@ def main() -> None:
         fast = timed(lambda: count_refusals(fleet, demand))  # noqa: B023
         whole = timed(lambda: advise(fleet, demand), repeat=1)  # noqa: B023
         result = advise(fleet, demand)
-        rows.append((gpus, requests, baseline, fast, whole, result.before.refused,
+        ranges = timed(lambda: refusal_ranges(
+            demand, result.before.refused_requests, result.after.refused_requests))  # noqa: B023
+        rows.append((gpus, requests, baseline, fast, ranges, whole, result.before.refused,
                      result.after.refused))
-    header = ("GPUs", "requests", "allocator replay", "fast count", "advise", "fast/replay",
-              "advise/replay", "refused before", "after")
+    header = ("GPUs", "requests", "allocator replay", "fast count", "ranges", "advise",
+              "fast/replay", "ranges/replay", "advise/replay", "refused before", "after")
     print("  ".join(f"{h:>14}" for h in header))
-    for gpus, requests, baseline, fast, whole, before, after in rows:
+    for gpus, requests, baseline, fast, ranges, whole, before, after in rows:
         print("  ".join(f"{c:>14}" for c in (
             gpus, requests, f"{baseline * 1000:.1f} ms", f"{fast * 1000:.1f} ms",
-            f"{whole:.2f} s", f"{fast / baseline:.3f}x", f"{whole / baseline:.1f}x",
-            before, after)))
+            f"{ranges * 1000:.1f} ms", f"{whole:.2f} s", f"{fast / baseline:.3f}x",
+            f"{ranges / baseline:.3f}x", f"{whole / baseline:.1f}x", before, after)))
 
 
 if __name__ == "__main__":

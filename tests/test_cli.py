@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +14,13 @@ from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mig_spawner.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=cwd,
     )
 
 
@@ -147,3 +149,14 @@ def test_doctor_reports_a_broken_hub_config(tmp_path):
     assert "[FAIL] hub config" in out.stdout
     assert "analysts" in out.stdout
     assert "idle_timout" in out.stdout
+
+
+def test_report_and_status_in_an_empty_folder_create_no_file(tmp_path):
+    out = run_cli("report", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    assert f"there is no ledger at {tmp_path / 'mig_spawner_ledger.sqlite'}" in out.stderr
+    assert "no leases" not in out.stdout
+    out = run_cli("status", "--sim-state", "sim-gpus.json", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "sim-gpus.json does not exist" in out.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -10,12 +10,21 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from manual_clock import Clock
+from matplotlib.dates import num2date
 
 from mig_spawner.cli.main import main
 from mig_spawner.core.catalog import model
-from mig_spawner.ledger import Decision, Lease, LeaseRequest, Ledger, RefusalRecord
+from mig_spawner.ledger import (
+    Decision,
+    Lease,
+    LeaseRequest,
+    Ledger,
+    LedgerUnavailable,
+    RefusalRecord,
+)
 from mig_spawner.report.advise import advise, candidate_layouts, count_refusals
-from mig_spawner.report.demand import Request, requests_of, usage
+from mig_spawner.report.demand import Request, held_steps, requests_of, usage
+from mig_spawner.report.plots import concurrency_figure, demand_figure
 from mig_spawner.report.replay import (
     GpuLayout,
     LayoutError,
@@ -158,7 +167,7 @@ def mismatched_history() -> tuple[list[Lease], list[RefusalRecord]]:
 def test_advice_on_a_mismatched_layout_lowers_refusals_and_says_by_how_much():
     leases, refusals = mismatched_history()
     requests = requests_of(leases, refusals, at(24 * 5))
-    advice = advise(small_only(), requests)
+    advice = advise(small_only(), requests, min_requests=1)
     assert advice.before.refused >= 15  # every big request of the week
     assert advice.after.refused == 0
     assert advice.fewer_refusals == advice.before.refused
@@ -172,7 +181,7 @@ def test_advice_on_a_mismatched_layout_lowers_refusals_and_says_by_how_much():
 
 def test_advice_keeps_a_layout_that_already_fits():
     leases = [lease(f"a{n}", "g", SMALL, 9, 12) for n in range(5)]
-    advice = advise(small_only(1), requests_of(leases, [], at(17)))
+    advice = advise(small_only(1), requests_of(leases, [], at(17)), min_requests=1)
     assert advice.changed == () and advice.after.refused == advice.before.refused == 0
     assert advice.summary().startswith("keep the current layout")
 
@@ -217,7 +226,8 @@ def test_report_command_table_advice_yaml_and_plots(tmp_path, capsys):
     config, plots = tmp_path / "mig-config.yaml", tmp_path / "plots"
     status = main(["report", "--ledger-url", url, "--since", "2026-12-01T00:00",
                    "--until", "2026-12-02T00:00", "--simulate", "h200x2:layout=1g.18gb*7",
-                   "--advise", "--write-config", str(config), "--plots", str(plots)])
+                   "--advise", "--min-requests", "1", "--write-config", str(config),
+                   "--plots", str(plots)])
     out = capsys.readouterr().out
     assert status == 0, out
     assert "3g.71gb  research" in out and "1g.18gb  analysts" in out
@@ -284,3 +294,217 @@ def test_ledger_keeps_refusals_and_the_report_counts_them(tmp_path, capsys):
     assert rows[(BIG, "research")]["refused_capacity"] == 1
     assert rows[(BIG, "research")]["requests"] == 4
     assert rows[("small", "analysts")]["refused_policy"] == 1
+
+
+# --- reading only -------------------------------------------------------------------------
+
+def test_report_opens_the_ledger_read_only(tmp_path, capsys):
+    path = tmp_path / "ledger.sqlite"
+    record_history(f"sqlite:///{path}")
+    before = path.read_bytes()
+    for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?uri=true"):
+        with Ledger.open_existing(url) as ledger:
+            assert len(ledger.history()) == 6
+            with pytest.raises(LedgerUnavailable, match="readonly"):
+                ledger.record_refusal(LeaseRequest("x"), offer=BIG, reason="none_free")
+    assert main(["report", "--ledger-url", f"sqlite:///{path}", "--since", "2026-12-01",
+                 "--until", "2026-12-02"]) == 0
+    assert path.read_bytes() == before
+
+
+def test_report_on_a_missing_ledger_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "nothing-here.sqlite"
+    assert main(["report", "--ledger-url", f"sqlite:///{missing}"]) == 1
+    err = capsys.readouterr().err
+    assert f"there is no ledger at {missing}" in err
+    assert "--ledger-url" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.postgres
+def test_report_refuses_a_database_without_the_ledger_and_creates_no_table(postgres_url,
+                                                                            capsys):
+    from sqlalchemy import create_engine, inspect
+
+    assert main(["report", "--ledger-url", postgres_url]) == 1
+    assert "has no ledger tables" in capsys.readouterr().err
+    engine = create_engine(postgres_url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+
+
+def test_report_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out
+    assert "--min-requests" in out and "never creates it" in out
+
+
+def test_report_min_requests_default_is_the_advices():
+    from mig_spawner.cli.report import DEFAULT_MIN_REQUESTS
+    from mig_spawner.report.advise import MIN_REQUESTS
+
+    assert DEFAULT_MIN_REQUESTS == MIN_REQUESTS
+
+
+# --- advice worth following -----------------------------------------------------------------
+
+def claim_all(url: str, plan: list[tuple[str, str, str, float, float | None, str | None]]
+              ) -> None:
+    """Record ``plan`` (user, group, profile, from, to or None = still held, GPU UUID or
+    None) in the ledger at the hours given; a lease without a GPU UUID takes no slot."""
+    clock = Clock(at(-1))
+    events = sorted([(p[3], 1, n) for n, p in enumerate(plan)]
+                    + [(p[4], 0, n) for n, p in enumerate(plan) if p[4] is not None])
+    ids = {}
+    with Ledger.open(url, clock=clock) as ledger:
+        for hour, claiming, n in events:
+            user, group, profile, _, _, gpu_uuid = plan[n]
+            clock.now = at(hour)
+            if not claiming:
+                ledger.release(ids[n], "stopped")
+                continue
+            shape = model("h200").profile(profile)
+            size = shape.placement_size
+            decision = Decision(group=group, profile=profile,
+                                compute_slices=shape.compute_slices,
+                                mode="dynamic" if gpu_uuid else "kube",
+                                host="gpu1" if gpu_uuid else None, gpu_uuid=gpu_uuid,
+                                gpu_index=0 if gpu_uuid else None,
+                                start=0 if gpu_uuid else None, size=size if gpu_uuid else None)
+            ids[n] = ledger.claim(LeaseRequest(user, str(n)), lambda view, d=decision: d).id
+
+
+def test_advice_on_five_requests_says_the_sample_is_too_small(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    claim_all(url, [(f"r{n}", "research", BIG, 9 + n, 10 + n, None) for n in range(5)])
+    config = tmp_path / "advised.yaml"
+    status = main(["report", "--ledger-url", url, "--since", "2026-11-30", "--until",
+                   "2026-12-02", "--simulate", "h200x1:layout=1g.18gb*7", "--advise",
+                   "--write-config", str(config)])
+    captured = capsys.readouterr()
+    assert status == 1  # nothing to write
+    assert "sample: 5 requests over 1 day" in captured.out
+    assert "no advice: the sample is too small" in captured.out
+    assert "at least 50 requests (--min-requests)" in captured.out
+    assert "->" not in captured.out and "mig-parted" not in captured.out
+    assert not config.exists()
+    assert main(["report", "--ledger-url", url, "--since", "2026-11-30", "--until",
+                 "2026-12-02", "--simulate", "h200x1:layout=1g.18gb*7", "--advise",
+                 "--json"]) == 0
+    advice = json.loads(capsys.readouterr().out)["advice"]
+    assert advice["sample"] == {"requests": 5, "days": 1, "min_requests": 50,
+                                "too_small": True}
+    assert advice["changed_gpus"] == []
+
+
+def contested_days(days: int) -> list[Request]:
+    """Every day three pairs of 3g.71gb sessions overlap (one of each pair finds the only
+    3g.71gb held) and ml-team uses its 1g.35gb once."""
+    found = []
+    for day in range(days):
+        base = 24 * day
+        for shift, start in enumerate((8, 11, 14)):
+            for n in range(2):
+                found.append(Request(at(base + start), at(base + start + 2.5), BIG,
+                                     "research", f"r{shift}{n}", True))
+        found.append(Request(at(base + 10), at(base + 11), "1g.35gb", "ml-team", "m", True))
+    return sorted(found, key=lambda q: (q.arrive, q.user))
+
+
+def test_advice_keeps_a_profile_a_group_still_asks_for():
+    current = (GpuLayout(0, "h200", {BIG: 1, "1g.35gb": 2}),)
+    requests = contested_days(10)
+    # Trading both 1g.35gb for a second 3g.71gb would refuse 10 fewer requests (30 3g
+    # refusals avoided, ml-team's 10 refused), but ml-team would lose its only size.
+    two_big = (GpuLayout(0, "h200", {BIG: 2}),)
+    assert count_refusals(two_big, requests) < count_refusals(current, requests)
+    advice = advise(current, requests, allowed_by={"1g.35gb": ["ml-team"]})
+    assert advice.sample.requests == 70 and not advice.too_small
+    assert sum(d.profile == "1g.35gb" for d in layout_inventory(advice.proposed).mig_devices)
+    assert advice.dropped == {}
+    assert advice.summary().startswith("keep the current layout")
+
+
+def test_advice_ranges_come_from_resampled_days_and_are_seeded():
+    requests = contested_days(10)
+    current = (GpuLayout(0, "h200", {SMALL: 7}),)
+    advice = advise(current, requests)
+    assert advice.sample.days == 10
+    ranges = advice.ranges
+    assert ranges.before.low <= advice.before.refused <= ranges.before.high
+    assert ranges.after.low <= advice.after.refused <= ranges.after.high
+    assert ranges.gain.low <= advice.fewer_refusals <= ranges.gain.high
+    assert advise(current, requests).ranges == ranges  # same seed, same figures
+    # Uneven days give a range of more than one value.
+    uneven = [q for q in requests if q.arrive.day % 3 or q.profile != BIG]
+    spread = advise(current, uneven).ranges.before
+    assert spread.low < spread.high
+
+
+def test_advice_names_who_loses_a_dropped_profile_and_which_gpu_to_drain(tmp_path, capsys):
+    from mig_spawner.gpu import connect
+
+    spec = "h200x1:layout=3g.71gb,1g.35gb*2"
+    adapter = connect(simulate=spec)
+    try:
+        gpu_uuid = adapter.inventory().gpus[0].uuid
+    finally:
+        adapter.close()
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    # 60 requests for 3g.71gb over 10 days, in overlapping pairs; nobody asks for
+    # 1g.35gb. One 3g.71gb lease on the GPU is still held.
+    plan = [(q.user, q.group, q.profile, (q.arrive - DAY).total_seconds() / 3600,
+             (q.leave - DAY).total_seconds() / 3600, None)
+            for q in contested_days(10) if q.profile == BIG]
+    plan.append(("now", "research", BIG, 24 * 10, None, gpu_uuid))
+    claim_all(url, plan)
+    (tmp_path / "20-groups.py").write_text(
+        "c.MIGPolicyConfig.group_policies = {\n"
+        "    'research': {'allowed': ['3g.71gb']},\n"
+        "    'ml-team': {'allowed': ['1g.35gb', '3g.71gb']},\n"
+        "}\n")
+    status = main(["report", "--ledger-url", url, "--since", "2026-11-30", "--until",
+                   "2026-12-12", "--simulate", spec, "--advise", "--config-dir",
+                   str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "sample: 61 requests over 10 days" in out
+    assert "-> 2x 3g.71gb  (changes; drain first: 1 lease held)" in out
+    assert ("the proposal has no 1g.35gb any more (nobody asked for it in the window; "
+            "groups allowed it: ml-team)") in out
+    assert "GPU 0 changes but has 1 lease holding slices on it: drain it" in out
+    assert "refused now:      30 of 61  (range " in out
+
+
+# --- plots that match the ledger ----------------------------------------------------------
+
+def test_held_steps_count_a_held_slice_to_the_right_edge():
+    leases = [lease("ann", "a", SMALL, 9, 9.25), lease("bo", "a", SMALL, 9.1, None)]
+    times, counts = held_steps(leases, at(8), at(10))[SMALL]
+    assert times[0] == at(8) and times[-1] == at(10)
+    assert counts == [0, 1, 2, 1, 1]  # bo still holds his slice at the window's end
+    assert max(counts) == usage(leases, [], at(8), at(10))[0].peak_concurrent
+
+
+def test_concurrency_plot_shows_minutes_of_use_up_to_now():
+    # Twenty minutes of use in a 30-day window, one slice still held "now".
+    now = at(9 + 20 / 60)
+    leases = [lease("ann", "a", SMALL, 9, 9 + 5 / 60), lease("bo", "a", SMALL, 9 + 2 / 60, None)]
+    fig = concurrency_figure(leases, now - timedelta(days=30), now, {SMALL: 7})
+    ax = fig.axes[0]
+    start, end = (num2date(x) for x in ax.get_xlim())
+    assert end == now
+    assert at(9) - timedelta(minutes=2) < start <= at(9)  # the window adapts to the data
+    line = ax.get_lines()[0]
+    assert list(line.get_ydata())[-1] == 1  # held to the right edge
+    assert "2026-12-01 08:59 .. 09:20 UTC" in ax.get_title()
+
+
+def test_demand_plot_is_titled_with_its_window():
+    rows = usage([lease("ann", "a", SMALL, 9, 10)], [], at(0), at(48))
+    assert "2026-12-01 00:00 .. 2026-12-03 00:00 UTC" in demand_figure(
+        rows, at(0), at(48)).axes[0].get_title()

@@ -1,17 +1,12 @@
-"""``mig-spawner report``: usage per profile and group from the ledger, and layout advice.
-
-Reads the ledger's history (never writes), the host's current MIG layout (for
-``--advise`` and the plots' capacity lines), and prints a table; ``--plots DIR``
-adds PNGs, ``--advise`` replays the history on the layout that would have refused
-fewest and prints it as a NVIDIA mig-parted config (``--write-config FILE`` saves it).
-"""
+"""``mig-spawner report``: usage per profile and group from the ledger, and layout advice."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +15,7 @@ from ..core.durations import DurationError, parse_duration
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..gpu.errors import GpuError
+    from ..ledger import Lease
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
@@ -29,6 +25,21 @@ if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the com
 DEFAULT_LEDGER_URL = "sqlite:///mig_spawner_ledger.sqlite"
 
 DEFAULT_WINDOW = "30d"
+# The advice's minimum sample (mig_spawner.report.advise.MIN_REQUESTS; a test checks).
+DEFAULT_MIN_REQUESTS = 50
+
+# Plain text: argparse prints it as it stands.
+DESCRIPTION = """\
+Usage per MIG profile and group from the lease ledger, and layout advice.
+
+It never writes the ledger: it opens it read-only and never creates it (where there
+is no ledger it says so and exits 1). It reads the host's current MIG layout for
+--advise and for the capacity lines of the plots, and prints a table. --plots DIR adds PNGs;
+--advise replays the history on the layout that would have refused fewest and prints
+it as an NVIDIA mig-parted config (--write-config FILE saves it). Below
+--min-requests requests the advice proposes nothing; --config-dir names the groups
+that would lose a profile the proposal drops.
+"""
 
 
 def parse_when(text: str, now: datetime) -> datetime:
@@ -52,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     p = sub.add_parser(
         "report",
         help="usage per MIG profile and group from the ledger; --advise proposes a layout",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_gpu_options(p)
@@ -71,19 +82,46 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
                    help="replay the history on other layouts and propose the best one")
     p.add_argument("--write-config", metavar="FILE", type=Path,
                    help="with --advise: write the mig-parted config to FILE")
+    p.add_argument("--min-requests", type=int, default=DEFAULT_MIN_REQUESTS, metavar="N",
+                   help="with --advise: propose nothing from fewer requests than this "
+                        f"(default: {DEFAULT_MIN_REQUESTS})")
+    p.add_argument("--config-dir", metavar="DIR", type=Path,
+                   help="with --advise: the hub's jupyterhub_config.d, to name the groups "
+                        "whose policy allows a profile the proposal drops")
     p.set_defaults(func=cmd_report)
 
 
-def _fleet(args: argparse.Namespace) -> Fleet:
-    """The MIG layout of this host (or of the ``--simulate`` spec)."""
+def _fleet(args: argparse.Namespace, held: Sequence[Lease]) -> tuple[Fleet, dict[int, int]]:
+    """The MIG layout of this host (or of the ``--simulate`` spec), and how many of the
+    ``held`` leases hold a slice on each of its GPUs (by GPU index)."""
     from ..gpu import connect
     from ..report.replay import fleet_of
 
     adapter = connect(simulate=args.simulate, state_file=args.sim_state)
     try:
-        return fleet_of(adapter.inventory())
+        inventory = adapter.inventory()
     finally:
         adapter.close()
+    index_of = {g.uuid: g.index for g in inventory.gpus}
+    on_gpu = Counter(index_of[x.gpu_uuid] for x in held if x.gpu_uuid in index_of)
+    return fleet_of(inventory), dict(on_gpu)
+
+
+def _allowed_by(config_dir: Path | None) -> dict[str, list[str]]:
+    """Profile -> the groups whose policy in ``config_dir`` allows it (a class counts
+    for each profile it names); empty without a config."""
+    if config_dir is None:
+        return {}
+    from ..config import MIGPolicyConfig, load_config_files
+
+    policies = MIGPolicyConfig(config=load_config_files(config_dir)).build()
+    found: dict[str, list[str]] = {}
+    for group in (*policies.groups.values(), policies.default):
+        for key in group.allowed:
+            offer = policies.offers[key]
+            for profile in offer.profiles.values() if offer.is_class else (key,):
+                found.setdefault(profile, []).append(group.name)
+    return found
 
 
 def _gpu_error(e: GpuError, doing: str) -> None:
@@ -95,7 +133,7 @@ def _gpu_error(e: GpuError, doing: str) -> None:
 def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
     """Run ``mig-spawner report``; returns the exit status."""
     from ..gpu.errors import GpuError
-    from ..ledger import Ledger, LedgerError
+    from ..ledger import Ledger, LedgerError, LedgerMissing
     from ..report.advise import advise, capacity
     from ..report.demand import requests_of, usage
 
@@ -108,17 +146,27 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
                              f"({until:%Y-%m-%d %H:%M})")
         if args.write_config and not args.advise:
             raise ValueError("--write-config needs --advise")
-        with Ledger.open(args.ledger_url) as ledger:
+        if args.min_requests < 1:
+            raise ValueError("--min-requests must be at least 1")
+        allowed_by = _allowed_by(args.config_dir) if args.advise else {}
+        with Ledger.open_existing(args.ledger_url) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals(since, until)
+            held = ledger.active() if args.advise else []
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
-    except (ValueError, LedgerError) as e:
+    except LedgerMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        print("hint: point --ledger-url at the ledger the hub uses (by default "
+              "mig_spawner_ledger.sqlite beside the hub's jupyterhub.sqlite)", file=sys.stderr)
+        return 1
+    except (ValueError, LedgerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     fleet: Fleet = ()
+    on_gpu: dict[int, int] = {}
     if args.advise or args.plots:
         try:
-            fleet = _fleet(args)
+            fleet, on_gpu = _fleet(args, held)
         except GpuError as e:
             if args.advise:
                 _gpu_error(e, "reading the current MIG layout to advise on")
@@ -131,11 +179,16 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             print("error: --advise needs a MIG GPU to lay out; this host has none "
                   "(use --simulate with the fleet to plan for)", file=sys.stderr)
             return 1
-        advice = advise(fleet, requests_of(leases, refusals, until))
+        advice = advise(fleet, requests_of(leases, refusals, until),
+                        min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
     _print(args, rows, advice, since, until)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 
+        if advice.too_small:
+            print(f"error: not writing {args.write_config}: the sample is too small to "
+                  "advise on", file=sys.stderr)
+            return 1
         args.write_config.write_text(mig_parted_yaml(advice), encoding="utf-8")
         print(f"\nwrote {args.write_config}", file=sys.stderr)
     if args.plots:

@@ -25,6 +25,11 @@ class LedgerUnavailable(LedgerError):
     too long, not a database). Nothing was written; try again later."""
 
 
+class LedgerMissing(LedgerError):
+    """A read-only open found no ledger: no such SQLite file, or a database without the
+    ledger's tables. Nothing was created."""
+
+
 class SchemaError(LedgerError):
     """The database schema is missing or older than this version of mig-spawner expects."""
 

@@ -26,11 +26,13 @@ from .errors import (
     InvalidDecision,
     LeaseNotFound,
     LeaseStateError,
+    LedgerMissing,
     LedgerUnavailable,
     SchemaError,
     ServerHasLease,
 )
 from .models import lease_servers, lease_slots, leases
+from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
     Decision,
@@ -87,8 +89,9 @@ class Ledger(RefusalLog):
     ledger writes (aware UTC; tests pass a fake); ``echo`` logs every SQL statement.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, clock: Clock = utcnow, echo: bool = False):
-        self._engine = create_ledger_engine(url, echo=echo)
+    def __init__(self, url: str = DEFAULT_URL, *, clock: Clock = utcnow, echo: bool = False,
+                 readonly: bool = False):
+        self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._clock = clock
         self._schema_ok = False
 
@@ -98,6 +101,29 @@ class Ledger(RefusalLog):
         ledger = cls(url, **kwargs)
         try:
             ledger.upgrade()
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    @classmethod
+    def open_existing(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
+        """Open the ledger at ``url`` for reading only; never creates or migrates anything.
+
+        For commands that only read (``mig-spawner report``). Raises
+        :class:`LedgerMissing` when there is no ledger there (no SQLite file, or a
+        database without its tables) and :class:`SchemaError` when its schema is not the
+        one this package ships (the hub migrates it when it next opens it). A SQLite
+        ledger is opened ``mode=ro``: any write fails in the driver.
+        """
+        ledger = cls(url, readonly=True, **kwargs)
+        try:
+            with ledger._database():
+                if ledger.revision() is None:
+                    raise LedgerMissing(
+                        f"the database {ledger.url} has no ledger tables: nothing was ever "
+                        "recorded there (the hub creates them when it first opens it)")
+                ledger._check_schema()
         except BaseException:
             ledger.close()
             raise

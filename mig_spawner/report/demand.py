@@ -182,20 +182,36 @@ def usage(
     return rows
 
 
-def concurrency_series(
-    leases: Sequence[Lease], since: datetime, until: datetime, step: timedelta
-) -> tuple[list[datetime], dict[str, list[int]]]:
-    """Leases held at each ``step`` from ``since``, per profile (for the plots)."""
-    times = []
-    t = since
-    while t <= until:
-        times.append(t)
-        t += step
-    series: dict[str, list[int]] = {}
+def held_steps(
+    leases: Sequence[Lease], since: datetime, until: datetime
+) -> dict[str, tuple[list[datetime], list[int]]]:
+    """Slices held per profile over ``[since, until]`` as an exact step function.
+
+    For each profile: the moments the count changes (from ``since``) and the count from
+    each moment on, ending with a point at ``until``, so a slice still held at ``until``
+    (now, by default) is counted to the right edge. A release at t comes before a claim
+    at t.
+    """
+    found: dict[str, tuple[list[datetime], list[int]]] = {}
+    changes: dict[str, list[tuple[datetime, int]]] = {}
     for lease in leases:
-        counts = series.setdefault(lease.profile, [0] * len(times))
         end = lease_end(lease, until)
-        for i, moment in enumerate(times):
-            if lease.claimed_at <= moment < end:
-                counts[i] += 1
-    return times, series
+        if end < since or lease.claimed_at > until:
+            continue
+        steps = changes.setdefault(lease.profile, [])
+        steps.append((max(lease.claimed_at, since), 1))
+        if lease.released_at is not None and lease.released_at <= until:
+            steps.append((lease.released_at, -1))
+    for profile, steps in changes.items():
+        times, counts, held = [since], [0], 0
+        for moment, step in sorted(steps):
+            held += step
+            if moment == times[-1]:
+                counts[-1] = held
+            else:
+                times.append(moment)
+                counts.append(held)
+        times.append(until)
+        counts.append(held)
+        found[profile] = (times, counts)
+    return found

@@ -11,6 +11,7 @@ import yaml
 
 from mig_spawner.report.advise import Advice, mig_parted_config
 from mig_spawner.report.demand import UsageRow
+from mig_spawner.report.sample import RESAMPLES, plural
 
 HEADER = ("PROFILE", "GROUP", "REQUESTS", "GRANTED", "REFUSED:LAYOUT", "REFUSED:POLICY",
           "HOLD H", "MEDIAN MIN", "IDLE", "PEAK")
@@ -57,16 +58,33 @@ def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime) -> st
 
 
 def advice_text(advice: Advice) -> str:
-    """Current vs proposed layout per GPU, the replayed refusals, and the YAML to apply."""
-    lines = ["Layout advice (replay of the history through the allocator, pool mode)", ""]
+    """Current vs proposed layout per GPU, the replayed refusals with their ranges, the
+    cautions, and the YAML to apply."""
+    lines = ["Layout advice (replay of the history through the allocator, pool mode)", "",
+             f"  sample: {advice.sample.describe()}", ""]
+    if advice.too_small:
+        return "\n".join([*lines, advice.summary()])
     for now, then in zip(advice.current, advice.proposed, strict=True):
-        mark = "  (changes)" if now.key() != then.key() else ""
+        mark = ""
+        if now.key() != then.key():
+            mark = "  (changes"
+            if advice.held.get(now.gpu_index):
+                mark += f"; drain first: {plural(advice.held[now.gpu_index], 'lease')} held"
+            mark += ")"
         lines.append(f"  GPU {now.gpu_index} {now.model_key}: {now.describe()}")
         lines.append(f"  {'':>{len(str(now.gpu_index)) + 4}} -> {then.describe()}{mark}")
-    lines += ["", f"  refused now:      {advice.before.refused} of {advice.before.requests}",
-              f"  refused proposed: {advice.after.refused} of {advice.after.requests}",
+    ranges = advice.ranges
+    lines += ["", f"  refused now:      {advice.before.refused} of {advice.before.requests}"
+                  f"  (range {ranges.before})",
+              f"  refused proposed: {advice.after.refused} of {advice.after.requests}"
+              f"  (range {ranges.after})",
               f"  refused dynamic:  {advice.dynamic.refused} of {advice.dynamic.requests}",
+              f"  range: 5th-95th percentile over {RESAMPLES} redraws (with replacement, "
+              f"seeded) of the sample's {plural(advice.sample.days, 'day')}",
               "", advice.summary()]
+    cautions = advice.cautions()
+    if cautions:
+        lines += ["", "Before applying it:", *(f"  - {c}" for c in cautions)]
     if advice.changed:
         lines += ["", "mig-parted config (apply with nvidia-mig-parted, or label the node "
                   "nvidia.com/mig.config=mig-spawner-advised for the GPU Operator):", "",
@@ -92,12 +110,20 @@ def to_json(rows: Sequence[UsageRow], advice: Advice | None, since: datetime,
     }
     if advice is not None:
         data["advice"] = {
+            "sample": {"requests": advice.sample.requests, "days": advice.sample.days,
+                       "min_requests": advice.min_requests, "too_small": advice.too_small},
             "refused_before": advice.before.refused,
             "refused_after": advice.after.refused,
             "refused_dynamic": advice.dynamic.refused,
             "requests": advice.before.requests,
+            "refused_before_range": asdict(advice.ranges.before),
+            "refused_after_range": asdict(advice.ranges.after),
+            "fewer_refusals_range": asdict(advice.ranges.gain),
             "changed_gpus": list(advice.changed),
+            "drain_gpus": list(advice.to_drain),
+            "dropped_profiles": {p: list(g) for p, g in advice.dropped.items()},
             "summary": advice.summary(),
+            "cautions": advice.cautions(),
             "mig_parted": mig_parted_config(advice.proposed),
         }
     return data

@@ -55,11 +55,13 @@ Fleet = tuple[GpuLayout, ...]
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """How a layout fared: requests served and refused, refusals per profile."""
+    """How a layout fared: requests served and refused, refusals per profile, and which
+    requests (indexes into the replayed sequence) were refused."""
 
     served: int
     refused: int
     refused_by_profile: Mapping[str, int]
+    refused_requests: tuple[int, ...] = ()
 
     @property
     def requests(self) -> int:
@@ -142,6 +144,7 @@ def replay_pool(inventory: Inventory, requests: Sequence[Request]) -> ReplayResu
     held: set[str] = set()
     granted: dict[int, str] = {}
     refused: Counter[str] = Counter()
+    refused_requests: list[int] = []
     for _, arriving, n in _events(requests):
         if not arriving:
             held.discard(granted.pop(n, ""))
@@ -155,8 +158,9 @@ def replay_pool(inventory: Inventory, requests: Sequence[Request]) -> ReplayResu
             granted[n] = grant.uuid
         else:
             refused[requests[n].profile] += 1
+            refused_requests.append(n)
     total = sum(refused.values())
-    return ReplayResult(len(requests) - total, total, dict(refused))
+    return ReplayResult(len(requests) - total, total, dict(refused), tuple(refused_requests))
 
 
 def replay_dynamic(model_keys: Iterable[str], requests: Sequence[Request]) -> ReplayResult:
@@ -165,6 +169,7 @@ def replay_dynamic(model_keys: Iterable[str], requests: Sequence[Request]) -> Re
     occupancy = Occupancy.of(Inventory(REPLAY_HOST, "", "", 0, empty))
     granted: dict[int, Placement] = {}
     refused: Counter[str] = Counter()
+    refused_requests: list[int] = []
     for _, arriving, n in _events(requests):
         if not arriving:
             if n in granted:
@@ -179,5 +184,6 @@ def replay_dynamic(model_keys: Iterable[str], requests: Sequence[Request]) -> Re
             granted[n] = choice
         else:
             refused[requests[n].profile] += 1
+            refused_requests.append(n)
     total = sum(refused.values())
-    return ReplayResult(len(requests) - total, total, dict(refused))
+    return ReplayResult(len(requests) - total, total, dict(refused), tuple(refused_requests))

@@ -57,6 +57,9 @@ class SimulatedHost:
                 raise SpecError("give a simulator spec (e.g. 'h200x2') or a state file")
             return cls(_build(spec))
         host = cls(HostState("", "", False, False, []), state_file)
+        if not spec and not os.path.exists(host.state_file):
+            # Before the lock: its file must not be left behind by a command that only reads.
+            raise _no_state_file(host.state_file)
         with host._locked():
             if os.path.exists(host.state_file):
                 try:
@@ -72,11 +75,8 @@ class SimulatedHost:
                         f"{host._state.spec!r}, not {spec.strip()!r}; use the same spec, "
                         "or delete the file to start a new host"
                     )
-            elif not spec:
-                raise SpecError(
-                    f"state file {host.state_file} does not exist and no simulator spec "
-                    "was given to create it"
-                )
+            elif not spec:  # deleted since the check above
+                raise _no_state_file(host.state_file)
             else:
                 host._state = _build(spec)
                 host._save()
@@ -242,3 +242,8 @@ def _error_code(code: int | str) -> int:
     if not isinstance(value, int):
         raise ValueError(f"{code!r} is not an NVML error name (e.g. 'IN_USE', 'NO_PERMISSION')")
     return value
+
+
+def _no_state_file(path: str) -> SpecError:
+    return SpecError(f"state file {path} does not exist and no simulator spec was given "
+                     "to create it")
