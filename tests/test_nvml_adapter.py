@@ -277,7 +277,7 @@ def test_unprivileged_hub_keeps_the_inventory_working(adapters):
     assert len(inv.mig_devices) == 6
     assert all(d.processes_unknown and d.busy for d in inv.mig_devices)
     assert not adapter.can_configure()
-    with pytest.raises(errors.NoPermission, match="creating a 1g.18gb"):
+    with pytest.raises(errors.NoPermission, match=r"creating a 1g\.18gb"):
         adapter.create_instance(0, "1g.18gb", 0)
 
 
