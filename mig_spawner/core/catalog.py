@@ -224,7 +224,7 @@ def compare_profiles(catalog_profiles: Iterable[Profile], driver_profiles: Itera
     ours = {r["profile"]: r for r in profile_rows(catalog_profiles)}
     theirs = {r["profile"]: r for r in profile_rows(driver_profiles)}
     out = []
-    for name in sorted(set(ours) | set(theirs), key=_name_key):
+    for name in sorted(set(ours) | set(theirs), key=profile_sort_key):
         a, b = ours.get(name), theirs.get(name)
         if a is None:
             out.append(f"{name}: reported by the driver, not in the catalog")
@@ -242,7 +242,9 @@ def _show(key: str, value: object) -> str:
     return format_gib(value) if key == "memory_mib" else str(value)  # type: ignore[arg-type]
 
 
-def _name_key(name: str) -> tuple[int, int, str]:
+def profile_sort_key(name: str) -> tuple[int, int, str]:
+    """Order profiles small to big, plain before its variants (names NVIDIA would not
+    use sort last)."""
     try:
         return parse_profile_name(name)
     except CatalogError:

@@ -417,6 +417,7 @@ class GpuAdapter:
                 variant=_variant(name),
                 source="driver",
             ))
+        profiles.sort(key=lambda p: catalog.profile_sort_key(p.name))
         if profiles:  # with MIG off the driver lists none; ask again once it is on
             self._profiles[uuid] = tuple(profiles)
         return tuple(profiles)

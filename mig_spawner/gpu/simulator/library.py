@@ -165,6 +165,10 @@ class SimulatedNvmlLibrary:
         if not getattr(self.host.state, permission):
             raise SimError(NVML_ERROR_NO_PERMISSION)
 
+    def _reported(self, gpu: SimGpu, profile: Any) -> Any:
+        return rules.as_driver_reports(profile, gpu.model_key or "",
+                                       self.host.state.driver_version)
+
     def _require_privilege(self) -> None:
         """Under NVML's privilege rules only root or the MIG config capability may read
         parent-GPU memory (MIG on) and process lists."""
@@ -246,7 +250,8 @@ class SimulatedNvmlLibrary:
             total = gpu.memory_mib
             used = sum(_used_mib(c) for _, c in rules.mig_devices(gpu))
         else:
-            total = rules.mig_model(gpu).profile_by_id(gi.profile_id).memory_mib
+            total = self._reported(gpu, rules.mig_model(gpu).profile_by_id(gi.profile_id)
+                                   ).memory_mib
             used = _used_mib(ci)
         info = _out(ref)
         info.total, info.used, info.free = total * _MIB, used * _MIB, (total - used) * _MIB
@@ -354,7 +359,7 @@ class SimulatedNvmlLibrary:
     def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: Any, ref: Any
                                              ) -> int | None:
         gpu = self._gpu(self.host.state, handle)[1]
-        p = rules.profile_by_enum(gpu, _num(profile))
+        p = self._reported(gpu, rules.profile_by_enum(gpu, _num(profile)))
         if not gpu.mig_current:
             raise SimError(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: profiles need MIG on
         info = _out(ref)

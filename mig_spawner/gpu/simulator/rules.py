@@ -6,6 +6,8 @@ NVML return code the real driver gives in that situation (see MIG.md).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pynvml
 
 from mig_spawner.core import catalog
@@ -46,6 +48,26 @@ def require_mig_on(gpu: SimGpu) -> catalog.GpuModel:
     if not gpu.mig_current:
         raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
     return model
+
+
+# Where a real driver's table differs from the catalog (which holds one driver's
+# figures): (model key, first driver branch) -> profile -> GiB. B200's 1g shrank from
+# 22.00 GiB on R570 to 20.50 on a later driver (NVIDIA/mig-parted#166 vs #187); the
+# branch it changed in is not published, 575 is assumed.
+_DRIVER_GIB = {("b200", 575): {"1g.23gb": 20.50, "1g.23gb+me": 20.50}}
+
+
+def as_driver_reports(profile: catalog.Profile, model_key: str, driver_version: str
+                      ) -> catalog.Profile:
+    """``profile`` with the figures this driver version reports for it."""
+    try:
+        branch = int(driver_version.split(".")[0])
+    except ValueError:
+        return profile
+    for (key, first), table in _DRIVER_GIB.items():
+        if key == model_key and branch >= first and profile.name in table:
+            return replace(profile, memory_mib=round(table[profile.name] * 1024))
+    return profile
 
 
 def profile_by_enum(gpu: SimGpu, enum_index: int) -> catalog.Profile:
