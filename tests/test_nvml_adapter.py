@@ -175,7 +175,7 @@ def test_failed_compute_instance_does_not_leak_the_gpu_instance(adapters):
         ("h100x1", 0, "2g.20gb", 1, errors.InvalidPlacement, "cannot start at memory slice 1",
          r"\[0, 2, 4\]"),
         ("h100x1", 0, "2g.35gb", 0, errors.UnknownProfile, "'2g.35gb' is not a MIG profile",
-         "1g.10gb, 2g.20gb, 3g.40gb"),
+         r"1g.10gb, 1g.10gb\+me, 1g.20gb, 2g.20gb, 3g.40gb"),
         ("h100x1", 3, "1g.10gb", 0, errors.NoSuchGpu, "no GPU 3; this host has 1 GPU", "-L"),
         ("t4x1", 0, "1g.10gb", 0, errors.MigNotSupported, "Tesla T4", "A100"),
         ("a30x1:mig=off", 0, "1g.6gb", 0, errors.MigDisabled, "disabled on GPU 0",

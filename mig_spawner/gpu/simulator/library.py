@@ -24,6 +24,7 @@ from pynvml import (
     NVML_SUCCESS,
 )
 
+from ..nvml import garbles_process_records
 from . import rules
 from .host import SimulatedHost
 from .rules import SimError
@@ -45,8 +46,6 @@ _NO_INIT = frozenset({"nvmlInit", "nvmlInitWithFlags", "nvmlInit_v2", "nvmlError
 # An older libnvidia-ml lacks the newer process-list symbols (spec option procs=).
 _PROCS = "nvmlDeviceGetComputeRunningProcesses"
 _MISSING_BY_API = {"v2": (f"{_PROCS}_v3",), "v1": (f"{_PROCS}_v3", f"{_PROCS}_v2")}
-# Drivers whose _v3 process records after the first come out garbled (nvitop#79/#89).
-GARBLED_V3_DRIVERS = ((535, 43), (535, 86))
 
 
 def _addr(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
@@ -267,7 +266,9 @@ class SimulatedNvmlLibrary:
 
     def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any,
                                                  infos: Any) -> int | None:
-        return self._processes(handle, count_ref, infos, garble=self._garbles_v3())
+        # The drivers the adapter knows to garble _v3 records do so here too.
+        garble = garbles_process_records(self.host.state.driver_version)
+        return self._processes(handle, count_ref, infos, garble=garble)
 
     def _nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count_ref: Any,
                                                  infos: Any) -> int | None:
@@ -275,14 +276,6 @@ class SimulatedNvmlLibrary:
 
     # v1 records are (pid, usedGpuMemory) only; the same writer fills what a record has.
     _nvmlDeviceGetComputeRunningProcesses = _nvmlDeviceGetComputeRunningProcesses_v2
-
-    def _garbles_v3(self) -> bool:
-        try:
-            major, minor = (int(x) for x in self.host.state.driver_version.split(".")[:2])
-        except ValueError:
-            return False
-        low, high = GARBLED_V3_DRIVERS
-        return low <= (major, minor) <= high
 
     def _processes(self, handle: Any, count_ref: Any, infos: Any, garble: bool = False
                    ) -> int | None:
