@@ -296,6 +296,7 @@ def test_garbled_v3_records_fall_back_to_v2(shared, caplog):
     device = adapter.inventory().mig_devices[0]
     assert (device.pids, device.processes_unknown) == ((4242, 4343), False)
     assert "garbled" in caplog.text
+    assert "535.54.03 (535.43-535.86) garbles process lists" in caplog.text
 
 
 def test_processes_nobody_can_read_are_unknown_not_empty(shared):

@@ -84,7 +84,13 @@ class GpuAdapter:
         self._open = False
         with self._nvml("initialising NVML"):
             pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
         self._open = True
+        if garbles_process_records(driver):
+            low, high = (".".join(map(str, v)) for v in GARBLED_PROCESS_DRIVERS)
+            log.warning("NVIDIA driver %s (%s-%s) garbles process lists; mig-spawner falls "
+                        "back to the older call, but upgrading the driver is advised",
+                        driver, low, high)
 
     # --- lifecycle ------------------------------------------------------------------
 
