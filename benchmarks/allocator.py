@@ -56,7 +56,7 @@ def _gpu(index: int, layout: tuple[tuple[str, int], ...]) -> Gpu:
     gis, devs = [], []
     for n, (name, start) in enumerate(layout):
         p = m.profile(name)
-        gi = m.gi_id(start, p.placement_size)
+        gi = n + 1  # any unique ID: boards number instances differently
         gis.append(GpuInstance(gi, p.name, p.profile_id, start, p.placement_size))
         devs.append(MigDevice(f"MIG-{index:08d}-{n:04d}", index, uuid, n, f"NVIDIA H200 MIG {name}",
                               p.name, gi, 0, start, p.placement_size, p.memory_mib, 0))

@@ -37,7 +37,7 @@ def make_gpu(
     gis, devs = [], []
     for n, (name, start) in enumerate(layout):
         p = m.profile(name)
-        gi = m.gi_id(start, p.placement_size)
+        gi = n + 1  # any unique ID: boards number instances differently
         gis.append(GpuInstance(gi, p.name, p.profile_id, start, p.placement_size))
         procs = (GpuProcess(4242, 100),) if start in busy else ()
         devs.append(MigDevice(f"MIG-{index}-{start}-{p.name}", index, uuid, n,

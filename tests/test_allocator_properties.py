@@ -43,10 +43,10 @@ steps = st.lists(
 
 def with_instances(gpu: Gpu, placed: list[Placement]) -> Gpu:
     m = model(gpu.model_key or "")
-    gis = tuple(
-        GpuInstance(m.gi_id(p.start, p.size), p.profile, m.profile(p.profile).profile_id,
-                    p.start, p.size)
-        for p in placed if p.gpu_uuid == gpu.uuid
+    mine = [p for p in placed if p.gpu_uuid == gpu.uuid]
+    gis = tuple(  # IDs unique but arbitrary: boards number instances differently
+        GpuInstance(n + 1, p.profile, m.profile(p.profile).profile_id, p.start, p.size)
+        for n, p in enumerate(mine)
     )
     return replace(gpu, gpu_instances=gis)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,13 +58,106 @@ def test_a100_40gb_has_a_double_memory_1g_profile():
 
 
 def test_parse_profile_name_and_its_error():
-    assert catalog.parse_profile_name("MIG 1g.18gb+me") == (1, 18, True)
+    assert catalog.parse_profile_name("MIG 1g.18gb+me") == (1, 18, "+me")
     with pytest.raises(CatalogError, match=r"expected e\.g\. '1g\.18gb'"):
         catalog.parse_profile_name("big")
 
 
+@pytest.mark.parametrize(("name", "variant"), [
+    ("1g.24gb", ""), ("1g.24gb+me", "+me"), ("1g.24gb+me.all", "+me.all"),
+    ("1g.24gb-me", "-me"), ("MIG 1g.24gb+gfx", "+gfx"), ("4g.96gb+gfx", "+gfx"),
+])
+def test_profile_grammar_accepts_every_nvidia_suffix(name, variant):
+    assert catalog.parse_profile_name(name)[2] == variant
+    rtx = catalog.model("rtx-pro-6000")
+    assert rtx.profile(name).variant == variant
+
+
+@pytest.mark.parametrize("name", ["1g.24gb+mee", "1g.24gb+me.al", "1g.24gb+GFXX", "1g.24gb-gfx"])
+def test_unknown_suffix_is_refused_with_the_valid_names(name):
+    with pytest.raises(CatalogError, match="not a MIG profile name"):
+        catalog.parse_profile_name(name)
+    with pytest.raises(CatalogError) as exc:
+        catalog.model("rtx-pro-6000").profile(name)
+    assert "1g.24gb+me.all" in str(exc.value) and "4g.96gb+gfx" in str(exc.value)
+
+
+def test_h200_rows_equal_the_real_driver_output():
+    """NVIDIA/mig-parted#120's -lgip and the guide's H200 table."""
+    h200 = catalog.model("h200")
+    got = {p.name: (p.memory_gib, p.sm_count, p.copy_engines) for p in h200.profiles}
+    assert got == {
+        "1g.18gb": (16.00, 16, 1), "1g.18gb+me": (16.00, 16, 1), "1g.35gb": (32.25, 26, 1),
+        "2g.35gb": (32.25, 32, 2), "3g.71gb": (69.50, 60, 3), "4g.71gb": (69.50, 64, 4),
+        "7g.141gb": (139.75, 132, 8),
+    }
+    assert all(p.verified for p in h200.profiles)
+
+
+def test_b200_rows_equal_the_real_driver_output():
+    """NVIDIA/mig-parted#166/#187, gpu-operator#1242: SMs, copy engines, R570 memory."""
+    b200 = catalog.model("b200")
+    got = {p.name: (p.sm_count, p.copy_engines) for p in b200.profiles}
+    assert {k: got[k] for k in ("1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb")} == {
+        "1g.23gb": (18, 2), "1g.23gb+me": (18, 2), "1g.45gb": (30, 2), "2g.45gb": (36, 4)}
+    assert [got[k][1] for k in ("3g.90gb", "4g.90gb", "7g.180gb")] == [6, 8, 16]
+    assert b200.profile("1g.23gb").memory_gib == 22.00
+    assert b200.profile("1g.45gb").memory_gib == 44.25
+    assert not b200.profile("7g.180gb").verified  # SMs and GiB of the big ones: estimates
+
+
+@pytest.mark.parametrize(("mib", "text"), [
+    (16384, "16.0 GiB"), (33024, "32.2 GiB"), (71168, "69.5 GiB"), (143104, "139.8 GiB"),
+    (0, "0.0 GiB"), (1024 * 22.5, "22.5 GiB"), (1024 * 20.25, "20.2 GiB"),
+])
+def test_format_gib_rounds_half_to_even_on_the_exact_value(mib, text):
+    assert catalog.format_gib(mib) == text
+
+
+def test_h200_shows_the_acceptance_figures():
+    shown = [p.memory_text for p in catalog.model("h200").profiles]
+    assert shown == ["16.0 GiB", "16.0 GiB", "32.2 GiB", "32.2 GiB", "69.5 GiB", "69.5 GiB",
+                     "139.8 GiB"]
+
+
+@pytest.mark.parametrize(("product", "key"), [
+    ("A100-SXM4-40GB", "a100-40gb"), ("H100 80GB HBM3", "h100"), ("NVIDIA  H200", "h200"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"), ("NVIDIA B200", "b200"),
+])
+def test_product_names_without_the_nvidia_prefix(product, key):
+    assert catalog.model_for_product(product).key == key
+
+
+def test_a30_default_placement_order_as_a_real_driver_does():
+    """535.183.01: the first 1g at start 0, the next at 1, then a 2g at 2."""
+    a30 = catalog.model("a30")
+    assert a30.driver_starts(a30.profile("1g.6gb")) == (0, 1, 2, 3)
+    assert a30.driver_starts(a30.profile("2g.12gb")) == (0, 2)
+
+
+def test_driver_figures_win_and_the_catalog_is_the_fallback():
+    h200 = catalog.model("h200")
+    driver = [replace(h200.profile("1g.18gb"), memory_mib=17000, sm_count=15)]
+    merged = h200.with_driver_figures(driver)
+    assert (merged.profile("1g.18gb").memory_mib, merged.profile("1g.18gb").sm_count) == (
+        17000, 15)
+    assert merged.profile("7g.141gb") == h200.profile("7g.141gb")
+    assert h200.with_driver_figures([]) is h200
+
+
+def test_compare_profiles_names_the_differing_rows():
+    h200 = catalog.model("h200")
+    driver = [replace(p, memory_mib=p.memory_mib - 512) if p.name == "3g.71gb" else p
+              for p in h200.profiles if p.name != "7g.141gb"]
+    assert catalog.compare_profiles(h200.profiles, driver) == [
+        "3g.71gb: memory_mib catalog 69.5 GiB driver 69.0 GiB",
+        "7g.141gb: in the catalog, not reported by the driver",
+    ]
+    assert catalog.compare_profiles(h200.profiles, h200.profiles) == []
+
+
 def test_ids_and_enums_differ_and_are_the_same_on_all_eight_slice_gpus():
-    for key in ("a100-40gb", "a100-80gb", "h100", "h100-nvl", "gh200", "h200", "b200"):
+    for key in (m.key for m in catalog.MODELS if m.memory_slices == 8):
         m = catalog.model(key)
         ids = {p.enum_index: p.profile_id for p in m.profiles}
         assert ids == {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}, key
@@ -74,20 +168,6 @@ def test_a30_profile_table():
     assert a30.memory_slices == 4
     assert a30.profile("2g.12gb+me").profile_id == 6
     assert a30.profile_by_enum(catalog.GI_PROFILE_4_SLICE).name == "4g.24gb"
-
-
-@pytest.mark.parametrize(
-    ("slices", "start", "size", "gi"),
-    [(8, 0, 8, 0), (8, 0, 4, 1), (8, 4, 4, 2), (8, 0, 2, 3), (8, 6, 2, 6), (8, 0, 1, 7),
-     (8, 6, 1, 13), (4, 0, 4, 0), (4, 2, 2, 2), (4, 3, 1, 6)],
-)
-def test_gi_id_follows_placement(slices, start, size, gi):
-    assert catalog.gi_id_for_placement(slices, start, size) == gi
-
-
-def test_misaligned_placement_is_refused():
-    with pytest.raises(CatalogError, match="not aligned"):
-        catalog.gi_id_for_placement(8, 1, 2)
 
 
 def test_driver_start_order_without_placement():
@@ -112,7 +192,8 @@ def test_profiles_fit_their_gpu():
             assert p.memory_mib < m.memory_mib
             for start in p.placement_starts:
                 assert start + p.placement_size <= m.memory_slices
-                m.gi_id(start, p.placement_size)  # aligned
+                assert start % p.placement_size == 0  # aligned
+            assert p.source, f"{m.key} {p.name} names no source"
 
 
 def profile_table(model: catalog.GpuModel) -> str:
@@ -121,15 +202,16 @@ def profile_table(model: catalog.GpuModel) -> str:
         f"### {model.display_name} (`{model.key}`)",
         "",
         "| profile | ID | enum | compute slices | memory slices | GiB | SMs | copy engines "
-        "| max instances | placement starts |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| max instances | placement starts | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in model.profiles:
         starts = ", ".join(map(str, p.placement_starts))
+        source = p.source if p.verified else f"**unverified**: {p.source}"
         lines.append(
             f"| {p.name} | {p.profile_id} | {p.enum_index} | {p.compute_slices} "
             f"| {p.memory_slices} | {p.memory_gib:.2f} | {p.sm_count} | {p.copy_engines} "
-            f"| {p.max_instances} | {starts} |"
+            f"| {p.max_instances} | {starts} | {source} |"
         )
     return "\n".join(lines)
 

@@ -104,10 +104,11 @@ def test_offered_profiles_need_devices_in_pool_mode_only(mode, expected):
 
 
 def test_privilege_is_a_failure_only_in_dynamic_mode():
-    assert doctor.check_privilege(False, "pool").status is doctor.Status.WARN
+    assert doctor.check_privilege(False, "pool").status is doctor.Status.PASS
     dyn = doctor.check_privilege(False, "dynamic")
     assert dyn.status is doctor.Status.FAIL
-    assert "nvidia-cap1" in dyn.fix
+    assert "MIG config capability" in dyn.detail
+    assert "nvidia-cap1" in dyn.fix and "nvidia-modprobe" in dyn.fix
 
 
 def test_isolation_nodes_found_under_a_device_root(tmp_path):
@@ -160,3 +161,86 @@ def test_report_and_status_in_an_empty_folder_create_no_file(tmp_path):
     assert out.returncode == 1
     assert "sim-gpus.json does not exist" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- an unprivileged hub, the driver's own table, the read-only device check ---------------
+
+
+def test_doctor_on_an_unprivileged_hub_passes_for_pool_mode():
+    out = run_cli("doctor", "--simulate", "h200x2:unprivileged:layout=1g.18gb*7", "--mode",
+                  "pool")
+    assert out.returncode == 0, out.stdout
+    assert "[FAIL]" not in out.stdout
+    assert "[WARN] process listing" in out.stdout  # unknown processes: counted as busy
+
+
+def test_doctor_on_an_unprivileged_hub_fails_dynamic_mode_naming_the_capability():
+    out = run_cli("doctor", "--simulate", "h200x2:unprivileged", "--mode", "dynamic")
+    assert out.returncode == 1
+    line = next(x for x in out.stdout.splitlines() if x.startswith("[FAIL]"))
+    assert "dynamic-mode privilege" in line and "MIG config capability" in line
+    assert "nvidia-modprobe -f /proc/driver/nvidia/capabilities/mig/config" in out.stdout
+    assert "chmod g+r /dev/nvidia-caps/nvidia-cap1" in out.stdout
+
+
+def test_catalog_from_driver_reproduces_the_h200_table():
+    out = run_cli("catalog", "--from-driver", "--simulate", "h200x1", "--json")
+    assert out.returncode == 0, out.stderr
+    gpu = json.loads(out.stdout)["gpus"][0]
+    assert gpu["model_key"] == "h200" and gpu["differences_from_catalog"] == []
+    ours = run_cli("catalog", "--model", "h200", "--json")
+    expected = [{k: v for k, v in row.items() if k not in ("source", "verified")}
+                for row in json.loads(ours.stdout)["models"][0]["profiles"]]
+    assert gpu["profiles"] == expected
+    assert [r["memory_mib"] for r in gpu["profiles"]] == [
+        16384, 16384, 33024, 33024, 71168, 71168, 143104]
+
+
+def test_catalog_from_driver_is_read_only_and_says_when_mig_is_off(tmp_path):
+    state = tmp_path / "sim.json"
+    out = run_cli("catalog", "--from-driver", "--simulate", "h100x1:mig=off",
+                  "--sim-state", str(state))
+    assert out.returncode == 0, out.stderr
+    assert "lists no MIG profiles" in out.stdout
+    before = state.read_bytes()
+    run_cli("catalog", "--from-driver", "--sim-state", str(state))
+    assert state.read_bytes() == before
+
+
+def test_doctor_warns_with_the_rows_where_the_driver_differs():
+    out = run_cli("doctor", "--simulate", "b200x1:driver=580.65.06:layout=1g.23gb*7")
+    assert out.returncode == 0, out.stdout
+    line = next(x for x in out.stdout.splitlines() if "profile table" in x)
+    assert line.startswith("[WARN]")
+    assert "1g.23gb: memory_mib catalog 22.0 GiB driver 20.5 GiB" in line
+    assert "1g.23gb+me: memory_mib catalog 22.0 GiB driver 20.5 GiB" in line
+    assert "2g.45gb" not in line
+
+
+def test_doctor_json_and_the_garbling_driver_warning():
+    out = run_cli("doctor", "--json", "--simulate", "h100x1:driver=535.54.03:layout=7g.80gb")
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["process listing"]["status"] == "warn"
+    assert "535.54.03" in checks["process listing"]["detail"]
+
+
+def test_status_shows_gib_and_unknown_processes():
+    out = run_cli("status", "--simulate", "h200x1:unprivileged:layout=2g.35gb")
+    assert out.returncode == 0, out.stderr
+    assert "0.0 GiB / 32.2 GiB" in out.stdout and "unknown" in out.stdout
+    assert "2g.35gb?" in out.stdout
+
+
+def test_device_check_script_reads_everything_and_exits_0(tmp_path):
+    import os
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "scripts" / "device-check.sh"
+    env = dict(os.environ, MIG_SPAWNER_SIMULATE="h200x1:layout=1g.18gb*2",
+               MIG_SPAWNER=f"{sys.executable} -m mig_spawner.cli.main", OUT_DIR=str(tmp_path))
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("doctor.json", "status.json", "catalog-from-driver.json"):
+        json.loads((tmp_path / name).read_text())
+    assert "matches the catalog" in out.stdout

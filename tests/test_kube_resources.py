@@ -13,6 +13,7 @@ from kubespawner import KubeSpawner
 from mig_spawner.kube import (
     KubeConfigError,
     apply_to_pod,
+    check_kube_profiles,
     check_toleration,
     mig_resource,
     model_for_label,
@@ -218,3 +219,39 @@ async def test_cpu_spawn_after_gpu_spawn_carries_nothing_of_the_gpu(kubeconfig):
     assert GPU_TAINT_TOLERATION not in cpu_after["spec"]["tolerations"]
     assert s.node_selector == {"hub.jupyter.org/node-purpose": "user"}
     assert s.extra_resource_limits == {"example.com/fpga": "1"}
+
+
+# --- +me and the other variants: what the device plugin publishes ---------------------------
+
+
+@pytest.mark.parametrize("profile", ["1g.18gb+me", "1g.24gb+me.all", "1g.24gb-me", "2g.48gb+gfx"])
+@pytest.mark.parametrize("strategy", ["mixed", "single"])
+def test_variant_profiles_are_refused_saying_why(profile, strategy):
+    with pytest.raises(KubeConfigError) as exc:
+        slice_request(profile, strategy, product="NVIDIA-H200")
+    message = str(exc.value)
+    plain = profile.split("+")[0].removesuffix("-me")
+    assert f"{profile} cannot be requested on Kubernetes" in message
+    assert f"nvidia.com/mig-{plain}" in message and f"Offer {plain} instead" in message
+
+
+def test_plain_profiles_pass_the_kubernetes_check():
+    check_kube_profiles(["1g.18gb", "3g.71gb", "7g.141gb"])
+    assert slice_request("1g.18gb", "mixed").resource == "nvidia.com/mig-1g.18gb"
+
+
+def test_kubernetes_hub_refuses_to_start_with_a_variant_profile():
+    from traitlets.config import Config
+
+    from mig_spawner.spawner.startup import check_hub_config
+
+    config = Config()
+    config.JupyterHub.spawner_class = "mig-kube"
+    config.MIGPolicyConfig.group_policies = {
+        "video": {"allowed": ["1g.18gb+me", "2g.35gb"]}}
+    with pytest.raises(SystemExit) as exc:
+        check_hub_config(config)
+    assert "1g.18gb+me cannot be requested on Kubernetes" in str(exc.value)
+    assert "2g.35gb" not in str(exc.value).split("cannot")[0]
+    config.MIGPolicyConfig.group_policies = {"video": {"allowed": ["2g.35gb"]}}
+    check_hub_config(config)

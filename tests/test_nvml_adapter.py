@@ -100,7 +100,8 @@ def test_holes_in_the_mig_index_range_are_skipped(adapters):
 def test_hidden_processes_do_not_break_the_inventory(adapters, caplog):
     adapter = adapters("h100x1:layout=7g.80gb")
     pynvml.nvmlLib.host.inject_error("nvmlDeviceGetComputeRunningProcesses_v3", "NO_PERMISSION")
-    assert adapter.inventory().mig_devices[0].processes == ()
+    device = adapter.inventory().mig_devices[0]
+    assert (device.processes, device.processes_unknown, device.busy) == ((), True, True)
     assert "cannot list the processes" in caplog.text
 
 
@@ -174,7 +175,7 @@ def test_failed_compute_instance_does_not_leak_the_gpu_instance(adapters):
         ("h100x1", 0, "2g.20gb", 1, errors.InvalidPlacement, "cannot start at memory slice 1",
          r"\[0, 2, 4\]"),
         ("h100x1", 0, "2g.35gb", 0, errors.UnknownProfile, "'2g.35gb' is not a MIG profile",
-         "1g.10gb, 2g.20gb, 3g.40gb"),
+         r"1g.10gb, 1g.10gb\+me, 1g.20gb, 2g.20gb, 3g.40gb"),
         ("h100x1", 3, "1g.10gb", 0, errors.NoSuchGpu, "no GPU 3; this host has 1 GPU", "-L"),
         ("t4x1", 0, "1g.10gb", 0, errors.MigNotSupported, "Tesla T4", "A100"),
         ("a30x1:mig=off", 0, "1g.6gb", 0, errors.MigDisabled, "disabled on GPU 0",
@@ -264,3 +265,82 @@ def test_two_simulated_adapters_in_one_process_stay_apart(adapters):
     assert len(second.inventory().gpus) == 2
     first.create_instance(0, "7g.80gb", 0)
     assert second.inventory().mig_devices == ()
+
+
+# --- unprivileged hubs, process-list fallbacks, GI IDs as the driver gives them -----------
+
+
+def test_unprivileged_hub_keeps_the_inventory_working(adapters):
+    adapter = adapters("h200x2:unprivileged:layout=1g.18gb*2,3g.71gb")
+    inv = adapter.inventory()
+    assert [g.memory_total_mib for g in inv.gpus] == [143770, 143770]  # the catalog's figure
+    assert len(inv.mig_devices) == 6
+    assert all(d.processes_unknown and d.busy for d in inv.mig_devices)
+    assert not adapter.can_configure()
+    with pytest.raises(errors.NoPermission, match=r"creating a 1g\.18gb"):
+        adapter.create_instance(0, "1g.18gb", 0)
+
+
+@pytest.mark.parametrize("api", ["v3", "v2", "v1"])
+def test_processes_are_read_on_every_library(shared, api):
+    adapter, host = shared(f"h100x1:procs={api}:layout=3g.40gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100), (4343, 2048)])
+    device = adapter.inventory().mig_devices[0]
+    assert (device.pids, device.processes_unknown) == ((4242, 4343), False)
+    assert device.processes[1].used_memory_mib == 2048
+
+
+def test_garbled_v3_records_fall_back_to_v2(shared, caplog):
+    adapter, host = shared("h100x1:driver=535.54.03:layout=3g.40gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100), (4343, 1)])
+    device = adapter.inventory().mig_devices[0]
+    assert (device.pids, device.processes_unknown) == ((4242, 4343), False)
+    assert "garbled" in caplog.text
+    assert "535.54.03 (535.43-535.86) garbles process lists" in caplog.text
+
+
+def test_processes_nobody_can_read_are_unknown_not_empty(shared):
+    adapter, host = shared("h100x1:procs=v2:layout=3g.40gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100)])
+    host.inject_error("nvmlDeviceGetComputeRunningProcesses_v2", "UNKNOWN")
+    device = adapter.inventory().mig_devices[0]
+    assert (device.processes, device.processes_unknown, device.busy) == ((), True, True)
+
+
+@pytest.mark.parametrize("ids", ["forward", "reverse", "sequential"])
+def test_ids_are_read_back_whatever_the_board_numbering(shared, ids):
+    adapter, host = shared(f"a100-80gbx1:ids={ids}")
+    made = [adapter.create_instance(0, p, s) for p, s in (("3g.40gb", 4), ("1g.10gb", 0))]
+    inv = adapter.inventory()
+    assert {(d.gi_id, d.start) for d in inv.mig_devices} == {(d.gi_id, d.start) for d in made}
+    assert sorted(host.device_uuids()) == sorted(d.uuid for d in made)
+    host.set_processes(made[0].uuid, [(4242, 1)])
+    with pytest.raises(errors.InstanceInUse):
+        adapter.destroy_instance(0, made[0].gi_id)
+    adapter.destroy_instance(0, made[1].gi_id)
+    assert [d.uuid for d in adapter.inventory().mig_devices] == [made[0].uuid]
+
+
+def test_a_failed_refresh_after_creating_rolls_the_instance_back(adapters):
+    adapter = adapters("h100x1")
+    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetMaxMigDeviceCount", "UNKNOWN")
+    with pytest.raises(errors.NvmlCallFailed):
+        adapter.create_instance(0, "3g.40gb", 4)
+    assert adapter.inventory().gpus[0].gpu_instances == ()
+
+
+def test_driver_figures_reach_the_inventory(adapters):
+    inv = adapters("h200x1:layout=1g.18gb").inventory()
+    gpu = inv.gpus[0]
+    driver = {p.name: p for p in gpu.driver_profiles}
+    assert driver["1g.35gb"].memory_mib == 33024 and driver["7g.141gb"].sm_count == 132
+    assert driver["3g.71gb"].placement_starts == (0, 4)
+    assert inv.model("h200").profile("7g.141gb").memory_text == "139.8 GiB"
+
+
+def test_mig_off_gpu_reports_no_profiles_and_no_devices(adapters):
+    adapter = adapters("h100x1:mig=off")
+    gpu = adapter.inventory().gpus[0]
+    assert (gpu.driver_profiles, gpu.mig_devices) == ((), ())
+    assert adapter.driver_profiles(0) == ()
+    assert gpu.memory_total_mib == 81562

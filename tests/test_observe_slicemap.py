@@ -77,3 +77,55 @@ def test_routes_live_under_the_service_prefix():
     with pytest.raises(ValueError, match="refresh_seconds"):
         slicemap.slicemap_routes("/", lambda: None, refresh_seconds=0)
 
+
+
+# --- one memory display: GiB with one decimal beside the profile name --------------------
+
+SHOWN = {"1g.18gb": "16.0 GiB", "1g.35gb": "32.2 GiB", "2g.35gb": "32.2 GiB",
+         "3g.71gb": "69.5 GiB", "7g.141gb": "139.8 GiB"}
+
+
+def _h200_every_size(tmp_path):
+    return make_world(tmp_path, "h200x1:layout=1g.18gb,1g.35gb,3g.71gb"
+                                "+h200x1:layout=2g.35gb+h200x1:layout=7g.141gb")
+
+
+def test_slice_map_json_and_table_show_gib_beside_the_profile(tmp_path):
+    world = _h200_every_size(tmp_path)
+    try:
+        view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+        rows = [s for g in slicemap.slicemap_json(view)["gpus"] for s in g["slices"]]
+        assert {r["profile"]: r["memory_total_text"] for r in rows} == SHOWN
+        assert all(r["memory_text"].startswith("0.0 GiB / ") for r in rows)
+        table = slicemap._LOADER.load("slicetable.html").generate(
+            view=view, refresh=10, human=slicemap.human_seconds, user={"name": "a"},
+            map_url="../slices").decode()
+        assert "0.0 GiB / 139.8 GiB" in table and "0.0 GiB / 32.2 GiB" in table
+    finally:
+        world.close()
+
+
+@pytest.mark.browser
+def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
+    require_chromium()
+    world = _h200_every_size(tmp_path)
+    try:
+        view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+        page_html = slicemap._LOADER.load("slicemap.html").generate(
+            data_json=slicemap._script_json(slicemap.slicemap_json(view)), refresh=3600,
+            user={"name": "admin"}, json_url="slices.json", table_url="slices/table",
+            states=slicemap.SLICE_STATES, xsrf="x").decode()
+    finally:
+        world.close()
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content(page_html)
+            labels = page.locator(".slice .profile").all_inner_texts()
+        finally:
+            browser.close()
+    assert sorted(labels) == sorted(f"{name} · {gib} · free" for name, gib in SHOWN.items())

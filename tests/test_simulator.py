@@ -420,3 +420,83 @@ def test_state_file_must_match_the_spec(tmp_path):
     with pytest.raises(SpecError, match="not a mig-spawner simulator state file") as exc:
         SimulatedHost.open(tmp_path / "junk.json")
     assert "delete it" in exc.value.hint
+
+
+# --- nvml.h with MIG off, NVML's privilege rules, GI ID schemes, process-list calls ---------
+
+
+def test_mig_off_answers_as_nvml_h_says(nvml):
+    nvml("h100x1:mig=off")
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu()) == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    count = c_uint(0)  # possible placements come whatever the mode
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), H100_3G, None, byref(count))
+    assert count.value == 2
+
+
+def test_unprivileged_host_refuses_parent_memory_processes_and_changes(nvml):
+    host = nvml("h200x2:unprivileged:layout=1g.18gb")
+    assert not host.state.root and not host.state.mig_config
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetMemoryInfo(gpu())
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 16 * 1024 ** 3  # own memory: fine
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        create(H100_1G, 0)
+    host.set_permissions(mig_config=True)  # granting the MIG config capability lifts it
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(mig) == []
+
+
+def test_perm_none_alone_keeps_reads_open(nvml):
+    nvml("h200x1:perm=none:layout=1g.18gb")
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).total > 0
+
+
+@pytest.mark.parametrize(("ids", "expected"), [
+    ("forward", [2, 3, 9]),       # the guide's formula: size 4 at 4 -> 2, size 2 at 0 -> 3
+    ("reverse", [1, 6, 11]),      # NVIDIA/DCGM#138's A100: size 4 at 4 -> 1
+    ("sequential", [1, 2, 3]),    # creation order
+])
+def test_gi_id_schemes_per_board(nvml, ids, expected):
+    nvml(f"a100-80gbx1:ids={ids}")
+    got = [create(H100_3G, 4)[1].id, create(H100_2G, 0)[1].id, create(H100_1G, 2)[1].id]
+    assert got == expected
+
+
+def test_gi_id_scheme_is_chosen_per_gpu(nvml):
+    nvml("a100-80gbx1:ids=reverse+a100-80gbx1")
+    assert create(H100_3G, 4, index=0)[1].id == 1
+    assert create(H100_3G, 4, index=1)[1].id == 2
+
+
+def test_unknown_id_scheme_is_a_clear_error():
+    with pytest.raises(SpecError, match="ids=upward is not one of forward, reverse, sequential"):
+        SimulatedHost.from_spec("h100x1:ids=upward")
+
+
+@pytest.mark.parametrize("api", ["v2", "v1"])
+def test_an_older_library_lacks_the_newer_process_calls(nvml, api):
+    host = nvml(f"h100x1:procs={api}:layout=1g.10gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100)])
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    with pytest.raises(pynvml.NVMLLibraryMismatchError):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+    if api == "v2":
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(mig)] == [4242]
+    else:
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetComputeRunningProcesses_v2(mig)
+
+
+def test_drivers_535_43_to_86_garble_v3_records_after_the_first(nvml):
+    host = nvml("h100x1:driver=535.54.03:layout=1g.10gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100), (4343, 200)])
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    first, second = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(mig)
+    gi_id = pynvml.nvmlDeviceGetGpuInstanceId(mig)
+    assert (first.pid, first.gpuInstanceId) == (4242, gi_id)
+    assert second.pid != 4343 and second.gpuInstanceId != gi_id
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(mig)] == [4242, 4343]

@@ -206,3 +206,23 @@ def test_settings_have_help_and_the_form_is_built_per_user():
                  "isolation"):
         assert traits[name].help.strip(), name
     assert callable(LocalMIGSpawner().options_form)
+
+
+def test_form_on_a_simulated_h200_shows_gib_beside_the_profile_names():
+    """The driver's figures, in the one memory format: 16.0 / 32.2 / 69.5 / 139.8 GiB."""
+    from mig_spawner.core.policy import build_policy
+    from mig_spawner.gpu import connect
+
+    adapter = connect("h200x1")
+    try:
+        h200 = adapter.inventory().model("h200")
+    finally:
+        adapter.close()
+    shown = {"1g.18gb": "16.0 GiB", "1g.35gb": "32.2 GiB", "3g.71gb": "69.5 GiB",
+             "7g.141gb": "139.8 GiB"}
+    everyone = build_policy(offers=None, classes=None, groups={
+        "all": {"allowed": list(shown), "quota_slices": 4}}).for_user(["all"])
+    free = {"h200": {name: 1 for name in shown}}
+    html = form.render_form(form.build_choices(everyone, [h200], free, lambda o, c: None))
+    for name, gib in shown.items():
+        assert f"{name}: {gib} memory" in html

@@ -8,15 +8,26 @@ safe on a production host.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
 from ..gpu import GpuAdapter
-from ..gpu.errors import GpuError
+from ..gpu.errors import MIG_CONFIG_DEVICE, MIG_CONFIG_PROC, GpuError
+from ..gpu.nvml import GARBLED_PROCESS_DRIVERS, garbles_process_records
+from .catalog import driver_differences
+
+# How an admin grants the MIG config capability to the hub's user (no root needed then).
+GRANT_CONFIG = (
+    f"run the hub as root, or grant its user the MIG config capability: create the node "
+    f"with 'nvidia-modprobe -f {MIG_CONFIG_PROC}', then give the hub's group read access "
+    f"to {MIG_CONFIG_DEVICE} (chgrp <group> {MIG_CONFIG_DEVICE}; chmod g+r "
+    f"{MIG_CONFIG_DEVICE}); pool mode needs none of this"
+)
 
 
 class Status(StrEnum):
@@ -173,15 +184,68 @@ def check_privilege(can_configure: bool, mode: str) -> Check:
             Status.PASS,
             "this process may create and destroy MIG instances",
         )
-    status = Status.FAIL if mode == "dynamic" else Status.WARN
+    if mode != "dynamic":
+        return Check(
+            "dynamic-mode privilege",
+            Status.PASS,
+            "this process may not create or destroy MIG instances; pool mode does not need to",
+        )
     return Check(
         "dynamic-mode privilege",
-        status,
-        "this process may not create or destroy MIG instances"
-        + (" (needed: mode is dynamic)" if mode == "dynamic" else " (fine for pool mode)"),
-        "run the hub as root, or give its user read access to the MIG config capability "
-        "/dev/nvidia-caps/nvidia-cap1 (/proc/driver/nvidia/capabilities/mig/config)",
+        Status.FAIL,
+        "dynamic mode needs the MIG config capability "
+        f"({MIG_CONFIG_PROC}), which this process lacks: it may not create or destroy "
+        "MIG instances",
+        GRANT_CONFIG,
     )
+
+
+def check_driver_tables(inv: Inventory) -> Check:
+    """The driver's own profile table against the catalog: the exact differing rows."""
+    rows, unknown = [], []
+    for g in inv.gpus:
+        if g.model_key is None and g.driver_profiles:
+            unknown.append(f"GPU {g.index} ({g.product})")
+        rows += [f"GPU {g.index}: {d}" for d in driver_differences(g)]
+    compared = [g for g in inv.gpus if g.model_key and g.driver_profiles]
+    fix = ("the driver's figures are used at run time; to correct the catalog, send the "
+           "output of 'mig-spawner catalog --from-driver --json' (docs/gpus.md)")
+    if unknown:
+        return Check("profile table", Status.WARN,
+                     f"{', '.join(unknown)}: a MIG GPU the catalog does not know; "
+                     "its profiles are not offered", fix)
+    if rows:
+        return Check("profile table", Status.WARN,
+                     "the driver and the catalog differ: " + "; ".join(rows), fix)
+    if not compared:
+        return Check("profile table", Status.PASS,
+                     "no MIG-enabled GPU to compare with the catalog")
+    return Check("profile table", Status.PASS,
+                 f"the driver's profile table matches the catalog on {len(compared)} GPU(s)")
+
+
+def check_process_listing(inv: Inventory) -> Check:
+    """Whether the processes on each MIG device can be read (idle culling needs them)."""
+    low, high = (".".join(map(str, v)) for v in GARBLED_PROCESS_DRIVERS)
+    unknown = [d for d in inv.mig_devices if d.processes_unknown]
+    if unknown:
+        where = ", ".join(f"GPU {d.gpu_index} GI {d.gi_id}" for d in unknown[:4])
+        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+        return Check(
+            "process listing", Status.WARN,
+            f"the processes on {where}{more} cannot be read; those slices count as busy "
+            "and are not culled for GPU idleness",
+            "run the slice service as root or with the MIG config capability; "
+            f"on drivers {low}-{high} upgrade the driver",
+        )
+    if garbles_process_records(inv.driver_version):
+        return Check(
+            "process listing", Status.WARN,
+            f"driver {inv.driver_version} garbles the newest process-list call; "
+            "mig-spawner falls back to the older one",
+            f"upgrade the driver past {high}",
+        )
+    return Check("process listing", Status.PASS, "the processes on every MIG device are readable")
 
 
 OfferedFor = Callable[[list[GpuModel]], tuple[list[str], str]]
@@ -215,6 +279,8 @@ def run_checks(
             check_driver(inv),
             check_mig_support(inv),
             check_mig_mode(inv),
+            check_driver_tables(inv),
+            check_process_listing(inv),
         ]
         offered: list[str] = []
         configured_mode = "pool"
@@ -256,3 +322,9 @@ def render(checks: list[Check]) -> str:
     lines.append("")
     lines.append(f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} passed")
     return "\n".join(lines)
+
+
+def render_json(checks: list[Check]) -> str:
+    """The checks as JSON (``doctor --json``), for scripts and bug reports."""
+    return json.dumps({"checks": [asdict(c) for c in checks],
+                       "failed": sum(c.status is Status.FAIL for c in checks)}, indent=2)

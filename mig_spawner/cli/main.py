@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import demo, doctor, report, status
+from . import catalog, demo, doctor, report, status
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
@@ -29,21 +29,44 @@ def _add_gpu_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _read_inventory(args: argparse.Namespace):
+    """The inventory (read-only), or None after printing the error and its hint."""
     from ..gpu.errors import GpuError
 
     try:
         adapter = _connect(args)
         try:
-            inv = adapter.inventory()
+            return adapter.inventory()
         finally:
             adapter.close()
     except GpuError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
+        return None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    inv = _read_inventory(args)
+    if inv is None:
         return 1
     print(status.render_json(inv) if args.json else status.render_text(inv))
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from ..core.catalog import CatalogError
+
+    inv = None
+    if args.from_driver:
+        inv = _read_inventory(args)
+        if inv is None:
+            return 1
+    try:
+        print(catalog.render(inv, args.model, args.json))
+    except CatalogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -56,7 +79,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return offered_profiles_from_config(args.config_dir, models)
 
     checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode)
-    print(doctor.render(checks))
+    print(doctor.render_json(checks) if args.json else doctor.render(checks))
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
 
 
@@ -83,7 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="jupyterhub_config.d to read the offered profiles and mode from",
     )
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser(
+        "catalog",
+        help="print the MIG profile table: the catalog's, or the live driver's (read-only)",
+    )
+    _add_gpu_options(p)
+    p.add_argument("--from-driver", action="store_true",
+                   help="read each GPU's profiles from the driver and show where the "
+                        "catalog differs (never changes anything)")
+    p.add_argument("--model", metavar="KEY", help="only this catalog model (e.g. h200)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_catalog)
 
     report.add_parser(sub, _add_gpu_options)
     demo.add_parser(sub)

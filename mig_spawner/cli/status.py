@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..core.catalog import find_model_for_product
+from ..core.catalog import find_model_for_product, format_gib
 from ..core.inventory import Gpu, GpuInstance, Inventory, MigDevice
 
 CELL = 10  # characters per memory slice in the picture
@@ -34,7 +34,8 @@ def _box(label: str, size: int) -> str:
 def slice_row(gpu: Gpu, memory_slices: int) -> str:
     """One line: the GPU's memory slices, each instance drawn across the slices it covers.
 
-    A ``*`` after the profile marks an instance with running processes.
+    A ``*`` after the profile marks an instance with running processes, a ``?`` one
+    whose processes the driver would not tell.
     """
     by_start = {gi.start: gi for gi in gpu.gpu_instances}
     parts: list[str] = []
@@ -46,10 +47,16 @@ def slice_row(gpu: Gpu, memory_slices: int) -> str:
             s += 1
             continue
         dev = _device_for(gpu, gi)
-        label = gi.profile + ("*" if dev is not None and dev.busy else "")
+        label = gi.profile + _busy_mark(dev)
         parts.append(_box(label, gi.size))
         s += gi.size
     return "".join(parts)
+
+
+def _busy_mark(dev: MigDevice | None) -> str:
+    if dev is None:
+        return ""
+    return "?" if dev.processes_unknown else "*" if dev.busy else ""
 
 
 def render_text(inv: Inventory) -> str:
@@ -71,7 +78,7 @@ def render_text(inv: Inventory) -> str:
     else:
         lines.append("no MIG devices")
     lines.append("")
-    lines.append("* = processes running on the instance")
+    lines.append("* = processes running on the instance; ? = its processes cannot be read")
     return "\n".join(lines)
 
 
@@ -85,8 +92,8 @@ def _device_table(devices: tuple[MigDevice, ...]) -> str:
                 str(d.ci_id),
                 d.profile,
                 f"{d.start}:{d.size}",
-                f"{d.memory_used_mib}/{d.memory_total_mib} MiB",
-                ",".join(map(str, d.pids)) or "-",
+                f"{format_gib(d.memory_used_mib)} / {format_gib(d.memory_total_mib)}",
+                "unknown" if d.processes_unknown else ",".join(map(str, d.pids)) or "-",
                 d.uuid,
             )
         )

@@ -8,7 +8,9 @@ Values marked ``verified=False`` are leads, not facts (see docs/gpus.md).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from decimal import ROUND_HALF_EVEN, Decimal
 
 # NVML_GPU_INSTANCE_PROFILE_* enum indexes (what nvmlDeviceGetGpuInstanceProfileInfo takes).
 GI_PROFILE_1_SLICE = 0
@@ -21,6 +23,14 @@ GI_PROFILE_6_SLICE = 6
 GI_PROFILE_1_SLICE_REV1 = 7
 GI_PROFILE_2_SLICE_REV1 = 8
 GI_PROFILE_1_SLICE_REV2 = 9
+GI_PROFILE_1_SLICE_GFX = 0xA
+GI_PROFILE_2_SLICE_GFX = 0xB
+GI_PROFILE_4_SLICE_GFX = 0xC
+GI_PROFILE_1_SLICE_NO_ME = 0xD
+GI_PROFILE_2_SLICE_NO_ME = 0xE
+GI_PROFILE_1_SLICE_ALL_ME = 0xF
+GI_PROFILE_2_SLICE_ALL_ME = 0x10
+GI_PROFILE_3_SLICE_GFX = 0x11
 GI_PROFILE_COUNT = 0x12
 
 # NVML_COMPUTE_INSTANCE_PROFILE_* enum indexes for the full-size compute instance.
@@ -31,7 +41,12 @@ CI_PROFILE_4_SLICE = 3
 CI_PROFILE_7_SLICE = 4
 CI_PROFILE_1_SLICE_REV1 = 7
 
-_NAME_RE = re.compile(r"^(?P<g>[1-8])g\.(?P<gb>\d+)gb(?P<me>\+me)?$")
+# Every suffix NVIDIA uses: +me (one media engine set), +me.all (all of them), -me (none,
+# where the plain profile carries one), +gfx (graphics-capable; RTX PRO).
+VARIANTS = ("", "+me", "+me.all", "-me", "+gfx")
+_NAME_RE = re.compile(r"^(?P<g>[1-8])g\.(?P<gb>\d+)gb(?P<variant>\+me\.all|\+me|-me|\+gfx)?$")
+_MIB_PER_GIB = Decimal(1024)
+_TENTH = Decimal("0.1")
 
 
 class CatalogError(ValueError):
@@ -53,11 +68,23 @@ class Profile:
     max_instances: int
     placement_starts: tuple[int, ...]
     ci_profile_index: int
-    media_extensions: bool = False
+    variant: str = ""  # one of VARIANTS
+    source: str = ""  # where the figures come from (docs/gpus.md shows it)
+    verified: bool = True  # False: a lead that no source confirms
+
+    @property
+    def media_extensions(self) -> bool:
+        """Carries media engines of its own (at most one such instance per GPU)."""
+        return self.variant in ("+me", "+me.all")
 
     @property
     def memory_gib(self) -> float:
         return self.memory_mib / 1024
+
+    @property
+    def memory_text(self) -> str:
+        """``"32.2 GiB"``: the one way memory is shown (see :func:`format_gib`)."""
+        return format_gib(self.memory_mib)
 
     @property
     def placement_size(self) -> int:
@@ -116,9 +143,20 @@ class GpuModel:
                 return p
         raise CatalogError(f"profile enum {enum_index} is not supported on the {self.display_name}")
 
-    def gi_id(self, start: int, size: int) -> int:
-        """GPU instance ID that the driver gives a placement (IDs follow placement)."""
-        return gi_id_for_placement(self.memory_slices, start, size)
+    def with_driver_figures(self, driver: Iterable[Profile]) -> GpuModel:
+        """This model with the memory, SMs, copy engines and instance counts the driver
+        reports for its profiles (matched by name); profiles the driver did not report
+        keep the catalog's figures. The driver wins: it knows its own board."""
+        by_name = {p.name: p for p in driver}
+        if not by_name:
+            return self
+        profiles = tuple(
+            replace(p, memory_mib=d.memory_mib, sm_count=d.sm_count,
+                    copy_engines=d.copy_engines, max_instances=d.max_instances)
+            if (d := by_name.get(p.name)) is not None else p
+            for p in self.profiles
+        )
+        return replace(self, profiles=profiles)
 
     def driver_starts(self, profile: Profile) -> tuple[int, ...]:
         """Placement starts in the order the driver tries them when none is given."""
@@ -126,17 +164,6 @@ class GpuModel:
         if order is None:
             return profile.placement_starts
         return tuple(s for s in order if s in profile.placement_starts)
-
-
-def gi_id_for_placement(memory_slices: int, start: int, size: int) -> int:
-    """GI ID from placement: one ID block per size, biggest first.
-
-    8 slices: size 8 -> 0; size 4 at 0/4 -> 1/2; size 2 at s -> 3 + s/2; size 1 at s -> 7 + s.
-    4 slices (A30): size 4 -> 0; size 2 at 0/2 -> 1/2; size 1 at s -> 3 + s.
-    """
-    if size <= 0 or memory_slices % size or start % size or not 0 <= start < memory_slices:
-        raise CatalogError(f"placement {{start={start}, size={size}}} is not aligned")
-    return memory_slices // size - 1 + start // size
 
 
 def capability_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
@@ -158,21 +185,79 @@ def normalize_profile_name(name: str) -> str:
     return text
 
 
-def parse_profile_name(name: str) -> tuple[int, int, bool]:
-    """Split ``"1g.18gb+me"`` into (compute slices, nominal GB, media extensions)."""
+def parse_profile_name(name: str) -> tuple[int, int, str]:
+    """Split ``"1g.24gb+me.all"`` into (compute slices, nominal GB, variant suffix)."""
     m = _NAME_RE.match(normalize_profile_name(name))
     if not m:
         raise CatalogError(
-            f"{name!r} is not a MIG profile name; "
-            "expected e.g. '1g.18gb', '3g.71gb' or '1g.18gb+me'"
+            f"{name!r} is not a MIG profile name; expected e.g. '1g.18gb', '3g.71gb', "
+            "'1g.18gb+me', '1g.24gb+me.all', '1g.24gb-me' or '1g.24gb+gfx'"
         )
-    return int(m["g"]), int(m["gb"]), bool(m["me"])
+    return int(m["g"]), int(m["gb"]), m["variant"] or ""
+
+
+def format_gib(mib: int | float) -> str:
+    """Memory as every screen shows it: GiB with one decimal (``33024`` -> ``"32.2 GiB"``).
+
+    Rounded half-to-even on the exact GiB value, so the driver's quarter-GiB figures come
+    out the same everywhere: 32.25 -> 32.2, 69.50 -> 69.5, 139.75 -> 139.8.
+    """
+    gib = (Decimal(str(mib)) / _MIB_PER_GIB).quantize(_TENTH, rounding=ROUND_HALF_EVEN)
+    return f"{gib} GiB"
+
+
+def profile_rows(profiles: Iterable[Profile]) -> list[dict[str, object]]:
+    """The columns ``nvidia-smi mig -lgip`` and the catalog share, one dict per profile
+    (what ``mig-spawner catalog`` prints and what doctor compares)."""
+    return [
+        {"profile": p.name, "id": p.profile_id, "compute_slices": p.compute_slices,
+         "memory_slices": p.memory_slices, "memory_mib": p.memory_mib,
+         "sm_count": p.sm_count, "copy_engines": p.copy_engines,
+         "max_instances": p.max_instances, "placement_starts": list(p.placement_starts)}
+        for p in profiles
+    ]
+
+
+def compare_profiles(catalog_profiles: Iterable[Profile], driver_profiles: Iterable[Profile]
+                     ) -> list[str]:
+    """Each row where the driver and the catalog differ, in words (empty: they agree)."""
+    ours = {r["profile"]: r for r in profile_rows(catalog_profiles)}
+    theirs = {r["profile"]: r for r in profile_rows(driver_profiles)}
+    out = []
+    for name in sorted(set(ours) | set(theirs), key=profile_sort_key):
+        a, b = ours.get(name), theirs.get(name)
+        if a is None:
+            out.append(f"{name}: reported by the driver, not in the catalog")
+        elif b is None:
+            out.append(f"{name}: in the catalog, not reported by the driver")
+        else:
+            diffs = [f"{k} catalog {_show(k, a[k])} driver {_show(k, b[k])}"
+                     for k in a if k != "profile" and a[k] != b[k]]
+            if diffs:
+                out.append(f"{name}: " + "; ".join(diffs))
+    return out
+
+
+def _show(key: str, value: object) -> str:
+    return format_gib(value) if key == "memory_mib" else str(value)  # type: ignore[arg-type]
+
+
+def profile_sort_key(name: str) -> tuple[int, int, str]:
+    """Order profiles small to big, plain before its variants (names NVIDIA would not
+    use sort last)."""
+    try:
+        return parse_profile_name(name)
+    except CatalogError:
+        return (99, 0, name)
 
 
 # --- tables ---------------------------------------------------------------------------
+# Sources (docs/gpus.md names one per row): "guide" is NVIDIA's MIG User Guide
+# (supported-profiles tables); "#N" entries are public threads that carry real
+# `nvidia-smi mig -lgip` output. A row no source confirms has verified=False.
 
 # Per kind on 8-memory-slice GPUs: enum, ID, compute slices, memory slices, instances,
-# placement starts, CI profile. Same on A100, H100, H200 (MIG.md).
+# placement starts, CI profile. Same on A100, H100, H200, B200 (guide, -lgip outputs).
 _EIGHT_SLICE_KINDS = {
     "1g": (GI_PROFILE_1_SLICE, 19, 1, 1, 7, (0, 1, 2, 3, 4, 5, 6), CI_PROFILE_1_SLICE),
     "1g+me": (GI_PROFILE_1_SLICE_REV1, 20, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6), CI_PROFILE_1_SLICE),
@@ -182,68 +267,32 @@ _EIGHT_SLICE_KINDS = {
     "4g": (GI_PROFILE_4_SLICE, 5, 4, 4, 1, (0,), CI_PROFILE_4_SLICE),
     "7g": (GI_PROFILE_7_SLICE, 0, 7, 8, 1, (0,), CI_PROFILE_7_SLICE),
 }
-_KIND_ORDER = ("1g", "1g+me", "1g2m", "2g", "3g", "4g", "7g")
-_AMPERE_SM = {"1g": 14, "1g+me": 14, "1g2m": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}
-_HOPPER_SM = {"1g": 16, "1g+me": 16, "1g2m": 26, "2g": 32, "3g": 60, "4g": 64, "7g": 132}
-_AMPERE_CE = {"1g": 1, "1g+me": 1, "1g2m": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 7}
-_HOPPER_CE = {"1g": 1, "1g+me": 1, "1g2m": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 8}
-# Seen on A100/H100 when creating without a placement (MIG.md).
+_KINDS = tuple(_EIGHT_SLICE_KINDS)
+_ALL_KINDS = frozenset(_KINDS)
+
+
+def _per_kind(one: int, two_mem: int, two: int, three: int, four: int, seven: int
+              ) -> dict[str, int]:
+    return {"1g": one, "1g+me": one, "1g2m": two_mem, "2g": two, "3g": three, "4g": four,
+            "7g": seven}
+
+
+_AMPERE_SM = _per_kind(14, 14, 28, 42, 56, 98)
+_HOPPER_SM = _per_kind(16, 26, 32, 60, 64, 132)
+_AMPERE_CE = _per_kind(1, 1, 2, 3, 4, 7)
+_HOPPER_CE = _per_kind(1, 1, 2, 3, 4, 8)
+# B200: 1g/1g.45gb/2g from real -lgip (NVIDIA/mig-parted#166, #187, gpu-operator#1242);
+# 3g/4g/7g copy engines 6/8/16 from the same outputs; their SMs are not confirmed.
+_BLACKWELL_SM = _per_kind(18, 30, 36, 60, 72, 148)
+_BLACKWELL_CE = _per_kind(2, 2, 4, 6, 8, 16)
+# GB200 differs from B200 in its 2-slice SMs (NVIDIA/gpu-operator#1303, mig-parted#227).
+_GB200_SM = _per_kind(18, 32, 38, 60, 72, 148)
+# Seen on A100/H100 when creating without a placement.
 _EIGHT_SLICE_DRIVER_ORDER = {1: (6, 4, 5, 0, 1, 2, 3), 2: (4, 0, 2, 6), 4: (4, 0), 8: (0,)}
 
 
 def _gib(value: float) -> int:
     return round(value * 1024)
-
-
-def _eight_slice_profiles(
-    names: dict[str, str],
-    gib: dict[str, float],
-    sm: dict[str, int],
-    ce: dict[str, int],
-    hopper: bool,
-) -> tuple[Profile, ...]:
-    profiles = []
-    for kind in _KIND_ORDER:
-        if kind not in names:
-            continue
-        enum, pid, g, mem, count, starts, ci = _EIGHT_SLICE_KINDS[kind]
-        if kind == "1g2m" and hopper:
-            # Hopper's double-memory 1g has more SMs, and its own full-size CI profile.
-            ci = CI_PROFILE_1_SLICE_REV1
-        profiles.append(
-            Profile(
-                name=names[kind],
-                enum_index=enum,
-                profile_id=pid,
-                compute_slices=g,
-                memory_slices=mem,
-                memory_mib=_gib(gib[kind]),
-                sm_count=sm[kind],
-                copy_engines=ce[kind],
-                max_instances=count,
-                placement_starts=starts,
-                ci_profile_index=ci,
-                media_extensions=kind.endswith("+me"),
-            )
-        )
-    return tuple(profiles)
-
-
-def _names(one: int, two: int, three: int, seven: int) -> dict[str, str]:
-    """Profile names of an 8-slice GPU from its nominal GB at 1, 2, 4 and 8 memory slices."""
-    return {
-        "1g": f"1g.{one}gb",
-        "1g+me": f"1g.{one}gb+me",
-        "1g2m": f"1g.{two}gb",
-        "2g": f"2g.{two}gb",
-        "3g": f"3g.{three}gb",
-        "4g": f"4g.{three}gb",
-        "7g": f"7g.{seven}gb",
-    }
-
-
-def _mem(one: float, two: float, four: float, eight: float) -> dict[str, float]:
-    return {"1g": one, "1g+me": one, "1g2m": two, "2g": two, "3g": four, "4g": four, "7g": eight}
 
 
 def _eight_slice_model(
@@ -252,33 +301,53 @@ def _eight_slice_model(
     products: tuple[str, ...],
     arch: str,
     memory_gib: float,
-    names: dict[str, str],
-    gib: dict[str, float],
+    gb: tuple[int, int, int, int],
+    gib: tuple[float, float, float, float],
     min_driver: int,
-    verified: bool = True,
+    source: str,
+    *,
+    sm: dict[str, int] | None = None,
+    ce: dict[str, int] | None = None,
+    confirmed: frozenset[str] = _ALL_KINDS,
+    lead: str = "",
 ) -> GpuModel:
+    """An 8-slice GPU from its nominal GB and GiB at 1, 2, 4 and 8 memory slices.
+
+    ``source`` confirms the kinds in ``confirmed``; the others carry ``lead`` (where
+    their names come from) and ``verified=False``.
+    """
     hopper = arch in ("Hopper", "Blackwell")
+    sm = sm or (_HOPPER_SM if hopper else _AMPERE_SM)
+    ce = ce or (_HOPPER_CE if hopper else _AMPERE_CE)
+    one, two, four, eight = gb
+    names = {"1g": f"1g.{one}gb", "1g+me": f"1g.{one}gb+me", "1g2m": f"1g.{two}gb",
+             "2g": f"2g.{two}gb", "3g": f"3g.{four}gb", "4g": f"4g.{four}gb",
+             "7g": f"7g.{eight}gb"}
+    memory = dict(zip(_KINDS, (gib[0], gib[0], gib[1], gib[1], gib[2], gib[2], gib[3]),
+                      strict=True))
+    profiles = []
+    for kind in _KINDS:
+        enum, pid, g, mem, count, starts, ci = _EIGHT_SLICE_KINDS[kind]
+        if kind == "1g2m" and hopper:
+            # Hopper's double-memory 1g has more SMs, and its own full-size CI profile.
+            ci = CI_PROFILE_1_SLICE_REV1
+        ok = kind in confirmed
+        profiles.append(Profile(
+            name=names[kind], enum_index=enum, profile_id=pid, compute_slices=g,
+            memory_slices=mem, memory_mib=_gib(memory[kind]), sm_count=sm[kind],
+            copy_engines=ce[kind], max_instances=count, placement_starts=starts,
+            ci_profile_index=ci, variant="+me" if kind == "1g+me" else "",
+            source=source if ok else lead, verified=ok,
+        ))
     return GpuModel(
-        key=key,
-        display_name=display,
-        product_names=products,
-        architecture=arch,
-        memory_mib=_gib(memory_gib),
-        memory_slices=8,
-        compute_slices=7,
-        min_driver_major=min_driver,
-        profiles=_eight_slice_profiles(
-            names,
-            gib,
-            _HOPPER_SM if hopper else _AMPERE_SM,
-            _HOPPER_CE if hopper else _AMPERE_CE,
-            hopper,
-        ),
-        verified=verified,
-        driver_start_order=_EIGHT_SLICE_DRIVER_ORDER,
+        key=key, display_name=display, product_names=products, architecture=arch,
+        memory_mib=_gib(memory_gib), memory_slices=8, compute_slices=7,
+        min_driver_major=min_driver, profiles=tuple(profiles),
+        verified=confirmed == _ALL_KINDS, driver_start_order=_EIGHT_SLICE_DRIVER_ORDER,
     )
 
 
+_A30_SOURCE = "guide (A30 table); -lgip in NVIDIA/DCGM#138"
 _A30 = GpuModel(
     key="a30",
     display_name="A30 24GB",
@@ -290,58 +359,164 @@ _A30 = GpuModel(
     min_driver_major=460,
     profiles=(
         Profile("1g.6gb", GI_PROFILE_1_SLICE, 14, 1, 1, _gib(5.81), 14, 1, 4, (0, 1, 2, 3),
-                CI_PROFILE_1_SLICE),
+                CI_PROFILE_1_SLICE, source=_A30_SOURCE),
         Profile("1g.6gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 1, _gib(5.81), 14, 1, 1,
-                (0, 1, 2, 3), CI_PROFILE_1_SLICE, media_extensions=True),
+                (0, 1, 2, 3), CI_PROFILE_1_SLICE, variant="+me", source=_A30_SOURCE),
         Profile("2g.12gb", GI_PROFILE_2_SLICE, 5, 2, 2, _gib(11.69), 28, 2, 2, (0, 2),
-                CI_PROFILE_2_SLICE),
+                CI_PROFILE_2_SLICE, source=_A30_SOURCE),
         Profile("2g.12gb+me", GI_PROFILE_2_SLICE_REV1, 6, 2, 2, _gib(11.69), 28, 2, 1, (0, 2),
-                CI_PROFILE_2_SLICE, media_extensions=True),
+                CI_PROFILE_2_SLICE, variant="+me", source=_A30_SOURCE),
         Profile("4g.24gb", GI_PROFILE_4_SLICE, 0, 4, 4, _gib(23.44), 56, 4, 1, (0,),
-                CI_PROFILE_4_SLICE),
+                CI_PROFILE_4_SLICE, source=_A30_SOURCE),
     ),
-    # The A30 order without placement is not published; highest start first is assumed.
-    driver_start_order={1: (3, 2, 1, 0), 2: (2, 0), 4: (0,)},
+    # A real 535.183.01 driver put the first 1g at start 0, the next at 1, a 2g at 2.
+    driver_start_order={1: (0, 1, 2, 3), 2: (0, 2), 4: (0,)},
 )
+
+_RTX_PRO_6000_SOURCE = ("-lgip in GoogleCloudPlatform/container-engine-accelerators#564 "
+                        "and bottlerocket-os/bottlerocket-kernel-kit#300")
+_RTX_PRO_LEAD = "name from the guide and NVIDIA/gpu-operator#1573; ID and figures unverified"
+
+
+def _rtx_pro_model(key: str, display: str, products: tuple[str, ...], slices: int,
+                   memory_gib: float, min_driver: int, one_gib: float, one_sm: int,
+                   source: str) -> GpuModel:
+    """RTX PRO Blackwell: 1g/2g/4g of ``slices`` memory slices, with +gfx, -me and
+    +me.all variants (each 1g already carries one decoder; -me has none)."""
+    rows = []
+    sizes = [s for s in (1, 2, 4) if s <= slices]
+    # (size, variant, enum, ID, instances, confirmed by ``source``)
+    plan = {
+        1: [("", GI_PROFILE_1_SLICE, 14, slices, True),
+            ("+me", GI_PROFILE_1_SLICE_REV1, 21, 1, True),
+            ("+gfx", GI_PROFILE_1_SLICE_GFX, 47, slices, True),
+            ("+me.all", GI_PROFILE_1_SLICE_ALL_ME, 65, 1, True),
+            ("-me", GI_PROFILE_1_SLICE_NO_ME, 66, slices, False)],
+        2: [("", GI_PROFILE_2_SLICE, 5, slices // 2, False),
+            ("+gfx", GI_PROFILE_2_SLICE_GFX, 35, slices // 2, False),
+            ("-me", GI_PROFILE_2_SLICE_NO_ME, 67, slices // 2, False)],
+        4: [("", GI_PROFILE_4_SLICE, 0, 1, False),
+            ("+gfx", GI_PROFILE_4_SLICE_GFX, 32, 1, False)],
+    }
+    ci = {1: CI_PROFILE_1_SLICE, 2: CI_PROFILE_2_SLICE, 4: CI_PROFILE_4_SLICE}
+    for size in sizes:
+        for variant, enum, pid, count, ok in plan[size]:
+            rows.append(Profile(
+                name=f"{size}g.{24 * size}gb{variant}", enum_index=enum, profile_id=pid,
+                compute_slices=size, memory_slices=size, memory_mib=_gib(one_gib * size),
+                sm_count=one_sm * size, copy_engines=size, max_instances=count,
+                placement_starts=tuple(range(0, slices, size)), ci_profile_index=ci[size],
+                variant=variant, source=source if ok and source else _RTX_PRO_LEAD,
+                verified=ok and bool(source),
+            ))
+    return GpuModel(
+        key=key, display_name=display, product_names=products, architecture="Blackwell",
+        memory_mib=_gib(memory_gib), memory_slices=slices,
+        compute_slices=slices, min_driver_major=min_driver, profiles=tuple(rows),
+        verified=all(p.verified for p in rows),
+        driver_start_order={s: tuple(range(0, slices, s)) for s in sizes},
+    )
+
+
+_GH200_144_CONFIRMED = frozenset({"1g", "1g+me", "1g2m", "2g"})
+_B_CONFIRMED = frozenset({"1g", "1g+me", "1g2m", "2g"})
 
 MODELS: tuple[GpuModel, ...] = (
     _eight_slice_model(
         "a100-40gb", "A100 40GB", ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), "Ampere",
-        40, _names(5, 10, 20, 40), _mem(4.75, 9.62, 19.50, 39.25), 450,
+        40, (5, 10, 20, 40), (4.75, 9.62, 19.50, 39.25), 450, "guide (A100 table)",
     ),
     _eight_slice_model(
         "a100-80gb", "A100 80GB", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"), "Ampere",
-        80, _names(10, 20, 40, 80), _mem(9.50, 19.50, 39.50, 79.25), 450,
+        80, (10, 20, 40, 80), (9.50, 19.50, 39.50, 79.25), 450, "guide (A100 table)",
     ),
     _A30,
     _eight_slice_model(
         "h100", "H100 80GB", ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"), "Hopper",
-        79.65, _names(10, 20, 40, 80), _mem(9.75, 19.62, 39.50, 79.25), 525,
+        79.65, (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), 525, "guide (H100 table)",
+    ),
+    _eight_slice_model(
+        "h100-96gb", "H100 96GB", ("NVIDIA H100 96GB HBM3",), "Hopper",
+        95.58, (12, 24, 48, 96), (11.00, 23.00, 46.50, 93.00), 525, "",
+        confirmed=frozenset(),
+        lead="names from NVIDIA/gpu-operator (H100-96GB shares GH200 96GB's configs); "
+             "GiB copied from GH200 96GB",
     ),
     _eight_slice_model(
         "h100-nvl", "H100 NVL 94GB", ("NVIDIA H100 NVL",), "Hopper",
-        93.58, _names(12, 24, 47, 94), _mem(10.75, 21.62, 46.38, 93.12), 525,
+        93.58, (12, 24, 47, 94), (10.75, 21.62, 46.38, 93.12), 525,
+        "-lgip in NVIDIA/mig-parted#101, gpu-operator#903",
+    ),
+    _eight_slice_model(
+        "h20", "H20 96GB", ("NVIDIA H20",), "Hopper",
+        95.58, (12, 24, 48, 96), (11.00, 23.00, 46.50, 93.00), 535, "",
+        confirmed=frozenset(),
+        lead="GPU listed in the guide; names from NVIDIA/gpu-operator#741; GiB and SMs "
+             "copied from GH200 96GB (an H20 has fewer SMs)",
     ),
     _eight_slice_model(
         "gh200", "GH200 H100 96GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 96GB HBM3"), "Hopper",
-        95.58, _names(12, 24, 48, 96), _mem(11.00, 23.00, 46.50, 93.00), 525,
+        95.58, (12, 24, 48, 96), (11.00, 23.00, 46.50, 93.00), 525, "guide (GH200 table)",
     ),
-    # H200 names are NVIDIA's; memory in GiB is estimated from the names, and IDs and
-    # placements are taken to be Hopper's (unverified until read off a real H200).
+    _eight_slice_model(
+        "gh200-144gb", "GH200 144GB", ("NVIDIA GH200 144G HBM3e",), "Hopper",
+        143.0, (18, 36, 72, 144), (17.50, 35.25, 70.75, 141.50), 550,
+        "-lgip in NVIDIA/mig-parted#139", confirmed=_GH200_144_CONFIRMED,
+        lead="name from NVIDIA/mig-parted#139; GiB estimated from the 2-slice figure",
+    ),
     _eight_slice_model(
         "h200", "H200 141GB", ("NVIDIA H200", "NVIDIA H200 NVL"), "Hopper",
-        140.40, _names(18, 35, 71, 141), _mem(16.75, 32.50, 66.00, 130.50), 550,
-        verified=False,
+        140.40, (18, 35, 71, 141), (16.00, 32.25, 69.50, 139.75), 550,
+        "-lgip in NVIDIA/mig-parted#120; guide (H200 table)",
     ),
+    # Memory per driver: R570 reports 22.00 GiB per 1g, later drivers 20.50; the table
+    # holds R570's (the driver's own figures win at run time).
     _eight_slice_model(
         "b200", "B200 180GB", ("NVIDIA B200",), "Blackwell",
-        179.06, _names(23, 45, 90, 180), _mem(21.25, 42.50, 83.50, 167.50), 570,
-        verified=False,
+        179.06, (23, 45, 90, 180), (22.00, 44.25, 88.75, 178.75), 570,
+        "-lgip in NVIDIA/mig-parted#166, #187, gpu-operator#1242 (R570)",
+        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, confirmed=_B_CONFIRMED,
+        lead="name from the guide; copy engines from the -lgip outputs; SMs and GiB "
+             "estimated",
+    ),
+    _eight_slice_model(
+        "gb200", "GB200 186GB", ("NVIDIA GB200",), "Blackwell",
+        184.0, (23, 47, 93, 186), (22.00, 45.50, 91.00, 182.00), 570,
+        "-lgip in NVIDIA/mig-parted#227 (production GB200)",
+        sm=_GB200_SM, ce=_BLACKWELL_CE, confirmed=_B_CONFIRMED,
+        lead="3g/4g/7g names and figures estimated from the 2-slice row",
+    ),
+    _eight_slice_model(
+        "b300", "B300 288GB", ("NVIDIA B300 SXM6 AC", "NVIDIA B300"), "Blackwell",
+        269.0, (34, 67, 135, 269), (33.00, 65.50, 131.50, 263.50), 580, "",
+        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, confirmed=frozenset(),
+        lead="names from the GPU Operator config quoted in aws/sagemaker-hyperpod-cli#403 "
+             "and NVIDIA/gpu-operator#1759; figures estimated",
+    ),
+    _rtx_pro_model(
+        "rtx-pro-6000", "RTX PRO 6000 Blackwell 96GB",
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition",
+         "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+         "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
+        4, 95.59, 575, 23.62, 46, _RTX_PRO_6000_SOURCE,
+    ),
+    _rtx_pro_model(
+        "rtx-pro-5000", "RTX PRO 5000 Blackwell 48GB", ("NVIDIA RTX PRO 5000 Blackwell",),
+        2, 47.79, 575, 23.62, 46, "",
     ),
 )
 
 _BY_KEY = {m.key: m for m in MODELS}
-_BY_PRODUCT = {name.lower(): m for m in MODELS for name in m.product_names}
+
+
+def _product_key(name: str) -> str:
+    """R450-R470 drivers report ``A100-SXM4-40GB`` where later ones say
+    ``NVIDIA A100-SXM4-40GB``: look products up without the vendor prefix."""
+    text = " ".join(str(name).split()).lower()
+    return text[len("nvidia "):] if text.startswith("nvidia ") else text
+
+
+_BY_PRODUCT = {_product_key(name): m for m in MODELS for name in m.product_names}
 
 
 def model(key: str) -> GpuModel:
@@ -356,7 +531,7 @@ def model(key: str) -> GpuModel:
 
 def model_for_product(product_name: str) -> GpuModel:
     """The model for the product name NVML reports (``"NVIDIA H200"``)."""
-    found = _BY_PRODUCT.get(product_name.strip().lower())
+    found = _BY_PRODUCT.get(_product_key(product_name))
     if found is None:
         known = ", ".join(n for m in MODELS for n in m.product_names)
         raise CatalogError(
@@ -367,4 +542,4 @@ def model_for_product(product_name: str) -> GpuModel:
 
 def find_model_for_product(product_name: str) -> GpuModel | None:
     """Like :func:`model_for_product`, but ``None`` for a GPU without MIG or not in the catalog."""
-    return _BY_PRODUCT.get(product_name.strip().lower())
+    return _BY_PRODUCT.get(_product_key(product_name))

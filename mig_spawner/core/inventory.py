@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .catalog import GpuModel, Profile, model
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -34,6 +36,9 @@ class MigDevice:
     memory_total_mib: int
     memory_used_mib: int
     processes: tuple[GpuProcess, ...] = ()
+    # True when the driver refused or garbled the process list: nobody can tell whether
+    # the slice is in use, so it counts as busy (the culler then leaves it alone).
+    processes_unknown: bool = False
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -41,7 +46,7 @@ class MigDevice:
 
     @property
     def busy(self) -> bool:
-        return bool(self.processes)
+        return bool(self.processes) or self.processes_unknown
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,19 @@ class Gpu:
     mig_supported: bool = True
     gpu_instances: tuple[GpuInstance, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    # The GI profiles as this GPU's driver reports them (empty with MIG off).
+    driver_profiles: tuple[Profile, ...] = ()
 
     @property
     def mig_enabled(self) -> bool:
         """MIG is on now and no mode change waits for a reset."""
         return self.mig_current and self.mig_pending == self.mig_current
+
+    def catalog_model(self) -> GpuModel | None:
+        """This GPU's catalog model with the driver's figures where it reported them."""
+        if self.model_key is None:
+            return None
+        return model(self.model_key).with_driver_figures(self.driver_profiles)
 
 
 @dataclass(frozen=True)
@@ -108,3 +121,11 @@ class Inventory:
 
     def device_by_uuid(self, uuid: str) -> MigDevice | None:
         return next((d for d in self.mig_devices if d.uuid == uuid), None)
+
+    def model(self, key: str) -> GpuModel:
+        """Catalog model ``key`` with the figures this host's driver reports for it (the
+        catalog's own where no GPU of that model reported any)."""
+        for gpu in self.gpus:
+            if gpu.model_key == key and gpu.driver_profiles:
+                return gpu.catalog_model()  # type: ignore[return-value]
+        return model(key)

@@ -12,8 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
-from ctypes import byref, c_uint
-from dataclasses import dataclass
+from ctypes import Structure, byref, c_uint, c_ulonglong
 from typing import Any
 
 import pynvml
@@ -36,18 +35,26 @@ _MIB = 1024 * 1024
 # "No MIG device at this index" (MIG.md): holes in the index range are normal.
 _NO_DEVICE_HERE = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument)
 _NO_PROFILE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+# A library or driver without a process-list call: try the older one.
+_NO_SUCH_CALL = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLLibraryMismatchError)
+# Drivers 535.43-535.86 garble the _v3 process records after the first (nvitop#79/#89).
+GARBLED_PROCESS_DRIVERS = ((535, 43), (535, 86))
 
 
-@dataclass(frozen=True)
-class _GiProfile:
-    """A GPU-instance profile as this GPU's driver reports it."""
+class _ProcessInfoV1(Structure):
+    """``nvmlProcessInfo_v1_t``: what the unversioned call of old drivers fills."""
 
-    profile_id: int
-    name: str
-    slice_count: int
-    instance_count: int
-    starts: tuple[int, ...]
-    size: int
+    _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong)]
+
+
+def garbles_process_records(driver_version: str) -> bool:
+    """Whether this driver is one whose _v3 process records are known to come out garbled."""
+    try:
+        major, minor = (int(x) for x in driver_version.split(".")[:2])
+    except ValueError:
+        return False
+    low, high = GARBLED_PROCESS_DRIVERS
+    return low <= (major, minor) <= high
 
 
 def probe_mig_config_access() -> bool:
@@ -72,12 +79,18 @@ class GpuAdapter:
         for the real libnvidia-ml. ``privilege_probe`` answers :meth:`can_configure`."""
         self._library = library
         self._privilege_probe = privilege_probe
-        self._profiles: dict[str, tuple[_GiProfile, ...]] = {}  # by GPU UUID; fixed per driver
+        self._profiles: dict[str, tuple[catalog.Profile, ...]] = {}  # by GPU UUID; per driver
         self._ci_profiles: dict[tuple[str, int], int] = {}  # (GPU UUID, GI profile) -> CI ID
         self._open = False
         with self._nvml("initialising NVML"):
             pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
         self._open = True
+        if garbles_process_records(driver):
+            low, high = (".".join(map(str, v)) for v in GARBLED_PROCESS_DRIVERS)
+            log.warning("NVIDIA driver %s (%s-%s) garbles process lists; mig-spawner falls "
+                        "back to the older call, but upgrading the driver is advised",
+                        driver, low, high)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -127,38 +140,42 @@ class GpuAdapter:
         with self._nvml(doing):
             handle, uuid = self._mig_gpu(gpu_index)
             profile = self._profile_named(handle, uuid, profile_name, gpu_index)
-            if start not in profile.starts:
+            if start not in profile.placement_starts:
                 raise errors.InvalidPlacement(
                     f"{profile.name} cannot start at memory slice {start} on GPU {gpu_index}",
-                    f"use one of the starts {list(profile.starts)}",
+                    f"use one of the starts {list(profile.placement_starts)}",
                 )
-            placement = pynvml.c_nvmlGpuInstancePlacement_t(start, profile.size)
+            placement = pynvml.c_nvmlGpuInstancePlacement_t(start, profile.placement_size)
             try:
                 gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
                     handle, profile.profile_id, byref(placement))
             except pynvml.NVMLError_InsufficientResources:
                 raise errors.InsufficientResources(
                     f"no room for {profile.name} at memory slices {start}-"
-                    f"{start + profile.size - 1} on GPU {gpu_index}",
+                    f"{start + profile.placement_size - 1} on GPU {gpu_index}",
                     code=pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES,
                 ) from None
+            ci = None
             try:
                 ci_profile = self._full_ci_profile(gi, uuid, profile)
                 ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+                # IDs are read back, never computed: boards number instances differently.
                 gi_id = pynvml.nvmlGpuInstanceGetInfo(gi).id
                 ci_id = pynvml.nvmlComputeInstanceGetInfo(ci).id
+                device = next((d for d in self._gpu(gpu_index).mig_devices
+                               if (d.gi_id, d.ci_id) == (gi_id, ci_id)), None)
+                if device is None:
+                    raise errors.NvmlCallFailed(
+                        f"{doing}: the new instance (GI {gi_id}, CI {ci_id}) has no MIG "
+                        "device", "check 'nvidia-smi -L'; the driver may need a newer version")
             except BaseException:
-                # Nothing leaks: a GI without its CI would hold slices no one can use.
+                # Nothing leaks: an instance nobody can find or use would hold its slices.
                 with contextlib.suppress(pynvml.NVMLError):
+                    if ci is not None:
+                        pynvml.nvmlComputeInstanceDestroy(ci)
                     pynvml.nvmlGpuInstanceDestroy(gi)
                 raise
-            for device in self._gpu(gpu_index).mig_devices:
-                if (device.gi_id, device.ci_id) == (gi_id, ci_id):
-                    return device
-        raise errors.NvmlCallFailed(
-            f"{doing}: the new instance (GI {gi_id}, CI {ci_id}) has no MIG device",
-            "check 'nvidia-smi -L'; the driver may need a newer version",
-        )
+            return device
 
     def destroy_instance(self, gpu_index: int, gi_id: int) -> None:
         """Destroy GPU instance ``gi_id`` and its compute instances.
@@ -246,7 +263,9 @@ class GpuAdapter:
             current, pending, supported = 0, 0, False
         gis: tuple[GpuInstance, ...] = ()
         devices: tuple[MigDevice, ...] = ()
+        driver_profiles: tuple[catalog.Profile, ...] = ()
         if current:
+            driver_profiles = self._gpu_profiles(handle, uuid)
             gi_handles: dict[int, Any] = {}
             try:
                 gis = self._gpu_instances(handle, uuid, gi_handles)
@@ -273,20 +292,34 @@ class GpuAdapter:
             product=product,
             model_key=model.key if model else None,
             minor=pynvml.nvmlDeviceGetMinorNumber(handle),
-            memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB,
+            memory_total_mib=self._parent_memory_mib(handle, index, model, devices),
             mig_current=bool(current),
             mig_pending=bool(pending),
             mig_supported=supported,
             gpu_instances=gis,
             mig_devices=devices,
+            driver_profiles=driver_profiles,
         )
+
+    @staticmethod
+    def _parent_memory_mib(handle: Any, index: int, model: catalog.GpuModel | None,
+                           devices: tuple[MigDevice, ...]) -> int:
+        """The GPU's memory; with MIG on, real drivers tell it to privileged callers only,
+        so an unprivileged hub takes the catalog's figure (else its MIG devices' sum)."""
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB
+        except pynvml.NVMLError_NoPermission:
+            log.debug("GPU %d: parent memory is privileged; using the catalog's figure", index)
+            if model is not None:
+                return model.memory_mib
+            return sum(d.memory_total_mib for d in devices)
 
     def _gpu_instances(self, handle: Any, uuid: str, gi_handles: dict[int, Any]
                        ) -> tuple[GpuInstance, ...]:
         """Every GI of the GPU, by asking for the GIs of each profile it supports."""
         found = []
         for profile in self._gpu_profiles(handle, uuid):
-            array = (pynvml.c_nvmlGpuInstance_t * profile.instance_count)()
+            array = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
             count = c_uint(0)
             pynvml.nvmlDeviceGetGpuInstances(handle, profile.profile_id, array, byref(count))
             for slot in range(count.value):
@@ -310,6 +343,8 @@ class GpuAdapter:
             gi_id = pynvml.nvmlDeviceGetGpuInstanceId(mig)
             memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
             gi = by_gi.get(gi_id)
+            ci_id = pynvml.nvmlDeviceGetComputeInstanceId(mig)
+            processes, unknown = self._processes(mig, gi_id, ci_id)
             devices.append(MigDevice(
                 uuid=pynvml.nvmlDeviceGetUUID(mig),
                 gpu_index=index,
@@ -319,26 +354,46 @@ class GpuAdapter:
                 profile=gi.profile if gi else catalog.normalize_profile_name(
                     name.rpartition(" MIG ")[2]),
                 gi_id=gi_id,
-                ci_id=pynvml.nvmlDeviceGetComputeInstanceId(mig),
+                ci_id=ci_id,
                 start=gi.start if gi else -1,
                 size=gi.size if gi else 0,
                 memory_total_mib=memory.total // _MIB,
                 memory_used_mib=memory.used // _MIB,
-                processes=self._processes(mig),
+                processes=processes,
+                processes_unknown=unknown,
             ))
         return tuple(devices)
 
     @staticmethod
-    def _processes(mig: Any) -> tuple[GpuProcess, ...]:
-        try:
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
-        except (pynvml.NVMLError_NoPermission, pynvml.NVMLError_NotSupported) as exc:
-            log.warning("cannot list the processes of a MIG device: %s", exc)
-            return ()
-        return tuple(GpuProcess(p.pid, (p.usedGpuMemory or 0) // _MIB) for p in procs)
+    def _processes(mig: Any, gi_id: int, ci_id: int) -> tuple[tuple[GpuProcess, ...], bool]:
+        """The processes on one MIG device, and whether they could not be read.
 
-    def _gpu_profiles(self, handle: Any, uuid: str) -> tuple[_GiProfile, ...]:
-        """The GI profiles this GPU supports, from the driver (cached: fixed per driver)."""
+        Newest call first (_v3, _v2, then the unversioned v1 layout): an older library
+        lacks the newer ones, and some drivers garble _v3's records, so an answer whose
+        records do not belong to this device is retried with the older layout. A list
+        nobody could read is *unknown* (the slice then counts as busy), never "empty".
+        """
+        for read in (pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
+                     pynvml.nvmlDeviceGetComputeRunningProcesses_v2, _processes_v1):
+            try:
+                procs = read(mig)
+            except _NO_SUCH_CALL:
+                continue
+            except pynvml.NVMLError as exc:
+                log.warning("cannot list the processes of MIG device GI %d CI %d: %s",
+                            gi_id, ci_id, exc)
+                return (), True
+            if _consistent(procs, gi_id, ci_id):
+                return tuple(GpuProcess(p.pid, (p.usedGpuMemory or 0) // _MIB)
+                             for p in procs), False
+            log.warning("the driver's %s answer for MIG device GI %d CI %d is garbled; "
+                        "trying an older call", getattr(read, "__name__", "process"),
+                        gi_id, ci_id)
+        return (), True
+
+    def _gpu_profiles(self, handle: Any, uuid: str) -> tuple[catalog.Profile, ...]:
+        """The GI profiles this GPU supports, with the driver's own figures (memory, SMs,
+        copy engines, instances, placements). Cached once read: fixed per driver."""
         cached = self._profiles.get(uuid)
         if cached is not None:
             return cached
@@ -353,16 +408,35 @@ class GpuAdapter:
             slots = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
             pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, slots, byref(count))
             placements = slots[: count.value]
-            profiles.append(_GiProfile(
-                profile_id=info.id,
+            profiles.append(catalog.Profile(
                 name=name,
-                slice_count=info.sliceCount,
-                instance_count=info.instanceCount,
-                starts=tuple(p.start for p in placements),
-                size=placements[0].size if placements else 0,
+                enum_index=enum_index,
+                profile_id=info.id,
+                compute_slices=info.sliceCount,
+                memory_slices=placements[0].size if placements else 0,
+                memory_mib=info.memorySizeMB,
+                sm_count=info.multiprocessorCount,
+                copy_engines=info.copyEngineCount,
+                max_instances=info.instanceCount,
+                placement_starts=tuple(p.start for p in placements),
+                ci_profile_index=-1,  # found by slice count when creating
+                variant=_variant(name),
+                source="driver",
             ))
-        self._profiles[uuid] = tuple(profiles)
-        return self._profiles[uuid]
+        profiles.sort(key=lambda p: catalog.profile_sort_key(p.name))
+        if profiles:  # with MIG off the driver lists none; ask again once it is on
+            self._profiles[uuid] = tuple(profiles)
+        return tuple(profiles)
+
+    def driver_profiles(self, gpu_index: int) -> tuple[catalog.Profile, ...]:
+        """The profile table the driver reports for one GPU (read-only; empty with MIG off
+        or on a GPU without MIG)."""
+        with self._nvml(f"reading the MIG profiles of GPU {gpu_index}"):
+            handle = self._handle(gpu_index)
+            try:
+                return self._gpu_profiles(handle, pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError_NotSupported:
+                return ()
 
     @staticmethod
     def _profile_info(handle: Any, enum_index: int) -> tuple[Any, str]:
@@ -379,7 +453,8 @@ class GpuAdapter:
                 return info, model.profile_by_id(info.id).name
         return info, f"{info.sliceCount}g.{round(info.memorySizeMB / 1024)}gb"
 
-    def _profile_named(self, handle: Any, uuid: str, name: str, index: int) -> _GiProfile:
+    def _profile_named(self, handle: Any, uuid: str, name: str, index: int
+                       ) -> catalog.Profile:
         profiles = self._gpu_profiles(handle, uuid)
         wanted = catalog.normalize_profile_name(name)
         for profile in profiles:
@@ -390,7 +465,7 @@ class GpuAdapter:
             f"use one of: {', '.join(p.name for p in profiles)}",
         )
 
-    def _full_ci_profile(self, gi: Any, uuid: str, profile: _GiProfile) -> int:
+    def _full_ci_profile(self, gi: Any, uuid: str, profile: catalog.Profile) -> int:
         """The compute-instance profile that spans the whole GI (cached per GI profile)."""
         key = (uuid, profile.profile_id)
         if key not in self._ci_profiles:
@@ -400,7 +475,7 @@ class GpuAdapter:
                         gi, enum_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
                 except _NO_PROFILE:
                     continue
-                if info.sliceCount == profile.slice_count:
+                if info.sliceCount == profile.compute_slices:
                     self._ci_profiles[key] = info.id
                     break
             else:
@@ -414,3 +489,36 @@ class GpuAdapter:
         if pids:
             raise errors.InstanceInUse(
                 f"{doing}: processes still run on it ({', '.join(map(str, pids))})", pids)
+
+
+def _variant(name: str) -> str:
+    try:
+        return catalog.parse_profile_name(name)[2]
+    except catalog.CatalogError:
+        return ""
+
+
+def _consistent(procs: list[Any], gi_id: int, ci_id: int) -> bool:
+    """Records that belong to this MIG device: real PIDs, each once, and (where the
+    layout carries them) this device's GI and CI IDs."""
+    pids = [p.pid for p in procs]
+    if any(pid <= 0 for pid in pids) or len(set(pids)) != len(pids):
+        return False
+    return all((getattr(p, "gpuInstanceId", gi_id), getattr(p, "computeInstanceId", ci_id))
+               == (gi_id, ci_id) for p in procs)
+
+
+def _processes_v1(mig: Any) -> list[Any]:
+    """The unversioned process list (the v1 record layout), through pynvml's own
+    symbol lookup and error mapping; pynvml itself no longer wraps this layout."""
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
+    count = c_uint(0)
+    ret = fn(mig, byref(count), None)
+    if ret == pynvml.NVML_SUCCESS:
+        return []
+    if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise pynvml.NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes started since
+    records = (_ProcessInfoV1 * count.value)()
+    pynvml._nvmlCheckReturn(fn(mig, byref(count), records))
+    return list(records[: count.value])

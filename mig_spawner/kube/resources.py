@@ -21,7 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mig_spawner.core.catalog import MODELS, GpuModel, model, normalize_profile_name
+from mig_spawner.core.catalog import (
+    MODELS,
+    CatalogError,
+    GpuModel,
+    model,
+    normalize_profile_name,
+    parse_profile_name,
+)
 
 Strategy = Literal["mixed", "single"]
 STRATEGIES: tuple[Strategy, ...] = ("mixed", "single")
@@ -36,11 +43,45 @@ NOTEBOOK_CONTAINER = "notebook"
 # GFD builds the product label from NVML's name with spaces turned into dashes, then
 # appends "-MIG-<profile>" (single strategy) and "-SHARED" (time-slicing replicas).
 _SHARED_SUFFIX = "-shared"
-_MIG_SUFFIX = re.compile(r"-MIG-(?P<profile>[1-8]g\.\d+gb(?:\+me)?)$", re.IGNORECASE)
+_MIG_SUFFIX = re.compile(r"-MIG-(?P<profile>[1-8]g\.\d+gb(?:\+me\.all|\+me|-me|\+gfx)?)$",
+                         re.IGNORECASE)
 
 
 class KubeConfigError(ValueError):
     """A Kubernetes setting of mig-spawner that cannot work; the message says how to fix it."""
+
+
+def kube_profile_problem(profile: str) -> str | None:
+    """Why a pod cannot ask NVIDIA's device plugin for ``profile``, or ``None`` when it can.
+
+    The device plugin publishes a variant (``+me``, ``+me.all``, ``-me``, ``+gfx``) under
+    the plain profile's resource and label (a node with 1g.10gb and 1g.10gb+me
+    instances shows ``nvidia.com/mig-1g.10gb: 2``, k8s-device-plugin#1462), and ``+``
+    is not allowed in a resource name: a pod asking for the variant never schedules, and
+    one asking for the plain name may get either.
+    """
+    name = normalize_profile_name(profile)
+    try:
+        variant = parse_profile_name(name)[2]
+    except CatalogError:
+        return None  # not a profile name at all: the policy check says so
+    if not variant:
+        return None
+    plain = name[: -len(variant)]
+    return (
+        f"{name} cannot be requested on Kubernetes: NVIDIA's device plugin publishes "
+        f"{variant} slices under the plain {plain} resource ({MIG_RESOURCE_PREFIX}{plain}, "
+        f"or {GPU_RESOURCE} with the single strategy), so a pod cannot ask for the "
+        f"{variant} part. Offer {plain} instead, or use the local backend for {variant} "
+        "profiles."
+    )
+
+
+def check_kube_profiles(profiles: Iterable[str]) -> None:
+    """Refuse, with every reason at once, profiles pods cannot ask the device plugin for."""
+    problems = [p for p in map(kube_profile_problem, profiles) if p]
+    if problems:
+        raise KubeConfigError("\n".join(problems))
 
 
 def mig_resource(profile: str) -> str:
@@ -151,6 +192,7 @@ def slice_request(
     name = normalize_profile_name(profile)
     if not name:
         raise KubeConfigError("a slice request needs a MIG profile name, e.g. '1g.18gb'")
+    check_kube_profiles([name])
     selector = dict(node_selector or {})
     pinned: tuple[str, ...] = ()
     if strategy == "mixed":

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from mig_spawner.core.catalog import CatalogError, model
+from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.ledger import Lease
@@ -57,6 +57,8 @@ class SliceRow:
     memory_total_mib: int = 0
     memory_used_mib: int = 0
     processes: int = 0
+    #: The driver would not tell the processes (the slice counts as busy).
+    processes_unknown: bool = False
     lease_id: str | None = None
     user: str | None = None
     server_name: str | None = None
@@ -71,6 +73,18 @@ class SliceRow:
     #: The charged group's ``max_session_age`` (None: no limit).
     max_age_seconds: float | None = None
     note: str = ""
+
+    @property
+    def memory_total_text(self) -> str:
+        """``"32.2 GiB"`` (empty when no instance shows its memory)."""
+        return format_gib(self.memory_total_mib) if self.memory_total_mib else ""
+
+    @property
+    def memory_text(self) -> str:
+        """``"0.0 GiB / 32.2 GiB"``: used of total, as every screen shows memory."""
+        if not self.memory_total_mib:
+            return ""
+        return f"{format_gib(self.memory_used_mib)} / {format_gib(self.memory_total_mib)}"
 
     @property
     def memory_slices(self) -> range:
@@ -214,6 +228,7 @@ def _device_row(
         "memory_total_mib": device.memory_total_mib,
         "memory_used_mib": device.memory_used_mib,
         "processes": len(device.processes),
+        "processes_unknown": device.processes_unknown,
     }
     if lease is None:
         if device.processes:
@@ -222,7 +237,8 @@ def _device_row(
                 **base, state="orphan",
                 note=f"processes {pids} run on it but no lease holds it",
             )
-        return SliceRow(**base, state="free")
+        note = "the driver does not tell its processes" if device.processes_unknown else ""
+        return SliceRow(**base, state="free", note=note)
     state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
     return SliceRow(**base, **_lease_fields(lease, policy, now), state=state)
 

@@ -27,7 +27,7 @@ from typing import Any
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import template, web
 
-from mig_spawner.observe.slice_state import SLICE_STATES, SliceMap
+from mig_spawner.observe.slice_state import SLICE_STATES, SliceMap, SliceRow
 
 #: The custom scope a user's OAuth token must carry to see the slice map.
 SLICEMAP_SCOPE = "custom:mig-spawner:slicemap"
@@ -55,15 +55,19 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
                 "memory_slices": gpu.memory_slices,
                 "mig_enabled": gpu.mig_enabled,
                 "free_memory_slices": list(gpu.free_memory_slices),
-                "slices": [
-                    {**asdict(row), "server": row.server} for row in gpu.slices
-                ],
+                "slices": [_row_json(row) for row in gpu.slices],
             }
             for gpu in view.gpus
         ],
         "groups": [asdict(group) for group in view.groups],
-        "lost": [{**asdict(row), "server": row.server} for row in view.lost],
+        "lost": [_row_json(row) for row in view.lost],
     }
+
+
+def _row_json(row: SliceRow) -> dict[str, Any]:
+    # Memory is formatted here, once, so the page shows what every other screen shows.
+    return {**asdict(row), "server": row.server, "memory_text": row.memory_text,
+            "memory_total_text": row.memory_total_text}
 
 
 def _script_json(data: Any) -> str:

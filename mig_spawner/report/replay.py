@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mig_spawner.core.allocator import Occupancy, Placement, PoolGrant, pick_pool
-from mig_spawner.core.catalog import CatalogError, gi_id_for_placement, model
+from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory, MigDevice
 from mig_spawner.report.demand import Request
 
@@ -115,7 +115,7 @@ def layout_inventory(fleet: Fleet) -> Inventory:
         instances, devices = [], []
         for slot, p in enumerate(sorted(_placements(index, layout), key=lambda p: p.start)):
             profile = gpu.profile(p.profile)
-            gi_id = gi_id_for_placement(gpu.memory_slices, p.start, p.size)
+            gi_id = slot + 1  # unique per GPU; real boards number instances their own way
             instances.append(GpuInstance(gi_id, profile.name, profile.profile_id, p.start,
                                          p.size))
             devices.append(MigDevice(

@@ -70,7 +70,7 @@ def facts(gpu: GpuModel, profile: Profile) -> Facts:
     return Facts(
         gpu=gpu.display_name,
         profile=profile.name,
-        memory_text=f"{profile.memory_gib:.0f} GiB",
+        memory_text=profile.memory_text,
         compute_text=f"{profile.compute_slices}/{gpu.compute_slices} of the GPU's compute",
     )
 

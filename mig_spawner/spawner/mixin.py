@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
 
-from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.giveback import RELEASED, give_back
@@ -136,7 +135,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
         inventory, held = await self.runtime.run(read)
         free = free_now(inventory, held, self.mig_mode)
-        return SliceSupply(tuple(model(key) for key in free), free, tuple(held))
+        # The driver's figures (memory, SMs) win over the catalog's in the form.
+        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held))
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` now.

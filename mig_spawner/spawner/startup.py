@@ -17,6 +17,7 @@ from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.policy import PolicyError, PolicySet
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
+from mig_spawner.kube.resources import KubeConfigError, check_kube_profiles
 
 
 def local_fleet(config: Config) -> list[GpuModel] | None:
@@ -53,10 +54,14 @@ def check_hub_config(config: Config) -> PolicySet:
     On a local GPU host the profiles are also checked against the GPUs present; on
     Kubernetes the hub has no GPU, and the cluster's models are not known at start.
     """
-    fleet = None if _is_kube(config) else local_fleet(config)
+    kube = _is_kube(config)
+    fleet = None if kube else local_fleet(config)
     try:
-        return MIGPolicyConfig(config=config).build(fleet)
-    except PolicyError as e:
+        policies = MIGPolicyConfig(config=config).build(fleet)
+        if kube:
+            check_kube_profiles(policies.profile_names())
+        return policies
+    except (PolicyError, KubeConfigError) as e:
         raise SystemExit(
             "mig-spawner: the GPU policy in jupyterhub_config.d is wrong, so the hub will "
             f"not start.\n{e}\nFix the file and start the hub again (docs/policies.md)."

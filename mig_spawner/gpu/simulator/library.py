@@ -24,6 +24,7 @@ from pynvml import (
     NVML_SUCCESS,
 )
 
+from ..nvml import garbles_process_records
 from . import rules
 from .host import SimulatedHost
 from .rules import SimError
@@ -42,6 +43,9 @@ _ERROR_TEXT = {
     pynvml.NVML_ERROR_INVALID_STATE: "Invalid state",
 }
 _NO_INIT = frozenset({"nvmlInit", "nvmlInitWithFlags", "nvmlInit_v2", "nvmlErrorString"})
+# An older libnvidia-ml lacks the newer process-list symbols (spec option procs=).
+_PROCS = "nvmlDeviceGetComputeRunningProcesses"
+_MISSING_BY_API = {"v2": (f"{_PROCS}_v3",), "v1": (f"{_PROCS}_v3", f"{_PROCS}_v2")}
 
 
 def _addr(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
@@ -121,7 +125,7 @@ class SimulatedNvmlLibrary:
 
     def __getattr__(self, name: str) -> _Function:
         impl = getattr(type(self), f"_{name}", None) if name.startswith("nvml") else None
-        if impl is None:
+        if impl is None or name in _MISSING_BY_API.get(self.host.state.process_api, ()):
             raise AttributeError(name)  # pynvml turns this into NVMLError_FunctionNotFound
         fn = _Function(name, impl.__get__(self), self)
         self.__dict__[name] = fn  # looked up once per name
@@ -158,6 +162,17 @@ class SimulatedNvmlLibrary:
 
     def _require(self, permission: str) -> None:
         if not getattr(self.host.state, permission):
+            raise SimError(NVML_ERROR_NO_PERMISSION)
+
+    def _reported(self, gpu: SimGpu, profile: Any) -> Any:
+        return rules.as_driver_reports(profile, gpu.model_key or "",
+                                       self.host.state.driver_version)
+
+    def _require_privilege(self) -> None:
+        """Under NVML's privilege rules only root or the MIG config capability may read
+        parent-GPU memory (MIG on) and process lists."""
+        state = self.host.state
+        if state.privilege_rules and not (state.root or state.mig_config):
             raise SimError(NVML_ERROR_NO_PERMISSION)
 
     # --- library and system -------------------------------------------------------
@@ -228,11 +243,14 @@ class SimulatedNvmlLibrary:
 
     def _nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> None:
         _, gpu, gi, ci = self._gpu(self.host.state, handle, (_DEVICE, _MIG))
+        if ci is None and gpu.mig_current:
+            self._require_privilege()
         if ci is None:
             total = gpu.memory_mib
             used = sum(_used_mib(c) for _, c in rules.mig_devices(gpu))
         else:
-            total = rules.mig_model(gpu).profile_by_id(gi.profile_id).memory_mib
+            total = self._reported(gpu, rules.mig_model(gpu).profile_by_id(gi.profile_id)
+                                   ).memory_mib
             used = _used_mib(ci)
         info = _out(ref)
         info.total, info.used, info.free = total * _MIB, used * _MIB, (total - used) * _MIB
@@ -248,6 +266,20 @@ class SimulatedNvmlLibrary:
 
     def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any,
                                                  infos: Any) -> int | None:
+        # The drivers the adapter knows to garble _v3 records do so here too.
+        garble = garbles_process_records(self.host.state.driver_version)
+        return self._processes(handle, count_ref, infos, garble=garble)
+
+    def _nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count_ref: Any,
+                                                 infos: Any) -> int | None:
+        return self._processes(handle, count_ref, infos)
+
+    # v1 records are (pid, usedGpuMemory) only; the same writer fills what a record has.
+    _nvmlDeviceGetComputeRunningProcesses = _nvmlDeviceGetComputeRunningProcesses_v2
+
+    def _processes(self, handle: Any, count_ref: Any, infos: Any, garble: bool = False
+                   ) -> int | None:
+        self._require_privilege()
         _, gpu, gi, ci = self._gpu(self.host.state, handle, (_DEVICE, _MIG))
         pairs = rules.mig_devices(gpu) if ci is None else [(gi, ci)]
         procs = [(pid, mib, g.gi_id, c.ci_id) for g, c in pairs for pid, mib in c.processes]
@@ -258,9 +290,13 @@ class SimulatedNvmlLibrary:
             return None
         if infos is None or capacity < len(procs):
             return NVML_ERROR_INSUFFICIENT_SIZE  # the two-call size protocol
-        for slot, (pid, mib, gi_id, ci_id) in zip(infos, procs, strict=False):
+        for n, (slot, (pid, mib, gi_id, ci_id)) in enumerate(zip(infos, procs, strict=False)):
+            if garble and n:
+                # The driver wrote records of another size: later ones are misaligned.
+                pid, mib, gi_id, ci_id = (mib * _MIB) & 0xFFFFFFFF, pid, 0xFFFFFFFF, 0
             slot.pid, slot.usedGpuMemory = pid, mib * _MIB
-            slot.gpuInstanceId, slot.computeInstanceId = gi_id, ci_id
+            if hasattr(slot, "gpuInstanceId"):
+                slot.gpuInstanceId, slot.computeInstanceId = gi_id, ci_id
         return None
 
     # --- MIG mode and MIG device handles -------------------------------------------
@@ -281,7 +317,8 @@ class SimulatedNvmlLibrary:
 
     def _nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> None:
         gpu = self._gpu(self.host.state, handle)[1]
-        _out(ref).value = rules.mig_model(gpu).compute_slices
+        # nvml.h: 0 when MIG is off (the count is "of MIG devices that can exist now").
+        _out(ref).value = rules.mig_model(gpu).compute_slices if gpu.mig_current else 0
 
     def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, ref: Any) -> None:
         gpu = self._gpu(self.host.state, handle)[1]
@@ -315,7 +352,9 @@ class SimulatedNvmlLibrary:
     def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: Any, ref: Any
                                              ) -> int | None:
         gpu = self._gpu(self.host.state, handle)[1]
-        p = rules.profile_by_enum(gpu, _num(profile))
+        p = self._reported(gpu, rules.profile_by_enum(gpu, _num(profile)))
+        if not gpu.mig_current:
+            raise SimError(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: profiles need MIG on
         info = _out(ref)
         if hasattr(info, "version"):
             if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
@@ -340,7 +379,8 @@ class SimulatedNvmlLibrary:
                                                        placements: Any, count_ref: Any
                                                        ) -> int | None:
         gpu = self._gpu(self.host.state, handle)[1]
-        p = rules.profile_by_id(gpu, _num(profile_id))
+        # nvml.h: placements are answered whatever the MIG mode.
+        p = rules.profile_by_id(gpu, _num(profile_id), mig_off_ok=True)
         count = _out(count_ref)
         count.value = len(p.placement_starts)
         if placements is None:

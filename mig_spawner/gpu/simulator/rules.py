@@ -6,6 +6,8 @@ NVML return code the real driver gives in that situation (see MIG.md).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pynvml
 
 from mig_spawner.core import catalog
@@ -48,6 +50,26 @@ def require_mig_on(gpu: SimGpu) -> catalog.GpuModel:
     return model
 
 
+# Where a real driver's table differs from the catalog (which holds one driver's
+# figures): (model key, first driver branch) -> profile -> GiB. B200's 1g shrank from
+# 22.00 GiB on R570 to 20.50 on a later driver (NVIDIA/mig-parted#166 vs #187); the
+# branch it changed in is not published, 575 is assumed.
+_DRIVER_GIB = {("b200", 575): {"1g.23gb": 20.50, "1g.23gb+me": 20.50}}
+
+
+def as_driver_reports(profile: catalog.Profile, model_key: str, driver_version: str
+                      ) -> catalog.Profile:
+    """``profile`` with the figures this driver version reports for it."""
+    try:
+        branch = int(driver_version.split(".")[0])
+    except ValueError:
+        return profile
+    for (key, first), table in _DRIVER_GIB.items():
+        if key == model_key and branch >= first and profile.name in table:
+            return replace(profile, memory_mib=round(table[profile.name] * 1024))
+    return profile
+
+
 def profile_by_enum(gpu: SimGpu, enum_index: int) -> catalog.Profile:
     model = mig_model(gpu)
     if not 0 <= enum_index < catalog.GI_PROFILE_COUNT:
@@ -58,8 +80,11 @@ def profile_by_enum(gpu: SimGpu, enum_index: int) -> catalog.Profile:
         raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED) from None
 
 
-def profile_by_id(gpu: SimGpu, profile_id: int) -> catalog.Profile:
-    model = require_mig_on(gpu)
+def profile_by_id(gpu: SimGpu, profile_id: int, *, mig_off_ok: bool = False
+                  ) -> catalog.Profile:
+    """The profile with chip ID ``profile_id``; instance calls need MIG on, while
+    possible placements are answered whatever the mode (``mig_off_ok``, per nvml.h)."""
+    model = mig_model(gpu) if mig_off_ok else require_mig_on(gpu)
     try:
         return model.profile_by_id(profile_id)
     except catalog.CatalogError:
@@ -113,10 +138,37 @@ def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int | None,
             raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     elif not _free(used, start, profile.placement_size):
         raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-    gi = SimGpuInstance(model.gi_id(start, profile.placement_size), profile.profile_id,
-                        start, profile.placement_size)
+    gi = SimGpuInstance(gi_id_for(gpu, model, start, profile.placement_size),
+                        profile.profile_id, start, profile.placement_size)
     gpu.gis[gi.gi_id] = gi
     return gi
+
+
+# How a board numbers its GPU instances; the driver does not promise any formula, and
+# boards differ (docs/simulator.md lists what each scheme models).
+ID_SCHEMES = ("forward", "reverse", "sequential")
+
+
+def gi_id_for(gpu: SimGpu, model: catalog.GpuModel, start: int, size: int) -> int:
+    """The GI ID this GPU's driver gives a new instance at ``start`` of ``size`` slices.
+
+    ``forward``: one ID block per size, biggest first, ascending start (8 slices: size 8
+    -> 0, size 4 at 0/4 -> 1/2, size 2 at s -> 3 + s/2, size 1 at s -> 7 + s).
+    ``reverse``: the same blocks, descending start (A100s in NVIDIA/DCGM#138 and the
+    guide's example: size 4 at 4 -> 1, at 0 -> 2). ``sequential``: the lowest free ID
+    from 1 in creation order (the full GPU is 0), which no placement formula predicts.
+    """
+    if gpu.id_scheme == "sequential":
+        if size == model.memory_slices:
+            return 0
+        return next(i for i in range(1, 64) if i not in gpu.gis)
+    base = model.memory_slices // size - 1
+    starts = sorted({s for p in model.profiles if p.placement_size == size
+                     for s in p.placement_starts})
+    slot = starts.index(start)
+    if gpu.id_scheme == "reverse":
+        slot = len(starts) - 1 - slot
+    return base + slot
 
 
 def ci_profile_slices(gpu: SimGpu, gi: SimGpuInstance, ci_profile: int) -> int:

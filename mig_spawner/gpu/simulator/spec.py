@@ -6,8 +6,13 @@ Grammar of a spec string::
     group  := model ["x" count] (":" option)*
     option := "mig=on" | "mig=off" | "mig=pending"
             | "layout=" profile ["*" n] ("," profile ["*" n])*
+            | "ids=forward" | "ids=reverse" | "ids=sequential"   (GI ID numbering)
             | "driver=" version            (host-wide)
             | "perm=root" | "perm=config" | "perm=none"   (host-wide)
+            | "unprivileged"               (host-wide: perm=none plus NVML's privilege
+                                            rules on parent memory and process lists)
+            | "procs=v3" | "procs=v2" | "procs=v1"   (host-wide: newest process-list
+                                            call the library has)
 
 A spec that names an existing file, or ends in ``.json``/``.yaml``/``.yml``, is read
 as a fleet file with the same fields (see docs/simulator.md).
@@ -27,6 +32,8 @@ from ..errors import GpuError
 DEFAULT_DRIVER = "570.133.20"
 PERMISSIONS = ("root", "config", "none")
 MIG_MODES = ("on", "off", "pending")
+ID_SCHEMES = ("forward", "reverse", "sequential")  # see rules.gi_id_for
+PROCESS_APIS = ("v3", "v2", "v1")
 
 # GPUs without MIG, so that NOT_SUPPORTED paths can be exercised: key -> (product, MiB).
 NON_MIG_MODELS = {
@@ -38,8 +45,8 @@ NON_MIG_MODELS = {
 _GROUP_RE = re.compile(r"^(?P<model>[a-z0-9][a-z0-9-]*?)(?:x(?P<count>\d+))?$")
 _DRIVER_RE = re.compile(r"^\d{3}\.\d{1,3}(?:\.\d{1,3})?$")
 _FILE_SUFFIXES = (".json", ".yaml", ".yml")
-# Groups are joined by "+", but "+me" belongs to a profile name (1g.10gb+me).
-_GROUP_SEP = re.compile(r"\+(?!me\b)", re.IGNORECASE)
+# Groups are joined by "+", but "+me", "+me.all" and "+gfx" belong to profile names.
+_GROUP_SEP = re.compile(r"\+(?!me\b|gfx\b)", re.IGNORECASE)
 
 
 class SpecError(GpuError, ValueError):
@@ -56,6 +63,7 @@ class GroupSpec:
     count: int = 1
     mig: str = "on"
     layout: tuple[str, ...] = ()
+    ids: str = "forward"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ class HostSpec:
     groups: tuple[GroupSpec, ...]
     driver_version: str = DEFAULT_DRIVER
     permission: str = "root"
+    unprivileged: bool = False
+    process_api: str = "v3"
 
 
 def is_fleet_file(spec: str) -> bool:
@@ -94,7 +104,8 @@ def parse_spec(spec: str) -> HostSpec:
                     f"{key} applies to the whole host, so give it once"
                 )
             host_opts[key] = value
-    return _host(tuple(groups), host_opts.get("driver"), host_opts.get("perm"), text)
+    return _host(tuple(groups), host_opts.get("driver"), host_opts.get("perm"), text,
+                 unprivileged="unprivileged" in host_opts, process_api=host_opts.get("procs"))
 
 
 def _parse_group_text(part: str, whole: str) -> tuple[GroupSpec, dict[str, str]]:
@@ -110,18 +121,24 @@ def _parse_group_text(part: str, whole: str) -> tuple[GroupSpec, dict[str, str]]
     for option in options:
         key, sep, value = option.partition("=")
         key, value = key.strip().lower(), value.strip()
+        if key == "unprivileged" and not sep:
+            host_opts[key] = "yes"
+            continue
         if not sep or not value:
             raise SpecError(f"option {option!r} in {whole!r} must look like key=value")
         if key == "mig":
             fields["mig"] = value.lower()
         elif key == "layout":
             fields["layout"] = _expand_layout(value.split(","), whole)
-        elif key in ("driver", "perm"):
+        elif key == "ids":
+            fields["ids"] = value.lower()
+        elif key in ("driver", "perm", "procs"):
             host_opts[key] = value.lower()
         else:
             raise SpecError(
-                f"unknown option {key!r} in simulator spec {whole!r}; "
-                "known: mig=on|off|pending, layout=..., driver=..., perm=root|config|none"
+                f"unknown option {key!r} in simulator spec {whole!r}; known: "
+                "mig=on|off|pending, layout=..., ids=forward|reverse|sequential, driver=..., "
+                "perm=root|config|none, unprivileged, procs=v3|v2|v1"
             )
     count = int(m["count"]) if m["count"] else 1
     return _group(m["model"], count, whole, **fields), host_opts
@@ -141,7 +158,7 @@ def _expand_layout(items: list, where: str) -> tuple[str, ...]:
 
 
 def _group(model_key: str, count: int, where: str, mig: str = "on",
-           layout: tuple[str, ...] = ()) -> GroupSpec:
+           layout: tuple[str, ...] = (), ids: str = "forward") -> GroupSpec:
     key = model_key.strip().lower()
     if key not in _model_keys():
         raise SpecError(
@@ -151,6 +168,8 @@ def _group(model_key: str, count: int, where: str, mig: str = "on",
         raise SpecError(f"{where!r}: the GPU count must be at least 1")
     if mig not in MIG_MODES:
         raise SpecError(f"{where!r}: mig={mig} is not one of {', '.join(MIG_MODES)}")
+    if ids not in ID_SCHEMES:
+        raise SpecError(f"{where!r}: ids={ids} is not one of {', '.join(ID_SCHEMES)}")
     if key in NON_MIG_MODELS and (mig != "on" or layout):
         raise SpecError(f"{where!r}: {key} has no MIG, so it takes no mig= or layout= option")
     if key in NON_MIG_MODELS:
@@ -164,20 +183,27 @@ def _group(model_key: str, count: int, where: str, mig: str = "on",
                 gpu_model.profile(name)
             except catalog.CatalogError as exc:
                 raise SpecError(f"layout in {where!r}: {exc}") from None
-    return GroupSpec(key, count, mig, layout)
+    return GroupSpec(key, count, mig, layout, ids)
 
 
 def _host(groups: tuple[GroupSpec, ...], driver: str | None, perm: str | None,
-          where: str) -> HostSpec:
+          where: str, *, unprivileged: bool = False, process_api: str | None = None
+          ) -> HostSpec:
     driver = driver or DEFAULT_DRIVER
-    perm = perm or "root"
+    if unprivileged and perm not in (None, "none"):
+        raise SpecError(f"{where!r}: 'unprivileged' already means perm=none; drop perm={perm}")
+    perm = perm or ("none" if unprivileged else "root")
+    process_api = process_api or "v3"
+    if process_api not in PROCESS_APIS:
+        raise SpecError(f"procs={process_api} in {where!r} is not one of "
+                        f"{', '.join(PROCESS_APIS)}")
     if not _DRIVER_RE.match(driver):
         raise SpecError(f"driver={driver} in {where!r} is not a driver version like 550.54.15")
     if perm not in PERMISSIONS:
         raise SpecError(f"perm={perm} in {where!r} is not one of {', '.join(PERMISSIONS)}")
     # A driver older than a model needs is allowed on purpose: `mig-spawner doctor`
     # must be able to show that problem on a simulated host.
-    return HostSpec(groups, driver, perm)
+    return HostSpec(groups, driver, perm, unprivileged, process_api)
 
 
 def _parse_fleet_file(path: str) -> HostSpec:
@@ -201,19 +227,19 @@ def _parse_fleet_file(path: str) -> HostSpec:
         raise SpecError(
             f"fleet file {path!r} needs a 'gpus' list, e.g. gpus: [{{model: h200, count: 2}}]"
         )
-    unknown = set(data) - {"gpus", "driver", "perm"}
+    unknown = set(data) - {"gpus", "driver", "perm", "unprivileged", "procs"}
     if unknown:
         raise SpecError(f"fleet file {path!r}: unknown keys {sorted(unknown)}; "
-                        "known: gpus, driver, perm")
+                        "known: gpus, driver, perm, unprivileged, procs")
     groups = []
     for i, entry in enumerate(data["gpus"]):
         where = f"{path} gpus[{i}]"
         if not isinstance(entry, dict) or "model" not in entry:
             raise SpecError(f"{where}: each entry needs at least 'model'")
-        extra = set(entry) - {"model", "count", "mig", "layout"}
+        extra = set(entry) - {"model", "count", "mig", "layout", "ids"}
         if extra:
             raise SpecError(f"{where}: unknown keys {sorted(extra)}; "
-                            "known: model, count, mig, layout")
+                            "known: model, count, mig, layout, ids")
         layout = entry.get("layout") or ()
         if isinstance(layout, str):
             layout = layout.split(",")
@@ -222,10 +248,13 @@ def _parse_fleet_file(path: str) -> HostSpec:
             mig = "on" if mig else "off"
         groups.append(
             _group(str(entry["model"]), int(entry.get("count", 1)), where, str(mig).lower(),
-                   _expand_layout(list(layout), where))
+                   _expand_layout(list(layout), where), str(entry.get("ids", "forward")))
         )
     driver = data.get("driver")
-    return _host(tuple(groups), str(driver) if driver else None, data.get("perm"), path)
+    procs = data.get("procs")
+    return _host(tuple(groups), str(driver) if driver else None, data.get("perm"), path,
+                 unprivileged=bool(data.get("unprivileged")),
+                 process_api=str(procs) if procs else None)
 
 
 def _model_keys() -> tuple[str, ...]:

@@ -50,6 +50,7 @@ class SimGpu:
     mig_current: int
     mig_pending: int
     gis: dict[int, SimGpuInstance] = field(default_factory=dict)
+    id_scheme: str = "forward"  # how this board numbers GPU instances (rules.gi_id_for)
 
     @property
     def model(self) -> catalog.GpuModel | None:
@@ -73,6 +74,10 @@ class HostState:
     mig_config: bool
     gpus: list[SimGpu]
     faults: list[Fault] = field(default_factory=list)
+    # NVML's privilege rules: parent-GPU memory (with MIG on) and process lists answer
+    # NO_PERMISSION to a caller without root or the MIG config capability.
+    privilege_rules: bool = False
+    process_api: str = "v3"  # newest nvmlDeviceGetComputeRunningProcesses this library has
 
     @property
     def cuda_version(self) -> int:
@@ -92,6 +97,8 @@ class HostState:
             "root": self.root,
             "mig_config": self.mig_config,
             "faults": [[f.function, f.code, f.remaining] for f in self.faults],
+            "privilege_rules": self.privilege_rules,
+            "process_api": self.process_api,
             "gpus": [_gpu_json(g) for g in self.gpus],
         }
 
@@ -103,6 +110,8 @@ class HostState:
             root=data["root"],
             mig_config=data["mig_config"],
             faults=[Fault(*f) for f in data["faults"]],
+            privilege_rules=data.get("privilege_rules", False),
+            process_api=data.get("process_api", "v3"),
             gpus=[_gpu_from_json(g) for g in data["gpus"]],
         )
 
@@ -133,13 +142,15 @@ def new_host_state(host: HostSpec, spec_text: str) -> HostState:
             current = 1 if group.mig == "on" else 0
             pending = 0 if group.mig == "off" else 1
             gpus.append(SimGpu(index, gpu_uuid, model.product_names[0], model.key,
-                               model.memory_mib, current, pending))
+                               model.memory_mib, current, pending, id_scheme=group.ids))
     return HostState(
         spec=spec_text,
         driver_version=host.driver_version,
         root=host.permission == "root",
         mig_config=host.permission in ("root", "config"),
         gpus=gpus,
+        privilege_rules=host.unprivileged,
+        process_api=host.process_api,
     )
 
 
@@ -147,6 +158,7 @@ def _gpu_json(g: SimGpu) -> dict:
     return {
         "index": g.index, "uuid": g.uuid, "product": g.product, "model": g.model_key,
         "memory_mib": g.memory_mib, "mig": [g.mig_current, g.mig_pending],
+        "ids": g.id_scheme,
         "gis": [
             {
                 "id": gi.gi_id, "profile_id": gi.profile_id, "start": gi.start, "size": gi.size,
@@ -162,7 +174,8 @@ def _gpu_json(g: SimGpu) -> dict:
 
 
 def _gpu_from_json(d: dict) -> SimGpu:
-    gpu = SimGpu(d["index"], d["uuid"], d["product"], d["model"], d["memory_mib"], *d["mig"])
+    gpu = SimGpu(d["index"], d["uuid"], d["product"], d["model"], d["memory_mib"], *d["mig"],
+                 id_scheme=d.get("ids", "forward"))
     for gi in d["gis"]:
         sim_gi = SimGpuInstance(gi["id"], gi["profile_id"], gi["start"], gi["size"])
         for ci in gi["cis"]:
