@@ -29,6 +29,7 @@ from .records import (
     Usage,
 )
 from .store import Decide, Ledger
+from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest
 
 __all__ = [
     "DEFAULT_URL",
@@ -36,10 +37,12 @@ __all__ = [
     "LEDGER_FILE",
     "MODES",
     "STATES",
+    "WAIT_STATES",
     "Conflict",
     "Decide",
     "Decision",
     "DoubleGrant",
+    "GrantDecide",
     "GroupUsage",
     "InvalidDecision",
     "Lease",
@@ -55,5 +58,7 @@ __all__ = [
     "SchemaError",
     "ServerHasLease",
     "Usage",
+    "WaitEntry",
+    "WaitRequest",
     "url_beside_hub_db",
 ]
