@@ -44,14 +44,20 @@ class Estimate:
     @property
     def text(self) -> str:
         """``"5-15 min"``, ``"under 1 min"``, ``"2-4 h"``: what a user reads."""
-        if self.high < 60:
+        low, high = self.bounds
+        if high <= 60:
             return "under 1 min"
-        low_min = math.floor(self.low / 60)
-        high_min = max(math.ceil(self.high / 60), low_min + 1)
-        if high_min <= 120:
-            return f"{low_min}-{high_min} min"
-        low_h = math.floor(self.low / 3600)
-        return f"{low_h}-{max(math.ceil(self.high / 3600), low_h + 1)} h"
+        if high <= 120 * 60:
+            return f"{low // 60:.0f}-{high // 60:.0f} min"
+        return f"{low // 3600:.0f}-{high // 3600:.0f} h"
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The range :attr:`text` shows, in seconds (rounded out to whole minutes, or
+        whole hours above two hours): what an estimate is judged against."""
+        unit = 60 if self.high <= 120 * 60 else 3600
+        low = math.floor(self.low / unit) * unit
+        return low, max(math.ceil(self.high / unit) * unit, low + unit)
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -83,16 +89,17 @@ def _nth_release(
 
 
 def estimate_wait(
-    position: int, holders: Sequence[Holder], history: Sequence[float]
+    position: int, holders: Sequence[Holder], history: Sequence[float], *, slack: float = 0.0
 ) -> Estimate | None:
     """The wait of the ``position``-th in line (1 = next), or ``None`` without enough
     ``history`` (seconds each past lease of this profile was held; pass the charged
     group's own when it has :data:`MIN_HISTORY`, else the profile's) or without any
-    ``holders`` whose release would serve the line."""
+    ``holders`` whose release would serve the line. ``slack``: how late a limit is
+    carried out (the slice service's sweep interval), added to the upper end."""
     if position < 1:
         raise ValueError(f"a position in line starts at 1, got {position}")
     if len(history) < MIN_HISTORY or not holders:
         return None
     low = _nth_release(position, holders, history, _LOW)
     high = _nth_release(position, holders, history, _HIGH)
-    return Estimate(min(low, high), max(low, high))
+    return Estimate(min(low, high), max(low, high) + slack)
