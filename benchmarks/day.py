@@ -59,7 +59,6 @@ import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -144,19 +143,20 @@ def trace(seed: int) -> list[Session]:
 
 @dataclass(frozen=True)
 class Setup:
+    """One policy. Product modes take their limits from the group policies; ``static``
+    has none but the culler's ``culler_timeout``."""
+
     name: str
     mode: str  # static | pool | dynamic
     queue: bool
-    idle_limit: Callable[[str], float | None]
-    waited_idle: float | None = None
-    sweep: float = M
-    max_age: float | None = 8 * H
-    max_wait: float = 30 * M
+    waited_idle: float | None = None  # server_idle_timeout_when_waited
+    sweep: float = M  # how often idleness is judged
+    culler_timeout: float | None = None
     guard: StarvationGuard | None = None
 
 
 def policy_set(queue: bool, waited_idle: float | None) -> PolicySet:
-    classes = {}
+    """The groups of the trace as an admin writes them, through ``build_policy``."""
     groups = {
         name: {
             "allowed": list(mix), "quota_slices": None if name == "teaching" else 6,
@@ -166,7 +166,7 @@ def policy_set(queue: bool, waited_idle: float | None) -> PolicySet:
         }
         for name, (_, _, mix, _, prio) in GROUPS.items()
     }
-    return build_policy({}, classes, groups, None, [model("h200")])
+    return build_policy({}, {}, groups, None, [model("h200")])
 
 
 def pool_inventory() -> Inventory:
@@ -261,16 +261,21 @@ class Day:
 
     # -- granting ------------------------------------------------------------------------
 
+    def check(self, session: Session) -> None:
+        """The policy's claim check (per-user limit, group quota); raises Refused.
+        Static profiles have no such limits."""
+        if self.s.mode == "static":
+            return
+        user_policy = self.policies.for_user([session.group])
+        mine = [self.holding(lease) for lease in self.leases.values()
+                if lease.user == session.user]
+        everyone = tally(self.holding(lease) for lease in self.leases.values())
+        check_claim(user_policy, session.profile, COMPUTE_OF[session.profile], mine, everyone)
+
     def allocate(self, want: Want, now: float) -> Lease:
         """Policy check plus allocator for one request; raises Refused."""
         session = want.session
-        if self.s.mode != "static":
-            user_policy = self.policies.for_user([session.group])
-            mine = [self.holding(lease) for lease in self.leases.values()
-                    if lease.user == session.user]
-            everyone = tally(self.holding(lease) for lease in self.leases.values())
-            check_claim(user_policy, session.profile, COMPUTE_OF[session.profile], mine,
-                        everyone)
+        self.check(session)
         if self.s.mode == "dynamic":
             picked = self.occupancy.pick_dynamic(session.profile)
             if isinstance(picked, Refused):
@@ -343,6 +348,11 @@ class Day:
             self.work(mine, want, now)
             return
         if self.s.queue:
+            try:
+                self.check(s)  # only "none free" is ever queued
+            except Refused:
+                self.refused(want, now)
+                return
             self.join(want, now)
             return
         try:
@@ -377,18 +387,24 @@ class Day:
 
     def holder(self, lease: Lease, now: float) -> Holder:
         """What the service knows of a holder: its age, and the limit that ends it."""
-        ends = [] if self.s.max_age is None else [self.s.max_age - (now - lease.since)]
+        max_age = self.max_age(lease)
+        ends = [] if max_age is None else [max_age - (now - lease.since)]
         limit = self.idle_limit(lease)
         if lease.idle_visible is not None and limit is not None:
             ends.append(limit - (now - lease.idle_visible))
         return Holder(now - lease.since, min(ends, default=None))
 
+    def max_age(self, lease: Lease) -> float | None:
+        return None if self.s.mode == "static" else self.policies.group(lease.group).max_session_age
+
     def idle_limit(self, lease: Lease) -> float | None:
-        limit = self.s.idle_limit(lease.group)
-        if self.s.waited_idle is not None and any(
-            w.offer == lease.profile for w, _, _ in self.waiting
-        ):
-            limit = min(limit or self.s.waited_idle, self.s.waited_idle)
+        """The group's idle limit, shorter while someone waits for the lease's profile."""
+        if self.s.mode == "static":
+            return self.s.culler_timeout
+        group = self.policies.group(lease.group)
+        limit, waited = group.server_idle_timeout, group.server_idle_timeout_when_waited
+        if waited is not None and any(w.offer == lease.profile for w, _, _ in self.waiting):
+            limit = min(limit or waited, waited)
         return limit
 
     def refused(self, want: Want, now: float) -> None:
@@ -452,16 +468,19 @@ class Day:
     def on_sweep(self, now: float, _: object) -> None:
         culled = False
         for lease in list(self.leases.values()):
-            age = now - lease.since
+            age, max_age = now - lease.since, self.max_age(lease)
             limit = self.idle_limit(lease)
             idle = None if lease.idle_visible is None else now - lease.idle_visible
-            if (self.s.max_age is not None and age >= self.s.max_age) or (
+            if (max_age is not None and age >= max_age) or (
                 limit is not None and idle is not None and idle >= limit
             ):
                 self.end(lease, now)
                 culled = True
-        expired = [(w, want) for w, want, _ in self.waiting
-                   if now - (w.joined_at - T0).total_seconds() >= self.s.max_wait]
+        expired = [
+            (w, want) for w, want, _ in self.waiting
+            if (limit := self.policies.group(w.group).max_wait) is not None
+            and now - (w.joined_at - T0).total_seconds() >= limit
+        ]
         self.r.refusals += len(expired)
         self.r.gave_up += sum(not want.again for _, want in expired)
         if expired:
@@ -476,17 +495,12 @@ class Day:
 
 def setups(max_bypasses: int, guard_age: float | None, waited_idle: float | None) -> list[Setup]:
     """The four policies of the module docstring."""
-
-    def idle(group: str) -> float | None:
-        return 20 * M if group == "teaching" else 30 * M
-
     guard = StarvationGuard(max_bypasses=max_bypasses, max_age=guard_age)
     return [
-        Setup("(a) static+culler 1h", "static", False, lambda _: H, sweep=10 * M,
-              max_age=None),
-        Setup("(b) pool", "pool", False, idle),
-        Setup("(c) pool+wait", "pool", True, idle, waited_idle=waited_idle),
-        Setup("(d) dynamic+wait", "dynamic", True, idle, waited_idle=waited_idle, guard=guard),
+        Setup("(a) static+culler 1h", "static", False, sweep=10 * M, culler_timeout=H),
+        Setup("(b) pool", "pool", False),
+        Setup("(c) pool+wait", "pool", True, waited_idle=waited_idle),
+        Setup("(d) dynamic+wait", "dynamic", True, waited_idle=waited_idle, guard=guard),
     ]
 
 
