@@ -75,6 +75,7 @@ from mig_spawner.core.waitlist import (
     estimate_wait,
     first_served,
     group_shares,
+    history_for,
     positions,
 )
 
@@ -234,7 +235,7 @@ class Day:
         ))
         self.leases: dict[str, Lease] = {}  # user -> lease
         self.waiting: list[tuple[Waiter, Want, tuple[float, float] | None]] = []
-        self.history: dict[str, list[float]] = {}
+        self.history: list[tuple[str, str, float]] = []  # (profile, group, held)
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
         self.ids = itertools.count()
@@ -379,7 +380,8 @@ class Day:
             self.holder(lease, now) for lease in self.leases.values()
             if self.s.mode == "dynamic" or lease.profile == s.profile
         ]
-        est = estimate_wait(place, holders, self.history.get(s.profile, []), slack=self.s.sweep)
+        history = history_for(self.history, s.profile, s.group)
+        est = estimate_wait(place, holders, history, slack=self.s.sweep)
         self.waiting = [
             (w, wt, est.bounds if w.id == waiter.id and est else e)
             for w, wt, e in self.waiting
@@ -463,7 +465,7 @@ class Day:
         del self.leases[lease.user]
         if isinstance(lease.where, Placement):
             self.occupancy = self.occupancy.release(lease.where)
-        self.history.setdefault(lease.profile, []).append(now - lease.since)
+        self.history.append((lease.profile, lease.group, now - lease.since))
 
     def on_sweep(self, now: float, _: object) -> None:
         culled = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mig_spawner.core.waitlist import MIN_HISTORY, Estimate, Holder, estimate_wait
+from mig_spawner.core.waitlist import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
 
 MIN = 60.0
 # Past holds of one profile: 10 to 50 minutes.
@@ -55,3 +55,11 @@ def test_estimate_text(low: float, high: float, text: str) -> None:
 def test_position_starts_at_one() -> None:
     with pytest.raises(ValueError, match="starts at 1"):
         estimate_wait(0, [Holder(0)], HISTORY)
+
+
+def test_history_is_the_groups_own_once_it_has_enough() -> None:
+    holds = [("1g.18gb", "a", 60.0)] * 4 + [("1g.18gb", "b", 600.0), ("2g.35gb", "a", 9.0)]
+    assert history_for(holds, "1g.18gb", "a") == [60.0] * 4 + [600.0]
+    holds.append(("1g.18gb", "a", 60.0))
+    assert history_for(holds, "1g.18gb", "a") == [60.0] * 5
+    assert history_for(holds, "3g.71gb", "a") == []

@@ -5,7 +5,7 @@ transaction, :mod:`.estimate` turns hold-time history into an honest range. Admi
 documentation: docs/policies.md, "Waiting".
 """
 
-from .estimate import MIN_HISTORY, Estimate, Holder, estimate_wait
+from .estimate import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
 from .order import (
     FIT_REASONS,
     Grant,
@@ -28,6 +28,7 @@ __all__ = [
     "estimate_wait",
     "first_served",
     "group_shares",
+    "history_for",
     "order",
     "positions",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 #: Past holds needed before any estimate is given.
@@ -58,6 +58,15 @@ class Estimate:
         unit = 60 if self.high <= 120 * 60 else 3600
         low = math.floor(self.low / unit) * unit
         return low, max(math.ceil(self.high / unit) * unit, low + unit)
+
+
+def history_for(holds: Iterable[tuple[str, str, float]], profile: str, group: str) -> list[float]:
+    """The past holds to judge a wait of ``group`` for ``profile`` by: ``holds`` are
+    ``(profile, group, seconds held)`` of ended leases; the group's own when it has
+    :data:`MIN_HISTORY` of them (groups use slices differently), else the profile's."""
+    of_profile = [(g, seconds) for p, g, seconds in holds if p == profile]
+    own = [seconds for g, seconds in of_profile if g == group]
+    return own if len(own) >= MIN_HISTORY else [seconds for _, seconds in of_profile]
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
