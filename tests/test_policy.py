@@ -170,6 +170,17 @@ def test_group_settings_and_defaults() -> None:
     assert plain.server_idle_timeout is plain.kernel_idle_timeout is plain.max_session_age is None
     assert plain.cull_busy_kernels is False
     assert plain.priority == 0
+    assert (plain.queue, plain.max_wait, plain.max_waiting_per_user) == (False, 1800, 1)
+    assert plain.server_idle_timeout_when_waited is None
+
+
+def test_wait_list_keys() -> None:
+    waits = {"allowed": ["1g.18gb"], "queue": True, "max_wait": "45m",
+             "max_waiting_per_user": 2, "server_idle_timeout_when_waited": "10m"}
+    group = policy(groups={"w": waits}).group("w")
+    assert (group.queue, group.max_wait, group.max_waiting_per_user) == (True, 2700, 2)
+    assert group.server_idle_timeout_when_waited == 600
+    assert policy(groups={"f": {**waits, "max_wait": "never"}}).group("f").max_wait is None
 
 
 def test_lease_of_a_group_removed_from_config_follows_the_default_limits() -> None:

@@ -13,7 +13,8 @@ H200_VALID = "1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb"
 ONLY_SMALL = {"small": {"profiles": {"h200": "1g.18gb"}}}
 KNOWN_KEYS = (
     "allowed, max_slices_per_user, quota_slices, quota_compute_slices, server_idle_timeout, "
-    "kernel_idle_timeout, max_session_age, cull_busy_kernels, priority"
+    "kernel_idle_timeout, max_session_age, cull_busy_kernels, priority, queue, max_wait, "
+    "max_waiting_per_user, server_idle_timeout_when_waited"
 )
 LISTED = "MIG profiles such as '1g.18gb' may be listed directly"
 NO_LIMIT = "(or None for no limit)"
@@ -57,6 +58,12 @@ GROUP_MISTAKES = [
     ({"kernel_idle_timeout": [5]}, "kernel_idle_timeout: a duration must be a string or a "
                                    "number, got list [5]"),
     ({"cull_busy_kernels": "yes"}, "cull_busy_kernels must be True or False, got 'yes'"),
+    ({"queue": 1}, "queue must be True or False, got 1"),
+    ({"max_wait": "30 mins later"}, "max_wait: '30 mins later' is not a duration"),
+    ({"max_waiting_per_user": 0}, "max_waiting_per_user must be a whole number, 1 or more, "
+                                  "got 0"),
+    ({"server_idle_timeout_when_waited": "-5m"},
+     "server_idle_timeout_when_waited: '-5m' is negative"),
 ]
 # fmt: on
 

@@ -30,6 +30,7 @@ from .records import (
     Usage,
 )
 from .store import Decide, Ledger
+from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest
 
 __all__ = [
     "DEFAULT_URL",
@@ -37,10 +38,12 @@ __all__ = [
     "LEDGER_FILE",
     "MODES",
     "STATES",
+    "WAIT_STATES",
     "Conflict",
     "Decide",
     "Decision",
     "DoubleGrant",
+    "GrantDecide",
     "GroupUsage",
     "InvalidDecision",
     "Lease",
@@ -57,5 +60,7 @@ __all__ = [
     "SchemaError",
     "ServerHasLease",
     "Usage",
+    "WaitEntry",
+    "WaitRequest",
     "url_beside_hub_db",
 ]

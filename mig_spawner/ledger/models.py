@@ -141,3 +141,27 @@ ledger_lock = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),
 )
+
+#: The wait list (docs/ledger.md, "Wait list"): one row per waiting spawn, kept as
+#: history once it ends. Joins, cancels and grants take the claim lock, so the grant
+#: step sees every join and cancel that came before it and none that come after.
+waits = Table(
+    "waits",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True,
+           comment="handed out in commit order: first come"),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("group_name", String(255), nullable=False, comment="group it will be charged to"),
+    Column("priority", Integer, nullable=False, comment="that group's priority at join"),
+    Column("offer", String(64), nullable=False, comment="profile or slice class asked for"),
+    Column("state", String(16), nullable=False,
+           comment="waiting|granted|cancelled|expired|abandoned"),
+    Column("joined_at", UtcDateTime(), nullable=False),
+    Column("deadline", UtcDateTime(), comment="joined_at + max_wait; none: no limit"),
+    Column("bypassed", Integer, nullable=False, comment="grants that passed it over"),
+    Column("closed_at", UtcDateTime()),
+    Column("lease_id", String(32), ForeignKey("leases.id"), comment="set when granted"),
+    Column("reason", String(255), comment="why it ended, when not granted"),
+    Index("ix_waits_state", "state"),
+)

@@ -43,6 +43,7 @@ from .records import (
     require_aware,
 )
 from .refusal_log import RefusalLog
+from .waitlist import WaitList
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
@@ -80,7 +81,7 @@ def _clean_reason(reason: str) -> str:
     return reason[:_REASON_MAX]
 
 
-class Ledger(RefusalLog):
+class Ledger(RefusalLog, WaitList):
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the

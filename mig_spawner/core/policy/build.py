@@ -36,8 +36,19 @@ GROUP_KEYS = (
     "max_session_age",
     "cull_busy_kernels",
     "priority",
+    "queue",
+    "max_wait",
+    "max_waiting_per_user",
+    "server_idle_timeout_when_waited",
 )
-DURATION_KEYS = ("server_idle_timeout", "kernel_idle_timeout", "max_session_age")
+DURATION_KEYS = (
+    "server_idle_timeout",
+    "kernel_idle_timeout",
+    "max_session_age",
+    "server_idle_timeout_when_waited",
+)
+# Durations whose default is a limit, not "none": a missing key keeps the default.
+_DURATION_DEFAULTS = {"max_wait": 1800.0}
 
 
 def build_policy(
@@ -275,26 +286,35 @@ class _Checker:
         quota_slices = self._whole(settings, "quota_slices", where, None, 0)
         quota_compute = self._whole(settings, "quota_compute_slices", where, None, 0)
         durations = {}
-        for key in DURATION_KEYS:
+        for key in (*DURATION_KEYS, *_DURATION_DEFAULTS):
+            default = _DURATION_DEFAULTS.get(key)
             try:
-                durations[key] = parse_duration(settings.get(key))
+                durations[key] = (
+                    parse_duration(settings[key]) if key in settings else default
+                )
             except DurationError as exc:
                 self.problems.append(f"{where}: {key}: {exc}")
-                durations[key] = None
-        busy = settings.get("cull_busy_kernels", False)
-        if not isinstance(busy, bool):
-            self.problems.append(f"{where}: cull_busy_kernels must be True or False, got {busy!r}")
-            busy = False
+                durations[key] = default
         return GroupPolicy(
             name=name,
             allowed=allowed,
             max_slices_per_user=max_slices,
             quota_slices=quota_slices,
             quota_compute_slices=quota_compute,
-            cull_busy_kernels=busy,
+            cull_busy_kernels=self._flag(settings, "cull_busy_kernels", where),
             priority=self._count(settings, "priority", where, 0, None),
+            queue=self._flag(settings, "queue", where),
+            max_waiting_per_user=self._count(settings, "max_waiting_per_user", where, 1, 1),
             **durations,
         )
+
+    def _flag(self, spec: Mapping, key: str, where: str) -> bool:
+        """A True/False setting, False when missing or wrong."""
+        value = spec.get(key, False)
+        if not isinstance(value, bool):
+            self.problems.append(f"{where}: {key} must be True or False, got {value!r}")
+            return False
+        return value
 
     def _allowed(self, raw: object, where: str, classes: Mapping[str, Offer]) -> tuple[str, ...]:
         if isinstance(raw, str) or not isinstance(raw, (list, tuple, set, frozenset)):

@@ -93,6 +93,12 @@ class GroupPolicy:
     * ``cull_busy_kernels``: when True, a kernel that has been executing with no output
       for ``kernel_idle_timeout`` is treated as idle; when False busy kernels are never
       ended by the idle limits.
+
+    Waiting (docs/policies.md, "Waiting"): with ``queue`` on, a member whose spawn finds
+    no slice free may join the wait list for up to ``max_wait`` seconds, with at most
+    ``max_waiting_per_user`` waits at once; while anyone waits for a profile, its
+    servers charged to this group are culled after ``server_idle_timeout_when_waited``
+    of idleness instead of ``server_idle_timeout`` (``None``: no change).
     """
 
     name: str
@@ -105,6 +111,10 @@ class GroupPolicy:
     max_session_age: float | None = None
     cull_busy_kernels: bool = False
     priority: int = 0
+    queue: bool = False
+    max_wait: float | None = 1800.0
+    max_waiting_per_user: int = 1
+    server_idle_timeout_when_waited: float | None = None
 
     @property
     def grants_gpu(self) -> bool:

@@ -1,0 +1,573 @@
+"""A day on a shared GPU host: static profiles vs pool vs wait list vs dynamic.
+
+Run: ``.venv/bin/python benchmarks/day.py`` (a few seconds; ``--seed N``, ``--days N``
+to average over more days; ``--max-bypasses``, ``--waited-idle`` to move parameters).
+
+The trace (seeded, one synthetic working day, 00:00-24:00, on 2 x H200 = 14 compute
+slices), 40 users in three groups:
+
+* ``teaching``: 20 users, each 2 sessions a day on average (Poisson), ask for a small
+  slice (1g.18gb), work a lognormal time (median 40 min, sigma 0.6);
+* ``research``: 12 users, priority 1, 1.5 sessions a day, ask 2g.35gb (60 %) or
+  3g.71gb (40 %), work median 90 min (sigma 0.6);
+* ``staff``: 8 users, 1.5 sessions a day, ask 1g.18gb (70 %) or 2g.35gb (30 %),
+  work median 60 min (sigma 0.6).
+
+Session starts are uniform over 08:00-17:00. A third of the sessions take one break
+in the middle (uniform 10-40 min, the server idle). When the work is done, 60 % of the
+users forget their server (it stays up, idle) and 40 % stop it. A user who comes back
+while their old server still runs uses it again. A user refused a slice tries again
+after 15 minutes, at most twice, then gives up. A user whose server was culled during
+a break asks again for the rest of the work (an "interruption").
+
+Policies, each on the same trace:
+
+* (a) **today**: a fixed layout (GPU 0: 7 x 1g.18gb; GPU 1: 3g.71gb + 2g.35gb +
+  1g.18gb), offered as KubeSpawner-style static profiles, first come first served, no
+  per-user or group limits, jupyterhub-idle-culler with ``--timeout=3600
+  --cull-every=600``. That culler judges by the hub's activity, which an open browser
+  tab keeps fresh: half the forgotten servers (and breaks) keep their tab open until
+  the user leaves in the evening (19:00), after which the hour starts.
+* (b) **pool**: the same layout through the real policy (``build_policy``,
+  ``check_claim``: one slice per user, group quotas) and allocator (``pick_pool``); the
+  slice service sweeps every minute and judges idleness by kernels and GPU activity
+  (an open tab does not count): ``server_idle_timeout`` teaching 20 min, others 30 min,
+  ``max_session_age`` 8 h. A refusal is retried as in (a).
+* (c) **pool + wait list**: as (b) with ``queue`` on, ``max_wait`` 30 min, and
+  ``server_idle_timeout_when_waited`` 10 min; the released slice goes by the real order
+  rule (:func:`mig_spawner.core.waitlist.first_served`). An expired wait is a refusal
+  and the user gives up.
+* (d) **dynamic + wait list**: as (c), but slices are created to fit
+  (``Occupancy.pick_dynamic``) with the starvation guard (3 bypasses; no age bound).
+
+Measured: sessions served (got to work, including reuse of a running server),
+refusals (every refused attempt and expired wait), users who gave up, median and p95
+wait (first ask to slice, served sessions), slice-hours held idle (compute-slice-hours
+held while nobody worked on them), GPU utilisation (compute-slice-hours worked over
+14 x 24 h), and the wait estimate's error from
+:func:`mig_spawner.core.waitlist.estimate_wait`, quoted at join (with the sweep interval
+as slack) and judged against the range the user reads (``Estimate.bounds``): waits
+inside it, and the median distance of a wait outside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import random
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from mig_spawner.core.allocator import GpuSlots, Occupancy, Placement, pick_pool
+from mig_spawner.core.allocator.tables import table
+from mig_spawner.core.catalog import model
+from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
+from mig_spawner.core.policy import Holding, PolicySet, build_policy, check_claim, tally
+from mig_spawner.core.refusal import Refused
+from mig_spawner.core.waitlist import (
+    Holder,
+    StarvationGuard,
+    Waiter,
+    estimate_wait,
+    first_served,
+    group_shares,
+    history_for,
+    positions,
+)
+
+H, M = 3600.0, 60.0
+DAY = 24 * H
+T0 = datetime(2026, 12, 2, tzinfo=UTC)
+COMPUTE = 14  # 2 x H200
+EVENING = 19 * H  # users with a tab left open leave then
+LAYOUT = (
+    tuple(("1g.18gb", n) for n in range(7)),
+    (("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)),
+)
+# group -> (users, sessions a day, {profile: share}, median work minutes, priority)
+GROUPS = {
+    "teaching": (20, 2.0, {"1g.18gb": 1.0}, 40, 0),
+    "research": (12, 1.5, {"2g.35gb": 0.6, "3g.71gb": 0.4}, 90, 1),
+    "staff": (8, 1.5, {"1g.18gb": 0.7, "2g.35gb": 0.3}, 60, 0),
+}
+COMPUTE_OF = {"1g.18gb": 1, "2g.35gb": 2, "3g.71gb": 3}
+
+
+# --- the trace --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Session:
+    user: str
+    group: str
+    profile: str
+    arrive: float
+    work: float
+    break_at: float | None  # seconds of work before the break
+    break_len: float
+    forgets: bool
+    tab_open: bool  # (a) only: an open tab keeps the hub's activity fresh
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    count, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        count += 1
+        t += rng.expovariate(1.0)
+    return count
+
+
+def trace(seed: int) -> list[Session]:
+    """The seeded day described in the module docstring."""
+    rng = random.Random(seed)
+    sessions = []
+    for group, (users, per_day, mix, median, _) in GROUPS.items():
+        for u in range(users):
+            for _ in range(poisson(rng, per_day)):
+                profile = rng.choices(list(mix), weights=list(mix.values()))[0]
+                work = rng.lognormvariate(0, 0.6) * median * M
+                has_break = rng.random() < 1 / 3
+                sessions.append(Session(
+                    f"{group}-{u}", group, profile, rng.uniform(8 * H, 17 * H), work,
+                    rng.uniform(0.3, 0.7) * work if has_break else None,
+                    rng.uniform(10, 40) * M, rng.random() < 0.6, rng.random() < 0.5,
+                ))
+    return sorted(sessions, key=lambda s: s.arrive)
+
+
+# --- the policies -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One policy. Product modes take their limits from the group policies; ``static``
+    has none but the culler's ``culler_timeout``."""
+
+    name: str
+    mode: str  # static | pool | dynamic
+    queue: bool
+    waited_idle: float | None = None  # server_idle_timeout_when_waited
+    sweep: float = M  # how often idleness is judged
+    culler_timeout: float | None = None
+    guard: StarvationGuard | None = None
+
+
+def policy_set(queue: bool, waited_idle: float | None) -> PolicySet:
+    """The groups of the trace as an admin writes them, through ``build_policy``."""
+    groups = {
+        name: {
+            "allowed": list(mix), "quota_slices": None if name == "teaching" else 6,
+            "priority": prio, "server_idle_timeout": "20m" if name == "teaching" else "30m",
+            "max_session_age": "8h", "queue": queue, "max_wait": "30m",
+            "server_idle_timeout_when_waited": waited_idle,
+        }
+        for name, (_, _, mix, _, prio) in GROUPS.items()
+    }
+    return build_policy({}, {}, groups, None, [model("h200")])
+
+
+def pool_inventory() -> Inventory:
+    h200 = model("h200")
+    gpus = []
+    for g, layout in enumerate(LAYOUT):
+        uuid = f"GPU-{g}"
+        devices = tuple(
+            MigDevice(f"MIG-{g}-{start}", g, uuid, n, name, name, 0, 0, start,
+                      h200.profile(name).placement_size, 0, 0)
+            for n, (name, start) in enumerate(layout)
+        )
+        gpus.append(Gpu(g, uuid, "NVIDIA H200", "h200", g, h200.memory_mib, True, True,
+                        mig_devices=devices))
+    return Inventory("day", "580", "13.0", 13000, tuple(gpus))
+
+
+# --- the simulation ---------------------------------------------------------------------
+
+
+@dataclass
+class Lease:
+    user: str
+    group: str
+    profile: str
+    where: object  # MIG uuid (pool/static) or Placement (dynamic)
+    since: float
+    idle_since: float | None = None
+    idle_visible: float | None = None  # when the culler starts counting idleness
+    idle_total: float = 0.0
+    token: int = 0  # the session currently using it
+
+
+@dataclass
+class Want:
+    session: Session
+    work: float  # still to do
+    first_ask: float
+    tries: int = 0
+    again: bool = False  # asking again after a cull: not a new session
+
+
+@dataclass
+class Result:
+    served: int = 0
+    refusals: int = 0
+    gave_up: int = 0
+    interrupted: int = 0
+    waits: list[float] = field(default_factory=list)
+    idle_slice_s: float = 0.0
+    worked_slice_s: float = 0.0
+    estimates: list[tuple[float, float, float]] = field(default_factory=list)
+
+
+class Day:
+    """One policy over one trace, on a simulated clock (events in a heap, no sleeps)."""
+
+    def __init__(self, setup: Setup, sessions: list[Session]) -> None:
+        self.s = setup
+        self.policies = policy_set(setup.queue, setup.waited_idle)
+        self.inventory = pool_inventory()
+        key = "h200"
+        self.occupancy = Occupancy(tuple(
+            GpuSlots(g, f"GPU-{g}", key, "on", 0, table(key).zero_counts) for g in range(2)
+        ))
+        self.leases: dict[str, Lease] = {}  # user -> lease
+        self.waiting: list[tuple[Waiter, Want, tuple[float, float] | None]] = []
+        self.history: list[tuple[str, str, float]] = []  # (profile, group, held)
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = itertools.count()
+        self.ids = itertools.count()
+        self.r = Result()
+        for session in sessions:
+            self.at(session.arrive, "ask", Want(session, session.work, session.arrive))
+        t = setup.sweep
+        while t < DAY:
+            self.at(t, "sweep", None)
+            t += setup.sweep
+
+    def at(self, when: float, kind: str, data: object) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), kind, data))
+
+    def run(self) -> Result:
+        while self.events:
+            now, _, kind, data = heapq.heappop(self.events)
+            if now >= DAY:
+                break
+            getattr(self, f"on_{kind}")(now, data)
+        for lease in list(self.leases.values()):
+            self.end(lease, DAY)
+        return self.r
+
+    # -- granting ------------------------------------------------------------------------
+
+    def check(self, session: Session) -> None:
+        """The policy's claim check (per-user limit, group quota); raises Refused.
+        Static profiles have no such limits."""
+        if self.s.mode == "static":
+            return
+        user_policy = self.policies.for_user([session.group])
+        mine = [self.holding(lease) for lease in self.leases.values()
+                if lease.user == session.user]
+        everyone = tally(self.holding(lease) for lease in self.leases.values())
+        check_claim(user_policy, session.profile, COMPUTE_OF[session.profile], mine, everyone)
+
+    def allocate(self, want: Want, now: float) -> Lease:
+        """Policy check plus allocator for one request; raises Refused."""
+        session = want.session
+        self.check(session)
+        if self.s.mode == "dynamic":
+            picked = self.occupancy.pick_dynamic(session.profile)
+            if isinstance(picked, Refused):
+                raise picked
+            self.occupancy = self.occupancy.place(picked)
+            where: object = picked
+        else:
+            held = {lease.where for lease in self.leases.values()}
+            grant = pick_pool(self.inventory, held, session.profile)
+            if isinstance(grant, Refused):
+                raise grant
+            where = grant.uuid
+        return Lease(session.user, session.group, session.profile, where, now)
+
+    @staticmethod
+    def holding(lease: Lease) -> Holding:
+        return Holding("", lease.profile, COMPUTE_OF[lease.profile], lease.group)
+
+    def start(self, want: Want, lease: Lease, now: float) -> None:
+        self.leases[lease.user] = lease
+        self.count_served(want, now)
+        self.work(lease, want, now)
+
+    def count_served(self, want: Want, now: float) -> None:
+        if not want.again:
+            self.r.served += 1
+            self.r.waits.append(now - want.first_ask)
+
+    def work(self, lease: Lease, want: Want, now: float) -> None:
+        lease.idle_visible = None
+        lease.token = next(self.ids)
+        s = want.session
+        if s.break_at is not None and want.work == s.work:
+            self.at(now + s.break_at, "pause", (lease, lease.token, want))
+        else:
+            self.at(now + want.work, "done", (lease, lease.token, want))
+
+    def grant_waiters(self, now: float) -> None:
+        while self.waiting:
+            by_id = {w.id: (w, want, est) for w, want, est in self.waiting}
+            shares = group_shares(
+                Counter(lease.group for lease in self.leases.values()),
+                {g: p.quota_slices for g, p in self.policies.groups.items()}, COMPUTE,
+            )
+            grant = first_served(
+                [w for w, _, _ in self.waiting],
+                lambda w, wants=by_id: self.allocate(wants[w.id][1], now),
+                shares=shares, now=T0 + timedelta(seconds=now), guard=self.s.guard,
+            )
+            if grant is None:
+                return
+            waiter, want, est = by_id[grant.waiter.id]
+            passed = {w.id for w in grant.passed_over}
+            self.waiting = [
+                (Waiter(**{**w.__dict__, "bypassed": w.bypassed + (w.id in passed)}), wt, e)
+                for w, wt, e in self.waiting if w.id != waiter.id
+            ]
+            if est is not None:
+                self.r.estimates.append((*est, now - want.first_ask))
+            self.start(want, grant.result, now)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def on_ask(self, now: float, want: Want) -> None:
+        s = want.session
+        mine = self.leases.get(s.user)
+        if mine is not None:  # their server still runs: use it again
+            self.count_served(want, now)
+            self.settle_idle(mine, now)
+            self.work(mine, want, now)
+            return
+        if self.s.queue:
+            try:
+                self.check(s)  # only "none free" is ever queued
+            except Refused:
+                self.refused(want, now)
+                return
+            self.join(want, now)
+            return
+        try:
+            lease = self.allocate(want, now)
+        except Refused:
+            self.refused(want, now)
+            return
+        self.start(want, lease, now)
+
+    def join(self, want: Want, now: float) -> None:
+        s = want.session
+        waiter = Waiter(next(self.ids), s.user, "", s.group,
+                        self.policies.group(s.group).priority, s.profile,
+                        T0 + timedelta(seconds=now))
+        self.waiting.append((waiter, want, None))
+        self.grant_waiters(now)
+        if not any(w.id == waiter.id for w, _, _ in self.waiting):
+            return  # served at once
+        shares = group_shares(Counter(lease.group for lease in self.leases.values()),
+                              {g: p.quota_slices for g, p in self.policies.groups.items()},
+                              COMPUTE)
+        place = positions([w for w, _, _ in self.waiting], shares)[waiter.id]
+        holders = [
+            self.holder(lease, now) for lease in self.leases.values()
+            if self.s.mode == "dynamic" or lease.profile == s.profile
+        ]
+        history = history_for(self.history, s.profile, s.group)
+        est = estimate_wait(place, holders, history, slack=self.s.sweep)
+        self.waiting = [
+            (w, wt, est.bounds if w.id == waiter.id and est else e)
+            for w, wt, e in self.waiting
+        ]
+
+    def holder(self, lease: Lease, now: float) -> Holder:
+        """What the service knows of a holder: its age, and the limit that ends it."""
+        max_age = self.max_age(lease)
+        ends = [] if max_age is None else [max_age - (now - lease.since)]
+        limit = self.idle_limit(lease)
+        if lease.idle_visible is not None and limit is not None:
+            ends.append(limit - (now - lease.idle_visible))
+        return Holder(now - lease.since, min(ends, default=None))
+
+    def max_age(self, lease: Lease) -> float | None:
+        return None if self.s.mode == "static" else self.policies.group(lease.group).max_session_age
+
+    def idle_limit(self, lease: Lease) -> float | None:
+        """The group's idle limit, shorter while someone waits for the lease's profile."""
+        if self.s.mode == "static":
+            return self.s.culler_timeout
+        group = self.policies.group(lease.group)
+        limit, waited = group.server_idle_timeout, group.server_idle_timeout_when_waited
+        if waited is not None and any(w.offer == lease.profile for w, _, _ in self.waiting):
+            limit = min(limit or waited, waited)
+        return limit
+
+    def refused(self, want: Want, now: float) -> None:
+        self.r.refusals += 1
+        if want.tries < 2:
+            want.tries += 1
+            self.at(now + 15 * M, "ask", want)
+        elif not want.again:  # a session cut short by a cull was counted as served
+            self.r.gave_up += 1
+
+    def on_pause(self, now: float, data: tuple[Lease, int, Want]) -> None:
+        lease, token, want = data
+        if lease.token != token:
+            return
+        s = want.session
+        self.go_idle(lease, now, s.tab_open)
+        rest = Want(s, s.work - (s.break_at or 0), want.first_ask, want.tries)
+        self.at(now + s.break_len, "back", (lease, token, rest))
+
+    def on_back(self, now: float, data: tuple[Lease, int, Want]) -> None:
+        lease, token, want = data
+        if self.leases.get(lease.user) is lease and lease.token == token:
+            self.settle_idle(lease, now)
+            lease.idle_visible = None
+            self.at(now + want.work, "done", (lease, token, want))
+            return
+        self.r.interrupted += 1  # culled during the break: ask again for the rest
+        self.on_ask(now, Want(want.session, want.work, now, again=True))
+
+    def on_done(self, now: float, data: tuple[Lease, int, Want]) -> None:
+        lease, token, want = data
+        if self.leases.get(lease.user) is not lease or lease.token != token:
+            return
+        if want.session.forgets:
+            self.go_idle(lease, now, want.session.tab_open)
+        else:
+            self.end(lease, now)
+            self.grant_waiters(now)
+
+    def go_idle(self, lease: Lease, now: float, tab_open: bool) -> None:
+        lease.idle_since = now
+        # Only the static culler is fooled by an open tab (it reads the hub's activity).
+        lease.idle_visible = max(now, EVENING) if self.s.mode == "static" and tab_open else now
+
+    def settle_idle(self, lease: Lease, now: float) -> None:
+        """Book the idle stretch that ends now (the user is back, or the lease ends)."""
+        if lease.idle_since is not None:
+            lease.idle_total += now - lease.idle_since
+            lease.idle_since = None
+
+    def end(self, lease: Lease, now: float) -> None:
+        self.settle_idle(lease, now)
+        compute = COMPUTE_OF[lease.profile]
+        self.r.idle_slice_s += lease.idle_total * compute
+        self.r.worked_slice_s += (now - lease.since - lease.idle_total) * compute
+        del self.leases[lease.user]
+        if isinstance(lease.where, Placement):
+            self.occupancy = self.occupancy.release(lease.where)
+        self.history.append((lease.profile, lease.group, now - lease.since))
+
+    def on_sweep(self, now: float, _: object) -> None:
+        culled = False
+        for lease in list(self.leases.values()):
+            age, max_age = now - lease.since, self.max_age(lease)
+            limit = self.idle_limit(lease)
+            idle = None if lease.idle_visible is None else now - lease.idle_visible
+            if (max_age is not None and age >= max_age) or (
+                limit is not None and idle is not None and idle >= limit
+            ):
+                self.end(lease, now)
+                culled = True
+        expired = [
+            (w, want) for w, want, _ in self.waiting
+            if (limit := self.policies.group(w.group).max_wait) is not None
+            and now - (w.joined_at - T0).total_seconds() >= limit
+        ]
+        self.r.refusals += len(expired)
+        self.r.gave_up += sum(not want.again for _, want in expired)
+        if expired:
+            gone = {w.id for w, _ in expired}
+            self.waiting = [entry for entry in self.waiting if entry[0].id not in gone]
+        if culled:
+            self.grant_waiters(now)
+
+
+# --- the table ------------------------------------------------------------------------
+
+
+def setups(max_bypasses: int, guard_age: float | None, waited_idle: float | None) -> list[Setup]:
+    """The four policies of the module docstring."""
+    guard = StarvationGuard(max_bypasses=max_bypasses, max_age=guard_age)
+    return [
+        Setup("(a) static+culler 1h", "static", False, sweep=10 * M, culler_timeout=H),
+        Setup("(b) pool", "pool", False),
+        Setup("(c) pool+wait", "pool", True, waited_idle=waited_idle),
+        Setup("(d) dynamic+wait", "dynamic", True, waited_idle=waited_idle, guard=guard),
+    ]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def row(results: list[Result]) -> dict[str, float]:
+    waits = [w for r in results for w in r.waits]
+    est = [e for r in results for e in r.estimates]
+    inside = [lo <= actual <= hi for lo, hi, actual in est]
+    off = [max(lo - actual, actual - hi) for lo, hi, actual in est if not lo <= actual <= hi]
+    days = len(results)
+    return {
+        "served": sum(r.served for r in results) / days,
+        "refused": sum(r.refusals for r in results) / days,
+        "gave up": sum(r.gave_up for r in results) / days,
+        "interrupt": sum(r.interrupted for r in results) / days,
+        "wait p50": statistics.median(waits) / M if waits else 0.0,
+        "wait p95": pct(waits, 0.95) / M,
+        "idle sl-h": sum(r.idle_slice_s for r in results) / H / days,
+        "util %": 100 * sum(r.worked_slice_s for r in results) / (COMPUTE * DAY * days),
+        "est in %": 100 * sum(inside) / len(inside) if inside else float("nan"),
+        "est off": statistics.median(off) / M if off else float("nan"),
+    }
+
+
+def _cell(value: float, digits: int) -> str:
+    return f"{'-':>10}" if math.isnan(value) else f"{value:10.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--days", type=int, default=20, help="days (seeds) to average")
+    parser.add_argument("--max-bypasses", type=int, default=3,
+                        help="(d): how often a larger request may be passed over")
+    parser.add_argument("--guard-age", type=float, default=0.0,
+                        help="(d): minutes after which a waiter blocks smaller ones (0: off)")
+    parser.add_argument("--waited-idle", type=float, default=10.0,
+                        help="server_idle_timeout_when_waited in minutes (0: off)")
+    args = parser.parse_args(argv)
+    traces = [trace(args.seed + d) for d in range(args.days)]
+    waited = args.waited_idle * M or None
+    table_rows = {
+        s.name: row([Day(s, t).run() for t in traces])
+        for s in setups(args.max_bypasses, args.guard_age * M or None, waited)
+    }
+    names = list(next(iter(table_rows.values())))
+    base = table_rows["(a) static+culler 1h"]
+    sessions = sum(len(t) for t in traces) / len(traces)
+    print(f"A day on 2 x H200 (14 compute slices), 40 users, {sessions:.0f} sessions a day, "
+          f"mean of {args.days} seeded days (seed {args.seed}..):")
+    print(f"{'':21}" + "".join(f"{n:>10}" for n in names))
+    for name, values in table_rows.items():
+        print(f"{name:21}" + "".join(_cell(values[n], 1) for n in names))
+    print("ratio to (a)  (waits in minutes; est off: median minutes outside the range)")
+    for name, values in table_rows.items():
+        cells = "".join(_cell(values[n] / base[n] if base[n] else math.nan, 2) for n in names)
+        print(f"{name:21}" + cells)
+    return table_rows
+
+
+if __name__ == "__main__":
+    main()

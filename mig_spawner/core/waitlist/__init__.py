@@ -1,0 +1,34 @@
+"""The wait list's rules: who a free slice goes to, and how long a wait will be.
+
+Pure (no I/O): :mod:`.order` is the order rule the ledger's grant step runs inside its
+transaction, :mod:`.estimate` turns hold-time history into an honest range. Admin
+documentation: docs/policies.md, "Waiting".
+"""
+
+from .estimate import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
+from .order import (
+    FIT_REASONS,
+    Grant,
+    StarvationGuard,
+    Waiter,
+    first_served,
+    group_shares,
+    order,
+    positions,
+)
+
+__all__ = [
+    "FIT_REASONS",
+    "MIN_HISTORY",
+    "Estimate",
+    "Grant",
+    "Holder",
+    "StarvationGuard",
+    "Waiter",
+    "estimate_wait",
+    "first_served",
+    "group_shares",
+    "history_for",
+    "order",
+    "positions",
+]

@@ -1,0 +1,251 @@
+"""The durable wait list: spawns that wait for a slice, and the grant step.
+
+:class:`WaitList` is a base of :class:`~mig_spawner.ledger.store.Ledger` (it uses the
+ledger's transactions and its claim's lease insertion). Joins, cancels and grants all
+take the claim lock (``lock_claims``; SQLite's ``BEGIN IMMEDIATE``), so they run one at
+a time with claims and releases: the grant step reads every waiter and every held
+lease, picks by the order rule (:mod:`mig_spawner.core.waitlist`) and claims the slice
+in ONE transaction. A slice therefore never goes to two waiters, and a waiter is never
+granted after it was cancelled. How the spawner uses it: docs/ledger.md, "Wait list".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Row, insert, select, update
+
+from mig_spawner.core.refusal import Reason, Refused
+from mig_spawner.core.waitlist import StarvationGuard, Waiter, first_served, group_shares
+
+from .engine import lock_claims
+from .errors import InvalidDecision
+from .models import leases, waits
+from .records import HELD_STATES, Decision, Lease, LeaseRequest, LedgerView
+
+WaitState = Literal["waiting", "granted", "cancelled", "expired", "abandoned"]
+WAIT_STATES: tuple[WaitState, ...] = ("waiting", "granted", "cancelled", "expired", "abandoned")
+#: The grant step's callback: policy check plus allocator for one waiter, pure and quick.
+#: Raise ``Refused`` when it cannot be served (see ``FIT_REASONS`` for which refusals
+#: count as "does not fit now").
+GrantDecide = Callable[["WaitEntry", LedgerView], Decision]
+
+_COLUMN_FOR = {"user": "user_name", "group": "group_name"}
+_REASON_MAX = waits.c.reason.type.length or 255
+
+
+@dataclass(frozen=True)
+class WaitRequest:
+    """A spawn that asks to wait: which server, for what, charged to which group (and
+    that group's priority), for at most ``max_wait`` seconds (``None``: no limit)."""
+
+    user: str
+    server_name: str
+    group: str
+    priority: int
+    offer: str
+    max_wait: float | None
+
+
+@dataclass(frozen=True)
+class WaitEntry:
+    """One row of the wait list. ``lease_id`` is set once ``granted``; ``reason`` says
+    why a wait ended otherwise."""
+
+    id: int
+    user: str
+    server_name: str
+    group: str
+    priority: int
+    offer: str
+    state: WaitState
+    joined_at: datetime
+    deadline: datetime | None
+    bypassed: int
+    closed_at: datetime | None = None
+    lease_id: str | None = None
+    reason: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.state == "waiting"
+
+    @property
+    def waiter(self) -> Waiter:
+        """The entry as the order rule sees it."""
+        return Waiter(self.id, self.user, self.server_name, self.group, self.priority,
+                      self.offer, self.joined_at, self.bypassed)
+
+    @property
+    def request(self) -> LeaseRequest:
+        return LeaseRequest(self.user, self.server_name)
+
+
+_FIELDS = tuple(f.name for f in fields(WaitEntry))
+
+
+def _to_entry(row: Row[Any]) -> WaitEntry:
+    return WaitEntry(**{name: row._mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS})
+
+
+class WaitList:
+    """The ledger's wait list (see the module docstring)."""
+
+    # Provided by Ledger.
+    _read: Callable[[], AbstractContextManager[Connection]]
+    _write: Callable[[], AbstractContextManager[Connection]]
+    _now: Callable[[], datetime]
+    _new_lease: Callable[[LeaseRequest, Decision, datetime], Lease]
+    _insert: Callable[[Connection, Lease], None]
+    _select: Callable[..., list[Lease]]
+
+    def join_wait(self, request: WaitRequest, *, max_waiting: int = 1) -> WaitEntry:
+        """Put a server on the wait list; call :meth:`grant_next` after it.
+
+        Joining again while the server waits returns its entry unchanged (a restarted
+        hub resumes that way). Raises ``Refused`` (``user_limit``) when the user already
+        waits for ``max_waiting`` other servers, or (``previous_lease``) when the
+        server holds a slice.
+        """
+        with self._write() as connection:
+            lock_claims(connection)
+            now = self._now()
+            mine = [e for e in self._entries(connection, state="waiting")
+                    if e.user == request.user]
+            for entry in mine:
+                if entry.server_name == request.server_name:
+                    return entry
+            if len(mine) >= max_waiting:
+                raise Refused(
+                    Reason.USER_LIMIT,
+                    f"you already wait for {len(mine)} of {max_waiting} servers",
+                    "cancel a waiting server to wait for this one",
+                )
+            if self._select(connection, leases.c.state.in_(HELD_STATES),
+                            leases.c.user_name == request.user,
+                            leases.c.server_name == request.server_name):
+                raise Refused(Reason.PREVIOUS_LEASE, "this server still holds a slice",
+                              "stop it first")
+            deadline = None if request.max_wait is None else now + timedelta(
+                seconds=request.max_wait)
+            values = {
+                "user_name": request.user, "server_name": request.server_name,
+                "group_name": request.group, "priority": request.priority,
+                "offer": request.offer, "state": "waiting", "joined_at": now,
+                "deadline": deadline, "bypassed": 0,
+            }
+            new_id = connection.execute(insert(waits).values(values)).inserted_primary_key[0]
+            return self._entries(connection, id=new_id)[0]
+
+    def cancel_wait(
+        self, entry_id: int, reason: str,
+        state: Literal["cancelled", "expired", "abandoned"] = "cancelled",
+    ) -> WaitEntry | None:
+        """End a wait that has not been granted; returns the entry as it now stands
+        (``None``: unknown id). If a grant came first, the entry comes back ``granted``:
+        the caller then owns that lease and must start or release it."""
+        if state not in ("cancelled", "expired", "abandoned"):
+            raise ValueError(f"a wait ends cancelled, expired or abandoned, not {state!r}")
+        with self._write() as connection:
+            lock_claims(connection)
+            found = self._entries(connection, id=entry_id)
+            if not found or not found[0].waiting:
+                return found[0] if found else None
+            self._close(connection, found[0], state, self._now(), reason=reason)
+            return self._entries(connection, id=entry_id)[0]
+
+    def wait_entry(self, entry_id: int) -> WaitEntry | None:
+        """One entry by id, waiting or not."""
+        with self._read() as connection:
+            found = self._entries(connection, id=entry_id)
+        return found[0] if found else None
+
+    def waiting(self) -> list[WaitEntry]:
+        """Every entry still waiting, in join order (order them with
+        :func:`mig_spawner.core.waitlist.order` and the groups' shares)."""
+        with self._read() as connection:
+            return self._entries(connection, state="waiting")
+
+    def grant_next(
+        self,
+        decide: GrantDecide,
+        *,
+        quotas: Mapping[str, int | None],
+        capacity: int,
+        guard: StarvationGuard | None = None,
+    ) -> WaitEntry | None:
+        """Give a free slice to the first waiter it serves, in ONE serialised transaction.
+
+        Waits past their deadline end ``expired`` first. Then the held leases are read,
+        the groups' shares computed (``quotas``: group -> ``quota_slices``;
+        ``capacity``: slices of the fleet, for groups without a quota), and
+        ``decide(entry, view)`` is asked for each waiter in the order rule's order;
+        the first Decision is claimed as a lease and its entry becomes ``granted``
+        with the lease id, which is returned. ``None``: nobody could be served. Call it
+        after every release and join until it returns ``None``. ``guard``: dynamic
+        mode's bound on passing over a larger request.
+        """
+        with self._write() as connection:
+            lock_claims(connection)
+            now = self._now()
+            waiting = []
+            for entry in self._entries(connection, state="waiting"):
+                if entry.deadline is not None and entry.deadline <= now:
+                    self._close(connection, entry, "expired", now, reason="waited max_wait")
+                else:
+                    waiting.append(entry)
+            held = tuple(self._select(connection, leases.c.state.in_(HELD_STATES)))
+            holding = {(lease.user, lease.server_name) for lease in held}
+            shares = group_shares(Counter(lease.group for lease in held), quotas, capacity)
+            by_id = {entry.id: entry for entry in waiting}
+
+            def serve(waiter: Waiter) -> Decision:
+                entry = by_id[waiter.id]
+                if (entry.user, entry.server_name) in holding:
+                    raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
+                decision = decide(entry, LedgerView(request=entry.request, leases=held, now=now))
+                if not isinstance(decision, Decision):
+                    raise InvalidDecision(
+                        f"decide() must return a Decision, it returned {type(decision).__name__}"
+                    )
+                return decision
+
+            grant = first_served(
+                [e.waiter for e in waiting], serve, shares=shares, now=now, guard=guard
+            )
+            if grant is None:
+                return None
+            entry = by_id[grant.waiter.id]
+            lease = self._new_lease(entry.request, grant.result, now)
+            self._insert(connection, lease)
+            self._close(connection, entry, "granted", now, lease_id=lease.id)
+            for passed in grant.passed_over:
+                connection.execute(
+                    update(waits).where(waits.c.id == passed.id)
+                    .values(bypassed=waits.c.bypassed + 1)
+                )
+            return self._entries(connection, id=entry.id)[0]
+
+    @staticmethod
+    def _close(
+        connection: Connection, entry: WaitEntry, state: WaitState, now: datetime,
+        *, reason: str | None = None, lease_id: str | None = None,
+    ) -> None:
+        connection.execute(
+            update(waits)
+            .where(waits.c.id == entry.id, waits.c.state == "waiting")
+            .values(state=state, closed_at=now, lease_id=lease_id,
+                    reason=None if reason is None else reason.strip()[:_REASON_MAX])
+        )
+
+    @staticmethod
+    def _entries(connection: Connection, **where: Any) -> list[WaitEntry]:
+        query = select(waits).order_by(waits.c.id)
+        for name, value in where.items():
+            query = query.where(waits.c[name] == value)
+        return [_to_entry(row) for row in connection.execute(query)]

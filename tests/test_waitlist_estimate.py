@@ -1,0 +1,65 @@
+"""Wait estimates: ranges from hold-time history, and "no estimate yet" without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from mig_spawner.core.waitlist import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
+
+MIN = 60.0
+# Past holds of one profile: 10 to 50 minutes.
+HISTORY = [m * MIN for m in (10, 20, 20, 30, 30, 40, 50)]
+
+
+def test_no_history_no_estimate() -> None:
+    assert estimate_wait(1, [Holder(age=0)], HISTORY[: MIN_HISTORY - 1]) is None
+    assert estimate_wait(1, [], HISTORY) is None
+
+
+def test_first_in_line_waits_for_the_earliest_release() -> None:
+    # Two holders, 5 and 25 minutes in: the young one is judged by all holds, the older
+    # one only by holds that lasted longer than 25 minutes.
+    est = estimate_wait(1, [Holder(age=5 * MIN), Holder(age=25 * MIN)], HISTORY)
+    assert est is not None
+    assert 0 <= est.low <= est.high <= 20 * MIN
+    assert est.text == f"{int(est.low // MIN)}-{int(-(-est.high // MIN))} min"
+
+
+def test_later_in_line_waits_longer_and_limits_cap_the_wait() -> None:
+    holders = [Holder(age=5 * MIN), Holder(age=25 * MIN)]
+    waits = [estimate_wait(n, holders, HISTORY) for n in (1, 2, 3, 4)]
+    assert all(w is not None for w in waits)
+    lows = [w.low for w in waits if w]
+    highs = [w.high for w in waits if w]
+    assert lows == sorted(lows) and highs == sorted(highs)
+    assert highs[3] > highs[0]
+    # A holder that max_session_age ends in 2 minutes is released by then.
+    capped = estimate_wait(1, [Holder(age=5 * MIN, ends_within=2 * MIN)], HISTORY)
+    assert capped is not None and capped.high <= 2 * MIN
+
+
+def test_a_holder_older_than_every_past_hold() -> None:
+    est = estimate_wait(1, [Holder(age=3 * 3600)], HISTORY)
+    assert est is not None and est.low == 0 and est.high == 30 * MIN
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "text"),
+    [(0, 30, "under 1 min"), (300, 900, "5-15 min"), (300, 330, "5-6 min"),
+     (3600, 4 * 3600, "1-4 h")],
+)
+def test_estimate_text(low: float, high: float, text: str) -> None:
+    assert Estimate(low, high).text == text
+
+
+def test_position_starts_at_one() -> None:
+    with pytest.raises(ValueError, match="starts at 1"):
+        estimate_wait(0, [Holder(0)], HISTORY)
+
+
+def test_history_is_the_groups_own_once_it_has_enough() -> None:
+    holds = [("1g.18gb", "a", 60.0)] * 4 + [("1g.18gb", "b", 600.0), ("2g.35gb", "a", 9.0)]
+    assert history_for(holds, "1g.18gb", "a") == [60.0] * 4 + [600.0]
+    holds.append(("1g.18gb", "a", 60.0))
+    assert history_for(holds, "1g.18gb", "a") == [60.0] * 5
+    assert history_for(holds, "3g.71gb", "a") == []
