@@ -15,7 +15,7 @@ JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 SPAWNER = """
 c = get_config()  # noqa: F821
 c.JupyterHub.spawner_class = "mig-simple"
-c.SimpleLocalMIGSpawner.simulate = "h200x1:layout=1g.18gb*7"
+c.MIGSettings.simulate = "h200x1:layout=1g.18gb*7"
 """
 
 

@@ -58,8 +58,8 @@ def write_config_dir(workdir: Path) -> Path:
         c = get_config()  # noqa: F821
         c.JupyterHub.spawner_class = "mig-simple"
         c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        c.MIGSettings.simulate = "{SIM}"
+        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 120
         c.Spawner.http_timeout = 120

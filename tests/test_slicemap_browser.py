@@ -57,8 +57,8 @@ def setup(tmp_path_factory):
 
     extra = textwrap.dedent(f"""
         c.MIGPolicyConfig.group_policies = {POLICY!r}
-        c.SliceServiceApp.ledger_url = {ledger_url!r}
-        c.SliceServiceApp.sim_state_file = {state_file!r}
+        c.MIGSettings.ledger_url = {ledger_url!r}
+        c.MIGSettings.sim_state_file = {state_file!r}
         c.SliceServiceApp.slice_idle_after = "20m"
         c.SliceServiceApp.slicemap_refresh = 1
         c.SliceServiceApp.release_orphans = False  # no hub servers for these leases

@@ -33,7 +33,7 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
     assert set(groups) == {"analysts", "ml-team", "admins"}
     assert config.Authenticator.allowed_users == {u for g in groups.values() for u in g["users"]}
     assert config.SharedPasswordAuthenticator.user_password == demo.DEFAULT_PASSWORD
-    assert config.LocalMIGSpawner.simulate == demo.DEMO_SPEC
+    assert config.MIGSettings.simulate == demo.DEMO_SPEC
     # The shipped policies are loaded, not a copy of them.
     assert "analysts" in config.MIGPolicyConfig.group_policies
 
@@ -42,7 +42,7 @@ def test_without_simulate_the_demo_uses_the_real_driver(tmp_path):
     args = _args(tmp_path)
     args.simulate = None
     path = demo.write_config(args, tmp_path)
-    assert "LocalMIGSpawner.simulate" not in path.read_text()
+    assert "MIGSettings.simulate" not in path.read_text()
 
 
 def test_it_prints_who_sees_what_on_the_spawn_form(tmp_path):
@@ -70,7 +70,9 @@ def test_the_slice_service_runs_beside_the_demo_hub_on_its_config_and_short_limi
     # What the service itself makes of that file: the demo's GPUs, ledger and limits.
     app = SliceServiceApp()
     app.initialize(service["command"][3:])
-    assert app.simulate == demo.DEMO_SPEC and app.sim_state_file == f"{tmp_path}/sim-gpus.json"
+    shared = app.shared
+    assert shared.simulate == demo.DEMO_SPEC
+    assert shared.sim_state_file == f"{tmp_path}/sim-gpus.json"
     assert app.ledger_url == f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
     assert app.cull_every == 15 and app.slice_idle_after == 20
     policy = app.load_policy()

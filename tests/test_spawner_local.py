@@ -55,9 +55,9 @@ def sim(tmp_path):
 
 def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",)):
     c = Config(load_config_files(GROUPS))
-    c.LocalMIGSpawner.ledger_url = ledger_url
-    c.LocalMIGSpawner.simulate = SIM
-    c.LocalMIGSpawner.sim_state_file = str(tmp_path / "sim-gpus.json")
+    c.MIGSettings.ledger_url = ledger_url
+    c.MIGSettings.simulate = SIM
+    c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
     c.LocalMIGSpawner.mig_mode = mode
     return LocalMIGSpawner(config=c, user=User(user, list(groups)))
 

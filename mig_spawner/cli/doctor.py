@@ -12,11 +12,15 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
 from ..gpu import GpuAdapter
 from ..gpu.errors import GpuError
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 
 class Status(StrEnum):
@@ -269,3 +273,24 @@ def render(checks: list[Check]) -> str:
     lines.append("")
     lines.append(f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} passed")
     return "\n".join(lines)
+
+
+def config_checks(config: Config) -> list[Check]:
+    """What the hub's start-up check would refuse (FAIL) or warn about (WARN) in the
+    hub's config, beyond the policy itself: misspelt or wrong settings, a slice service
+    on another ledger, policies for groups the hub does not have."""
+    from ..config import MIGPolicyConfig
+    from ..core.policy import PolicyError
+    from ..spawner.startup import ledger_problems, policy_warnings, setting_problems
+
+    fix = "fix jupyterhub_config.d (docs/admin-install.md)"
+    problems = setting_problems(config) or ledger_problems(config)
+    if problems:
+        return [Check("hub settings", Status.FAIL, "; ".join(problems), fix)]
+    checks = [Check("hub settings", Status.PASS, "the hub's start-up check passes")]
+    try:
+        warnings = policy_warnings(config, MIGPolicyConfig(config=config).build())
+    except PolicyError:
+        return checks  # reported by the "hub config" check
+    checks += [Check("hub groups", Status.WARN, w, fix) for w in warnings]
+    return checks

@@ -16,17 +16,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import MIGSettings
 from ..core.durations import DurationError, parse_duration
+from .settings import hub_config
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..gpu.errors import GpuError
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
-
-# The ledger's default URL, repeated so that building the parser imports no SQLAlchemy
-# (mig_spawner.ledger.DEFAULT_URL; a test checks they agree).
-DEFAULT_LEDGER_URL = "sqlite:///mig_spawner_ledger.sqlite"
 
 DEFAULT_WINDOW = "30d"
 
@@ -46,6 +44,14 @@ def parse_when(text: str, now: datetime) -> datetime:
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
+def ledger_url(args: argparse.Namespace) -> str:
+    """The ledger the hub uses, as its config says (``--ledger-url`` wins)."""
+    from ..hub.groups import hub_db_url
+
+    config = hub_config(args)
+    return MIGSettings(config=config).ledger_location(hub_db_url(config))
+
+
 def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
     """Register ``report`` on the ``mig-spawner`` parser (``add_gpu_options``: main's
     ``--simulate``/``--sim-state``, for the current layout)."""
@@ -56,8 +62,10 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_gpu_options(p)
-    p.add_argument("--ledger-url", default=DEFAULT_LEDGER_URL, metavar="URL",
-                   help=f"SQLAlchemy URL of the lease ledger (default: {DEFAULT_LEDGER_URL})")
+    p.add_argument("--ledger-url", metavar="URL",
+                   help="SQLAlchemy URL of the lease ledger (default: c.MIGSettings.ledger_url "
+                        "of --config-dir, else mig_spawner_ledger.sqlite beside the hub's "
+                        "database, else in this directory)"),
     p.add_argument("--since", default=DEFAULT_WINDOW, metavar="WHEN",
                    help="start of the window: a date (2026-11-01) or a duration back from "
                         f"now (default: {DEFAULT_WINDOW})")
@@ -79,7 +87,8 @@ def _fleet(args: argparse.Namespace) -> Fleet:
     from ..gpu import connect
     from ..report.replay import fleet_of
 
-    adapter = connect(simulate=args.simulate, state_file=args.sim_state)
+    shared = MIGSettings(config=hub_config(args))
+    adapter = connect(simulate=shared.simulate, state_file=shared.sim_state_file)
     try:
         return fleet_of(adapter.inventory())
     finally:
@@ -108,7 +117,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
                              f"({until:%Y-%m-%d %H:%M})")
         if args.write_config and not args.advise:
             raise ValueError("--write-config needs --advise")
-        with Ledger.open(args.ledger_url) as ledger:
+        with Ledger.open(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals(since, until)
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
