@@ -436,3 +436,4 @@ def test_user_and_server_names_of_300_characters_claim_release_and_refuse(
     assert [r.user for r in ledger.refusals()] == [user]
     released = ledger.release(lease.id, "stopped")
     assert (released.user, released.server_name, released.state) == (user, server, "released")
+
