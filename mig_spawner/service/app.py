@@ -374,19 +374,9 @@ class SliceServiceApp(Application):
         """``ok`` once a sweep completed and the latest did; ``failing`` otherwise."""
         last = self._last_report
         ok = last is not None and last.complete and self._token_problem is None
-        return {
-            "status": "ok" if ok else ("starting" if last is None else "failing"),
-            "version": __version__,
-            "dry_run": self.dry_run,
-            "last_sweep_age_seconds": (
-                None if self._last_sweep_at is None else time.monotonic() - self._last_sweep_at
-            ),
-            "servers": last.servers if last else None,
-            "error": self._token_problem or (last.error if last else None),
-        }
+        return {"status": "ok" if ok else ("starting" if last is None else "failing")}
 
     _last_report: SweepReport | None = None
-    _last_sweep_at: float | None = None
     _token_problem: str | None = None
 
     async def run(self) -> None:
@@ -406,7 +396,6 @@ class SliceServiceApp(Application):
             while True:
                 began = time.monotonic()
                 self._last_report = await sweeper.sweep()
-                self._last_sweep_at = time.monotonic()
                 await asyncio.sleep(max(0.0, self.cull_every - (time.monotonic() - began)))
         finally:
             if server is not None:
