@@ -38,7 +38,9 @@ def database_groups(db_url: str) -> set[str] | None:
         url = make_url(db_url)
         if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
             return set()
-        engine = create_engine(url)
+        # A hub database that does not answer must not hold up the hub's start.
+        quick = {"connect_timeout": 5} if url.get_backend_name() == "postgresql" else {}
+        engine = create_engine(url, connect_args=quick)
         try:
             with engine.connect() as connection:
                 if not inspect(connection).has_table("groups"):
