@@ -22,15 +22,18 @@ c.LocalMIGSpawner.mig_mode = "pool"
 # free for big slices; "spread" uses the least busy GPU first.
 c.LocalMIGSpawner.strategy = "pack"
 
-# Where leases are kept. Empty = a SQLite file beside the hub database. The slice service
-# (30-slice-service.py) must use the same URL.
-c.LocalMIGSpawner.ledger_url = ""
+# Where leases are kept, for the hub, the slice service (30-slice-service.py) and the
+# mig-spawner command alike: set it here, as c.MIGSettings, and nowhere else (the hub
+# refuses to start when a spawner or service class sets its own). Empty = a SQLite file
+# beside the hub database; for PostgreSQL see docs/ledger.md.
+c.MIGSettings.ledger_url = ""
 
 # CUDA_VISIBLE_DEVICES only asks CUDA to use the slice; a user can change it. With
 # isolation on, each server runs in a systemd scope whose device cgroup admits only its
 # slice's device nodes (needs systemd and nvidia-modprobe; see docs/admin-install.md).
 c.LocalMIGSpawner.isolation = False
 
-# No GPU on this machine? Try everything with the NVML simulator instead:
-# c.LocalMIGSpawner.simulate = "h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb"
-# c.LocalMIGSpawner.sim_state_file = "/srv/jupyterhub/sim-gpus.json"
+# No GPU on this machine? Try everything with the NVML simulator instead (shared, like
+# the ledger, by the hub, the slice service and the mig-spawner command):
+# c.MIGSettings.simulate = "h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb"
+# c.MIGSettings.sim_state_file = "/srv/jupyterhub/sim-gpus.json"

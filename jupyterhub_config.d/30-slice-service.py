@@ -15,11 +15,16 @@ from pathlib import Path
 c = get_config()  # noqa: F821  (provided by the config loader)
 
 SERVICE = "mig-slices"
-# A scope of our own: JupyterHub's built-in ones cannot say "may see the slice map".
+# Scopes of our own: JupyterHub's built-in ones cannot say "may see the slice map" or
+# "may read the metrics" (both name who holds which slice).
 SLICEMAP_SCOPE = "custom:mig-spawner:slicemap"
+METRICS_SCOPE = "custom:mig-spawner:metrics"
 c.JupyterHub.custom_scopes.update({
     SLICEMAP_SCOPE: {
         "description": "See every MIG slice, who holds it, its age and idle time.",
+    },
+    METRICS_SCOPE: {
+        "description": "Read the slice service's Prometheus metrics (who holds which slice).",
     },
 })
 
@@ -30,8 +35,9 @@ c.JupyterHub.services.append(
             sys.executable, "-m", "mig_spawner.service",
             f"--config-dir={Path(__file__).resolve().parent}",
         ],
-        # Where it serves /health and Prometheus /metrics. /metrics has no login: keep
-        # it on 127.0.0.1 and let Prometheus scrape it there.
+        # Where it serves /health, Prometheus /metrics and the slice map; the hub's
+        # proxy also routes /services/mig-slices/ here. /health says only "ok" or not;
+        # /metrics needs a token with METRICS_SCOPE (see the end of this file).
         "url": "http://127.0.0.1:10101",
         # Admins open the slice map through the hub's login (OAuth). The service may ask
         # for this scope only, so its cookie can do nothing else in the admin's name,
@@ -66,6 +72,18 @@ c.JupyterHub.load_roles.append(
         "groups": ["admins"],
     }
 )
+
+# Who may read /metrics: a token with METRICS_SCOPE. For Prometheus, make it a service
+# of its own whose token is in a file only Prometheus can read, then scrape with
+# "authorization: {credentials_file: /etc/prometheus/mig-metrics.token}"
+# (docs/operations.md). Uncomment and fill in:
+# c.JupyterHub.services.append({
+#     "name": "prometheus",
+#     "api_token": open("/srv/jupyterhub/prometheus.token").read().strip(),
+# })
+# c.JupyterHub.load_roles.append(
+#     {"name": "mig-metrics-scrapers", "scopes": [METRICS_SCOPE], "services": ["prometheus"]}
+# )
 
 # How often to sweep, and whether to only log what it would do (try dry_run first).
 c.SliceServiceApp.cull_every = "1m"

@@ -11,6 +11,11 @@ one plain :class:`~traitlets.config.Configurable`, not in a Spawner or an Applic
 The traits only hold the admin's dicts; :meth:`MIGPolicyConfig.build` checks them all
 together (classes are referenced from groups, so no single trait can be checked alone)
 and returns the pure :class:`~mig_spawner.core.policy.PolicySet`.
+
+What the hub's spawner, the slice service and the ``mig-spawner`` command must agree on
+(the ledger, the simulated GPUs) lives in one more Configurable, :class:`MIGSettings`::
+
+    c.MIGSettings.ledger_url = "postgresql+psycopg2://mig:secret@db.internal/mig_ledger"
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from traitlets import Dict
-from traitlets.config import Config, Configurable, PyFileConfigLoader
+from traitlets import Dict, TraitError, Unicode, validate
+from traitlets.config import Config, Configurable, LazyConfigValue, PyFileConfigLoader
 
 from mig_spawner.core.catalog import GpuModel
 from mig_spawner.core.policy import PolicySet, build_policy
@@ -111,19 +117,113 @@ def load_config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> Config:
     return config
 
 
-def spawner_setting(config: Config, name: str, skip: str = "") -> str | None:
-    """The spawner's ``name`` setting (``simulate``, ``ledger_url``...) in a loaded config.
+class MIGSettings(Configurable):
+    """What the hub's spawner, the slice service and ``mig-spawner`` share: the lease
+    ledger and the (simulated) GPUs. Set once, as ``c.MIGSettings.<name>``; the hub
+    refuses to start when these are set anywhere else (``c.LocalMIGSpawner.ledger_url``),
+    so that no process can use another ledger than the rest."""
 
-    Read from any section that sets it non-empty (``LocalMIGSpawner``,
-    ``MIGSpawnerMixin``, ``KubeMIGSpawner``...) but ``skip``, so that one setting serves
-    the hub, its start-up check and the slice service without naming spawner classes
-    here, below the spawner.
-    """
-    for section_name, section in config.items():
-        value = section.get(name) if isinstance(section, Config) else None
-        if section_name != skip and value:
-            return str(value)
-    return None
+    ledger_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the lease ledger, for the spawner, the slice service
+        and ``mig-spawner report`` alike.
+
+        Empty (default): a SQLite file ``mig_spawner_ledger.sqlite`` beside the hub's
+        own SQLite database (``JupyterHub.db_url``), or in the hub's working directory
+        when the hub's database is not a SQLite file. Use a PostgreSQL URL for a hub
+        with many users (docs/ledger.md).
+        """,
+    ).tag(config=True)
+
+    simulate = Unicode(
+        None,
+        allow_none=True,
+        help="""Use the NVML simulator instead of the real driver (demos and tests).
+
+        A spec such as ``h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb`` (docs/simulator.md).
+        None (default): the real driver through NVML (or $MIG_SPAWNER_SIMULATE).
+        """,
+    ).tag(config=True)
+
+    sim_state_file = Unicode(
+        None,
+        allow_none=True,
+        help="""JSON file holding the simulated GPUs' state, so that the hub, the slice
+        service and the CLI see one simulated host. Only used with ``simulate``.""",
+    ).tag(config=True)
+
+    @validate("ledger_url")
+    def _check_ledger_url(self, proposal: dict) -> str:
+        url = proposal["value"].strip()
+        if url:
+            from sqlalchemy.engine import make_url  # not at import: the CLI starts faster
+
+            try:
+                make_url(url)
+            except Exception as e:
+                raise TraitError(
+                    f"ledger_url {url!r} is not a SQLAlchemy URL ({e}); "
+                    "use e.g. 'sqlite:////srv/jupyterhub/mig_ledger.sqlite' or "
+                    "'postgresql://user@db/mig'"
+                ) from None
+        return url
+
+    @validate("simulate")
+    def _check_simulate(self, proposal: dict) -> str | None:
+        spec = proposal["value"]
+        if spec is None or not spec.strip():
+            return None
+        from mig_spawner.gpu.simulator.spec import SpecError, parse_spec
+
+        try:
+            parse_spec(spec)
+        except SpecError as e:
+            raise TraitError(f"simulate: {e}") from None
+        return spec.strip()
+
+    @validate("sim_state_file")
+    def _check_sim_state_file(self, proposal: dict) -> str | None:
+        path = proposal["value"]
+        if path and not Path(path).expanduser().resolve().parent.is_dir():
+            raise TraitError(
+                f"sim_state_file {path!r}: its folder does not exist; create it or pick "
+                "a file in an existing folder"
+            )
+        return path or None
+
+    def ledger_location(self, hub_db_url: str | None) -> str:
+        """The ledger every process uses: ``ledger_url``, else the one rule that puts
+        it beside the hub's SQLite database (``hub_db_url``: ``JupyterHub.db_url``)."""
+        from mig_spawner.ledger import url_beside_hub_db
+
+        return self.ledger_url or url_beside_hub_db(hub_db_url)
+
+    def state_file(self) -> str | None:
+        """The simulator's state file, when the GPUs are simulated at all."""
+        return self.sim_state_file if self.simulate else None
+
+
+#: The names :class:`MIGSettings` owns; set on any other class they are refused.
+SHARED_SETTINGS = ("ledger_url", "simulate", "sim_state_file")
+
+
+def misplaced_settings(config: Config) -> list[str]:
+    """Shared settings set somewhere other than ``c.MIGSettings`` (where v1 put them,
+    e.g. ``c.LocalMIGSpawner.ledger_url``), each with where it goes now."""
+    return [
+        f"c.{section_name}.{name} is not read any more; set c.MIGSettings.{name} instead"
+        for section_name, section in config.items()
+        if isinstance(section, Config) and section_name != MIGSettings.__name__
+        for name in SHARED_SETTINGS
+        if name in section
+    ]
+
+
+def setting_value(section: Config, name: str, empty: Any) -> Any:
+    """``section.name`` as the application would see it, ``empty`` when unset: a setting
+    that snippets extended (``c.JupyterHub.services.append(...)``) is held lazily."""
+    value = section.get(name, empty)
+    return value.get_value(empty) if isinstance(value, LazyConfigValue) else value
 
 
 def offered_profiles_from_config(

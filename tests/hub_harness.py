@@ -433,8 +433,8 @@ def start_mig_hub(
         c.JupyterHub.spawner_class = "{spawner}"
         c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
         c.SimpleLocalProcessSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{sim}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        c.MIGSettings.simulate = "{sim}"
+        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
         """
     )
     kw.setdefault("timeout", 120)

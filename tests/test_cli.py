@@ -12,6 +12,7 @@ import pytest
 from mig_spawner.cli import doctor
 from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
+from mig_spawner.ledger import Ledger
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -244,3 +245,33 @@ def test_device_check_script_reads_everything_and_exits_0(tmp_path):
     for name in ("doctor.json", "status.json", "catalog-from-driver.json"):
         json.loads((tmp_path / name).read_text())
     assert "matches the catalog" in out.stdout
+
+
+def test_doctor_lists_policy_groups_the_hub_does_not_have(tmp_path):
+    (tmp_path / "20-groups.py").write_text(
+        "c.JupyterHub.load_groups = {'analysts': {'users': []}}\n"
+        "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb']},"
+        " 'reserch': {'allowed': ['1g.18gb']}}\n"
+        f"c.JupyterHub.db_url = 'sqlite:///{tmp_path}/jupyterhub.sqlite'\n"
+    )
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
+    line = next(x for x in out.stdout.splitlines() if "hub groups" in x)
+    assert "[WARN]" in line and "'reserch'" in line and "analysts" not in line
+    assert "[PASS] hub settings" in out.stdout
+
+
+def test_doctor_fails_a_setting_the_hub_would_refuse(tmp_path):
+    (tmp_path / "10-spawner.py").write_text("c.LocalMIGSpawner.mig_mode = 'dynamc'\n")
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
+    assert out.returncode == 1
+    line = next(x for x in out.stdout.splitlines() if "hub settings" in x)
+    assert "[FAIL]" in line and "c.LocalMIGSpawner.mig_mode = 'dynamc'" in line
+
+
+def test_report_reads_the_hubs_ledger_from_its_config(tmp_path):
+    ledger = tmp_path / "elsewhere.sqlite"
+    Ledger.open(f"sqlite:///{ledger}").close()  # the hub created it
+    (tmp_path / "10-spawner.py").write_text(f"c.MIGSettings.ledger_url = 'sqlite:///{ledger}'\n")
+    out = run_cli("report", "-f", str(tmp_path), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr  # that ledger, not one in the working directory
+    assert not (tmp_path / "mig_spawner_ledger.sqlite").exists()

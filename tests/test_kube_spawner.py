@@ -100,7 +100,7 @@ def config(ledger_url: str, **spawner) -> Config:
     c.MIGPolicyConfig.group_policies = {
         "analysts": {"allowed": ["small", "large"], "max_slices_per_user": 1},
     }
-    c.KubeMIGSpawner.ledger_url = ledger_url
+    c.MIGSettings.ledger_url = ledger_url
     c.KubeMIGSpawner.namespace = "jupyterhub"
     c.KubeMIGSpawner.events_enabled = False
     c.KubeMIGSpawner.start_timeout = 20
@@ -319,7 +319,7 @@ async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_u
     shipped = Path(__file__).resolve().parents[1] / "jupyterhub_config.d"
     c = load_config_files([shipped / "20-groups.py", shipped / "examples" / "kube.py"])
     assert import_item(c.JupyterHub.spawner_class) is KubeMIGSpawner
-    c.KubeMIGSpawner.ledger_url = ledger_url
+    c.MIGSettings.ledger_url = ledger_url
     c.KubeMIGSpawner.k8s_api_host = standin.url
     s = KubeMIGSpawner(config=c, user=User("ana", ["analysts"]), hub=Hub(),
                        orm_spawner=OrmSpawner(""), _mock=True)

@@ -424,3 +424,18 @@ def test_a_bare_path_means_a_sqlite_file(tmp_path: Path, monkeypatch: pytest.Mon
         assert ledger.url == f"sqlite:///{tmp_path / 'leases.sqlite'}"
         ledger.claim(LeaseRequest("alice"), first_free)
     assert (tmp_path / "leases.sqlite").is_file()
+
+
+def test_user_and_server_names_of_300_characters_claim_release_and_refuse(
+    ledger: Ledger,
+) -> None:
+    # JupyterHub's own names are not limited to 255 characters (its SQLite database
+    # takes any length), so neither may the ledger's be, in its keys or its history.
+    user, server = "u" * 300, "s" * 300
+    lease = ledger.claim(LeaseRequest(user, server), first_free)
+    assert ledger.active_for_server(user, server) == lease
+    ledger.record_refusal(LeaseRequest(user, server), offer="small", reason="none_free")
+    assert [r.user for r in ledger.refusals()] == [user]
+    released = ledger.release(lease.id, "stopped")
+    assert (released.user, released.server_name, released.state) == (user, server, "released")
+

@@ -257,13 +257,6 @@ def test_report_command_json(tmp_path, capsys):
     assert by_profile[SMALL]["hold_hours"] == pytest.approx(8 + 7 + 4)
 
 
-def test_report_default_ledger_is_the_ledgers_default():
-    from mig_spawner.cli.report import DEFAULT_LEDGER_URL
-    from mig_spawner.ledger import DEFAULT_URL
-
-    assert DEFAULT_LEDGER_URL == DEFAULT_URL
-
-
 def test_report_command_says_what_is_wrong(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     assert main(["report", "--ledger-url", url, "--since", "last tuesday"]) == 2

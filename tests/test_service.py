@@ -6,6 +6,7 @@ tests/test_service_e2e.py runs the service against a real JupyterHub.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
+from traitlets.config import Config
 
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.gpu import connect
@@ -155,7 +157,7 @@ async def test_listing_cut_short_releases_no_orphans_but_handles_listed_servers(
 
 async def test_health_and_metrics_endpoints(standin):
     _, base = standin
-    app = SliceServiceApp(hub_api_url=f"{base}/hub/api", api_token="t", ledger_url="",
+    app = SliceServiceApp(hub_api_url=f"{base}/hub/api", api_token="t",
                           check_gpus=False, probe_servers=False, config_dir="")
     metrics = ServiceMetrics()
     [sock] = bind_sockets(0, "127.0.0.1")[:1]
@@ -165,16 +167,19 @@ async def test_health_and_metrics_endpoints(standin):
     http = AsyncHTTPClient(force_instance=True)
     try:
         r = await http.fetch(f"{url}/services/slices/health", raise_error=False)
-        assert r.code == 503 and b'"starting"' in r.body  # no sweep yet
+        assert r.code == 503 and json.loads(r.body) == {"status": "starting"}  # no sweep yet
 
         sweeper = Sweeper(HubClient(f"{base}/hub/api", "t"), POLICY, metrics,
                           probe_servers=False)
         app._last_report = await sweeper.sweep()
         r = await http.fetch(f"{url}/health")
-        assert r.code == 200 and b'"ok"' in r.body
-        r = await http.fetch(f"{url}/services/slices/metrics")
-        assert b'mig_spawner_service_culls_total{group="analysts",kind="server"' in r.body
-        assert b"mig_spawner_service_sweep_duration_seconds_count 1.0" in r.body
+        assert r.code == 200 and json.loads(r.body) == {"status": "ok"}  # nothing private
+        # Metrics name users and groups: no token, no metrics (with one: the e2e tests).
+        for path in ("/metrics", "/services/slices/metrics"):
+            r = await http.fetch(url + path, raise_error=False)
+            assert r.code == 401 and b"custom:mig-spawner:metrics" in r.body
+            assert b"analysts" not in r.body and r.headers["WWW-Authenticate"].startswith(
+                "Bearer")
     finally:
         http.close()
         server.stop()
@@ -209,7 +214,7 @@ def test_config_dir_gives_the_hub_policy_and_the_command_line_wins(tmp_path):
 def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
     monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
-    app = SliceServiceApp(ledger_url="", check_gpus=False)
+    app = SliceServiceApp(check_gpus=False)
     with pytest.raises(ValueError, match="run the service from JupyterHub"):
         app.make_sweeper(ServiceMetrics())
 
@@ -220,7 +225,7 @@ def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
         ('c.JupyterHub.db_url = "sqlite:////srv/hub/jupyterhub.sqlite"\n',
          "sqlite:////srv/hub/mig_spawner_ledger.sqlite"),
         ('c.JupyterHub.db_url = "sqlite:////srv/hub/jupyterhub.sqlite"\n'
-         'c.LocalMIGSpawner.ledger_url = "postgresql://mig@db/leases"\n',
+         'c.MIGSettings.ledger_url = "postgresql://mig@db/leases"\n',
          "postgresql://mig@db/leases"),
         # Not a SQLite hub database: the ledger file goes in the working directory.
         ('c.JupyterHub.db_url = "postgresql://hub@db/hub"\n',
@@ -236,13 +241,13 @@ def test_the_service_finds_the_spawners_ledger_in_the_hub_config(tmp_path, confi
 
 def test_the_service_finds_the_spawners_simulated_gpus_in_the_hub_config(tmp_path):
     (tmp_path / "10-spawner.py").write_text(
-        'c.LocalMIGSpawner.simulate = "h200x1:layout=1g.18gb*7"\n'
-        f'c.LocalMIGSpawner.sim_state_file = "{tmp_path}/sim.json"\n'
+        'c.MIGSettings.simulate = "h200x1:layout=1g.18gb*7"\n'
+        f'c.MIGSettings.sim_state_file = "{tmp_path}/sim.json"\n'
     )
     app = SliceServiceApp()
     app.initialize([f"--config-dir={tmp_path}"])
-    assert app.simulate == "h200x1:layout=1g.18gb*7"
-    assert app.sim_state_file == f"{tmp_path}/sim.json"
+    assert app.shared.simulate == "h200x1:layout=1g.18gb*7"
+    assert app.shared.sim_state_file == f"{tmp_path}/sim.json"
     gpus = app.connect_gpus()  # the spawner's simulated host, not the real driver
     try:
         assert len(gpus.inventory().mig_devices) == 7
@@ -251,7 +256,7 @@ def test_the_service_finds_the_spawners_simulated_gpus_in_the_hub_config(tmp_pat
     # Set for the service itself, its own setting wins.
     app = SliceServiceApp()
     app.initialize([f"--config-dir={tmp_path}", "--simulate=h200x2"])
-    assert app.simulate == "h200x2"
+    assert app.shared.simulate == "h200x2"
 
 
 def test_missing_scopes_are_named_and_a_filtered_grant_counts():
@@ -305,7 +310,8 @@ async def test_busy_slice_without_a_lease_is_reported_never_killed(standin, ledg
 
 
 def test_no_gpu_on_this_host_is_logged_and_the_service_runs_on(tmp_path, capsys):
-    app = SliceServiceApp(simulate=None, sim_state_file=str(tmp_path / "missing.json"))
+    app = SliceServiceApp(config=Config(
+        {"MIGSettings": {"sim_state_file": str(tmp_path / "missing.json")}}))
     assert app.connect_gpus() is None
     logged = capsys.readouterr().err
     assert "missing.json does not exist" in logged and "check_gpus = False" in logged

@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
-from hub_harness import REPO, HubProcess, free_port
+from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.service.app import REQUIRED_SCOPES
+from mig_spawner.service.handlers import METRICS_SCOPE
 
 pytestmark = pytest.mark.hub
 
@@ -58,8 +59,8 @@ def write_config_dir(workdir: Path) -> Path:
         c = get_config()  # noqa: F821
         c.JupyterHub.spawner_class = "mig-simple"
         c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.LocalMIGSpawner.simulate = "{SIM}"
-        c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"
+        c.MIGSettings.simulate = "{SIM}"
+        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 120
         c.Spawner.http_timeout = 120
@@ -86,6 +87,11 @@ def write_config_dir(workdir: Path) -> Path:
         c.JupyterHub.load_roles.append(
             {{"name": "{MANAGED}", "services": ["{MANAGED}"], "scopes": {SCOPES!r}}})
 
+        # The harness's admin token may read the services' metrics (private by default).
+        c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
+        c.JupyterHub.load_roles.append({{"name": "metrics-readers",
+            "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
+
         c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 3
         c.SliceServiceApp.retries = 1
@@ -100,6 +106,7 @@ class Service:
     def __init__(self, hub: HubProcess, config_d: Path) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log_path = hub.workdir / "service.log"
+        self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
         env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
                "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
                "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
@@ -113,7 +120,7 @@ class Service:
         )
 
     def get(self, path: str) -> requests.Response:
-        return requests.get(self.url + path, timeout=10)
+        return requests.get(self.url + path, headers=self.auth, timeout=10)
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of ``name`` whose labels include ``labels``."""
@@ -207,9 +214,8 @@ def test_runs_as_a_hub_managed_service_reading_the_hub_config(env):
     hub, _, _ = env
     base = f"{hub.url}/services/{MANAGED}"
     HubProcess.wait_until(lambda: requests.get(f"{base}/health", timeout=5).ok, 30)
-    health = requests.get(f"{base}/health", timeout=5).json()
-    assert health["status"] == "ok" and health["dry_run"] is True
-    metrics = requests.get(f"{base}/metrics", timeout=5).text
+    assert requests.get(f"{base}/health", timeout=5).json() == {"status": "ok"}
+    metrics = hub.session.get(f"{base}/metrics", timeout=5).text
     assert "mig_spawner_service_sweep_duration_seconds_count" in metrics
 
 

@@ -17,12 +17,13 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from hub_harness import REPO, HubProcess, free_port
+from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 from observe_world import POLICY, make_world
 from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
+from mig_spawner.service.handlers import METRICS_SCOPE
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -57,12 +58,15 @@ def setup(tmp_path_factory):
 
     extra = textwrap.dedent(f"""
         c.MIGPolicyConfig.group_policies = {POLICY!r}
-        c.SliceServiceApp.ledger_url = {ledger_url!r}
-        c.SliceServiceApp.sim_state_file = {state_file!r}
+        c.MIGSettings.ledger_url = {ledger_url!r}
+        c.MIGSettings.sim_state_file = {state_file!r}
         c.SliceServiceApp.slice_idle_after = "20m"
         c.SliceServiceApp.slicemap_refresh = 1
         c.SliceServiceApp.release_orphans = False  # no hub servers for these leases
         c.JupyterHub.load_groups = {{"admins": {{"users": ["boss"]}}}}
+        # The harness's own token may read the metrics (private by default).
+        c.JupyterHub.load_roles.append({{"name": "metrics-readers",
+            "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
         # ann may reach the service, but lacks the slice map scope.
         c.JupyterHub.load_roles.append({{
             "name": "mig-slicemap-visitors",
@@ -166,8 +170,8 @@ def test_no_token_no_map(setup):
 
 
 def test_the_live_service_exports_the_slice_metrics(setup):
-    _, url, _ = setup
-    text = requests.get(url.replace("/slices", "/metrics"), timeout=10).text
+    hub, url, _ = setup
+    text = hub.session.get(url.replace("/slices", "/metrics"), timeout=10).text
     host = socket.gethostname()  # the adapter names the host as the machine does
     assert (f'mig_spawner_slices{{gpu="1",host="{host}",profile="1g.18gb",state="idle"}} 1.0'
             in text)

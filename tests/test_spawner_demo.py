@@ -7,6 +7,7 @@ banner say (users, groups, ports, limits, the slice service, the who-sees-what t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from traitlets.config import PyFileConfigLoader
@@ -14,6 +15,8 @@ from traitlets.config import PyFileConfigLoader
 from mig_spawner.cli import demo
 from mig_spawner.cli.main import build_parser
 from mig_spawner.service.app import SliceServiceApp
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(tmp_path, *argv):
@@ -33,16 +36,30 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
     assert set(groups) == {"analysts", "ml-team", "admins"}
     assert config.Authenticator.allowed_users == {u for g in groups.values() for u in g["users"]}
     assert config.SharedPasswordAuthenticator.user_password == demo.DEFAULT_PASSWORD
-    assert config.LocalMIGSpawner.simulate == demo.DEMO_SPEC
+    assert config.MIGSettings.simulate == demo.DEMO_SPEC
     # The shipped policies are loaded, not a copy of them.
     assert "analysts" in config.MIGPolicyConfig.group_policies
+    # And checked as the shipped jupyterhub_config.py checks them, last.
+    assert path.read_text().rstrip().endswith("check_hub_config(c)")
+
+
+def test_the_demo_refuses_a_wrong_setting_as_the_hub_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "SNIPPETS", (*demo.SNIPPETS, "99-typo.py"))
+    monkeypatch.setattr(demo, "config_dir", lambda: tmp_path / "conf")
+    (tmp_path / "conf").mkdir()
+    for name in demo.SNIPPETS[:-1]:
+        (tmp_path / "conf" / name).symlink_to(REPO / "jupyterhub_config.d" / name)
+    (tmp_path / "conf" / "99-typo.py").write_text("c.SimpleLocalMIGSpawner.strategy = 'packed'\n")
+    path = demo.write_config(_args(tmp_path), tmp_path)
+    with pytest.raises(SystemExit, match=r"c.SimpleLocalMIGSpawner.strategy = 'packed'"):
+        load(path)
 
 
 def test_without_simulate_the_demo_uses_the_real_driver(tmp_path):
     args = _args(tmp_path)
     args.simulate = None
     path = demo.write_config(args, tmp_path)
-    assert "LocalMIGSpawner.simulate" not in path.read_text()
+    assert "MIGSettings.simulate" not in path.read_text()
 
 
 def test_it_prints_who_sees_what_on_the_spawn_form(tmp_path):
@@ -70,7 +87,9 @@ def test_the_slice_service_runs_beside_the_demo_hub_on_its_config_and_short_limi
     # What the service itself makes of that file: the demo's GPUs, ledger and limits.
     app = SliceServiceApp()
     app.initialize(service["command"][3:])
-    assert app.simulate == demo.DEMO_SPEC and app.sim_state_file == f"{tmp_path}/sim-gpus.json"
+    shared = app.shared
+    assert shared.simulate == demo.DEMO_SPEC
+    assert shared.sim_state_file == f"{tmp_path}/sim-gpus.json"
     assert app.ledger_url == f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
     assert app.cull_every == 15 and app.slice_idle_after == 20
     policy = app.load_policy()

@@ -22,6 +22,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Decision, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
+from mig_spawner.spawner.runtime import DEMAND_WINDOW
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1"
@@ -54,9 +55,9 @@ def sim(tmp_path):
 
 def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",)):
     c = Config(load_config_files(GROUPS))
-    c.LocalMIGSpawner.ledger_url = ledger_url
-    c.LocalMIGSpawner.simulate = SIM
-    c.LocalMIGSpawner.sim_state_file = str(tmp_path / "sim-gpus.json")
+    c.MIGSettings.ledger_url = ledger_url
+    c.MIGSettings.simulate = SIM
+    c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
     c.LocalMIGSpawner.mig_mode = mode
     return LocalMIGSpawner(config=c, user=User(user, list(groups)))
 
@@ -143,6 +144,30 @@ async def test_demand_is_read_once_per_minute_not_per_claim(tmp_path, ledger_url
     assert await s.runtime.run(s.runtime.demand) == first == {}
     with Ledger.open(ledger_url) as ledger:
         assert ledger.request_counts(datetime(2026, 1, 1, tzinfo=UTC)) == {"4g.71gb": 5}
+
+
+async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
+    tmp_path, ledger_url, sim
+):
+    """Refusals count once per user per profile per demand window (docs/allocator.md),
+    so one user hammering the API cannot steer where everyone's slices go."""
+    holder = spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
+    with Ledger.open(ledger_url) as ledger:  # analysts may hold one slice: mal has it
+        ledger.claim(LeaseRequest("mal", "other"), lambda view: Decision(
+            group="analysts", profile="1g.18gb", compute_slices=1, mode="dynamic",
+            host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=1))
+    since = datetime.now(UTC) - DEMAND_WINDOW
+    before = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
+    for i in range(300):
+        s = spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
+        # Half forbidden (1g.35gb is not the analysts'), half over the user's limit.
+        s.user_options = {"profile": "1g.35gb" if i % 2 else "small"}
+        with pytest.raises(SpawnException):
+            await s.start()
+    after = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
+    assert len(await holder.runtime.run(holder.runtime.ledger().refusals)) == 300  # all kept
+    for profile in ("1g.18gb", "1g.35gb"):
+        assert after.get(profile, 0) - before.get(profile, 0) <= 1, (profile, before, after)
 
 
 class ReleasedWhileStarting(LocalMIGSpawner):

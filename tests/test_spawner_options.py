@@ -180,31 +180,34 @@ def test_form_without_any_offer_explains_instead_of_showing_radios(policies):
 
 
 @pytest.mark.parametrize(
-    ("trait", "value", "words"),
+    ("cls", "trait", "value", "words"),
     [
-        ("mig_mode", "elastic", "mig_mode"),
-        ("strategy", "random", "strategy"),
-        ("ledger_url", "not a url", "is not a SQLAlchemy URL"),
-        ("simulate", "h999x2", "simulate:"),
-        ("sim_state_file", "/no/such/folder/sim.json", "its folder does not exist"),
+        ("LocalMIGSpawner", "mig_mode", "elastic", "mig_mode"),
+        ("LocalMIGSpawner", "strategy", "random", "strategy"),
+        ("MIGSettings", "ledger_url", "not a url", "is not a SQLAlchemy URL"),
+        ("MIGSettings", "simulate", "h999x2", "simulate:"),
+        ("MIGSettings", "sim_state_file", "/no/such/folder/sim.json", "its folder does not exist"),
     ],
 )
-def test_bad_settings_are_refused_when_the_hub_reads_its_config(trait, value, words):
+def test_bad_settings_are_refused_when_the_hub_reads_its_config(cls, trait, value, words):
     from traitlets import TraitError
 
-    from mig_spawner.spawner import LocalMIGSpawner
+    from mig_spawner import config
+    from mig_spawner.spawner import local
 
     with pytest.raises(TraitError, match=re.escape(words)):
-        LocalMIGSpawner(**{trait: value})
+        (getattr(local, cls, None) or getattr(config, cls))(**{trait: value})
 
 
 def test_settings_have_help_and_the_form_is_built_per_user():
+    from mig_spawner.config import MIGSettings
     from mig_spawner.spawner import LocalMIGSpawner
 
     traits = LocalMIGSpawner.class_traits(config=True)
-    for name in ("mig_mode", "strategy", "ledger_url", "simulate", "sim_state_file",
-                 "isolation"):
+    for name in ("mig_mode", "strategy", "isolation"):
         assert traits[name].help.strip(), name
+    for name, trait in MIGSettings.class_traits(config=True).items():
+        assert trait.help.strip(), name
     assert callable(LocalMIGSpawner().options_form)
 
 

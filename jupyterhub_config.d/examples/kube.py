@@ -43,6 +43,6 @@ c.KubeMIGSpawner.mig_availability_ttl = 10.0
 # c.KubeMIGSpawner.mig_node_label_selector = "nvidia.com/gpu.present=true"
 
 # Leases: empty = a SQLite file beside the hub database, i.e. on the hub's PVC
-# (/srv/jupyterhub). The slice service must read the same ledger: run it as a hub-managed
-# service in the hub pod, or use PostgreSQL for both.
-c.KubeMIGSpawner.ledger_url = ""
+# (/srv/jupyterhub). The slice service reads the same setting (c.MIGSettings, never a
+# per-class one): run it as a hub-managed service in the hub pod, or use PostgreSQL.
+c.MIGSettings.ledger_url = ""

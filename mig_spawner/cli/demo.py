@@ -22,8 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from traitlets.config import Config, LazyConfigValue
+from traitlets.config import Config
 
+from mig_spawner.config import setting_value
 from mig_spawner.core.durations import DurationError, parse_duration
 
 DEMO_SPEC = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
@@ -82,9 +83,7 @@ def point_service(c: Config, name: str, url: str, config_file: str) -> None:
     elsewhere (the demo's generated file, a test's). Raises ValueError if no
     service ``name`` was loaded.
     """
-    services = c.JupyterHub.services
-    if isinstance(services, LazyConfigValue):  # appended to by load_subconfig'd files
-        services = services.get_value([])
+    services = setting_value(c.JupyterHub, "services", [])
     if not any(service.get("name") == name for service in services):
         raise ValueError(f"no service {name!r} in c.JupyterHub.services: load "
                          "jupyterhub_config.d/30-slice-service.py first")
@@ -152,9 +151,14 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         lines.append('c.Spawner.args = ["--ServerApp.allow_root=True"]')
     if args.simulate:
         lines += [
-            f"c.LocalMIGSpawner.simulate = {args.simulate!r}",
-            f'c.LocalMIGSpawner.sim_state_file = "{workdir}/sim-gpus.json"',
+            f"c.MIGSettings.simulate = {args.simulate!r}",
+            f'c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"',
         ]
+    lines += [
+        "# The hub's start-up check, as the shipped jupyterhub_config.py runs it.",
+        "from mig_spawner.spawner.startup import check_hub_config  # noqa: E402",
+        "check_hub_config(c)",
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
@@ -28,6 +29,9 @@ GRANT_CONFIG = (
     f"to {MIG_CONFIG_DEVICE} (chgrp <group> {MIG_CONFIG_DEVICE}; chmod g+r "
     f"{MIG_CONFIG_DEVICE}); pool mode needs none of this"
 )
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 
 class Status(StrEnum):
@@ -328,3 +332,24 @@ def render_json(checks: list[Check]) -> str:
     """The checks as JSON (``doctor --json``), for scripts and bug reports."""
     return json.dumps({"checks": [asdict(c) for c in checks],
                        "failed": sum(c.status is Status.FAIL for c in checks)}, indent=2)
+
+
+def config_checks(config: Config) -> list[Check]:
+    """What the hub's start-up check would refuse (FAIL) or warn about (WARN) in the
+    hub's config, beyond the policy itself: misspelt or wrong settings, a slice service
+    on another ledger, policies for groups the hub does not have."""
+    from ..config import MIGPolicyConfig
+    from ..core.policy import PolicyError
+    from ..spawner.startup import ledger_problems, policy_warnings, setting_problems
+
+    fix = "fix jupyterhub_config.d (docs/admin-install.md)"
+    problems = setting_problems(config) or ledger_problems(config)
+    if problems:
+        return [Check("hub settings", Status.FAIL, "; ".join(problems), fix)]
+    checks = [Check("hub settings", Status.PASS, "the hub's start-up check passes")]
+    try:
+        warnings = policy_warnings(config, MIGPolicyConfig(config=config).build())
+    except PolicyError:
+        return checks  # reported by the "hub config" check
+    checks += [Check("hub groups", Status.WARN, w, fix) for w in warnings]
+    return checks

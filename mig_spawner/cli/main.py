@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import catalog, demo, doctor, report, status
+from .settings import hub_config
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
@@ -15,12 +16,21 @@ SIMULATE_HELP = (
 
 
 def _connect(args: argparse.Namespace):
+    from ..config import MIGSettings
     from ..gpu import connect
 
-    return connect(simulate=args.simulate, state_file=args.sim_state)
+    shared = MIGSettings(config=hub_config(args))
+    return connect(simulate=shared.simulate, state_file=shared.sim_state_file)
 
 
 def _add_gpu_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-f", "--config-dir",
+        metavar="DIR",
+        help="the hub's jupyterhub_config.d (or a config file): its c.MIGSettings (ledger, "
+             "simulated GPUs); for doctor, its policies and mode; for report --advise, the "
+             "groups that lose a profile the proposal drops. Options win over it",
+    )
     p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
     p.add_argument(
         "--sim-state",
@@ -79,6 +89,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return offered_profiles_from_config(args.config_dir, models)
 
     checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode)
+    if args.config_dir:
+        checks += doctor.config_checks(hub_config(args))
     print(doctor.render_json(checks) if args.json else doctor.render(checks))
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
 
@@ -100,11 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
     )
     _add_gpu_options(p)
-    p.add_argument(
-        "--config-dir",
-        metavar="DIR",
-        help="jupyterhub_config.d to read the offered profiles and mode from",
-    )
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)

@@ -11,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import MIGSettings
 from ..core.durations import DurationError, parse_duration
+from .settings import hub_config
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..gpu.errors import GpuError
@@ -19,10 +21,6 @@ if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the com
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
-
-# The ledger's default URL, repeated so that building the parser imports no SQLAlchemy
-# (mig_spawner.ledger.DEFAULT_URL; a test checks they agree).
-DEFAULT_LEDGER_URL = "sqlite:///mig_spawner_ledger.sqlite"
 
 DEFAULT_WINDOW = "30d"
 # The advice's minimum sample (mig_spawner.report.advise.MIN_REQUESTS; a test checks).
@@ -57,6 +55,14 @@ def parse_when(text: str, now: datetime) -> datetime:
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
+def ledger_url(args: argparse.Namespace) -> str:
+    """The ledger the hub uses, as its config says (``--ledger-url`` wins)."""
+    from ..hub.groups import hub_db_url
+
+    config = hub_config(args)
+    return MIGSettings(config=config).ledger_location(hub_db_url(config))
+
+
 def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
     """Register ``report`` on the ``mig-spawner`` parser (``add_gpu_options``: main's
     ``--simulate``/``--sim-state``, for the current layout)."""
@@ -67,8 +73,10 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_gpu_options(p)
-    p.add_argument("--ledger-url", default=DEFAULT_LEDGER_URL, metavar="URL",
-                   help=f"SQLAlchemy URL of the lease ledger (default: {DEFAULT_LEDGER_URL})")
+    p.add_argument("--ledger-url", metavar="URL",
+                   help="SQLAlchemy URL of the lease ledger (default: c.MIGSettings.ledger_url "
+                        "of --config-dir, else mig_spawner_ledger.sqlite beside the hub's "
+                        "database, else in this directory)"),
     p.add_argument("--since", default=DEFAULT_WINDOW, metavar="WHEN",
                    help="start of the window: a date (2026-11-01) or a duration back from "
                         f"now (default: {DEFAULT_WINDOW})")
@@ -85,9 +93,6 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     p.add_argument("--min-requests", type=int, default=DEFAULT_MIN_REQUESTS, metavar="N",
                    help="with --advise: propose nothing from fewer requests than this "
                         f"(default: {DEFAULT_MIN_REQUESTS})")
-    p.add_argument("--config-dir", metavar="DIR", type=Path,
-                   help="with --advise: the hub's jupyterhub_config.d, to name the groups "
-                        "whose policy allows a profile the proposal drops")
     p.set_defaults(func=cmd_report)
 
 
@@ -97,7 +102,8 @@ def _fleet(args: argparse.Namespace, held: Sequence[Lease]) -> tuple[Fleet, dict
     from ..gpu import connect
     from ..report.replay import fleet_of
 
-    adapter = connect(simulate=args.simulate, state_file=args.sim_state)
+    shared = MIGSettings(config=hub_config(args))
+    adapter = connect(simulate=shared.simulate, state_file=shared.sim_state_file)
     try:
         inventory = adapter.inventory()
     finally:
@@ -107,7 +113,7 @@ def _fleet(args: argparse.Namespace, held: Sequence[Lease]) -> tuple[Fleet, dict
     return fleet_of(inventory), dict(on_gpu)
 
 
-def _allowed_by(config_dir: Path | None) -> dict[str, list[str]]:
+def _allowed_by(config_dir: str | None) -> dict[str, list[str]]:
     """Profile -> the groups whose policy in ``config_dir`` allows it (a class counts
     for each profile it names); empty without a config."""
     if config_dir is None:
@@ -149,7 +155,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         if args.min_requests < 1:
             raise ValueError("--min-requests must be at least 1")
         allowed_by = _allowed_by(args.config_dir) if args.advise else {}
-        with Ledger.open_existing(args.ledger_url) as ledger:
+        with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals(since, until)
             held = ledger.active() if args.advise else []

@@ -13,6 +13,8 @@ Why the SQLite settings:
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +74,24 @@ def _check_sqlite_file(url: URL) -> None:
         )
     if url.query.get("uri"):
         return  # a file: URI; sqlite3 resolves it, we cannot check it reliably
-    parent = Path(database).expanduser().absolute().parent
-    if not parent.is_dir():
+    path = Path(database).expanduser().absolute()
+    if not path.parent.is_dir():
         raise LedgerConfigError(
-            f"the directory {parent} for the ledger database {database} does not exist; "
-            "create it or point the ledger URL somewhere that exists"
+            f"the directory {path.parent} for the ledger database {database} does not "
+            "exist; create it or point the ledger URL somewhere that exists"
         )
+
+
+def _create_private(url: URL) -> None:
+    """Create a new ledger file readable by its owner only (0600): it names who holds
+    which slice. SQLite gives the ``-wal`` and ``-shm`` files the database file's mode,
+    so they follow. An existing file keeps the mode its admin chose. Only the writing
+    engine does this: a read-only open must never create the file."""
+    if url.query.get("uri") or not url.database:
+        return  # a file: URI; sqlite3 resolves it
+    path = Path(url.database).expanduser().absolute()
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def create_ledger_engine(url: str, *, echo: bool = False) -> Engine:
@@ -86,6 +100,7 @@ def create_ledger_engine(url: str, *, echo: bool = False) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         # pre_ping: a hub runs for months; PostgreSQL restarts must not break claims.
         return create_engine(parsed, echo=echo, pool_pre_ping=True)
+    _create_private(parsed)
     engine = create_engine(
         parsed,
         echo=echo,

@@ -32,6 +32,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     TypeDecorator,
 )
 
@@ -40,6 +41,12 @@ from sqlalchemy import (
 VERSION_TABLE = "mig_spawner_alembic_version"
 
 metadata = MetaData()
+
+#: User and server names: as long as JupyterHub lets them be (its SQLite database takes
+#: any length). Unbounded on PostgreSQL, which enforces ``varchar(n)``; SQLite never
+#: enforces a declared length, so its ``varchar(255)`` already holds any name and
+#: migration 0003 need not rebuild its tables.
+NAME = String(255).with_variant(Text(), "postgresql")
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -69,8 +76,8 @@ leases = Table(
     "leases",
     metadata,
     Column("id", String(32), primary_key=True, comment="uuid4 hex; never reused"),
-    Column("user_name", String(255), nullable=False),
-    Column("server_name", String(255), nullable=False),
+    Column("user_name", NAME, nullable=False),
+    Column("server_name", NAME, nullable=False),
     Column("group_name", String(255), nullable=False, comment="group charged for the slice"),
     Column("profile", String(64), nullable=False),
     Column("compute_slices", Integer, nullable=False),
@@ -109,8 +116,8 @@ lease_slots = Table(
 lease_servers = Table(
     "lease_servers",
     metadata,
-    Column("user_name", String(255), primary_key=True),
-    Column("server_name", String(255), primary_key=True),
+    Column("user_name", NAME, primary_key=True),
+    Column("server_name", NAME, primary_key=True),
     Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False, unique=True),
 )
 
@@ -121,8 +128,8 @@ refusals = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("at", UtcDateTime(), nullable=False),
-    Column("user_name", String(255), nullable=False),
-    Column("server_name", String(255), nullable=False),
+    Column("user_name", NAME, nullable=False),
+    Column("server_name", NAME, nullable=False),
     Column("offer", String(64), nullable=False,
            comment="what was asked for: a profile or a slice class"),
     Column("profile", String(64), comment="the concrete profile, when known"),

@@ -8,20 +8,44 @@ outside any claim transaction and never read by claims.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import fields
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import TypeVar
 
-from sqlalchemy import ColumnElement, Connection, and_, func, insert, select, union_all
+from sqlalchemy import ColumnElement, Connection, and_, func, insert, select
 
 from .models import leases, refusals
 from .records import LeaseRequest, RefusalRecord, require_aware
+
+T = TypeVar("T")
+
+#: A user's refusals for one profile count once per this window as demand (for dynamic
+#: placement and ``mig-spawner report``): retries and scripted bursts are one unmet
+#: need, while the same need on another day counts again (docs/allocator.md).
+REFUSAL_WINDOW = timedelta(hours=1)
 
 _MESSAGE_MAX = refusals.c.message.type.length or 1000
 _GROUP_MAX = refusals.c.group_name.type.length or 255
 # RefusalRecord field -> column, where the SQL name differs.
 _REFUSAL_COLUMN_FOR = {"user": "user_name", "group": "group_name"}
+
+
+def once_per_window(
+    events: Iterable[T], key: Callable[[T], Hashable], at: Callable[[T], datetime],
+    window: timedelta = REFUSAL_WINDOW,
+) -> list[T]:
+    """The ``events`` that count: per ``key``, the first, then each one at least
+    ``window`` after the last that counted. In time order."""
+    last: dict[Hashable, datetime] = {}
+    kept = []
+    for event in sorted(events, key=at):
+        k, moment = key(event), at(event)
+        if k not in last or moment - last[k] >= window:
+            last[k] = moment
+            kept.append(event)
+    return kept
 
 
 class RefusalLog:
@@ -90,21 +114,29 @@ class RefusalLog:
 
     def request_counts(self, since: datetime) -> dict[str, int]:
         """How often each profile was asked for since ``since``: leases claimed plus
-        refusals that name a concrete profile, in one query. For the allocator's
-        ``demand`` (docs/allocator.md)."""
+        refusals that name a concrete profile, in one read. For the allocator's
+        ``demand`` (docs/allocator.md).
+
+        Refusals count once per user per profile per :data:`REFUSAL_WINDOW`
+        (:func:`once_per_window`): one user retrying, or scripting 300 forbidden
+        requests, must not move where everyone's slices go."""
         require_aware("since", since)
         granted = (
-            select(leases.c.profile.label("profile"), func.count().label("n"))
+            select(leases.c.profile, func.count())
             .where(leases.c.claimed_at >= since)
             .group_by(leases.c.profile)
         )
         refused = (
-            select(refusals.c.profile.label("profile"), func.count().label("n"))
+            select(refusals.c.user_name, refusals.c.profile, refusals.c.at)
             .where(refusals.c.at >= since, refusals.c.profile.is_not(None))
-            .group_by(refusals.c.profile)
         )
         counts: Counter[str] = Counter()
         with self._read() as connection:
-            for profile, n in connection.execute(union_all(granted, refused)):
+            for profile, n in connection.execute(granted):
                 counts[profile] += n
+            rows = connection.execute(refused).all()
+        for _user, profile, _at in once_per_window(
+            rows, key=lambda row: (row[0], row[1]), at=lambda row: row[2]
+        ):
+            counts[profile] += 1
         return dict(counts)

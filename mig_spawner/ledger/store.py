@@ -252,10 +252,12 @@ class Ledger(RefusalLog, WaitList):
         server already holds a lease, ``DoubleGrant`` if the decision overlaps
         a held lease's memory slices.
         """
-        now = self._now()
         with self._write() as connection:
             lock_claims(connection)
             held = self._select(connection, leases.c.state.in_(HELD_STATES))
+            # Read after the held leases: a release they show committed, and so read its
+            # time, before this one; the history never shows one slot held twice.
+            now = self._now()
             for lease in held:
                 if (lease.user, lease.server_name) == (request.user, request.server_name):
                     raise ServerHasLease(lease)

@@ -192,14 +192,17 @@ class WaitList:
         """
         with self._write() as connection:
             lock_claims(connection)
+            entries = self._entries(connection, state="waiting")
+            held = tuple(self._select(connection, leases.c.state.in_(HELD_STATES)))
+            # Read after the held leases (as claim does): a release they show ended
+            # before this time, so the history never shows one slot held twice.
             now = self._now()
             waiting = []
-            for entry in self._entries(connection, state="waiting"):
+            for entry in entries:
                 if entry.deadline is not None and entry.deadline <= now:
                     self._close(connection, entry, "expired", now, reason="waited max_wait")
                 else:
                     waiting.append(entry)
-            held = tuple(self._select(connection, leases.c.state.in_(HELD_STATES)))
             holding = {(lease.user, lease.server_name) for lease in held}
             shares = group_shares(Counter(lease.group for lease in held), quotas, capacity)
             by_id = {entry.id: entry for entry in waiting}

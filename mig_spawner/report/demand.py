@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from mig_spawner.core.refusal import Reason
 from mig_spawner.ledger import Lease, RefusalRecord
+from mig_spawner.ledger.refusal_log import once_per_window
 
 #: Refusals a different MIG layout could have avoided: no free slice of that profile,
 #: no room to create one, or no GPU offering it at all. The others (group quota, user
@@ -32,6 +33,13 @@ def wanted(refusal: RefusalRecord) -> str:
 def layout_refusal(refusal: RefusalRecord) -> bool:
     """True when another layout could have served it (see ``CAPACITY_REASONS``)."""
     return refusal.reason in CAPACITY_REASONS
+
+
+def fair(refusals: Iterable[RefusalRecord]) -> list[RefusalRecord]:
+    """The refusals that count as demand: per user and profile, once per
+    :data:`~mig_spawner.ledger.refusal_log.REFUSAL_WINDOW`, the rule dynamic placement
+    also reads demand by (docs/allocator.md). In time order."""
+    return once_per_window(refusals, key=lambda r: (r.user, wanted(r)), at=lambda r: r.at)
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,8 @@ def requests_of(
 
     A refused request never held anything, so it is given the median hold time of
     granted leases of its profile (of all profiles when it has none; one hour when
-    nothing ended yet): the time it would likely have held a slice.
+    nothing ended yet): the time it would likely have held a slice. Refusals count
+    as :func:`fair` says.
     """
     medians = median_holds(leases, until)
     overall = (
@@ -120,7 +129,7 @@ def requests_of(
     found.extend(
         Request(r.at, r.at + medians.get(wanted(r), overall), wanted(r), r.group or "", r.user,
                 False)
-        for r in refusals if layout_refusal(r)
+        for r in fair(refusals) if layout_refusal(r)
     )
     return sorted(found, key=lambda q: (q.arrive, q.user))
 
@@ -137,7 +146,8 @@ def usage(
 
     ``idle_share``: of the hold time, the share after the server's last recorded
     activity (the idle tail before a cull or stop); a lower bound of real idleness,
-    since idle spells between two activities leave no trace in the ledger.
+    since idle spells between two activities leave no trace in the ledger. Refusals
+    count as :func:`fair` says.
     """
     if since >= until:
         raise ValueError(f"the report window is empty: since {since} is not before {until}")
@@ -149,11 +159,10 @@ def usage(
             key = (lease.profile, lease.group if by_group else "*")
             mine.setdefault(key, []).append(lease)
             keys.add(key)
-    for r in refusals:
-        if since <= r.at <= until:
-            key = (wanted(r), (r.group or "?") if by_group else "*")
-            refused.setdefault(key, []).append(r)
-            keys.add(key)
+    for r in fair(r for r in refusals if since <= r.at <= until):
+        key = (wanted(r), (r.group or "?") if by_group else "*")
+        refused.setdefault(key, []).append(r)
+        keys.add(key)
     rows = []
     for key in sorted(keys):
         held = mine.get(key, [])

@@ -35,12 +35,18 @@ from traitlets import Bool, Float, Int, Unicode, Union, default, validate
 from traitlets.config import Application
 
 from mig_spawner import __version__, gpu
-from mig_spawner.config import MIGPolicyConfig, load_config_files, spawner_setting
+from mig_spawner.config import (
+    MIGPolicyConfig,
+    MIGSettings,
+    load_config_files,
+    misplaced_settings,
+)
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
-from mig_spawner.ledger import Ledger, url_beside_hub_db
+from mig_spawner.hub.groups import hub_db_url
+from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.observe.source import SliceSource
@@ -77,6 +83,7 @@ class SliceServiceApp(Application):
     name = "mig-spawner-service"
     version = __version__
     description = __doc__
+    classes = [MIGSettings, MIGPolicyConfig]
 
     cull_every = _duration_trait(
         60.0,
@@ -150,8 +157,8 @@ class SliceServiceApp(Application):
         help="""The hub's ``jupyterhub_config.d`` directory (or one config file).
 
         The service loads it to read the same ``c.MIGPolicyConfig`` group policies
-        as the hub; ``c.SliceServiceApp.*`` settings there apply too (command-line
-        options win).""",
+        and ``c.MIGSettings`` (ledger, simulated GPUs) as the hub;
+        ``c.SliceServiceApp.*`` settings there apply too (command-line options win).""",
     ).tag(config=True)
     hub_api_url = Unicode(
         help="The hub's REST API URL. Default: $JUPYTERHUB_API_URL, set by the hub."
@@ -174,14 +181,6 @@ class SliceServiceApp(Application):
     service_prefix = Unicode(
         help="URL prefix the proxy forwards (default: $JUPYTERHUB_SERVICE_PREFIX)."
     ).tag(config=True)
-    ledger_url = Unicode(
-        help="""SQLAlchemy URL of the lease ledger; it must be the spawner's.
-
-        Default: the spawner's ``ledger_url`` if ``config_dir`` sets one, else a
-        SQLite file ``mig_spawner_ledger.sqlite`` beside the hub's SQLite database
-        (``JupyterHub.db_url``), as the spawner does, else in the working directory.
-        Empty: no ledger (culling only, no orphan repair).""",
-    ).tag(config=True)
     slice_idle_after = _duration_trait(
         900.0,
         """A leased slice whose server shows no activity for this long is drawn as idle
@@ -203,30 +202,16 @@ class SliceServiceApp(Application):
         help="""Read this host's MIG devices each sweep and report busy ones no lease
         holds (never killing anything). Turn off where the service runs off the GPU host.""",
     ).tag(config=True)
-    simulate = Unicode(
-        None,
-        allow_none=True,
-        help="""Use the simulated GPU instead of NVML, with this spec (``h200x2``).
-        Default: the spawner's ``simulate`` if ``config_dir`` sets one, else
-        $MIG_SPAWNER_SIMULATE, else real NVML.""",
-    ).tag(config=True)
-    sim_state_file = Unicode(
-        None,
-        allow_none=True,
-        help="""JSON state file of the simulated GPU, shared with the hub. Default: the
-        spawner's ``sim_state_file`` if ``config_dir`` sets one, else
-        $MIG_SPAWNER_SIM_STATE.""",
-    ).tag(config=True)
-
     aliases = {
         "config-dir": "SliceServiceApp.config_dir",
         "cull-every": "SliceServiceApp.cull_every",
         "concurrency": "SliceServiceApp.concurrency",
         "orphan-grace": "SliceServiceApp.orphan_grace",
-        "ledger-url": "SliceServiceApp.ledger_url",
+        "ledger-url": "MIGSettings.ledger_url",
         "proxy-url": "SliceServiceApp.proxy_url",
         "url": "SliceServiceApp.hub_api_url",
-        "simulate": "SliceServiceApp.simulate",
+        "simulate": "MIGSettings.simulate",
+        "sim-state-file": "MIGSettings.sim_state_file",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -261,22 +246,17 @@ class SliceServiceApp(Application):
                 return urlparse(str(url))._replace(path="", query="").geturl()
         return ""
 
-    def _spawner_setting(self, name: str) -> str | None:
-        """The spawner's setting in the loaded config: one setting serves hub and service."""
-        return spawner_setting(self.config, name, skip=type(self).__name__)
+    @property
+    def shared(self) -> MIGSettings:
+        """The ledger and GPU settings the hub's spawner reads too (``c.MIGSettings``,
+        from ``config_dir`` and the command line)."""
+        return MIGSettings(parent=self)
 
-    @default("ledger_url")
-    def _default_ledger_url(self) -> str:
-        return self._spawner_setting("ledger_url") or url_beside_hub_db(
-            self.config.JupyterHub.get("db_url"))
-
-    @default("simulate")
-    def _default_simulate(self) -> str | None:
-        return self._spawner_setting("simulate")
-
-    @default("sim_state_file")
-    def _default_sim_state_file(self) -> str | None:
-        return self._spawner_setting("sim_state_file")
+    @property
+    def ledger_url(self) -> str:
+        """The spawner's ledger: ``c.MIGSettings.ledger_url``, else the SQLite file
+        beside the hub's SQLite database (``JupyterHub.db_url``), by the same rule."""
+        return self.shared.ledger_location(hub_db_url(self.config))
 
     @default("service_url")
     def _default_service_url(self) -> str:
@@ -328,6 +308,9 @@ class SliceServiceApp(Application):
         if self.config_dir:
             self.update_config(load_config_files(self.config_dir))
             self.update_config(self.cli_config)  # the command line wins
+        if misplaced := misplaced_settings(self.config):
+            # The hub refuses such a config at start too; never run on another ledger.
+            raise SystemExit("mig-spawner-service: " + "; ".join(misplaced))
 
     def load_policy(self) -> PolicySet:
         """The group policies from the loaded config, checked as the hub checks them."""
@@ -346,7 +329,7 @@ class SliceServiceApp(Application):
             retries=self.retries, backoff_base=self.retry_backoff,
             page_size=self.page_size, log=self.log,
         )
-        ledger = Ledger.open(self.ledger_url) if self.ledger_url else None
+        ledger = Ledger.open(self.ledger_url)
         return Sweeper(
             client, self.load_policy(), metrics, ledger=ledger, gpus=self.connect_gpus(),
             dry_run=self.dry_run, probe_servers=self.probe_servers,
@@ -377,7 +360,8 @@ class SliceServiceApp(Application):
         if not self.check_gpus:
             return None
         try:
-            return gpu.connect(self.simulate, self.sim_state_file)
+            shared = self.shared
+            return gpu.connect(shared.simulate, shared.sim_state_file)
         except gpu.GpuError as e:
             self.log.error(
                 "cannot read this host's GPUs (%s; %s); not reporting MIG devices used "
@@ -390,19 +374,9 @@ class SliceServiceApp(Application):
         """``ok`` once a sweep completed and the latest did; ``failing`` otherwise."""
         last = self._last_report
         ok = last is not None and last.complete and self._token_problem is None
-        return {
-            "status": "ok" if ok else ("starting" if last is None else "failing"),
-            "version": __version__,
-            "dry_run": self.dry_run,
-            "last_sweep_age_seconds": (
-                None if self._last_sweep_at is None else time.monotonic() - self._last_sweep_at
-            ),
-            "servers": last.servers if last else None,
-            "error": self._token_problem or (last.error if last else None),
-        }
+        return {"status": "ok" if ok else ("starting" if last is None else "failing")}
 
     _last_report: SweepReport | None = None
-    _last_sweep_at: float | None = None
     _token_problem: str | None = None
 
     async def run(self) -> None:
@@ -422,7 +396,6 @@ class SliceServiceApp(Application):
             while True:
                 began = time.monotonic()
                 self._last_report = await sweeper.sweep()
-                self._last_sweep_at = time.monotonic()
                 await asyncio.sleep(max(0.0, self.cull_every - (time.monotonic() - began)))
         finally:
             if server is not None:
@@ -434,7 +407,7 @@ class SliceServiceApp(Application):
         with the sweeper's ledger. None (and said why) without GPUs or a ledger."""
         if sweeper.gpus is None or sweeper.ledger is None:
             self.log.warning(
-                "no slice map or per-slice metrics: they need the ledger (ledger_url) "
+                "no slice map or per-slice metrics: they need the ledger "
                 "and this host's GPUs (check_gpus)")
             return None
         return SliceSource(sweeper.gpus, sweeper.ledger, sweeper.policy,

@@ -1,23 +1,47 @@
-"""Check the GPU policy when the hub starts, so a mistake never waits for the first spawn.
+"""Check the hub's config when the hub starts, so a mistake never waits for the first spawn.
 
 JupyterHub creates spawners only when someone starts a server; a misspelt key in
-``jupyterhub_config.d/20-groups.py`` would otherwise surface as a failed spawn hours
-later. ``jupyterhub_config.py`` calls :func:`check_hub_config` after loading the
-snippets, and the hub refuses to start with a message naming each group and key.
+``jupyterhub_config.d/20-groups.py`` or ``mig_mode = "dynamc"`` would otherwise surface
+as a failed spawn hours later. ``jupyterhub_config.py`` (and ``mig-spawner demo``) call
+:func:`check_hub_config` after loading the snippets, and the hub refuses to start with
+a message naming each setting, or each group and key, that is wrong. Mistakes that may
+be on purpose (a policy for a group not created yet, a group that may use nothing) are
+warnings on the hub's stderr instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import sys
+from collections.abc import Iterator
 
-from traitlets.config import Config
+from sqlalchemy.engine import make_url
+from traitlets import TraitError
+from traitlets.config import Config, Configurable
 
-from mig_spawner.config import MIGPolicyConfig, spawner_setting
+from mig_spawner.config import (
+    SHARED_SETTINGS,
+    MIGPolicyConfig,
+    MIGSettings,
+    misplaced_settings,
+    setting_value,
+)
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.policy import PolicyError, PolicySet
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
+from mig_spawner.hub.groups import hub_db_url, hub_groups
 from mig_spawner.kube.resources import KubeConfigError, check_kube_profiles
+
+from .local import LocalMIGSpawner, SimpleLocalMIGSpawner
+from .mixin import MIGSpawnerMixin
+from .settings import MIGSpawnerSettings
+
+#: How the slice service is started in ``c.JupyterHub.services`` (its console script,
+#: or ``python -m mig_spawner.service``).
+_SERVICE_COMMANDS = ("mig-spawner-service", "mig_spawner.service")
+#: True while check_hub_config runs (see there).
+_checking = False
 
 
 def local_fleet(config: Config) -> list[GpuModel] | None:
@@ -26,11 +50,9 @@ def local_fleet(config: Config) -> list[GpuModel] | None:
     ``None`` when the GPUs cannot be read now (no driver on the hub's machine, e.g. a
     Kubernetes hub): the policy is then checked without knowing the fleet.
     """
+    shared = MIGSettings(config=config)
     try:
-        adapter = connect(
-            simulate=spawner_setting(config, "simulate"),
-            state_file=spawner_setting(config, "sim_state_file"),
-        )
+        adapter = connect(simulate=shared.simulate, state_file=shared.state_file())
         try:
             inventory = adapter.inventory()
         finally:
@@ -48,21 +70,160 @@ def _is_kube(config: Config) -> bool:
     return spawner == "mig-kube" or "Kube" in spawner
 
 
-def check_hub_config(config: Config) -> PolicySet:
-    """Build the group policy from ``config``; exit the hub with the problems if wrong.
+def _checked_classes(config: Config) -> dict[str, type[Configurable]]:
+    """The config sections whose every name and value mig-spawner can check."""
+    classes: list[type[Configurable]] = [
+        MIGPolicyConfig, MIGSettings, MIGSpawnerSettings, MIGSpawnerMixin,
+        LocalMIGSpawner, SimpleLocalMIGSpawner,
+    ]
+    if "KubeMIGSpawner" in config or _is_kube(config):
+        from .kube import KubeMIGSpawner  # needs kubespawner: only where it is used
 
-    On a local GPU host the profiles are also checked against the GPUs present; on
+        classes.append(KubeMIGSpawner)
+    return {cls.__name__: cls for cls in classes}
+
+
+def setting_problems(config: Config) -> list[str]:
+    """Settings of mig-spawner's classes that are misspelt, hold a value their trait
+    refuses, or sit where they are no longer read; one line each."""
+    problems = misplaced_settings(config)
+    for name, cls in _checked_classes(config).items():
+        if name not in config or not isinstance(config[name], Config):
+            continue
+        traits = cls.class_traits(config=True)
+        for key, value in config[name].items():
+            if isinstance(value, Config):
+                continue  # a nested section (c.LocalMIGSpawner.MIGSettings...)
+            trait = traits.get(key)
+            if trait is None:
+                if key in SHARED_SETTINGS:
+                    continue  # reported by misplaced_settings
+                match = difflib.get_close_matches(key, list(traits), n=1)
+                hint = f"; did you mean {match[0]!r}?" if match else ""
+                problems.append(f"c.{name}.{key} is not a setting of {name}{hint}")
+                continue
+            try:
+                trait.validate(None, value)
+            except TraitError as e:
+                problems.append(f"c.{name}.{key} = {value!r}: {_trait_error(e)}")
+    if not problems:
+        try:  # its own checks (a URL that parses, a simulator spec that exists)
+            MIGSettings(config=config)
+        except TraitError as e:
+            problems.append(f"c.MIGSettings: {e}")
+    return problems
+
+
+def _trait_error(e: TraitError) -> str:
+    # traitlets says "The 'mig_mode' trait expected any of [...], not the str 'x'."
+    text = str(e)
+    return text.split(" trait ", 1)[-1] if text.startswith("The '") else text
+
+
+def _service_argvs(config: Config) -> Iterator[tuple[str, list[str]]]:
+    """(name, arguments) of each slice service the hub would start."""
+    for service in setting_value(config.JupyterHub, "services", []) or ():
+        command = [str(arg) for arg in (service.get("command") or ())]
+        for i, arg in enumerate(command):
+            if arg in _SERVICE_COMMANDS or arg.endswith("/mig-spawner-service"):
+                yield str(service.get("name", "?")), command[i + 1:]
+                break
+
+
+def _same_url(a: str, b: str) -> bool:
+    return make_url(a).render_as_string(hide_password=False) == make_url(b).render_as_string(
+        hide_password=False)
+
+
+def _shown(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def ledger_problems(config: Config) -> list[str]:
+    """Slice services in ``c.JupyterHub.services`` that would use another ledger than
+    the hub's spawner: they would see none of its leases."""
+    hub_ledger = MIGSettings(config=config).ledger_location(hub_db_url(config))
+    problems = []
+    for name, argv in _service_argvs(config):
+        # The service's own option and config loading, so that the check sees exactly
+        # what the service will (its --config-dir, --ledger-url, ...).
+        from mig_spawner.service.app import SliceServiceApp
+
+        app = SliceServiceApp()
+        try:
+            app.initialize(argv)
+            service_ledger = app.ledger_url
+        except (SystemExit, TraitError, ValueError) as e:
+            problems.append(f"the slice service {name!r} would not start: {e}")
+            continue
+        if not _same_url(service_ledger, hub_ledger):
+            problems.append(
+                f"the slice service {name!r} would use the ledger {_shown(service_ledger)} "
+                f"but the hub uses {_shown(hub_ledger)}; set the ledger once, as "
+                "c.MIGSettings.ledger_url, and give the service the same config directory "
+                "(--config-dir) without its own --ledger-url"
+            )
+    return problems
+
+
+def policy_warnings(config: Config, policies: PolicySet) -> list[str]:
+    """What may be on purpose but usually is a mistake: policies for groups the hub
+    does not have, and groups that may use no slice at all."""
+    warnings = []
+    known = hub_groups(config)
+    if known is not None:
+        for group in sorted(set(policies.groups) - known):
+            match = difflib.get_close_matches(group, sorted(known), n=1)
+            hint = f" (did you mean {match[0]!r}?)" if match else ""
+            warnings.append(
+                f"c.MIGPolicyConfig.group_policies has a policy for the group {group!r}, "
+                f"which this hub does not have{hint}; it applies to nobody until the group "
+                "is created (on /hub/admin, or in c.JupyterHub.load_groups)"
+            )
+    for group in sorted(g.name for g in policies.groups.values() if not g.allowed):
+        warnings.append(
+            f"the group {group!r} has allowed = []: its members get no GPU slice unless "
+            "another of their groups allows one (docs/policies.md)"
+        )
+    return warnings
+
+
+def check_hub_config(config: Config) -> PolicySet:
+    """Check ``config`` and return its group policy; exit the hub with the problems.
+
+    Refused: misspelt names and wrong values of mig-spawner's settings, shared settings
+    in their old places, a slice service on another ledger, and a wrong group policy. On
+    a local GPU host the profiles are also checked against the GPUs present; on
     Kubernetes the hub has no GPU, and the cluster's models are not known at start.
+    Warned about on stderr: see :func:`policy_warnings`.
     """
+    global _checking
+    if _checking:
+        # A slice service whose --config-dir is the file that called us: loading it
+        # for ledger_problems runs this again. The outer call checks everything.
+        return PolicySet(offers={}, groups={})
+    _checking = True
+    try:
+        problems = setting_problems(config) or ledger_problems(config)
+    finally:
+        _checking = False
+    if problems:
+        raise SystemExit(
+            "mig-spawner: the configuration in jupyterhub_config.d is wrong, so the hub "
+            "will not start.\n" + "\n".join(f"  - {p}" for p in problems)
+            + "\nFix the file and start the hub again (docs/admin-install.md)."
+        )
     kube = _is_kube(config)
     fleet = None if kube else local_fleet(config)
     try:
         policies = MIGPolicyConfig(config=config).build(fleet)
         if kube:
             check_kube_profiles(policies.profile_names())
-        return policies
     except (PolicyError, KubeConfigError) as e:
         raise SystemExit(
             "mig-spawner: the GPU policy in jupyterhub_config.d is wrong, so the hub will "
             f"not start.\n{e}\nFix the file and start the hub again (docs/policies.md)."
         ) from None
+    for warning in policy_warnings(config, policies):
+        print(f"mig-spawner: warning: {warning}", file=sys.stderr)
+    return policies

@@ -185,7 +185,7 @@ class SimulatedHost:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(f"{self.state_file}.lock", "a+b") as lock:
+        with open(f"{self.state_file}.lock", "a+b", opener=_private) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if os.fstat(lock.fileno()).st_size < _GENERATION.size:
@@ -209,11 +209,16 @@ class SimulatedHost:
 
     def _save(self) -> None:
         tmp = f"{self.state_file}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", opener=_private) as f:
             json.dump(self._state.to_json(), f, separators=(",", ":"))
         os.replace(tmp, self.state_file)  # readers never see a half-written file
         self._generation = _GENERATION.unpack_from(self._generation_map)[0] + 1
         _GENERATION.pack_into(self._generation_map, 0, self._generation)
+
+
+def _private(path: str, flags: int) -> int:
+    """Create files for this user only: the state names who runs what on which slice."""
+    return os.open(path, flags, 0o600)
 
 
 def _build(spec: str) -> HostState:
