@@ -81,11 +81,14 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     assert [d.uuid for d in _devices(hub)] == [device.uuid]
     lease = ledger.history(user="ana")[-1]
     assert lease.state == "releasing"  # still holds the slice: nobody else gets it
-    assert "in use by PIDs [4242]" in lease.release_reason
-    # The same server cannot start again on top of it, and hears why.
+    assert "processes still run on its GPU instance (PIDs 4242)" in lease.release_reason
+    # The same server cannot start again on top of it, and hears why in plain words.
     again = hub.spawn("ana", {"profile": "small"})
     assert again.status_code == 409, again.text
-    assert "not given back yet" in again.json()["message"]
+    assert again.json()["message"] == (
+        "The slice of this server's last run is not given back yet: processes still run on "
+        "its GPU instance (PIDs 4242). Try again in a minute; if it persists, tell a hub admin."
+    )
     # Once the process is gone, the slice service (or an admin) finishes the release.
     sim.set_processes(device.uuid, [])
 
