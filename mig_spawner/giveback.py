@@ -52,10 +52,10 @@ def give_back(ledger: Ledger, gpus: GpuAdapter | None, lease: Lease, reason: str
             # Said in the lease (the slice map, the user's next start) and retried by the
             # spawner within seconds and by the slice service at each sweep.
             ledger.begin_release(
-                lease.id, f"{reason}; {HOLDS_PREFIX}the GPU refused to destroy its instance "
-                f"({type(e).__name__}); retrying",
+                lease.id, f"{reason}; {HOLDS_PREFIX}the GPU did not let the hub destroy its "
+                "instance yet; the hub keeps trying",
             )
-            raise
+            raise e
     if ledger.release(lease.id, reason) is None:
         return "already released"
     return RELEASED
