@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hub_harness import HubError, HubProcess, start_mig_hub
+from hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
 
 from mig_spawner.ledger import Ledger
 
@@ -39,20 +39,6 @@ c.Spawner.poll_interval = 1
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.MIGPolicyConfig.group_policies["crowd"] = {"allowed": ["small"]}
-
-import asyncio, os
-from mig_spawner.spawner.local import SimpleLocalMIGSpawner
-
-# Waits between the claim and the spawn while the file 'pause' exists, as a slow
-# device preparation would: the hub can then die with leases claimed, no process.
-class PausingSpawner(SimpleLocalMIGSpawner):
-
-    async def prepare_slice(self, lease):
-        while os.path.exists("pause"):
-            await asyncio.sleep(0.1)
-        await super().prepare_slice(lease)
-
-c.JupyterHub.spawner_class = PausingSpawner
 """
 
 
@@ -128,7 +114,7 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
 ):
     # Servers carry the tag in their environment, so that only this hub's count.
     tag = f"{os.getpid()}-{tmp_path.name}"
-    hub = start_mig_hub(tmp_path, SIM, EXTRA + (
+    hub = start_mig_hub(tmp_path, SIM, EXTRA + PAUSE_BEFORE_SPAWN + (
         f"\nc.LocalMIGSpawner.ledger_url = {ledger_url!r}"
         f"\nc.Spawner.environment = {{'MIG_TEST_HUB': {tag!r}}}\n"
     ))

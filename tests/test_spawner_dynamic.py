@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hub_harness import start_mig_hub
+from hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
@@ -43,14 +45,14 @@ def hub(tmp_path_factory, postgres_server, database):
     hub = start_mig_hub(
         workdir,
         SIM,
-        f"""
+        textwrap.dedent(f"""
         c.LocalMIGSpawner.ledger_url = "{postgres_server.url(database)}"
         c.LocalMIGSpawner.mig_mode = "dynamic"
         def _break(spawner):
             if spawner.user.name == "broken":
                 spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
         c.Spawner.pre_spawn_hook = _break
-        """,
+        """) + PAUSE_BEFORE_SPAWN,
     )
     hub.create_user("ana", groups=["analysts"])
     hub.create_user("broken", groups=["analysts"])
@@ -217,3 +219,45 @@ def test_an_instance_that_cannot_be_created_gives_a_plain_503(hub, ledger, sim):
     assert plain(r.json()["message"]).startswith("Could not create the 1g.18gb instance")
     hub.wait_until(lambda: hub.server_model("ana") is None, 30)
     assert ledger.active_for_server("ana") is None
+
+
+def test_the_gpu_unreadable_at_claim_gives_a_plain_503(hub, ledger, sim):
+    sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
+    try:
+        r = hub.spawn("ana", {"profile": "small"})
+    finally:
+        sim.clear_errors()
+    assert r.status_code == 503, r.text
+    assert plain(r.json()["message"]) == (
+        "The GPU inventory cannot be read right now. Try again in a minute; if it persists, "
+        "tell a hub admin."
+    )
+    hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    assert ledger.active_for_server("ana") is None
+
+
+def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_after(
+    hub, ledger, outage
+):
+    pause = hub.workdir / "pause"
+    pause.touch()
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            posted = pool.submit(hub.spawn, "ana", {"profile": "small"})
+            hub.wait_until(lambda: ledger.active_for_server("ana") is not None, 30)
+            outage.start()  # after the claim and the instance, before the activation
+        finally:
+            pause.unlink()
+        r = posted.result(60)
+    try:
+        assert r.status_code == 503, r.text
+        assert plain(r.json()["message"]) == (
+            "The lease ledger cannot be read right now. Try again in a minute; if it "
+            "persists, tell a hub admin."
+        )
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert not _devices(hub)
+    print(f"slice free {took:.1f}s after the ledger came back")
