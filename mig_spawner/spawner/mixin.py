@@ -41,7 +41,7 @@ from mig_spawner import holder
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
-from mig_spawner.giveback import RELEASED, give_back, still_holding
+from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
     Lease,
@@ -325,36 +325,26 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """A lease still recorded for this server although it is starting belongs to a
         server that is gone (e.g. the hub died mid-start): stop what still runs for it
         and release it first, or refuse in plain words when that cannot be done now."""
-        name = self.name or ""
-        stale = None
+        name, reason = self.name or "", "stale: server was not running when it started again"
         try:
             stale = await self.runtime.run(
                 lambda: self.runtime.ledger().active_for_server(self.user.name, name)
             )
-            outcome = RELEASED
-            if stale is not None:
-                outcome = await self._give_back(
-                    stale.id, "stale: server was not running when it started again"
-                )
+            if stale is None:
+                return
+            outcome = await self._give_back(stale.id, reason)
+            if outcome in DONE:
+                return
+        except GpuError as e:
+            self.log.error("Stale lease of %s: %s", self._log_name, _log_detail(e))
         except tuple(self.backend_errors) as e:
-            if stale is not None and isinstance(e, GpuError):
-                self._retry_later(stale.id, "stale: server was not running when it started again")
-                stale = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
-                raise self._previous_lease(stale) from None
             raise self._backend_error(e) from None
-        if outcome not in DONE:
-            raise self._previous_lease(
-                await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
-            )
-
-    def _previous_lease(self, lease: Lease | None) -> SpawnException:
-        """The refusal while the slice of this server's last run is still held."""
-        what = still_holding(lease) if lease else "the hub is still giving it back"
-        return refusal(
-            "previous_lease",
-            f"The slice of this server's last run is not given back yet: {what}. "
-            "Try again in a minute; if it persists, tell a hub admin.",
-        )
+        self._retry_later(stale.id, reason)
+        try:
+            held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
+        except tuple(self.backend_errors) as e:
+            raise self._backend_error(e) from None
+        raise refusal("previous_lease", _previous_lease(held or stale))
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
@@ -374,11 +364,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                "previous_lease",
-                f"The slice of this server's last run is not given back yet: "
-                f"{still_holding(e.lease)}. Try again in a minute; if it persists, tell "
-                "a hub admin.",
-                mine, offer, plan,
+                "previous_lease", _previous_lease(e.lease), mine, offer, plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -525,13 +511,14 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             self.lease_id = lease_id
             self._retry_later(lease_id, reason)
 
-    async def _give_back(self, lease_id: str, reason: str) -> str:
+    async def _give_back(self, lease_id: str, reason: str, retry: bool = False) -> str:
         """Stop what still runs for the lease, destroy a dynamic instance, release.
 
         Returns an outcome (:data:`DONE`, or a sentence saying why the slice is still
         held); raises ``GpuError``/``LedgerError``. A holder that cannot be checked
-        or stopped keeps the slice (reported, counted); an instance that still runs
-        processes is not destroyed: the lease is left ``releasing``.
+        or stopped keeps the slice (reported, counted; on a ``retry`` in the debug log
+        only); an instance that still runs processes is not destroyed: the lease is
+        left ``releasing``.
         """
         lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
         if lease is None or not lease.held:
@@ -544,9 +531,18 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             HOLDERS_STOPPED.inc()
             found = await asyncio.to_thread(holder.stop, found, self._term_grace())
         if found.state != holder.GONE:
-            RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
-            self.log.error("Lease %s of %s NOT released: its holder cannot be checked (%s); "
-                           "it keeps its slice", lease_id, self._log_name, found.why)
+            if not retry:
+                RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
+            log = self.log.debug if retry else self.log.error
+            log("Lease %s of %s NOT released: its holder cannot be checked (%s); it keeps "
+                "its slice", lease_id, self._log_name, found.why)
+            # Said in the lease, for the slice map and for the user's next start.
+            await self.runtime.run(
+                lambda: self.runtime.ledger().begin_release(
+                    lease_id, f"{reason}; {HOLDS_PREFIX}a process of its last run that the "
+                    "hub cannot check or stop",
+                )
+            )
             return f"its server process cannot be checked ({found.why})"
 
         def release() -> str:
@@ -581,14 +577,23 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
             try:
-                outcome = await self._give_back(lease_id, reason)
+                outcome = await self._give_back(lease_id, reason, retry=True)
             except (GpuError, LedgerError) as e:
                 self.log.debug("Retry of lease %s failed: %s", lease_id, e)
                 continue
             if outcome in DONE:
                 if self.lease_id == lease_id:
                     self.lease_id = None
+                self.log.info("Lease %s of %s given back on a retry", lease_id, self._log_name)
                 return
+
+
+def _previous_lease(lease: Lease) -> str:
+    """What the user hears while the slice of this server's last run is still held."""
+    return (
+        f"The slice of this server's last run is not given back yet: {still_holding(lease)}. "
+        "Try again in a minute; if it persists, tell a hub admin."
+    )
 
 
 def refusal_group(mine: UserPolicy, offer_key: str | None) -> str | None:
