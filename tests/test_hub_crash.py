@@ -66,13 +66,15 @@ def servers_of(tag: str) -> dict[int, dict[str, str]]:
 
 
 def assert_one_server_per_slice(tag: str) -> dict[str, str]:
-    """No MIG UUID in two live servers' environments; returns UUID -> user."""
-    holders: dict[str, set[str]] = {}
+    """No MIG UUID in two live servers' environments (two leases: a server and its
+    kernels share one; two runs of one user's server do not); returns UUID -> user."""
+    holders: dict[str, set[tuple[str, str]]] = {}
     for env in servers_of(tag).values():
-        holders.setdefault(env["CUDA_VISIBLE_DEVICES"], set()).add(env["JUPYTERHUB_USER"])
-    doubles = {uuid: users for uuid, users in holders.items() if len(users) > 1}
+        server = (env["MIG_SPAWNER_LEASE_ID"], env["JUPYTERHUB_USER"])
+        holders.setdefault(env["CUDA_VISIBLE_DEVICES"], set()).add(server)
+    doubles = {uuid: servers for uuid, servers in holders.items() if len(servers) > 1}
     assert not doubles, f"MIG devices in two live servers: {doubles}"
-    return {uuid: next(iter(users)) for uuid, users in holders.items()}
+    return {uuid: next(iter(servers))[1] for uuid, servers in holders.items()}
 
 
 def running_users(hub: HubProcess) -> set[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,7 @@ def hub(tmp_path_factory, postgres_server, database):
         textwrap.dedent(f"""
         c.LocalMIGSpawner.ledger_url = "{postgres_server.url(database)}"
         c.LocalMIGSpawner.mig_mode = "dynamic"
+        c.Spawner.poll_interval = 1
         def _break(spawner):
             if spawner.user.name == "broken":
                 spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
@@ -259,5 +261,25 @@ def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_afte
     finally:
         outage.end()
     took = wait_released(ledger, "ana", 10)
+    assert not _devices(hub)
+    print(f"slice free {took:.1f}s after the ledger came back")
+
+
+def test_a_server_that_dies_while_the_ledger_is_down_frees_its_slice_once_it_is_back(
+    hub, ledger, outage
+):
+    hub.spawn("ana", {"profile": "small"})
+    hub.wait_ready("ana")
+    pid = hub.server_state("ana")["pid"]
+    outage.start()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        # The hub's poll sees it gone; the give-back waits for the ledger.
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+        time.sleep(1)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert ledger.history(user="ana")[-1].release_reason.startswith("server-exited")
     assert not _devices(hub)
     print(f"slice free {took:.1f}s after the ledger came back")
