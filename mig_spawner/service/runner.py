@@ -27,7 +27,7 @@ from typing import Protocol
 from mig_spawner import holder
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
-from mig_spawner.giveback import RELEASED, give_back
+from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
@@ -296,7 +296,8 @@ class Sweeper:
             now, leases, running, self.missing_since, self.orphan_grace
         )
         for lease in orphans:
-            reason = lease.release_reason if lease.state == "releasing" else (
+            # A lease left releasing keeps why it ends (what held it is said anew).
+            reason = (lease.release_reason or "").split(f"; {HOLDS_PREFIX}")[0] or (
                 f"orphan: hub has not run {lease.server} for "
                 f"{self.orphan_grace:.0f}s or more (released by the slice service)"
             )
@@ -307,7 +308,7 @@ class Sweeper:
                 continue
             try:
                 outcome = await asyncio.to_thread(
-                    give_back, self.ledger, self.gpus, lease, reason or "orphan"
+                    give_back, self.ledger, self.gpus, lease, reason
                 )
             except GpuError as e:
                 self._error("gpu", f"orphan lease {lease.id} of {lease.server}: the GPU "

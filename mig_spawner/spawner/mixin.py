@@ -4,7 +4,7 @@ The mixin adds, on top of a concrete spawner (``LocalProcessSpawner`` in
 ``local.py``): the spawn form, server-side validation of ``user_options``, the
 lease (claimed in the ledger before the server starts, released on every way a
 server can end), the environment that points CUDA at the slice, persisted
-state, and progress events. Where JupyterHub calls what (see MIG.md):
+state, and progress events. Where JupyterHub calls what:
 
 * ``start``: validate, claim, (dynamic) create the instance, start, activate.
   Any failure or timeout releases what was claimed before it propagates.
