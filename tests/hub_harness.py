@@ -419,6 +419,23 @@ def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> 
     raise HubError(f"kernel did not finish within {timeout}s")
 
 
+#: Config (for ``extra_config``) that makes the MIG spawner wait between the claim and the
+#: spawn while a file ``pause`` exists in the hub's directory, as a slow device
+#: preparation would: a test can then kill the hub, or the ledger, at that point.
+PAUSE_BEFORE_SPAWN = """
+import asyncio, os
+from mig_spawner.spawner.local import SimpleLocalMIGSpawner
+
+class PausingSpawner(SimpleLocalMIGSpawner):
+    async def prepare_slice(self, lease):
+        while os.path.exists("pause"):
+            await asyncio.sleep(0.1)
+        await super().prepare_slice(lease)
+
+c.JupyterHub.spawner_class = PausingSpawner
+"""
+
+
 def start_mig_hub(
     workdir: Path, sim: str, extra_config: str = "", spawner: str = "mig-simple", **kw: Any
 ) -> HubProcess:

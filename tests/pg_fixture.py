@@ -97,6 +97,19 @@ class PostgresServer:
             raise RuntimeError(f"psql {sql!r} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def block(self, database: str) -> None:
+        """Make ``database`` unusable, as an outage would: refuse new connections and
+        end the open ones."""
+        self.psql(f"ALTER DATABASE {database} ALLOW_CONNECTIONS false")
+        self.psql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{database}'"
+        )
+
+    def unblock(self, database: str) -> None:
+        """End what :meth:`block` did."""
+        self.psql(f"ALTER DATABASE {database} ALLOW_CONNECTIONS true")
+
 
 def _run(run_as: tuple[str, ...], *argv: str) -> None:
     result = subprocess.run(

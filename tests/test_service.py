@@ -26,6 +26,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets.config import Config
 
+from mig_spawner import holder
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
@@ -100,8 +101,9 @@ async def test_hub_outage_fails_the_sweep_not_the_service_and_it_resumes(standin
 
 
 def claim(ledger: Ledger, user: str, start: int, **grant) -> str:
-    grant = {"mode": "pool", "host": "h", "gpu_uuid": "GPU-0", "mig_uuid": f"MIG-{start}",
-             **grant}
+    # Leases of this host: the service checks their holders through /proc here.
+    grant = {"mode": "pool", "host": holder.this_host(), "gpu_uuid": "GPU-0",
+             "mig_uuid": f"MIG-{start}", **grant}
 
     def decide(view):
         return Decision(group="analysts", profile="1g.18gb", compute_slices=1, gpu_index=0,
@@ -114,6 +116,27 @@ def ledger(tmp_path):
     an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
     with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite", clock=lambda: an_hour_ago) as led:
         yield led
+
+
+async def test_orphan_whose_holder_runs_is_stopped_first_and_other_hosts_are_reported(
+    standin, ledger, tmp_path
+):
+    _, base = standin
+    lease_id = claim(ledger, "ghost", 0)
+    # The server the hub lost track of: its environment names the lease.
+    ghost = subprocess.Popen(["sleep", "60"], env={**os.environ, "MIG_SPAWNER_LEASE_ID": lease_id})
+    elsewhere = claim(ledger, "far", 1, host="another-host")
+    sweeper = sweeper_for(base, ledger=ledger, orphan_grace=0)
+    try:
+        report = await sweeper.sweep()
+        assert ghost.wait(5) == -signal.SIGTERM
+        assert [x.id for x in report.orphans_released] == [lease_id]
+        # Not checkable from here: it keeps its slice, and the metric says so.
+        assert ledger.get(elsewhere).held
+        assert sweeper.metrics.holders_unknown._value.get() == 1
+        assert sweeper.metrics.holders_stopped._value.get() == 1
+    finally:
+        ghost.kill()
 
 
 async def test_orphan_lease_released_after_grace_but_running_servers_keep_theirs(

@@ -1,12 +1,23 @@
 """Dynamic mode in a real JupyterHub: an instance is created per server and destroyed after.
 
-One hub for the module, on a simulated H200 in MIG mode with no instance at all.
+One hub for the module, on a simulated H200 in MIG mode with no instance at all, its
+ledger on PostgreSQL so that the tests can take the ledger down and bring it back.
+Every failure of the GPU or of the ledger, at any step of a start or a stop, gives the
+user a plain message (no address, no database name) and a status the API can act on;
+a give-back that failed is retried and frees the slice soon after the fault clears.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
-from hub_harness import start_mig_hub
+from hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
@@ -17,19 +28,33 @@ pytestmark = pytest.mark.hub
 SIM = "h200x1"
 
 
+# What no message a user sees may contain: URLs, hosts, ports, paths, database names.
+INTERNALS = re.compile(r"postgres|sqlite|://|127\.0\.0\.1|localhost|/tmp/|\.json|port|"
+                       r"dynhub|Error\b|None")
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def database(postgres_server):
+    name = f"dynhub_{os.getpid()}"
+    postgres_server.psql(f"CREATE DATABASE {name}")
+    return name
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, postgres_server, database):
     workdir = tmp_path_factory.mktemp("dynhub")
     hub = start_mig_hub(
         workdir,
         SIM,
-        """
+        textwrap.dedent(f"""
+        c.MIGSettings.ledger_url = "{postgres_server.url(database)}"
         c.LocalMIGSpawner.mig_mode = "dynamic"
+        c.Spawner.poll_interval = 1
         def _break(spawner):
             if spawner.user.name == "broken":
                 spawner.cmd = ["/nonexistent/jupyterhub-singleuser"]
         c.Spawner.pre_spawn_hook = _break
-        """,
+        """) + PAUSE_BEFORE_SPAWN,
     )
     hub.create_user("ana", groups=["analysts"])
     hub.create_user("broken", groups=["analysts"])
@@ -43,9 +68,38 @@ def sim(hub):
 
 
 @pytest.fixture(scope="module")
-def ledger(hub):
-    with Ledger(f"sqlite:///{hub.workdir / 'mig_spawner_ledger.sqlite'}") as ledger:
+def ledger(hub, postgres_server, database):
+    with Ledger(postgres_server.url(database)) as ledger:
         yield ledger
+
+
+@pytest.fixture
+def outage(postgres_server, database):
+    """Take the ledger down (``outage.start()``) and bring it back (``outage.end()``)."""
+
+    class Outage:
+        def start(self):
+            postgres_server.block(database)
+
+        def end(self):
+            postgres_server.unblock(database)
+
+    yield Outage()
+    postgres_server.unblock(database)
+
+
+def plain(message: str) -> str:
+    assert not INTERNALS.search(message), f"internals shown to the user: {message!r}"
+    return message
+
+
+def wait_released(ledger, user, timeout):
+    """Seconds until ``user`` holds no lease; fails after ``timeout``."""
+    started = time.monotonic()
+    while ledger.active_for_server(user) is not None:
+        assert time.monotonic() - started < timeout, f"{user}'s slice still held"
+        time.sleep(0.1)
+    return time.monotonic() - started
 
 
 def _devices(hub):
@@ -81,11 +135,14 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     assert [d.uuid for d in _devices(hub)] == [device.uuid]
     lease = ledger.history(user="ana")[-1]
     assert lease.state == "releasing"  # still holds the slice: nobody else gets it
-    assert "in use by PIDs [4242]" in lease.release_reason
-    # The same server cannot start again on top of it, and hears why.
+    assert "processes still run on its GPU instance (PIDs 4242)" in lease.release_reason
+    # The same server cannot start again on top of it, and hears why in plain words.
     again = hub.spawn("ana", {"profile": "small"})
     assert again.status_code == 409, again.text
-    assert "not given back yet" in again.json()["message"]
+    assert again.json()["message"] == (
+        "The slice of this server's last run is not given back yet: processes still run on "
+        "its GPU instance (PIDs 4242). Try again in a minute; if it persists, tell a hub admin."
+    )
     # Once the process is gone, the slice service (or an admin) finishes the release.
     sim.set_processes(device.uuid, [])
 
@@ -100,3 +157,129 @@ def test_a_failed_start_destroys_the_instance_it_created(hub, ledger):
     assert last.mig_uuid is not None  # it was created and recorded before the start
     assert not last.held and last.release_reason == "start-failed: FileNotFoundError"
     assert {d.uuid for d in _devices(hub)} == before  # nothing left behind on the GPU
+
+
+def test_a_destroy_that_fails_at_stop_is_said_and_retried_until_the_slice_is_free(
+    hub, ledger, sim
+):
+    hub.spawn("ana", {"profile": "small"})
+    hub.wait_ready("ana")
+    (device,) = _devices(hub)
+    sim.inject_error("nvmlComputeInstanceDestroy", "UNKNOWN", count=100_000)
+    try:
+        hub.stop_server("ana")
+        lease = ledger.history(user="ana")[-1]
+        assert lease.state == "releasing", lease  # still holds the slice, and says why
+        assert "the GPU did not let the hub destroy its instance" in lease.release_reason
+        again = hub.spawn("ana", {"profile": "small"})
+        assert again.status_code == 409, again.text
+        assert plain(again.json()["message"]) == (
+            "The slice of this server's last run is not given back yet: the GPU did not let "
+            "the hub destroy its instance yet; the hub keeps trying. Try again in a minute; "
+            "if it persists, tell a hub admin."
+        )
+    finally:
+        sim.clear_errors()
+    took = wait_released(ledger, "ana", 10)
+    assert device.uuid not in {d.uuid for d in _devices(hub)}
+    print(f"slice free {took:.1f}s after the GPU fault cleared")
+
+
+def test_the_ledger_down_at_stop_and_at_start_gives_plain_503s_and_heals(
+    hub, ledger, outage
+):
+    hub.spawn("ana", {"profile": "small"})
+    hub.wait_ready("ana")
+    outage.start()
+    try:
+        hub.stop_server("ana")  # the server stops; its slice cannot be given back yet
+        r = hub.spawn("ana", {"profile": "small"})
+        assert r.status_code == 503, r.text
+        assert plain(r.json()["message"]) == (
+            "The lease ledger cannot be read right now. Try again in a minute; if it "
+            "persists, tell a hub admin."
+        )
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert not _devices(hub)
+    r = hub.spawn("ana", {"profile": "small"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ana")
+    hub.stop_server("ana")
+    print(f"slice free {took:.1f}s after the ledger came back")
+
+
+def test_an_instance_that_cannot_be_created_gives_a_plain_503(hub, ledger, sim):
+    sim.inject_error("nvmlDeviceCreateGpuInstanceWithPlacement", "UNKNOWN")
+    try:
+        r = hub.spawn("ana", {"profile": "small"})
+    finally:
+        sim.clear_errors()
+    assert r.status_code == 503, r.text
+    assert plain(r.json()["message"]).startswith("Could not create the 1g.18gb instance")
+    hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    assert ledger.active_for_server("ana") is None
+
+
+def test_the_gpu_unreadable_at_claim_gives_a_plain_503(hub, ledger, sim):
+    sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
+    try:
+        r = hub.spawn("ana", {"profile": "small"})
+    finally:
+        sim.clear_errors()
+    assert r.status_code == 503, r.text
+    assert plain(r.json()["message"]) == (
+        "The GPU inventory cannot be read right now. Try again in a minute; if it persists, "
+        "tell a hub admin."
+    )
+    hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    assert ledger.active_for_server("ana") is None
+
+
+def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_after(
+    hub, ledger, outage
+):
+    pause = hub.workdir / "pause"
+    pause.touch()
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            posted = pool.submit(hub.spawn, "ana", {"profile": "small"})
+            hub.wait_until(lambda: ledger.active_for_server("ana") is not None, 30)
+            outage.start()  # after the claim and the instance, before the activation
+        finally:
+            pause.unlink()
+        r = posted.result(60)
+    try:
+        assert r.status_code == 503, r.text
+        assert plain(r.json()["message"]) == (
+            "The lease ledger cannot be read right now. Try again in a minute; if it "
+            "persists, tell a hub admin."
+        )
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert not _devices(hub)
+    print(f"slice free {took:.1f}s after the ledger came back")
+
+
+def test_a_server_that_dies_while_the_ledger_is_down_frees_its_slice_once_it_is_back(
+    hub, ledger, outage
+):
+    hub.spawn("ana", {"profile": "small"})
+    hub.wait_ready("ana")
+    pid = hub.server_state("ana")["pid"]
+    outage.start()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        # The hub's poll sees it gone; the give-back waits for the ledger.
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+        time.sleep(1)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert ledger.history(user="ana")[-1].release_reason.startswith("server-exited")
+    assert not _devices(hub)
+    print(f"slice free {took:.1f}s after the ledger came back")

@@ -197,6 +197,14 @@ def test_orphan_clock_resets_when_the_server_shows_up_again():
     assert orphans == []
 
 
+def test_a_releasing_lease_whose_server_is_gone_is_retried_at_once_not_after_the_grace():
+    # A stop whose give-back failed: retried at every sweep while the hub does not run it.
+    leases = [lease("L1", "ana", state="releasing", claimed_ago=1), lease("L2", "bob",
+              state="releasing")]
+    orphans, _ = find_orphans(NOW, leases, {("bob", "")}, {}, grace=5 * MIN)
+    assert [o.id for o in orphans] == ["L1"]
+
+
 def test_fresh_claim_is_not_an_orphan_while_its_spawn_may_be_in_flight():
     young = lease("L1", "ana", claimed_ago=1)
     orphans, missing = find_orphans(NOW, [young], set(), {"L1": ago(10)}, grace=5 * MIN)

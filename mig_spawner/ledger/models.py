@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
     Dialect,
@@ -99,6 +100,10 @@ leases = Table(
     Column("expires_at", UtcDateTime(), comment="max session age"),
     Column("released_at", UtcDateTime()),
     Column("release_reason", String(255)),
+    Column("holder_host", String(255), comment="host the server process runs on"),
+    Column("holder_pid", Integer, comment="PID of the server process"),
+    Column("holder_start", BigInteger,
+           comment="its start time (/proc/<pid>/stat field 22), so a reused PID is told"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),

@@ -147,6 +147,11 @@ class Lease:
     expires_at: datetime | None = None
     released_at: datetime | None = None
     release_reason: str | None = None
+    #: The server process, recorded as soon as it exists (local hosts): where it runs,
+    #: its PID and its start time in clock ticks since boot (tells a reused PID apart).
+    holder_host: str | None = None
+    holder_pid: int | None = None
+    holder_start: int | None = None
 
     @property
     def held(self) -> bool:

@@ -332,6 +332,19 @@ class Ledger(RefusalLog, WaitList):
             lease = self._lock_startable(connection, lease_id, "record an instance")
             return self._update(connection, lease, **self._new_facts(lease, learnt))
 
+    def record_holder(self, lease_id: str, *, host: str, pid: int, start: int) -> Lease:
+        """Store which process runs the lease's server, as soon as it exists.
+
+        Whoever later wants to release the lease (a restarted hub, the slice service)
+        checks this process first: the lease is released only once it is gone.
+        Raises ``LeaseStateError`` if the lease was released meanwhile (stop the
+        process: nobody else holds its slice for it).
+        """
+        learnt = {"holder_host": host, "holder_pid": pid, "holder_start": start}
+        with self._write() as connection:
+            lease = self._lock_startable(connection, lease_id, "record its server process")
+            return self._update(connection, lease, **learnt)
+
     def activate(
         self,
         lease_id: str,
@@ -403,13 +416,17 @@ class Ledger(RefusalLog, WaitList):
 
     def begin_release(self, lease_id: str, reason: str) -> Lease | None:
         """Mark a lease ``releasing``: it keeps its slice until ``release`` (e.g. while a
-        dynamic instance is destroyed). Idempotent; ``None`` if released or unknown."""
+        dynamic instance is destroyed, or a give-back failed and is being retried).
+
+        ``reason`` says why it ends and what still holds it; a lease already
+        releasing gets the newer reason. ``None`` if released or unknown.
+        """
         reason = _clean_reason(reason)
         with self._write() as connection:
             lease = self._lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            if lease.state == "releasing":
+            if (lease.state, lease.release_reason) == ("releasing", reason):
                 return lease
             return self._update(connection, lease, state="releasing", release_reason=reason)
 

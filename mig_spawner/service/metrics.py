@@ -37,6 +37,17 @@ class ServiceMetrics:
             "Ledger leases released because the hub no longer ran their server.",
             ["group"], registry=r,
         )
+        self.holders_stopped = Counter(
+            f"{PREFIX}_holders_stopped",
+            "Server processes of orphan leases (the hub no longer tracked them) stopped "
+            "before their lease was released.", registry=r,
+        )
+        self.holders_unknown = Counter(
+            f"{PREFIX}_holders_unknown",
+            "Orphan releases held back because the lease's server process could not be "
+            "checked or stopped (other host, no permission); the slice stays held.",
+            registry=r,
+        )
         self.unleased_devices = Gauge(
             f"{PREFIX}_unleased_busy_devices",
             "MIG devices running processes that no lease accounts for (reported, not killed).",

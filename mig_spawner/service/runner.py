@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from mig_spawner import holder
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
-from mig_spawner.giveback import RELEASED, give_back
+from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
+from mig_spawner.gpu.errors import GpuError
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.ledger import Lease, Ledger
@@ -84,6 +86,7 @@ class Sweeper:
         probe_servers: bool = True,
         cull_connected_kernels: bool = False,
         orphan_grace: float = 300.0,
+        holder_grace: float = holder.STOP_GRACE,
         activity_resolution: float = 60.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
@@ -97,6 +100,7 @@ class Sweeper:
         self.probe_servers = probe_servers
         self.cull_connected_kernels = cull_connected_kernels
         self.orphan_grace = orphan_grace
+        self.holder_grace = holder_grace
         self.activity_resolution = activity_resolution
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
@@ -292,14 +296,24 @@ class Sweeper:
             now, leases, running, self.missing_since, self.orphan_grace
         )
         for lease in orphans:
-            reason = (
+            # A lease left releasing keeps why it ends (what held it is said anew).
+            reason = (lease.release_reason or "").split(f"; {HOLDS_PREFIX}")[0] or (
                 f"orphan: hub has not run {lease.server} for "
                 f"{self.orphan_grace:.0f}s or more (released by the slice service)"
             )
             if self.dry_run:
                 self.log.warning("would release lease %s (%s, dry run)", lease.id, reason)
                 continue
-            outcome = await asyncio.to_thread(give_back, self.ledger, self.gpus, lease, reason)
+            if not await self._holder_gone(lease):
+                continue
+            try:
+                outcome = await asyncio.to_thread(
+                    give_back, self.ledger, self.gpus, lease, reason
+                )
+            except GpuError as e:
+                self._error("gpu", f"orphan lease {lease.id} of {lease.server}: the GPU "
+                            f"refused to give its slice back ({e}); retrying", report)
+                continue
             if outcome != RELEASED:
                 self.log.warning("orphan lease %s of %s: %s", lease.id, lease.server, outcome)
                 continue
@@ -311,6 +325,23 @@ class Sweeper:
             report.orphans_released.append(lease)
             self.metrics.orphans_repaired.labels(lease.group).inc()
             self.metrics.slices_reclaimed.labels("orphan", lease.group).inc()
+
+    async def _holder_gone(self, lease: Lease) -> bool:
+        """Stop what still runs for an orphan lease (a server the hub lost track of);
+        True once nothing does. A holder that cannot be checked is reported and keeps
+        its slice: releasing it could give one slice to two servers."""
+        found = await asyncio.to_thread(holder.check, lease)
+        if found.state == holder.RUNNING:
+            self.log.warning("orphan lease %s of %s: stopping PIDs %s that the hub does not "
+                             "track before releasing it", lease.id, lease.server, found.pids)
+            self.metrics.holders_stopped.inc()
+            found = await asyncio.to_thread(holder.stop, found, self.holder_grace)
+        if found.state == holder.GONE:
+            return True
+        self.metrics.holders_unknown.inc()
+        self.log.error("orphan lease %s of %s NOT released: its holder cannot be checked "
+                       "(%s)", lease.id, lease.server, found.why)
+        return False
 
     async def _report_unleased(self, leases: list[Lease], report: SweepReport) -> None:
         if self.gpus is None:

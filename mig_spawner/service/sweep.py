@@ -292,7 +292,9 @@ def find_orphans(
     active (running or pending). A lease counts as missing from the first sweep
     that did not see its server (``missing_since``, carried between sweeps) and
     is an orphan once missing for ``grace`` seconds *and* claimed ``grace``
-    seconds ago, so that a spawn the hub has not recorded yet is not one.
+    seconds ago, so that a spawn the hub has not recorded yet is not one. A
+    ``releasing`` lease (its stop began the give-back, which failed) needs no grace:
+    it is retried at every sweep. The caller checks each orphan's holder first.
     Returns the orphans and the ``missing_since`` map for the next sweep.
     """
     orphans: list[Lease] = []
@@ -304,7 +306,7 @@ def find_orphans(
         still_missing[lease.id] = first_missed
         missed_for = _since(now, first_missed) or 0.0
         claimed_for = _since(now, lease.claimed_at) or 0.0
-        if missed_for >= grace and claimed_for >= grace:
+        if lease.state == "releasing" or (missed_for >= grace and claimed_for >= grace):
             orphans.append(lease)
     return orphans, still_missing
 

@@ -40,3 +40,14 @@ def release_kind(reason: str) -> str:
     """The code of a release reason, without its details: ``"start-failed: OSError"`` ->
     ``"start-failed"``, ``"server-exited (status 1)"`` -> ``"server-exited"``."""
     return reason.split(":", 1)[0].split(" (", 1)[0].strip() or "unknown"
+RELEASES_HELD_BACK = Counter(
+    "mig_spawner_releases_held_back",
+    "Releases the hub did not do, by why: holder_unknown (its server process could not "
+    "be checked or stopped, so the slice stays held) or giveback_failed (retried).",
+    ["why"],
+)
+HOLDERS_STOPPED = Counter(
+    "mig_spawner_holders_stopped",
+    "Server processes of a lease that the hub no longer tracked and stopped before "
+    "releasing the lease (e.g. left running by a hub killed mid-spawn).",
+)

@@ -4,7 +4,7 @@ The mixin adds, on top of a concrete spawner (``LocalProcessSpawner`` in
 ``local.py``): the spawn form, server-side validation of ``user_options``, the
 lease (claimed in the ledger before the server starts, released on every way a
 server can end), the environment that points CUDA at the slice, persisted
-state, and progress events. Where JupyterHub calls what (see MIG.md):
+state, and progress events. Where JupyterHub calls what:
 
 * ``start``: validate, claim, (dynamic) create the instance, start, activate.
   Any failure or timeout releases what was claimed before it propagates.
@@ -12,7 +12,14 @@ state, and progress events. Where JupyterHub calls what (see MIG.md):
 * ``poll``: a dead server releases its lease at once. JupyterHub skips ``stop()``
   when ``poll()`` says the server is gone, and after a hub restart it polls every
   server it had (``load_state`` restored the lease id), so a server that died
-  while the hub was down frees its slice and a live one keeps it.
+  while the hub was down frees its slice and a live one keeps it. A server whose
+  state the hub never saved (killed mid-spawn) is found by its name in the ledger.
+
+Every release first checks the lease's holder (``mig_spawner.holder``): the server
+process recorded right after it was spawned, and any process whose environment names
+the lease. What still runs untracked is stopped (TERM, then KILL) before the slice is
+freed; a holder that cannot be checked keeps its slice and is reported. A give-back
+that fails is marked in the lease and retried within seconds.
 
 Every refusal is counted on the hub's ``/hub/metrics`` (``metrics.py``) and, when it
 names an offer, kept in the ledger for ``mig-spawner report``. A backend that cannot
@@ -21,6 +28,7 @@ be read gives a spawn form that says so instead of an error page.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -29,9 +37,10 @@ from typing import Any, ClassVar
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
 
+from mig_spawner import holder
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
-from mig_spawner.giveback import RELEASED, give_back
+from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
     Lease,
@@ -46,11 +55,27 @@ from .decide import ClaimRefused, free_now, make_decide, quota_problem, wanted_p
 from .environment import slice_environment
 from .errors import refusal, spawn_error
 from .hooks import ClaimPlan, SliceSupply
-from .metrics import CLAIM_DURATION, LEASES_CLAIMED, LEASES_RELEASED, SPAWN_REFUSALS, release_kind
+from .metrics import (
+    CLAIM_DURATION,
+    HOLDERS_STOPPED,
+    LEASES_CLAIMED,
+    LEASES_RELEASED,
+    RELEASES_HELD_BACK,
+    SPAWN_REFUSALS,
+    release_kind,
+)
 from .progress import ProgressLog
 from .settings import MIGSpawnerSettings
 
 STATE_KEY = "mig_lease_id"
+#: A failed give-back is retried after this many seconds, doubling up to RETRY_MAX, so
+#: that the slice is free within seconds of the fault clearing.
+RETRY_FIRST = 0.5
+RETRY_MAX = 4.0
+#: Outcomes of a give-back after which nothing is held any more.
+DONE = (RELEASED, "already released")
+# Retry tasks, referenced so that the event loop does not lose them.
+_RETRIES: set[asyncio.Task] = set()
 
 
 async def _options_form(spawner: MIGSpawnerMixin) -> str:
@@ -102,18 +127,19 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     def backend_problem(self, e: Exception) -> str:
         """What the user hears when a backend cannot be read: what, why, what to do.
 
-        A ledger error names its database URL, which is the admin's business (it is
-        logged); users only hear that the ledger is unavailable.
+        The error itself names database URLs, device paths or files, which are the
+        admin's business (it is logged); users only hear what is unavailable.
         """
-        why = "" if isinstance(e, LedgerError) else f": {e}"
         return (
-            f"{self._backend_name(e)} cannot be read right now{why}. Try again in a "
+            f"{self._backend_name(e)} cannot be read right now. Try again in a "
             "minute; if it persists, tell a hub admin."
         )
 
     def _backend_error(self, e: Exception) -> SpawnException:
+        """503 (try again later) with the plain message; the details go to the hub log."""
+        self.log.error("Spawn of %s: %s", self._log_name, _log_detail(e))
         return spawn_error(
-            self.backend_problem(e), "mig_backend", 500, log_message=_log_detail(e)
+            self.backend_problem(e), "mig_backend", 503, log_message=_log_detail(e)
         )
 
     def _backend_name(self, e: Exception) -> str:
@@ -256,10 +282,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
                 url = await super().start()
-                details = self.activation_details(lease)
-                await self.runtime.run(
-                    lambda: self.runtime.ledger().activate(lease.id, **details)
-                )
+                await self._activate(lease)
                 return url
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
@@ -269,16 +292,59 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         finally:
             self.progress_log.finish()
 
+    async def _activate(self, lease: Lease) -> None:
+        """Record the server process in the lease (its holder) and mark it active.
+
+        Right after the spawn: a hub that dies from here on leaves a lease that names
+        the process, which whoever releases the lease stops first. (Before this, the
+        process is found by ``MIG_SPAWNER_LEASE_ID`` in its environment.)
+        """
+        details = self.activation_details(lease)
+        spawned = holder.current(getattr(self, "pid", 0) or 0)
+
+        def activate() -> None:
+            ledger = self.runtime.ledger()
+            if spawned is not None:
+                ledger.record_holder(
+                    lease.id, host=holder.this_host(), pid=spawned.pid, start=spawned.start
+                )
+            ledger.activate(lease.id, **details)
+
+        try:
+            await self.runtime.run(activate)
+        except LeaseStateError as e:
+            raise spawn_error(
+                "The slice reserved for this server was given back while it was starting; "
+                "start it again.",
+                reason="lease_ended", log_message=str(e), status_code=409,
+            ) from None
+        except tuple(self.backend_errors) as e:
+            raise self._backend_error(e) from None
+
     async def _drop_stale_lease(self) -> None:
         """A lease still recorded for this server although it is starting belongs to a
-        server that is gone (e.g. the hub died mid-start): release it first."""
-        name = self.name or ""
-        stale = await self.runtime.run(
-            lambda: self.runtime.ledger().active_for_server(self.user.name, name)
-        )
-        if stale is not None:
-            self.lease_id = stale.id
-            await self._release("stale: server was not running when it started again")
+        server that is gone (e.g. the hub died mid-start): stop what still runs for it
+        and release it first, or refuse in plain words when that cannot be done now."""
+        name, reason = self.name or "", "stale: server was not running when it started again"
+        try:
+            stale = await self.runtime.run(
+                lambda: self.runtime.ledger().active_for_server(self.user.name, name)
+            )
+            if stale is None:
+                return
+            outcome = await self._give_back(stale.id, reason)
+            if outcome in DONE:
+                return
+        except GpuError as e:
+            self.log.error("Stale lease of %s: %s", self._log_name, _log_detail(e))
+        except tuple(self.backend_errors) as e:
+            raise self._backend_error(e) from None
+        self._retry_later(stale.id, reason)
+        try:
+            held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
+        except tuple(self.backend_errors) as e:
+            raise self._backend_error(e) from None
+        raise refusal("previous_lease", _previous_lease(held or stale))
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
@@ -296,13 +362,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except ClaimRefused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
-            # Left "releasing" by the last stop: processes still use its instance.
+            # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                "previous_lease",
-                f"the slice of this server's last run is not given back yet "
-                f"({e.lease.release_reason}); stop the processes still using it or ask a "
-                "hub admin, then start again",
-                mine, offer, plan,
+                "previous_lease", _previous_lease(e.lease), mine, offer, plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -401,7 +463,26 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     async def poll(self) -> int | None:
         status = await super().poll()
-        if status is not None and self.lease_id:
+        if status is None:
+            return None
+        if self.lease_id is None and not self._spawn_pending:
+            # A hub killed before it saved this server's state (pid, lease id) polls it
+            # after its restart as "stopped while the Hub was down": the lease, and
+            # the process it may have left running, are found by the server's name.
+            try:
+                lost = await self.runtime.run(
+                    lambda: self.runtime.ledger().active_for_server(self.user.name, self.name or "")
+                )
+            except tuple(self.backend_errors) as e:
+                self.log.error("Poll of %s could not read the ledger: %s", self._log_name,
+                               _log_detail(e))
+                return status
+            if lost is not None:
+                self.log.warning("%s has lease %s that the hub did not know of (hub restarted "
+                                 "mid-spawn?); releasing it once its holder is gone",
+                                 self._log_name, lost.id)
+                self.lease_id = lost.id
+        if self.lease_id:
             await self._release("stopped" if self._stopping else f"server-exited (status {status})")
         return status
 
@@ -415,34 +496,104 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             await self._release("stopped")
 
     async def _release(self, reason: str) -> None:
-        """Give the slice back: destroy a dynamic instance, then release the lease.
-
-        An instance that still runs processes is not destroyed: its lease is left
-        ``releasing`` (still holding the slice) for the slice service to finish, and
-        the PIDs are logged.
-        """
+        """Give the slice back (see :meth:`_give_back`); what fails is retried within
+        seconds in the background, and the lease id is kept for the next poll or stop."""
         lease_id, self.lease_id = self.lease_id, None
         if not lease_id:
             return
+        try:
+            outcome = await self._give_back(lease_id, reason)
+        except (GpuError, LedgerError) as e:
+            outcome = f"{type(e).__name__}"
+            self.log.error("Could not release lease %s of %s: %s", lease_id, self._log_name,
+                           _log_detail(e))
+        if outcome not in DONE:
+            self.lease_id = lease_id
+            self._retry_later(lease_id, reason)
+
+    async def _give_back(self, lease_id: str, reason: str, retry: bool = False) -> str:
+        """Stop what still runs for the lease, destroy a dynamic instance, release.
+
+        Returns an outcome (:data:`DONE`, or a sentence saying why the slice is still
+        held); raises ``GpuError``/``LedgerError``. A holder that cannot be checked
+        or stopped keeps the slice (reported, counted; on a ``retry`` in the debug log
+        only); an instance that still runs processes is not destroyed: the lease is
+        left ``releasing``.
+        """
+        lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
+        if lease is None or not lease.held:
+            return "already released"
+        # Not on the runtime's worker thread: stopping may take the grace period.
+        found = await asyncio.to_thread(holder.check, lease)
+        if found.state == holder.RUNNING:
+            self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "
+                             "releasing it", lease_id, self._log_name, found.pids)
+            HOLDERS_STOPPED.inc()
+            found = await asyncio.to_thread(holder.stop, found, self._term_grace())
+        if found.state != holder.GONE:
+            if not retry:
+                RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
+            log = self.log.debug if retry else self.log.error
+            log("Lease %s of %s NOT released: its holder cannot be checked (%s); it keeps "
+                "its slice", lease_id, self._log_name, found.why)
+            # Said in the lease, for the slice map and for the user's next start.
+            await self.runtime.run(
+                lambda: self.runtime.ledger().begin_release(
+                    lease_id, f"{reason}; {HOLDS_PREFIX}a process of its last run that the "
+                    "hub cannot check or stop",
+                )
+            )
+            return f"its server process cannot be checked ({found.why})"
 
         def release() -> str:
-            ledger = self.runtime.ledger()
-            lease = ledger.get(lease_id)
-            if lease is None or not lease.held:
-                return "already released"
             gpus = self.runtime.gpu() if lease.mode == "dynamic" else None
-            return give_back(ledger, gpus, lease, reason)
+            return give_back(self.runtime.ledger(), gpus, lease, reason)
 
-        try:
-            outcome = await self.runtime.run(release)
-        except (GpuError, LedgerError) as e:
-            # Keep the id so that the next poll or stop tries again.
-            self.lease_id = lease_id
-            self.log.error("Could not release lease %s of %s: %s", lease_id, self._log_name, e)
-            return
+        outcome = await self.runtime.run(release)
         if outcome == RELEASED:
             LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
         self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
+        return outcome
+
+    def _term_grace(self) -> float:
+        """Seconds from SIGTERM to SIGKILL for a holder: the concrete spawner's own."""
+        return float(getattr(self, "term_timeout", holder.STOP_GRACE))
+
+    def _retry_later(self, lease_id: str, reason: str) -> None:
+        """Retry giving ``lease_id`` back in the background until nothing holds it."""
+        retrying = self.__dict__.setdefault("_retrying", set())
+        if lease_id in retrying:
+            return
+        retrying.add(lease_id)
+        RELEASES_HELD_BACK.labels(why="giveback_failed").inc()
+        task = asyncio.ensure_future(self._retry_release(lease_id, reason))
+        _RETRIES.add(task)
+        task.add_done_callback(_RETRIES.discard)
+        task.add_done_callback(lambda _: retrying.discard(lease_id))
+
+    async def _retry_release(self, lease_id: str, reason: str) -> None:
+        delay = RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+            try:
+                outcome = await self._give_back(lease_id, reason, retry=True)
+            except (GpuError, LedgerError) as e:
+                self.log.debug("Retry of lease %s failed: %s", lease_id, e)
+                continue
+            if outcome in DONE:
+                if self.lease_id == lease_id:
+                    self.lease_id = None
+                self.log.info("Lease %s of %s given back on a retry", lease_id, self._log_name)
+                return
+
+
+def _previous_lease(lease: Lease) -> str:
+    """What the user hears while the slice of this server's last run is still held."""
+    return (
+        f"The slice of this server's last run is not given back yet: {still_holding(lease)}. "
+        "Try again in a minute; if it persists, tell a hub admin."
+    )
 
 
 def refusal_group(mine: UserPolicy, offer_key: str | None) -> str | None:

@@ -1,0 +1,165 @@
+"""The process that holds a lease's slice, found, checked and stopped through /proc.
+
+A lease may be released only when its holder is provably gone (docs/ledger.md,
+"The holder"). The holder is the server process the spawner recorded in the lease
+(host, PID and start time, so that a reused PID is not mistaken for it) plus every
+process on this host whose environment names the lease (``MIG_SPAWNER_LEASE_ID``,
+which the spawner sets and kernels inherit), or, for a server started without that
+variable, whose ``CUDA_VISIBLE_DEVICES`` is the lease's MIG device. The scan covers
+the window between the spawn and the record: a hub killed right after starting a
+server leaves a process that only its environment names.
+
+Only this host can be checked. A lease recorded on another host, or a process that
+cannot be signalled, is :data:`UNKNOWN`: such a lease is reported, never released.
+Processes whose environment cannot be read (another user's, when not root) are not
+seen; the hub and the slice service run as root or as the servers' own user.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mig_spawner.ledger import Lease
+
+PROC = Path("/proc")
+#: Seconds between SIGTERM and SIGKILL (as LocalProcessSpawner's ``term_timeout``).
+STOP_GRACE = 5.0
+#: After SIGKILL, how long to wait for the kernel to reap the processes.
+KILL_WAIT = 5.0
+GONE, RUNNING, UNKNOWN = "gone", "running", "unknown"
+LEASE_VARIABLE = "MIG_SPAWNER_LEASE_ID"
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process, told apart from a later one with the same PID by its start time."""
+
+    pid: int
+    start: int
+
+
+@dataclass(frozen=True)
+class HolderCheck:
+    """What holds a lease now: :data:`GONE`, :data:`RUNNING` (``processes``) or
+    :data:`UNKNOWN` (``why`` says what could not be checked)."""
+
+    state: str
+    processes: tuple[Process, ...] = ()
+    why: str = ""
+
+    @property
+    def pids(self) -> list[int]:
+        """The holder's PIDs, for logs."""
+        return [p.pid for p in self.processes]
+
+
+def this_host() -> str:
+    """The name the holder record uses for this host."""
+    return socket.gethostname()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22);
+    ``None`` when there is no such process or it has exited (a zombie)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ")".
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def current(pid: int) -> Process | None:
+    """The running process ``pid`` as a holder record (``None`` if it is not running)."""
+    start = start_time(pid)
+    return None if start is None else Process(pid, start)
+
+
+def alive(process: Process) -> bool:
+    """True while that very process (same PID *and* start time) runs."""
+    return start_time(process.pid) == process.start
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None  # exited meanwhile, or another user's process
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def _names_lease(env: dict[str, str], lease: Lease) -> bool:
+    named = env.get(LEASE_VARIABLE)
+    if named is not None:
+        return named == lease.id
+    uuid = lease.mig_uuid
+    return bool(uuid) and env.get("CUDA_VISIBLE_DEVICES") in (uuid, f"MIG-{uuid}")
+
+
+def processes_of(lease: Lease) -> list[Process]:
+    """Processes on this host whose environment names ``lease`` (see the module doc)."""
+    found = []
+    me = os.getpid()
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        env = _environ(int(entry.name))
+        if env is not None and _names_lease(env, lease):
+            process = current(int(entry.name))
+            if process is not None:
+                found.append(process)
+    return found
+
+
+def check(lease: Lease, host: str | None = None) -> HolderCheck:
+    """Whether anything still runs for ``lease`` (this host only; Kubernetes leases
+    name a pod, which the Kubernetes backend checks)."""
+    host = host or this_host()
+    recorded_host = lease.holder_host or lease.host
+    if recorded_host not in (None, host):
+        return HolderCheck(UNKNOWN, why=f"its server runs on host {recorded_host}, not here")
+    processes = set(processes_of(lease))
+    if lease.holder_pid is not None and lease.holder_start is not None:
+        recorded = Process(lease.holder_pid, lease.holder_start)
+        if alive(recorded):
+            processes.add(recorded)
+    if not processes:
+        return HolderCheck(GONE)
+    return HolderCheck(RUNNING, tuple(sorted(processes, key=lambda p: p.pid)))
+
+
+def stop(held: HolderCheck, grace: float = STOP_GRACE) -> HolderCheck:
+    """Stop a running holder: SIGTERM, then SIGKILL after ``grace`` seconds; wait until
+    every process is gone. Blocking: call it off the event loop."""
+    if held.state != RUNNING:
+        return held
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
+        left = [p for p in held.processes if alive(p)]
+        for process in left:
+            try:
+                os.kill(process.pid, sig)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                return HolderCheck(UNKNOWN, tuple(left), f"no permission to stop PID {process.pid}")
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if alive(p)]
+        if not left:
+            return HolderCheck(GONE)
+    return HolderCheck(UNKNOWN, tuple(left), f"PIDs {[p.pid for p in left]} survived SIGKILL")
+
+
+def check_and_stop(lease: Lease, grace: float = STOP_GRACE) -> HolderCheck:
+    """:func:`check`, then :func:`stop` what runs: GONE means the lease may be released."""
+    return stop(check(lease), grace)

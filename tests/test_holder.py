@@ -1,0 +1,85 @@
+"""The holder check on real processes: found by record or by environment, told apart
+from a reused PID, stopped with TERM then KILL, and never guessed for another host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from mig_spawner import holder
+from mig_spawner.ledger import Lease
+
+# A process that ignores SIGTERM, as a server stuck in a kernel call might.
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def lease(**kw) -> Lease:
+    fields = {"id": "lease0001", "user": "ana", "server_name": "", "group": "analysts",
+              "profile": "1g.18gb", "compute_slices": 1, "mode": "pool", "state": "active",
+              "claimed_at": datetime.now(UTC), "host": holder.this_host(),
+              "mig_uuid": "MIG-test-holder"}
+    return Lease(**{**fields, **kw})
+
+
+@pytest.fixture
+def spawn():
+    started: list[subprocess.Popen] = []
+
+    def run(code: str = "import time; time.sleep(60)", **env: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env})
+        started.append(proc)
+        time.sleep(0.2)  # past exec: /proc/<pid>/environ is the child's own
+        return proc
+
+    yield run
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def recorded(proc: subprocess.Popen) -> dict:
+    process = holder.current(proc.pid)
+    assert process is not None
+    return {"holder_host": holder.this_host(), "holder_pid": process.pid,
+            "holder_start": process.start}
+
+
+def test_recorded_holder_runs_until_stopped_and_a_reused_pid_is_not_it(spawn):
+    proc = spawn()
+    record = recorded(proc)
+    found = holder.check(lease(**record))
+    assert found.state == holder.RUNNING and found.pids == [proc.pid]
+    # The same PID with another start time is another process: the holder is gone.
+    reused = {**record, "holder_start": record["holder_start"] - 1}
+    assert holder.check(lease(**reused)).state == holder.GONE
+    assert holder.stop(found, grace=2).state == holder.GONE
+    assert proc.wait(5) < 0
+
+
+def test_a_holder_never_recorded_is_found_by_the_lease_in_its_environment(spawn):
+    mine = spawn(MIG_SPAWNER_LEASE_ID="lease0001")
+    spawn(MIG_SPAWNER_LEASE_ID="another")  # another lease's server: not ours
+    old = spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder")  # started without the variable
+    found = holder.check(lease())
+    assert found.state == holder.RUNNING
+    assert sorted(found.pids) == sorted([mine.pid, old.pid])
+
+
+def test_a_holder_that_ignores_term_is_killed_after_the_grace(spawn):
+    proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID="lease0001")
+    started = time.monotonic()
+    assert holder.check_and_stop(lease(), grace=0.5).state == holder.GONE
+    assert 0.5 <= time.monotonic() - started < 5
+    assert proc.wait(5) == -9
+
+
+def test_a_holder_on_another_host_is_unknown_not_gone():
+    found = holder.check(lease(holder_host="gpu-host-9", holder_pid=1, holder_start=1))
+    assert found.state == holder.UNKNOWN and "gpu-host-9" in found.why
+    assert holder.check(lease(host="gpu-host-9")).state == holder.UNKNOWN
+    assert holder.check(lease()).state == holder.GONE  # nothing runs for it here
