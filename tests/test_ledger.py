@@ -352,11 +352,11 @@ def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) ->
 
 def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> None:
     ledger = Ledger(url)
-    with pytest.raises(SchemaError, match=r"revision none, this mig-spawner needs 0002.*open"):
+    with pytest.raises(SchemaError, match=r"revision none, this mig-spawner needs 0005.*open"):
         ledger.active()
     assert ledger.revision() is None
-    assert ledger.upgrade() == "0002"
-    assert ledger.upgrade() == "0002"
+    assert ledger.upgrade() == "0005"
+    assert ledger.upgrade() == "0005"
     assert ledger.active() == []
     engine = create_engine(url)
     try:

@@ -147,6 +147,11 @@ class Lease:
     expires_at: datetime | None = None
     released_at: datetime | None = None
     release_reason: str | None = None
+    #: Where the slice service reaches the server directly (not through the proxy,
+    #: whose routes would count its reads as the user's activity).
+    server_url: str | None = None
+    gpu_active_at: datetime | None = None
+    peak_memory_mib: int | None = None
 
     @property
     def held(self) -> bool:

@@ -101,6 +101,7 @@ class Sweeper:
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
+        self._warned_proxied: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         """Close the hub client, the ledger and the GPU adapter."""
@@ -207,7 +208,7 @@ class Sweeper:
         limits = self.limits_for(user, lease)
         probe = None
         if self.probe_servers and needs_probe(now, server, limits):
-            probe = await self._probe(server, idle_by_hub_data(now, server, limits))
+            probe = await self._probe(server, lease, idle_by_hub_data(now, server, limits))
         await self._record_activity(now, server, lease, probe)
         decisions = decide(now, server, limits.name, limits, probe, self.cull_connected_kernels)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
@@ -228,7 +229,7 @@ class Sweeper:
                 self.log.warning("not culling %s now: the hub is failing", decision.describe())
                 continue
             self.log.info("culling %s", decision.describe())
-            if await self._carry_out(server, decision, lease is not None):
+            if await self._carry_out(server, decision, lease):
                 report.carried_out.append(decision)
                 self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
 
@@ -247,25 +248,46 @@ class Sweeper:
             # stop racing this sweep.
             await asyncio.to_thread(self.ledger.touch, lease.id, active)
 
-    async def _probe(self, server: HubServer, needs_status: bool) -> Probe:
-        """Read the server's kernels (and status when server idleness is at stake)."""
+    async def _probe(self, server: HubServer, lease: Lease | None, needs_status: bool) -> Probe:
+        """Read the server's kernels (and status when server idleness is at stake),
+        directly at the internal URL its lease recorded, so that looking never counts
+        as the user's activity."""
+        internal = self._internal_url(server, lease)
         try:
             if needs_status:
                 kernels, status = await asyncio.gather(
-                    self.client.kernels(server), self.client.server_status(server)
+                    self.client.kernels(server, internal=internal),
+                    self.client.server_status(server, internal=internal),
                 )
             else:
-                kernels, status = await self.client.kernels(server), None
+                kernels, status = await self.client.kernels(server, internal=internal), None
         except HubError as e:
             self.metrics.errors.labels(kind="server_unreachable").inc()
             self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
             return UNREACHABLE
         return Probe(kernels=tuple(kernels), status=status)
 
-    async def _carry_out(self, server: HubServer, decision: Decision, leased: bool) -> bool:
+    def _internal_url(self, server: HubServer, lease: Lease | None) -> str | None:
+        url = lease.server_url if lease is not None else None
+        if url is None and server.key not in self._warned_proxied:
+            # A lease from before the internal URL was recorded, or a server without
+            # a slice: through the proxy, where our reads look like the user's.
+            self._warned_proxied.add(server.key)
+            self.log.warning(
+                "%s: its lease records no internal URL; reading it through the proxy, "
+                "where each read counts as the user's activity",
+                server.label,
+            )
+        return url
+
+    async def _carry_out(
+        self, server: HubServer, decision: Decision, lease: Lease | None
+    ) -> bool:
         try:
             if decision.kernel_id is not None:
-                await self.client.shutdown_kernel(server, decision.kernel_id)
+                await self.client.shutdown_kernel(
+                    server, decision.kernel_id, internal=lease.server_url if lease else None
+                )
                 return True
             stopped = await self.client.stop_server(server.user, server.name)
         except HubError as e:
@@ -274,7 +296,7 @@ class Sweeper:
             return False
         if not stopped:
             self.log.warning("%s is slow to stop; its slice returns when it has", server.label)
-        if leased:
+        if lease is not None:
             # The spawner's stop releases the lease; a stop that never completes
             # is caught later by the orphan check.
             self.metrics.slices_reclaimed.labels(decision.rule.value, decision.group).inc()

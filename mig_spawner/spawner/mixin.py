@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
@@ -166,6 +167,24 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         A local dynamic instance is recorded as soon as it is created, so nothing."""
         return {}
 
+    def address_details(self, started: Any) -> dict[str, Any]:
+        """The server's internal URL, for the lease: the slice service reads the server
+        there, not through the proxy, whose routes would count its reads as the user's
+        activity. ``started`` is what the backend's ``start`` returned: ``(ip, port)``
+        or a URL (JupyterHub accepts both)."""
+        if self.server is None:  # a spawner driven without a hub (tests)
+            return {}
+        if isinstance(started, tuple):
+            ip, port = started
+            host = f"[{ip}]" if ":" in str(ip) else str(ip)
+            origin = f"{self.server.proto}://{host or '127.0.0.1'}:{port}"
+        elif isinstance(started, str) and started:
+            parts = urlsplit(started)
+            origin = f"{parts.scheme}://{parts.netloc}"
+        else:
+            return {}
+        return {"server_url": origin + self.server.base_url}
+
     # --- the form -------------------------------------------------------------------
 
     def last_choice(self) -> str | None:
@@ -256,7 +275,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
                 url = await super().start()
-                details = self.activation_details(lease)
+                details = {**self.activation_details(lease), **self.address_details(url)}
                 await self.runtime.run(
                     lambda: self.runtime.ledger().activate(lease.id, **details)
                 )

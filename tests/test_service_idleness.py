@@ -1,0 +1,119 @@
+"""Idle servers are stopped at their limit, not kept alive by the slice service's own reads.
+
+A real JupyterHub + configurable-http-proxy + jupyter_server, the slice service in its
+own process sweeping every second, and every limit shortened by the same factor (60)
+from the shipped ones: a group's server limit of 30 min is 30 s, its kernel limit of
+15 min is 15 s, the service's sweep of 1 min is 1 s, and the hub's
+``last_activity_interval`` (and the single-user server's activity report) of 5 min
+is 5 s. Read through the proxy, each sweep would mark the server's route active and
+the hub would copy that onto its ``last_activity`` every 5 s: never idle.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hub_harness import start_mig_hub
+from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from test_service_e2e import (
+    SCOPES,
+    SERVICE,
+    TOKEN,
+    Service,
+    _up,
+    lease_of,
+    new_kernel,
+    wait_for,
+)
+
+from mig_spawner.ledger import Ledger
+
+pytestmark = pytest.mark.hub
+
+SIM = "h200x1:layout=1g.18gb*7"
+SERVER_IDLE, KERNEL_IDLE, SWEEP, HUB_INTERVAL = 30, 15, 1, 5
+CONFIG = f"""
+c.JupyterHub.last_activity_interval = {HUB_INTERVAL}
+c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "{HUB_INTERVAL}"}}
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
+    "allowed": ["small"], "server_idle_timeout": {SERVER_IDLE},
+    "kernel_idle_timeout": {KERNEL_IDLE}}}}})
+c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+c.SliceServiceApp.cull_every = {SWEEP}
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("idlehub")
+    hub = start_mig_hub(workdir, SIM, CONFIG)
+    for user in ("ana", "mia"):
+        hub.create_user(user, groups=["idle-test"])
+    service = Service(hub, hub.config_path)
+    wait_for(lambda: _up(service), 30, "service up", service)
+    with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
+        yield hub, service, ledger
+    service.close()
+    hub.close()
+
+
+def start(hub, user: str) -> None:
+    assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+    hub.wait_ready(user, timeout=120)
+
+
+def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
+    hub, service, ledger = env
+    start(hub, "ana")
+    new_kernel(hub, "ana")  # the user's last act, through the proxy
+    touched = time.monotonic()
+    lease = lease_of(ledger, "ana")
+    assert lease.server_url and lease.server_url.endswith("/user/ana/")
+
+    wait_for(lambda: hub.server_model("ana") is None, SERVER_IDLE + 20,
+             "ana's untouched server stopped", service)
+    stopped = time.monotonic() - touched
+    # Stopped within one sweep of the limit (plus the stop itself on a loaded machine).
+    assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + SWEEP + 6, stopped
+    wait_for(lambda: lease_of(ledger, "ana") is None, 15, "ana's lease released", service)
+    assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    assert service.metric("mig_spawner_service_culls_total", kind="kernel",
+                          reason="kernel_idle", group="idle-test") >= 1
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="server_idle", group="idle-test") == 1
+
+
+def test_a_user_working_in_jupyterlab_keeps_the_server(env):
+    require_chromium()
+    playwright = pytest.importorskip("playwright.sync_api")
+    hub, service, ledger = env
+    start(hub, "mia")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(f"{hub.url}/hub/login?next=/user/mia/lab")
+            page.get_by_label("Username").fill("mia")
+            page.get_by_label("Password").fill("any password")
+            page.get_by_role("button", name="Sign in").click()
+            page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
+                timeout=120_000)
+            began = time.monotonic()
+            # Run a cell every few seconds for well past the idle limit: the user's
+            # traffic goes through the proxy and counts, as real use must.
+            while time.monotonic() - began < SERVER_IDLE * 1.6:
+                page.locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
+                page.keyboard.type("1 + 1")
+                page.keyboard.press("Shift+Enter")
+                time.sleep(3)
+                assert hub.server_model("mia") is not None, service.log()
+        finally:
+            browser.close()
+    assert hub.server_model("mia")["ready"]
+    assert lease_of(ledger, "mia") is not None
