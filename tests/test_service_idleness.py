@@ -11,7 +11,9 @@ the hub would copy that onto its ``last_activity`` every 5 s: never idle.
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hub_harness import start_mig_hub
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
 SERVER_IDLE, KERNEL_IDLE, SWEEP, HUB_INTERVAL = 30, 15, 1, 5
+MAX_AGE = 60
 CONFIG = f"""
 c.JupyterHub.last_activity_interval = {HUB_INTERVAL}
 c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "{HUB_INTERVAL}"}}
@@ -41,7 +44,8 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
     "allowed": ["small"], "server_idle_timeout": {SERVER_IDLE},
-    "kernel_idle_timeout": {KERNEL_IDLE}}}}})
+    "kernel_idle_timeout": {KERNEL_IDLE}}},
+    "age-test": {{"allowed": ["small"], "max_session_age": {MAX_AGE}}}}})
 c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
@@ -55,6 +59,7 @@ def env(tmp_path_factory):
     hub = start_mig_hub(workdir, SIM, CONFIG)
     for user in ("ana", "mia"):
         hub.create_user(user, groups=["idle-test"])
+    hub.create_user("cy", groups=["age-test"])
     service = Service(hub, hub.config_path)
     wait_for(lambda: _up(service), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
@@ -117,3 +122,23 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
             browser.close()
     assert hub.server_model("mia")["ready"]
     assert lease_of(ledger, "mia") is not None
+
+
+def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
+    hub, service, ledger = env
+    start(hub, "cy")
+    lease = lease_of(ledger, "cy")
+    assert lease.expires_at == lease.claimed_at + timedelta(seconds=MAX_AGE)
+    hub.stop_hub()
+    hub.restart_hub()
+    # Move the deadline (as an extension does) to a time the hub knows nothing about:
+    # the stop must follow the lease, not the hub's own record of when it started.
+    deadline = datetime.now(UTC) + timedelta(seconds=8)
+    with sqlite3.connect(hub.workdir / "mig_spawner_ledger.sqlite") as db:
+        db.execute("UPDATE leases SET expires_at = ? WHERE id = ?",
+                   (deadline.replace(tzinfo=None).isoformat(sep=" "), lease.id))
+    wait_for(lambda: hub.server_model("cy") is None, MAX_AGE, "cy's server stopped", service)
+    late = (datetime.now(UTC) - deadline).total_seconds()
+    assert -1 <= late <= SWEEP + 6, late
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="max_session_age", group="age-test") == 1

@@ -230,3 +230,37 @@ def test_busy_device_without_a_lease_is_reported():
     leases = [lease("L1", "ana", mig_uuid="MIG-a"), lease("L2", "bob", mig_uuid="MIG-b",
                                                          state="released")]
     assert [d.uuid for d in unleased_busy_devices(inventory, leases)] == ["MIG-b"]
+
+
+def leased(claimed_ago: float, expires_in: float | None) -> Lease:
+    return Lease(id="L1", user="ana", server_name="", group="analysts", profile="1g.18gb",
+                 compute_slices=1, mode="pool", state="active", claimed_at=ago(claimed_ago),
+                 expires_at=None if expires_in is None else NOW + timedelta(minutes=expires_in))
+
+
+@pytest.mark.parametrize(
+    ("case", "started_ago", "lease", "expected"),
+    [
+        # The hub's "started" (reset, or not, by a hub restart) does not matter once a
+        # lease records the deadline: the lease is the one truth.
+        ("lease expired although the hub says it started a minute ago", 1,
+         leased(8 * 60 + 1, -1), [(Rule.MAX_SESSION_AGE, None)]),
+        ("lease not expired although the hub says it started 9 h ago", 9 * 60,
+         leased(9 * 60, 30), []),
+        ("lease without a deadline (group had none at claim)", 9 * 60, leased(9 * 60, None),
+         []),
+        ("no lease: the hub's start plus the limit", 8 * 60 + 1, None,
+         [(Rule.MAX_SESSION_AGE, None)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_session_age_is_the_leases_expires_at(case, started_ago, lease, expected):
+    srv = server(active_ago=1, started_ago=started_ago)
+    assert outcome(decide(NOW, srv, "analysts", LIMITS, Probe(), lease=lease)) == expected
+
+
+def test_session_age_decision_measures_from_the_claim():
+    [d] = decide(NOW, server(active_ago=1), "analysts", LIMITS, Probe(),
+                 lease=leased(8 * 60 + 5, -5))
+    assert d.rule is Rule.MAX_SESSION_AGE
+    assert (d.age_seconds, d.limit_seconds) == ((8 * 60 + 5) * MIN, 8 * 60 * MIN)

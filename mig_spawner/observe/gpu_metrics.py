@@ -113,6 +113,9 @@ class SliceCollector(Collector):
                       LEASE_LABELS, unit="seconds")
         idle_limit = _gauge("lease_idle_limit", "The charged group's server_idle_timeout.",
                             LEASE_LABELS, unit="seconds")
+        left = _gauge("lease_session_left", "Seconds until the lease's expires_at "
+                      "(max session age), when the slice service stops its server.",
+                      LEASE_LABELS, unit="seconds")
         for row in view.slices:
             labels = _slice_labels(view.host, row)
             info.add_metric([*labels, row.mig_uuid or "", row.server or ""], 1)
@@ -128,7 +131,9 @@ class SliceCollector(Collector):
                     idle.add_metric(lease, row.idle_seconds)
                 if row.idle_limit_seconds is not None:
                     idle_limit.add_metric(lease, row.idle_limit_seconds)
-        yield from (info, used, total, procs, age, idle, idle_limit)
+                if row.session_left_seconds is not None:
+                    left.add_metric(lease, row.session_left_seconds)
+        yield from (info, used, total, procs, age, idle, idle_limit, left)
 
     @staticmethod
     def _per_gpu(view: SliceMap) -> Iterator[GaugeMetricFamily]:

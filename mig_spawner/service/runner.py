@@ -207,10 +207,14 @@ class Sweeper:
         """
         limits = self.limits_for(user, lease)
         probe = None
-        if self.probe_servers and needs_probe(now, server, limits):
-            probe = await self._probe(server, lease, idle_by_hub_data(now, server, limits))
+        if self.probe_servers and needs_probe(now, server, limits, lease):
+            probe = await self._probe(
+                server, lease, idle_by_hub_data(now, server, limits, lease)
+            )
         await self._record_activity(now, server, lease, probe)
-        decisions = decide(now, server, limits.name, limits, probe, self.cull_connected_kernels)
+        decisions = decide(
+            now, server, limits.name, limits, probe, self.cull_connected_kernels, lease
+        )
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
                 (k.execution_state, k.last_activity) for k in probe.kernels

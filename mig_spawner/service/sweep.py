@@ -9,7 +9,10 @@ inputs and carries the decisions out, so every rule can be tested with tables.
 
 Rules (see docs/culling.md):
 
-* ``max_session_age``: a server older than this is stopped, busy or not.
+* ``max_session_age``: a server is stopped at its lease's ``expires_at``, busy or
+  not. The spawner sets it at claim from the group's limit; the ledger keeps it
+  across hub restarts, and it is the one deadline the culler, the slice map and the
+  metrics read. A server without a lease is stopped at its start plus the limit.
 * ``server_idle_timeout``: a server with no activity for this long is stopped.
   Activity is the latest of the hub's ``last_activity``, the server's own
   ``/api/status`` and its kernels' activity; a busy kernel makes the server
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -127,14 +130,28 @@ def is_cullable(server: HubServer) -> bool:
     return server.ready and not server.pending
 
 
-def needs_probe(now: datetime, server: HubServer, limits: CullLimits) -> bool:
+def session_deadline(
+    server: HubServer, limits: CullLimits, lease: Lease | None
+) -> datetime | None:
+    """When ``server`` must stop for its session age: its lease's ``expires_at``; for a
+    server without a lease, its start plus ``max_session_age``. ``None``: never."""
+    if lease is not None:
+        return lease.expires_at
+    if limits.max_session_age is None or server.started is None:
+        return None
+    return server.started + timedelta(seconds=limits.max_session_age)
+
+
+def needs_probe(
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
+) -> bool:
     """Whether the sweep must read the server's kernels before deciding.
 
     Kernels are read when kernel limits apply, or when the hub's data alone
     would stop the server for idleness (a busy kernel may prove otherwise).
     Not when max age stops it anyway: that needs no look inside.
     """
-    by_hub_data = decide_server(now, server, "", limits, None)
+    by_hub_data = decide_server(now, server, "", limits, None, lease)
     if by_hub_data is not None:
         # Max age stops it whatever the kernels do; idleness by the hub's data
         # alone is what a look inside may disprove.
@@ -142,10 +159,12 @@ def needs_probe(now: datetime, server: HubServer, limits: CullLimits) -> bool:
     return is_cullable(server) and limits.kernel_idle_timeout is not None
 
 
-def idle_by_hub_data(now: datetime, server: HubServer, limits: CullLimits) -> bool:
+def idle_by_hub_data(
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
+) -> bool:
     """Whether the hub's data alone would stop the server for idleness; only then is
     the server's own ``/api/status`` worth reading (it may show later activity)."""
-    by_hub_data = decide_server(now, server, "", limits, None)
+    by_hub_data = decide_server(now, server, "", limits, None, lease)
     return by_hub_data is not None and by_hub_data.rule is Rule.SERVER_IDLE
 
 
@@ -197,19 +216,22 @@ def activity_to_record(
 
 
 def decide_server(
-    now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None
+    now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None = None,
 ) -> Decision | None:
     """Whether to stop ``server``, and why. ``probe`` is ``None`` when the service
-    judges on the hub's data alone (it did not look inside the server)."""
+    judges on the hub's data alone (it did not look inside the server); ``lease`` is
+    the lease it holds, whose ``expires_at`` is its session deadline."""
     if not is_cullable(server):
         return None
     age = _since(now, server.started)
-    max_age = limits.max_session_age
-    if max_age is not None and age is not None and age >= max_age:
+    deadline = session_deadline(server, limits, lease)
+    if deadline is not None and now >= deadline:
+        began = lease.claimed_at if lease is not None else server.started
         return Decision(
             Rule.MAX_SESSION_AGE, server.user, server.name, group,
-            idle_seconds=_since(now, server.last_activity), age_seconds=age,
-            limit_seconds=max_age,
+            idle_seconds=_since(now, server.last_activity), age_seconds=_since(now, began),
+            limit_seconds=(deadline - began).total_seconds() if began else 0.0,
         )
     if probe is not None and not probe.reachable:
         return None
@@ -269,9 +291,10 @@ def decide(
     limits: CullLimits,
     probe: Probe | None,
     cull_connected_kernels: bool = False,
+    lease: Lease | None = None,
 ) -> list[Decision]:
     """Everything to cull on one server: the server itself, or else its idle kernels."""
-    stop = decide_server(now, server, group, limits, probe)
+    stop = decide_server(now, server, group, limits, probe, lease)
     if stop is not None:
         return [stop]
     if probe is None or not probe.reachable:
