@@ -29,6 +29,7 @@ from test_service_e2e import (
     wait_for,
 )
 
+from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 
 pytestmark = pytest.mark.hub
@@ -56,8 +57,10 @@ c.SliceServiceApp.cull_every = {SWEEP}
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("idlehub")
+    # A Hopper GPU with GPM, so that SM activity per slice is known.
+    SimulatedHost.from_spec(SIM, workdir / "sim-gpus.json").set_gpm(True)
     hub = start_mig_hub(workdir, SIM, CONFIG)
-    for user in ("ana", "mia"):
+    for user in ("ana", "mia", "gus"):
         hub.create_user(user, groups=["idle-test"])
     hub.create_user("cy", groups=["age-test"])
     service = Service(hub, hub.config_path)
@@ -73,6 +76,10 @@ def start(hub, user: str) -> None:
     hub.wait_ready(user, timeout=120)
 
 
+def gpus(hub) -> SimulatedHost:
+    return SimulatedHost.open(hub.workdir / "sim-gpus.json")
+
+
 def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     hub, service, ledger = env
     start(hub, "ana")
@@ -80,6 +87,8 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     touched = time.monotonic()
     lease = lease_of(ledger, "ana")
     assert lease.server_url and lease.server_url.endswith("/user/ana/")
+    # Her dead kernel's memory stays held: no process, no SM activity, not work.
+    gpus(hub).set_memory_used(lease.mig_uuid, 15000)
 
     wait_for(lambda: hub.server_model("ana") is None, SERVER_IDLE + 20,
              "ana's untouched server stopped", service)
@@ -88,6 +97,9 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + SWEEP + 6, stopped
     wait_for(lambda: lease_of(ledger, "ana") is None, 15, "ana's lease released", service)
     assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    released = ledger.get(lease.id)
+    assert released.peak_memory_mib == 15000 and released.gpu_active_at is None
+    gpus(hub).set_memory_used(lease.mig_uuid, None)
     assert service.metric("mig_spawner_service_culls_total", kind="kernel",
                           reason="kernel_idle", group="idle-test") >= 1
     assert service.metric("mig_spawner_service_culls_total", kind="server",
@@ -122,6 +134,25 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
             browser.close()
     assert hub.server_model("mia")["ready"]
     assert lease_of(ledger, "mia") is not None
+
+
+def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
+    hub, service, ledger = env
+    start(hub, "gus")
+    lease = lease_of(ledger, "gus")
+    # A training script started from a terminal: a process on the slice, SMs busy.
+    gpus(hub).set_processes(lease.mig_uuid, [(4242, 30000)])
+    gpus(hub).set_sm_activity(lease.mig_uuid, 70)
+    try:
+        time.sleep(SERVER_IDLE * 1.5)
+        assert hub.server_model("gus")["ready"], service.log()
+        assert ledger.get(lease.id).gpu_active_at is not None
+        assert service.metric("mig_spawner_service_slices_gpu_working_total",
+                              group="idle-test") > 0
+    finally:
+        gpus(hub).set_processes(lease.mig_uuid, [])
+        gpus(hub).set_sm_activity(lease.mig_uuid, 0)
+    hub.stop_server("gus")
 
 
 def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,8 +15,10 @@ from mig_spawner.service.sweep import (
     UNREACHABLE,
     Probe,
     Rule,
+    SliceActivity,
     decide,
     find_orphans,
+    gpu_facts_to_record,
     needs_probe,
     unleased_busy_devices,
 )
@@ -264,3 +267,49 @@ def test_session_age_decision_measures_from_the_claim():
                  lease=leased(8 * 60 + 5, -5))
     assert d.rule is Rule.MAX_SESSION_AGE
     assert (d.age_seconds, d.limit_seconds) == ((8 * 60 + 5) * MIN, 8 * 60 * MIN)
+
+
+@pytest.mark.parametrize(
+    ("case", "activity", "working"),
+    [
+        ("a process with SM activity", SliceActivity(1, 9000, sm_active=0.6), True),
+        ("a process holding a context, SMs idle", SliceActivity(1, 9000, sm_active=0.01),
+         False),
+        ("a process on a GPU without GPM", SliceActivity(1, 9000, sm_active=None), True),
+        ("memory held with no process and no SM activity", SliceActivity(0, 60000, 0.0),
+         False),
+        ("processes cannot be read: busy, never idle", SliceActivity(0, 0, None, True), True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_what_counts_as_gpu_work(case, activity, working):
+    assert activity.working is working
+
+
+def gpu_lease(gpu_active_ago: float | None) -> Lease:
+    return replace(leased(60, None), gpu_active_at=None if gpu_active_ago is None
+                   else ago(gpu_active_ago))
+
+
+@pytest.mark.parametrize(
+    ("case", "lease", "limits", "expected"),
+    [
+        ("GPU work within the idle limit keeps an idle server", gpu_lease(5), LIMITS, []),
+        ("GPU work longer ago than the limit does not", gpu_lease(31), LIMITS,
+         [(Rule.SERVER_IDLE, None)]),
+        ("never any GPU work", gpu_lease(None), LIMITS, [(Rule.SERVER_IDLE, None)]),
+        ("the group says GPU work does not count", gpu_lease(5),
+         replace(LIMITS, gpu_activity_counts=False), [(Rule.SERVER_IDLE, None)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_gpu_work_is_activity(case, lease, limits, expected):
+    srv = server(active_ago=45)
+    assert outcome(decide(NOW, srv, "analysts", limits, Probe(), lease=lease)) == expected
+
+
+def test_gpu_facts_record_work_and_a_new_peak_only():
+    lease = replace(leased(60, None), peak_memory_mib=20000)
+    assert gpu_facts_to_record(NOW, lease, SliceActivity(1, 30000, 0.5)) == {
+        "gpu_active_at": NOW, "peak_memory_mib": 30000}
+    assert gpu_facts_to_record(NOW, lease, SliceActivity(0, 10000, 0.0)) == {}

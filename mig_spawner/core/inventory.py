@@ -34,6 +34,9 @@ class MigDevice:
     memory_total_mib: int
     memory_used_mib: int
     processes: tuple[GpuProcess, ...] = ()
+    #: True when the driver refused or garbled the process list: the device may be
+    #: in use, so it counts as busy (never idle).
+    processes_unknown: bool = False
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -41,7 +44,7 @@ class MigDevice:
 
     @property
     def busy(self) -> bool:
-        return bool(self.processes)
+        return self.processes_unknown or bool(self.processes)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ GROUP_KEYS = (
     "kernel_idle_timeout",
     "max_session_age",
     "cull_busy_kernels",
+    "gpu_activity_counts",
     "priority",
 )
 DURATION_KEYS = ("server_idle_timeout", "kernel_idle_timeout", "max_session_age")
@@ -280,10 +281,8 @@ class _Checker:
             except DurationError as exc:
                 self.problems.append(f"{where}: {key}: {exc}")
                 durations[key] = None
-        busy = settings.get("cull_busy_kernels", False)
-        if not isinstance(busy, bool):
-            self.problems.append(f"{where}: cull_busy_kernels must be True or False, got {busy!r}")
-            busy = False
+        busy = self._flag(settings, "cull_busy_kernels", where, False)
+        gpu_counts = self._flag(settings, "gpu_activity_counts", where, True)
         return GroupPolicy(
             name=name,
             allowed=allowed,
@@ -291,9 +290,17 @@ class _Checker:
             quota_slices=quota_slices,
             quota_compute_slices=quota_compute,
             cull_busy_kernels=busy,
+            gpu_activity_counts=gpu_counts,
             priority=self._count(settings, "priority", where, 0, None),
             **durations,
         )
+
+    def _flag(self, settings: Mapping, key: str, where: str, default: bool) -> bool:
+        value = settings.get(key, default)
+        if not isinstance(value, bool):
+            self.problems.append(f"{where}: {key} must be True or False, got {value!r}")
+            return default
+        return value
 
     def _allowed(self, raw: object, where: str, classes: Mapping[str, Offer]) -> tuple[str, ...]:
         if isinstance(raw, str) or not isinstance(raw, (list, tuple, set, frozenset)):

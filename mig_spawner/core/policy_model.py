@@ -92,7 +92,11 @@ class GroupPolicy:
     * ``max_session_age``: stop the server once its lease is this old, busy or not;
     * ``cull_busy_kernels``: when True, a kernel that has been executing with no output
       for ``kernel_idle_timeout`` is treated as idle; when False busy kernels are never
-      ended by the idle limits.
+      ended by the idle limits;
+    * ``gpu_activity_counts``: when True (the default), GPU work on the slice (compute
+      processes with SM activity, or any compute process where the GPU cannot report
+      SM activity) within the idle limit keeps the server from being stopped for
+      idleness. Memory held with no process and no SM activity is not work.
     """
 
     name: str
@@ -104,6 +108,7 @@ class GroupPolicy:
     kernel_idle_timeout: float | None = None
     max_session_age: float | None = None
     cull_busy_kernels: bool = False
+    gpu_activity_counts: bool = True
     priority: int = 0
 
     @property

@@ -375,6 +375,27 @@ class Ledger(RefusalLog):
                 return lease
             return self._update(connection, lease, last_activity_at=last_activity_at)
 
+    def record_gpu(
+        self, lease_id: str, *, gpu_active_at: datetime | None = None,
+        peak_memory_mib: int | None = None,
+    ) -> Lease | None:
+        """Record the slice's GPU work and memory; both only move forward (the last
+        work, the peak). ``None`` if the lease is released or unknown."""
+        if gpu_active_at is not None:
+            require_aware("gpu_active_at", gpu_active_at)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            changes: dict[str, Any] = {}
+            if gpu_active_at is not None and (
+                lease.gpu_active_at is None or gpu_active_at > lease.gpu_active_at
+            ):
+                changes["gpu_active_at"] = gpu_active_at
+            if peak_memory_mib is not None and peak_memory_mib > (lease.peak_memory_mib or 0):
+                changes["peak_memory_mib"] = peak_memory_mib
+            return self._update(connection, lease, **changes) if changes else lease
+
     def begin_release(self, lease_id: str, reason: str) -> Lease | None:
         """Mark a lease ``releasing``: it keeps its slice until ``release`` (e.g. while a
         dynamic instance is destroyed). Idempotent; ``None`` if released or unknown."""

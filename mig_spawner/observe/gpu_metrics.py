@@ -116,6 +116,11 @@ class SliceCollector(Collector):
         left = _gauge("lease_session_left", "Seconds until the lease's expires_at "
                       "(max session age), when the slice service stops its server.",
                       LEASE_LABELS, unit="seconds")
+        gpu_idle = _gauge("lease_gpu_idle", "Seconds since the lease's slice last did GPU "
+                          "work (compute processes with SM activity).", LEASE_LABELS,
+                          unit="seconds")
+        peak = _gauge("lease_peak_memory", "Most GPU memory the lease's slice held.",
+                      LEASE_LABELS, unit="bytes")
         for row in view.slices:
             labels = _slice_labels(view.host, row)
             info.add_metric([*labels, row.mig_uuid or "", row.server or ""], 1)
@@ -133,7 +138,11 @@ class SliceCollector(Collector):
                     idle_limit.add_metric(lease, row.idle_limit_seconds)
                 if row.session_left_seconds is not None:
                     left.add_metric(lease, row.session_left_seconds)
-        yield from (info, used, total, procs, age, idle, idle_limit, left)
+                if row.gpu_idle_seconds is not None:
+                    gpu_idle.add_metric(lease, row.gpu_idle_seconds)
+                if row.peak_memory_mib is not None:
+                    peak.add_metric(lease, row.peak_memory_mib * _MIB)
+        yield from (info, used, total, procs, age, idle, idle_limit, left, gpu_idle, peak)
 
     @staticmethod
     def _per_gpu(view: SliceMap) -> Iterator[GaugeMetricFamily]:

@@ -71,6 +71,10 @@ class SliceRow:
     #: Seconds until the lease's ``expires_at`` (max session age; None: no limit):
     #: the same deadline the slice service stops the server at.
     session_left_seconds: float | None = None
+    #: Seconds since the slice last did GPU work (None: never, as far as sampled).
+    gpu_idle_seconds: float | None = None
+    #: Most GPU memory the lease's slice held (MiB), as the slice service sampled it.
+    peak_memory_mib: int | None = None
     note: str = ""
 
     @property
@@ -195,6 +199,8 @@ def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict
         "age_seconds": _seconds(now, lease.started_at or lease.claimed_at),
         "idle_seconds": _idle_seconds(lease, now),
         "idle_limit_seconds": group.server_idle_timeout if group else None,
+        "gpu_idle_seconds": _seconds(now, lease.gpu_active_at),
+        "peak_memory_mib": lease.peak_memory_mib,
         "session_left_seconds": (
             None if lease.expires_at is None
             else max(0.0, (lease.expires_at - now).total_seconds())

@@ -3,7 +3,9 @@ GPUs say, let :mod:`mig_spawner.service.sweep` decide, carry the decisions out.
 
 Order of a sweep:
 
-1. read the held leases (ledger) and list every active server (hub, paged);
+1. read the held leases (ledger), sample each leased MIG device's GPU activity
+   (processes, memory, SM activity where NVML GPM exists) onto its lease, and
+   list every active server (hub, paged);
 2. per server, as the pages arrive: pick the limits of the group its lease is
    charged to, look inside it when that can change the outcome, decide, act;
 3. only after a *complete* listing: release orphan leases past their grace and
@@ -20,13 +22,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.giveback import RELEASED, give_back
+from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.ledger import Lease, Ledger
@@ -35,9 +38,11 @@ from mig_spawner.service.sweep import (
     UNREACHABLE,
     Decision,
     Probe,
+    SliceActivity,
     activity_to_record,
     decide,
     find_orphans,
+    gpu_facts_to_record,
     idle_by_hub_data,
     needs_probe,
     unleased_busy_devices,
@@ -101,6 +106,8 @@ class Sweeper:
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
+        # Keeps each GPU instance's previous GPM sample between sweeps.
+        self.gpm = GpmSampler() if gpus is not None else None
         self._warned_proxied: set[tuple[str, str]] = set()
 
     def close(self) -> None:
@@ -108,6 +115,8 @@ class Sweeper:
         self.client.close()
         if self.ledger is not None:
             self.ledger.close()
+        if self.gpm is not None:
+            self.gpm.close()
         close_gpus = getattr(self.gpus, "close", None)
         if close_gpus is not None:
             close_gpus()
@@ -131,7 +140,7 @@ class Sweeper:
         started = time.monotonic()
         now = self.clock()
         try:
-            leases = await self._leases()
+            leases = await self._gpu_activity(now, await self._leases())
             running = await self._list_and_handle(now, leases, report)
             report.servers = len(running)
             report.complete = True
@@ -193,6 +202,63 @@ class Sweeper:
             return []
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
         return await asyncio.to_thread(self.ledger.active)
+
+    async def _gpu_activity(self, now: datetime, leases: list[Lease]) -> list[Lease]:
+        """Sample each leased MIG device and record its GPU work and peak memory on the
+        lease (in the ledger unless dry-run); return the leases as updated, which is
+        what this sweep's decisions read. A GPU that cannot be read changes nothing."""
+        if self.gpus is None or not any(lease.mig_uuid for lease in leases):
+            return leases
+        started = time.monotonic()
+        try:
+            sampled = await asyncio.to_thread(self.sample_slices)
+        except Exception as e:
+            self.metrics.errors.labels(kind="gpu").inc()
+            self.log.error("cannot sample GPU activity: %s", e)
+            return leases
+        finally:
+            self.metrics.gpu_sample_duration.observe(time.monotonic() - started)
+        updated = []
+        for lease in leases:
+            activity = sampled.get(lease.mig_uuid or "")
+            facts = gpu_facts_to_record(now, lease, activity) if activity else {}
+            if facts:
+                if not self.dry_run and self._worth_writing(lease, facts):
+                    await asyncio.to_thread(self.ledger.record_gpu, lease.id, **facts)
+                lease = replace(lease, **facts)
+            if activity is not None and activity.working:
+                self.metrics.gpu_working.labels(lease.group).inc()
+            updated.append(lease)
+        return updated
+
+    def _worth_writing(self, lease: Lease, facts: dict[str, object]) -> bool:
+        """A new peak, or GPU work ``activity_resolution`` past the recorded time: one
+        write per busy slice a minute, not one per sweep (decisions use the fresh time)."""
+        if "peak_memory_mib" in facts:
+            return True
+        active = facts.get("gpu_active_at")
+        return isinstance(active, datetime) and (
+            lease.gpu_active_at is None
+            or (active - lease.gpu_active_at).total_seconds() >= self.activity_resolution
+        )
+
+    def sample_slices(self) -> dict[str, SliceActivity]:
+        """MIG UUID -> processes, memory and SM activity of every MIG device now."""
+        inventory = self.gpus.inventory()
+        sm: dict[tuple[int, int], float] = {}
+        if self.gpm is not None:
+            for gpu in inventory.gpus:
+                gi_ids = [d.gi_id for d in gpu.mig_devices]
+                for gi_id, share in self.gpm.sm_activity(gpu.index, gi_ids).items():
+                    sm[(gpu.index, gi_id)] = share
+        return {
+            d.uuid: SliceActivity(
+                processes=len(d.processes), memory_used_mib=d.memory_used_mib,
+                sm_active=sm.get((d.gpu_index, d.gi_id)),
+                processes_unknown=d.processes_unknown,
+            )
+            for d in inventory.mig_devices
+        }
 
     async def _handle_server(
         self, now: datetime, user: HubUser, server: HubServer, lease: Lease | None,

@@ -20,6 +20,11 @@ Rules (see docs/culling.md):
 * ``kernel_idle_timeout``: a kernel with no activity for this long is shut down
   (its server and slice stay). A busy kernel only with ``cull_busy_kernels``;
   a kernel with a connected client only with the service's ``cull_connected_kernels``.
+* GPU work (``gpu_activity_counts``, on by default): a server whose slice ran
+  compute processes with SM activity above ``GPU_WORK_SM_SHARE`` (any compute
+  process where the GPU has no GPM, or when its processes cannot be read) is
+  active then: the lease's ``gpu_active_at``. Memory held with no process and no
+  SM activity is not work.
 * A server the service could not reach is never stopped for idleness: it might
   be running a busy kernel we cannot see. Only ``max_session_age`` applies to it.
 * Servers still starting or stopping (``pending``) are left alone.
@@ -54,6 +59,8 @@ class CullLimits(Protocol):
     def max_session_age(self) -> float | None: ...
     @property
     def cull_busy_kernels(self) -> bool: ...
+    @property
+    def gpu_activity_counts(self) -> bool: ...
 
 
 class Rule(StrEnum):
@@ -78,6 +85,44 @@ class Probe:
 
 
 UNREACHABLE = Probe(reachable=False)
+
+#: Share of a slice's SMs busy (NVML GPM's SM utilisation) above which its
+#: processes count as GPU work; below it, a process only holds a context and memory.
+GPU_WORK_SM_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class SliceActivity:
+    """What one sweep sampled on a MIG device."""
+
+    processes: int
+    memory_used_mib: int
+    #: Share of SMs busy since the last sample; ``None`` where GPM is missing.
+    sm_active: float | None = None
+    #: The driver would not list the processes: the slice may be in use.
+    processes_unknown: bool = False
+
+    @property
+    def working(self) -> bool:
+        """Whether the slice did GPU work: processes with SM activity (any process
+        where SM activity is unknown), or processes that cannot be read."""
+        if self.processes_unknown:
+            return True
+        if not self.processes:
+            return False
+        return self.sm_active is None or self.sm_active > GPU_WORK_SM_SHARE
+
+
+def gpu_facts_to_record(
+    now: datetime, lease: Lease, activity: SliceActivity
+) -> dict[str, object]:
+    """The ``gpu_active_at`` / ``peak_memory_mib`` to write on the lease (only changes)."""
+    facts: dict[str, object] = {}
+    if activity.working:
+        facts["gpu_active_at"] = now
+    if activity.memory_used_mib > (lease.peak_memory_mib or 0):
+        facts["peak_memory_mib"] = activity.memory_used_mib
+    return facts
 
 
 @dataclass(frozen=True)
@@ -187,13 +232,15 @@ def has_busy_kernel(probe: Probe | None) -> bool:
 
 
 def server_idle_seconds(
-    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool
+    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool,
+    gpu_active_at: datetime | None = None,
 ) -> float | None:
-    """Seconds since the server's last known activity; 0 while a kernel is busy
-    (unless busy kernels may be culled); ``None`` when nothing is known."""
+    """Seconds since the server's last known activity (``gpu_active_at``: its slice's
+    last GPU work, when that counts); 0 while a kernel is busy (unless busy kernels
+    may be culled); ``None`` when nothing is known."""
     if not cull_busy_kernels and has_busy_kernel(probe):
         return 0.0
-    return _since(now, last_activity(server, probe))
+    return _since(now, _latest([last_activity(server, probe), gpu_active_at]))
 
 
 def activity_to_record(
@@ -235,7 +282,8 @@ def decide_server(
         )
     if probe is not None and not probe.reachable:
         return None
-    idle = server_idle_seconds(now, server, probe, limits.cull_busy_kernels)
+    gpu_active_at = lease.gpu_active_at if lease and limits.gpu_activity_counts else None
+    idle = server_idle_seconds(now, server, probe, limits.cull_busy_kernels, gpu_active_at)
     idle_limit = limits.server_idle_timeout
     if idle_limit is not None and idle is not None and idle >= idle_limit:
         return Decision(
