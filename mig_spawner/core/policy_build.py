@@ -35,9 +35,16 @@ GROUP_KEYS = (
     "max_session_age",
     "cull_busy_kernels",
     "gpu_activity_counts",
+    "warn_before",
+    "extend_by",
+    "max_extensions",
     "priority",
 )
-DURATION_KEYS = ("server_idle_timeout", "kernel_idle_timeout", "max_session_age")
+DURATION_KEYS = (
+    "server_idle_timeout", "kernel_idle_timeout", "max_session_age", "warn_before", "extend_by"
+)
+#: Durations with a default other than "no limit".
+DURATION_DEFAULTS = {"warn_before": "10m"}
 
 
 def build_policy(
@@ -277,7 +284,7 @@ class _Checker:
         durations = {}
         for key in DURATION_KEYS:
             try:
-                durations[key] = parse_duration(settings.get(key))
+                durations[key] = parse_duration(settings.get(key, DURATION_DEFAULTS.get(key)))
             except DurationError as exc:
                 self.problems.append(f"{where}: {key}: {exc}")
                 durations[key] = None
@@ -291,6 +298,7 @@ class _Checker:
             quota_compute_slices=quota_compute,
             cull_busy_kernels=busy,
             gpu_activity_counts=gpu_counts,
+            max_extensions=self._count(settings, "max_extensions", where, 0, 0),
             priority=self._count(settings, "priority", where, 0, None),
             **durations,
         )

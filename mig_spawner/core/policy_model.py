@@ -96,7 +96,11 @@ class GroupPolicy:
     * ``gpu_activity_counts``: when True (the default), GPU work on the slice (compute
       processes with SM activity, or any compute process where the GPU cannot report
       SM activity) within the idle limit keeps the server from being stopped for
-      idleness. Memory held with no process and no SM activity is not work.
+      idleness. Memory held with no process and no SM activity is not work;
+    * ``warn_before``: the user is warned this long before the slice service stops the
+      server (idle or max session age), with a "Keep my server" button; ``None``: no
+      warning. Keep counts as activity for an idle stop; for max session age it moves
+      the lease's ``expires_at`` by ``extend_by``, at most ``max_extensions`` times.
     """
 
     name: str
@@ -109,6 +113,9 @@ class GroupPolicy:
     max_session_age: float | None = None
     cull_busy_kernels: bool = False
     gpu_activity_counts: bool = True
+    warn_before: float | None = 600.0
+    extend_by: float | None = None
+    max_extensions: int = 0
     priority: int = 0
 
     @property
