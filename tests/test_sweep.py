@@ -21,6 +21,7 @@ from mig_spawner.service.sweep import (
     gpu_facts_to_record,
     needs_probe,
     unleased_busy_devices,
+    warning_due,
 )
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -313,3 +314,25 @@ def test_gpu_facts_record_work_and_a_new_peak_only():
     assert gpu_facts_to_record(NOW, lease, SliceActivity(1, 30000, 0.5)) == {
         "gpu_active_at": NOW, "peak_memory_mib": 30000}
     assert gpu_facts_to_record(NOW, lease, SliceActivity(0, 10000, 0.0)) == {}
+
+
+@pytest.mark.parametrize(
+    ("case", "srv", "lease", "expected"),
+    [
+        ("idle 21 of 30 min, warn 10 min before: warned, stop due in 9 min",
+         server(active_ago=21), None, (Rule.SERVER_IDLE, NOW + timedelta(minutes=9))),
+        ("idle 19 of 30 min: too early", server(active_ago=19), None, None),
+        ("kept a minute ago: not idle", server(active_ago=25),
+         replace(leased(60, None), kept_at=ago(1)), None),
+        ("session ends in 5 min, server active", server(active_ago=1), leased(60, 5),
+         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=5))),
+        ("both due: the sooner stop", server(active_ago=25), leased(60, 2),
+         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=2))),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_warning_before_a_stop(case, srv, lease, expected):
+    limits = replace(LIMITS, warn_before=10 * MIN)
+    warning = warning_due(NOW, srv, limits, Probe(), lease)
+    assert (None if warning is None else (warning.rule, warning.deadline)) == expected
+    assert warning_due(NOW, srv, replace(limits, warn_before=None), Probe(), lease) is None

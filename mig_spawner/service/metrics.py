@@ -52,6 +52,12 @@ class ServiceMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,
         )
+        self.warnings = Counter(
+            f"{PREFIX}_warnings",
+            "Warnings of a coming stop recorded for users (shown in JupyterLab and on "
+            "the hub's home page).",
+            ["reason", "group"], registry=r,
+        )
         self.gpu_sample_duration = Histogram(
             f"{PREFIX}_gpu_sample_duration_seconds",
             "Time one sweep took to sample every MIG device (processes, memory, GPM).",

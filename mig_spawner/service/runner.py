@@ -39,6 +39,7 @@ from mig_spawner.service.sweep import (
     Decision,
     Probe,
     SliceActivity,
+    StopWarning,
     activity_to_record,
     decide,
     find_orphans,
@@ -46,6 +47,7 @@ from mig_spawner.service.sweep import (
     idle_by_hub_data,
     needs_probe,
     unleased_busy_devices,
+    warning_due,
 )
 
 
@@ -68,6 +70,8 @@ class SweepReport:
     servers: int = 0
     decisions: list[Decision] = field(default_factory=list)
     carried_out: list[Decision] = field(default_factory=list)
+    #: ``(user/server, warning)`` sent this sweep (in dry-run: that would be sent).
+    warnings: list[tuple[str, StopWarning]] = field(default_factory=list)
     orphans_released: list[Lease] = field(default_factory=list)
     unleased_devices: list[str] = field(default_factory=list)
     complete: bool = False
@@ -281,6 +285,8 @@ class Sweeper:
         decisions = decide(
             now, server, limits.name, limits, probe, self.cull_connected_kernels, lease
         )
+        if not any(d.stops_server for d in decisions):
+            await self._warn(now, server, limits, probe, lease, report)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
                 (k.execution_state, k.last_activity) for k in probe.kernels
@@ -302,6 +308,35 @@ class Sweeper:
             if await self._carry_out(server, decision, lease):
                 report.carried_out.append(decision)
                 self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
+
+    async def _warn(
+        self, now: datetime, server: HubServer, limits: GroupPolicy, probe: Probe | None,
+        lease: Lease | None, report: SweepReport,
+    ) -> None:
+        """Warn the user of a stop due within ``warn_before`` (once per rule: the
+        ledger keeps the pending warning, which the user's pages read), or forget a
+        warning whose stop is no longer due."""
+        if lease is None or self.ledger is None:
+            return  # no lease, nowhere to show it: the stop comes unannounced
+        warning = warning_due(now, server, limits, probe, lease)
+        if warning is None:
+            if lease.warning is not None and not self.dry_run:
+                await asyncio.to_thread(self.ledger.clear_warning, lease.id)
+            return
+        if lease.warning == warning.rule.value:
+            return
+        report.warnings.append((server.label, warning))
+        what = f"{server.label} (group {limits.name}): {warning.describe(now)}"
+        if self.dry_run:
+            self.log.info("would warn %s (dry run)", what)
+            return
+        recorded = await asyncio.to_thread(
+            self.ledger.warn, lease.id, warning.rule.value, warning.deadline,
+            warning.describe(now),
+        )
+        if recorded is not None:
+            self.log.info("warned %s", what)
+            self.metrics.warnings.labels(warning.rule.value, limits.name).inc()
 
     async def _record_activity(
         self, now: datetime, server: HubServer, lease: Lease | None, probe: Probe | None

@@ -61,6 +61,8 @@ class CullLimits(Protocol):
     def cull_busy_kernels(self) -> bool: ...
     @property
     def gpu_activity_counts(self) -> bool: ...
+    @property
+    def warn_before(self) -> float | None: ...
 
 
 class Rule(StrEnum):
@@ -207,10 +209,14 @@ def needs_probe(
 def idle_by_hub_data(
     now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
 ) -> bool:
-    """Whether the hub's data alone would stop the server for idleness; only then is
-    the server's own ``/api/status`` worth reading (it may show later activity)."""
+    """Whether the hub's data alone would stop the server for idleness, or warn of it;
+    only then is the server's own ``/api/status`` worth reading (it may show later
+    activity)."""
     by_hub_data = decide_server(now, server, "", limits, None, lease)
-    return by_hub_data is not None and by_hub_data.rule is Rule.SERVER_IDLE
+    if by_hub_data is not None:
+        return by_hub_data.rule is Rule.SERVER_IDLE
+    warning = warning_due(now, server, limits, None, lease)
+    return warning is not None and warning.rule is Rule.SERVER_IDLE
 
 
 def last_activity(server: HubServer, probe: Probe | None) -> datetime | None:
@@ -282,8 +288,9 @@ def decide_server(
         )
     if probe is not None and not probe.reachable:
         return None
-    gpu_active_at = lease.gpu_active_at if lease and limits.gpu_activity_counts else None
-    idle = server_idle_seconds(now, server, probe, limits.cull_busy_kernels, gpu_active_at)
+    idle = server_idle_seconds(
+        now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
+    )
     idle_limit = limits.server_idle_timeout
     if idle_limit is not None and idle is not None and idle >= idle_limit:
         return Decision(
@@ -291,6 +298,55 @@ def decide_server(
             idle_seconds=idle, age_seconds=age, limit_seconds=idle_limit,
         )
     return None
+
+
+def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
+    """Activity the lease knows of: the user's last "Keep my server", and the slice's
+    last GPU work where the group counts it."""
+    if lease is None:
+        return None
+    gpu = lease.gpu_active_at if limits.gpu_activity_counts else None
+    return _latest([gpu, lease.kept_at])
+
+
+@dataclass(frozen=True)
+class StopWarning:
+    """A stop the user must be told of: which rule, and when it is due."""
+
+    rule: Rule
+    deadline: datetime
+
+    def describe(self, now: datetime) -> str:
+        """For logs and the ledger: the rule and the time left."""
+        return f"{self.rule.value} in {_fmt(_until(now, self.deadline))}"
+
+
+def _until(now: datetime, when: datetime) -> float:
+    return max(0.0, (when - now).total_seconds())
+
+
+def warning_due(
+    now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None,
+) -> StopWarning | None:
+    """The stop to warn the user of now: one due within the group's ``warn_before``
+    (the sooner, when both are), or ``None``. Call it when ``decide_server`` stops
+    nothing; a server that cannot be reached is warned only of its session age."""
+    warn = limits.warn_before
+    if warn is None or not is_cullable(server):
+        return None
+    due: list[StopWarning] = []
+    deadline = session_deadline(server, limits, lease)
+    if deadline is not None and _until(now, deadline) <= warn:
+        due.append(StopWarning(Rule.MAX_SESSION_AGE, deadline))
+    idle_limit = limits.server_idle_timeout
+    if idle_limit is not None and (probe is None or probe.reachable):
+        idle = server_idle_seconds(
+            now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
+        )
+        if idle is not None and idle_limit - idle <= warn:
+            due.append(StopWarning(Rule.SERVER_IDLE, now + timedelta(seconds=idle_limit - idle)))
+    return min(due, key=lambda w: w.deadline, default=None)
 
 
 def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) -> bool:
