@@ -51,6 +51,7 @@ from .hooks import ClaimPlan, SliceSupply
 from .metrics import CLAIM_DURATION, LEASES_CLAIMED, LEASES_RELEASED, SPAWN_REFUSALS, release_kind
 from .progress import ProgressLog
 from .settings import MIGSpawnerSettings
+from .warnings import warning_environment
 
 STATE_KEY = "mig_lease_id"
 
@@ -396,6 +397,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         lease = getattr(self, "_lease", None)
         if lease is not None and lease.id == self.lease_id:
             env.update(self.slice_environment(lease))
+        env.update(warning_environment(env))
         return env
 
     def get_state(self) -> dict:
