@@ -186,7 +186,7 @@ def main() -> None:
         ("slice service, server level, GPU sampling on", mine_gpus,
          f"{with_gpus[0]['servers stopped']} stopped; goal ratio <= 0.6"),
         (f"  of which: sampling {devices} MIG devices", sampling,
-         "processes, memory and GPM SM activity, per sweep"),
+         f"{sampling * 1000:.1f} ms per sweep: processes, memory, GPM SM activity"),
         (f"kernel level, {n * k} kernels, first sweep", first["seconds"],
          f"{first['servers stopped']} servers stopped, "
          f"{first['kernels shut down']} kernels shut down"),
