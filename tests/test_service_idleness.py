@@ -36,6 +36,7 @@ pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
 SERVER_IDLE, KERNEL_IDLE, SWEEP, HUB_INTERVAL = 30, 15, 1, 5
+WARN = 10  # the shipped warn_before of 10 min against a 30 min limit
 MAX_AGE = 60
 CONFIG = f"""
 c.JupyterHub.last_activity_interval = {HUB_INTERVAL}
@@ -45,7 +46,7 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
     "allowed": ["small"], "server_idle_timeout": {SERVER_IDLE},
-    "kernel_idle_timeout": {KERNEL_IDLE}}},
+    "kernel_idle_timeout": {KERNEL_IDLE}, "warn_before": {WARN}}},
     "age-test": {{"allowed": ["small"], "max_session_age": {MAX_AGE}}}}})
 c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
 c.JupyterHub.load_roles.append(
@@ -85,6 +86,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     start(hub, "ana")
     new_kernel(hub, "ana")  # the user's last act, through the proxy
     touched = time.monotonic()
+    touched_at = datetime.now(UTC)
     lease = lease_of(ledger, "ana")
     assert lease.server_url and lease.server_url.endswith("/user/ana/")
     # Her dead kernel's memory stays held: no process, no SM activity, not work.
@@ -97,6 +99,11 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + SWEEP + 6, stopped
     wait_for(lambda: lease_of(ledger, "ana") is None, 15, "ana's lease released", service)
     assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    # Warned warn_before ahead of the stop (within a sweep), once.
+    [warned] = [e for e in ledger.events(lease.id) if e.kind == "warned"]
+    early = (warned.at - touched_at).total_seconds()
+    assert SERVER_IDLE - WARN - 1 <= early <= SERVER_IDLE - WARN + SWEEP + 4, early
+    assert warned.rule == "server_idle"
     released = ledger.get(lease.id)
     assert released.peak_memory_mib == 15000 and released.gpu_active_at is None
     gpus(hub).set_memory_used(lease.mig_uuid, None)
