@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+import requests
 from hub_harness import REPO, start_mig_hub
 from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from test_service_e2e import SCOPES, SERVICE, TOKEN, Service, _up, lease_of, wait_for
@@ -139,3 +140,16 @@ def test_hub_home_notice_keeps_an_idle_server(env):
     time.sleep(max(0.0, seconds_until(deadline)) + 4)
     assert hub.server_model("hana")["ready"], service.log()
     page.close()
+
+
+def test_only_a_user_sees_and_keeps_their_own_servers(env):
+    hub, _, _, _ = env
+    lena = {"Authorization": f"token {hub.user_token('lena')}"}
+    api = f"{hub.url}/hub/api/mig-spawner"
+    # lena has no server now (hana's, warned, may still run): she sees nothing, and
+    # Keep names a server of her own only.
+    assert hub.server_model("lena") is None
+    assert requests.get(f"{api}/warnings", headers=lena, timeout=10).json() == {"warnings": []}
+    assert requests.post(f"{api}/keep/", headers=lena, json={}, timeout=10).status_code == 404
+    # A service (here the test's admin) is no user: refused, whatever its scopes.
+    assert hub.session.get(f"{api}/warnings", timeout=10).status_code == 403
