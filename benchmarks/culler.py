@@ -12,6 +12,10 @@ same concurrency, so both stop the same 1,000 servers.
    against a fresh stand-in and the median is kept.
 2. kernel-level sweep: the service reading ``/api/kernels`` of every server,
    20,000 kernels in all (half of them idle past the kernel limit): its cost.
+3. server-level sweep with GPU sampling on: a simulated host of 8 H200 with 7 MIG
+   devices each (56), GPM on, every device leased (SQLite ledger), a third running a
+   process with SM activity; goal ratio <= 0.6. Also the cost of sampling the 56
+   devices alone (processes, memory, GPM), median of 20 sweeps.
 
 Run: ``.venv/bin/python benchmarks/culler.py [--users 5000] [--concurrency 10]``.
 """
@@ -24,14 +28,18 @@ import logging
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from jupyterhub_idle_culler import cull_idle
 
+from mig_spawner import gpu
 from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
+from mig_spawner.ledger import Decision, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.runner import Sweeper, SweepReport
 
@@ -57,15 +65,50 @@ class StandinHub:
         self.proc.wait(10)
 
 
-def make_sweeper(url: str, concurrency: int, kernel_limit: str | None) -> Sweeper:
+GPU_SIM = "h200x8:layout=1g.18gb*7"
+
+
+class GpuWorld:
+    """56 simulated MIG devices with GPM, each leased to one of the stand-in's users."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        state = f"{self.dir.name}/sim.json"
+        self.adapter = gpu.connect(GPU_SIM, state)
+        host = SimulatedHost.open(state)
+        host.set_gpm(True)
+        self.ledger = Ledger.open(f"sqlite:///{self.dir.name}/ledger.sqlite")
+        for i, device in enumerate(self.adapter.inventory().mig_devices):
+            if i % 3 == 0:
+                host.set_processes(device.uuid, [(1000 + i, 9000)])
+                host.set_sm_activity(device.uuid, 60)
+            decision = Decision(
+                group="analysts", profile=device.profile, compute_slices=1, mode="pool",
+                host=self.adapter.inventory().host, gpu_uuid=device.gpu_uuid,
+                gpu_index=device.gpu_index, start=device.start, size=device.size,
+                mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id,
+            )
+            lease = self.ledger.claim(LeaseRequest(f"user{i:05d}"), lambda view, d=decision: d)
+            self.ledger.activate(lease.id)
+        self.devices = i + 1
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.adapter.close()
+        self.dir.cleanup()
+
+
+def make_sweeper(url: str, concurrency: int, kernel_limit: str | None,
+                 world: GpuWorld | None = None) -> Sweeper:
     policy = MIGPolicyConfig(group_policies={"analysts": {
         "allowed": ["1g.18gb"], "server_idle_timeout": IDLE_LIMIT,
         "kernel_idle_timeout": kernel_limit,
     }}).build()
     client = HubClient(f"{url}/hub/api", "token", proxy_url=url, concurrency=concurrency,
                        log=QUIET)
+    extra = {} if world is None else {"gpus": world.adapter, "ledger": world.ledger}
     return Sweeper(client, policy, ServiceMetrics(), probe_servers=kernel_limit is not None,
-                   log=QUIET)
+                   log=QUIET, **extra)
 
 
 def summary(report: SweepReport, seconds: float) -> dict:
@@ -76,9 +119,9 @@ def summary(report: SweepReport, seconds: float) -> dict:
 
 
 async def run_service(url: str, concurrency: int, kernel_limit: str | None = None,
-                      sweeps: int = 1) -> list[dict]:
+                      sweeps: int = 1, world: GpuWorld | None = None) -> list[dict]:
     """``sweeps`` sweeps in a row: the first culls, later ones find nothing to cull."""
-    sweeper = make_sweeper(url, concurrency, kernel_limit)
+    sweeper = make_sweeper(url, concurrency, kernel_limit, world)
     results = []
     for _ in range(sweeps):
         began = time.perf_counter()
@@ -113,12 +156,20 @@ def main() -> None:
     args = parser.parse_args()
     n, c = args.users, args.concurrency
 
-    ours, theirs = [], []
+    ours, theirs, with_gpus = [], [], []
     for _ in range(args.repeat):  # interleaved, so load from elsewhere hits both alike
         ours.append(against_fresh_hub(n, 0, lambda url: run_service(url, c))[0])
         theirs.append(against_fresh_hub(n, 0, lambda url: run_idle_culler(url, c))[0])
+        world = GpuWorld()
+        try:
+            with_gpus.append(against_fresh_hub(
+                n, 0, lambda url, w=world: run_service(url, c, world=w))[0])
+        finally:
+            world.close()
     base = statistics.median(r["seconds"] for r in theirs)
     mine = statistics.median(r["seconds"] for r in ours)
+    mine_gpus = statistics.median(r["seconds"] for r in with_gpus)
+    sampling, devices = sampling_cost()
 
     k = args.kernels_per_server
     first, steady = against_fresh_hub(
@@ -132,6 +183,10 @@ def main() -> None:
         ("jupyterhub-idle-culler cull_idle (baseline)", base, "stops the same idle servers"),
         ("slice service, server level", mine,
          f"{ours[0]['servers stopped']} stopped; goal ratio <= 1.0"),
+        ("slice service, server level, GPU sampling on", mine_gpus,
+         f"{with_gpus[0]['servers stopped']} stopped; goal ratio <= 0.6"),
+        (f"  of which: sampling {devices} MIG devices", sampling,
+         f"{sampling * 1000:.1f} ms per sweep: processes, memory, GPM SM activity"),
         (f"kernel level, {n * k} kernels, first sweep", first["seconds"],
          f"{first['servers stopped']} servers stopped, "
          f"{first['kernels shut down']} kernels shut down"),
@@ -140,6 +195,23 @@ def main() -> None:
     ]
     for label, seconds, note in rows:
         print(f"{label:<46}{seconds:>9.2f}{seconds / base:>8.2f}   {note}")
+
+
+def sampling_cost(sweeps: int = 20) -> tuple[float, int]:
+    """Median seconds one sweep spends sampling every MIG device, and how many."""
+    world = GpuWorld()
+    try:
+        sweeper = Sweeper(HubClient("http://127.0.0.1:1/hub/api", "t"),
+                          MIGPolicyConfig().build(), ServiceMetrics(), gpus=world.adapter)
+        sweeper.sample_slices()  # GPM baselines
+        times = []
+        for _ in range(sweeps):
+            began = time.perf_counter()
+            sweeper.sample_slices()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times), world.devices
+    finally:
+        world.close()
 
 
 if __name__ == "__main__":

@@ -37,3 +37,11 @@ c.LocalMIGSpawner.isolation = False
 # the ledger, by the hub, the slice service and the mig-spawner command):
 # c.MIGSettings.simulate = "h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb"
 # c.MIGSettings.sim_state_file = "/srv/jupyterhub/sim-gpus.json"
+
+# The warning before the slice service stops a server ("Keep my server"): on the hub's
+# home page (a template extending home.html, and two hub API endpoints) and inside
+# JupyterLab (a server extension the spawner enables in each server). Per-group timing:
+# warn_before / extend_by / max_extensions in 20-groups.py; see docs/culling.md.
+from mig_spawner.spawner.warnings import configure_hub  # noqa: E402
+
+configure_hub(c)

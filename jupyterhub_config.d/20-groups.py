@@ -88,6 +88,12 @@ c.MIGPolicyConfig.offers = {
 #   cull_busy_kernels     True: a kernel running with no output for kernel_idle_timeout
 #                         counts as idle too. False (default): busy kernels are never
 #                         ended by the idle limits, only by max_session_age
+#   gpu_activity_counts   True (default): GPU work on the slice (processes with SM
+#                         activity) counts as activity; held memory alone does not
+#   warn_before           warn the user this long before a stop, with a "Keep my
+#                         server" button (default "10m"; None: no warning)
+#   extend_by             what Keep adds to max_session_age (default None: no extension)
+#   max_extensions        how often Keep may extend one session (default 0)
 #   priority              a member of several groups is charged to the group with the
 #                         highest priority whose quota has room (ties: by group name)
 # Durations: "90s", "30m", "8h", "1d", "1h30m" or seconds; None, 0 or "never" = no limit.

@@ -9,6 +9,7 @@ them: one ``Ledger.claim`` per server with a ``Decision`` naming the MIG device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from manual_clock import Clock
@@ -55,14 +56,16 @@ class World:
         return found[nth]
 
     def lease(self, user: str, group: str, device: MigDevice, *, server: str = "",
-              active: bool = True) -> Lease:
-        """Claim ``device`` for ``user``'s server (pool mode) and mark it started."""
+              active: bool = True, expires_in: timedelta | None = None) -> Lease:
+        """Claim ``device`` for ``user``'s server (pool mode) and mark it started;
+        ``expires_in``: its max session age, from now."""
         compute = model("h200").profile(device.profile).compute_slices
         decision = Decision(
             group=group, profile=device.profile, compute_slices=compute, mode="pool",
             host=self.inventory().host, gpu_uuid=device.gpu_uuid,
             gpu_index=device.gpu_index, start=device.start, size=device.size,
             mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id,
+            expires_at=None if expires_in is None else self.clock.now + expires_in,
         )
         lease = self.ledger.claim(LeaseRequest(user, server), lambda view: decision)
         if active:

@@ -134,6 +134,9 @@ def test_server_without_any_url_to_reach_it_says_what_to_set():
     full = HubServer("ana", "x", "/user/ana/x/", "http://hub.example/user/ana/x", True,
                      None, None, None)
     assert client.server_url(full) == "http://hub.example/user/ana/x/"
+    # The internal address a lease records wins: reads through the proxy count as activity.
+    assert client.server_url(full, "http://10.0.0.7:41000/user/ana/x/") == (
+        "http://10.0.0.7:41000/user/ana/x/")
 
 
 # -- against a real JupyterHub ------------------------------------------------------

@@ -367,7 +367,7 @@ def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> 
     try:
         tables = set(inspect(engine).get_table_names())
         assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", "refusals",
-                          "waits", VERSION_TABLE}
+                          "waits", "lease_events", VERSION_TABLE}
         with engine.connect() as conn:
             # The migrated schema is exactly what the code declares.
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
@@ -441,4 +441,34 @@ def test_user_and_server_names_of_300_characters_claim_release_and_refuse(
     assert [r.user for r in ledger.refusals()] == [user]
     released = ledger.release(lease.id, "stopped")
     assert (released.user, released.server_name, released.state) == (user, server, "released")
+
+
+def test_keep_counts_as_activity_or_extends_up_to_the_limit_and_is_recorded(tmp_path):
+    from datetime import timedelta as td
+    now = [datetime(2026, 12, 2, 12, 0, tzinfo=UTC)]
+    with Ledger.open(f"sqlite:///{tmp_path}/l.sqlite", clock=lambda: now[0]) as ledger:
+        def decide(view):
+            return Decision(group="g", profile="1g.18gb", compute_slices=1, mode="pool",
+                            host="h", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
+                            mig_uuid="MIG-0", expires_at=view.now + td(hours=8))
+        lease = ledger.activate(ledger.claim(LeaseRequest("ana"), decide).id)
+        ledger.warn(lease.id, "server_idle", now[0] + td(minutes=10), "idle 20m of 30m")
+        kept = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        assert (kept.outcome, kept.lease.kept_at, kept.lease.warning) == ("kept", now[0], None)
+
+        ledger.warn(lease.id, "max_session_age", lease.expires_at, "age")
+        extended = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        assert extended.outcome == "extended"
+        assert extended.lease.expires_at == lease.expires_at + td(hours=1)
+        assert "21:00 UTC" in extended.message and "http" not in extended.message
+        ledger.warn(lease.id, "max_session_age", extended.lease.expires_at, "age")
+        refused = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        assert refused.outcome == "refused"
+        assert refused.message.startswith("This session was already extended 1 time, the most")
+        assert ledger.get(lease.id).expires_at == extended.lease.expires_at
+        assert [e.kind for e in ledger.events(lease.id)] == [
+            "warned", "kept", "warned", "extended", "warned", "refused"]
+        ledger.release(lease.id, "stopped")
+        assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "gone"
+
 

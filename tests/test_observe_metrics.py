@@ -61,6 +61,8 @@ def test_slices_by_state_holder_memory_age_and_quota(world):
     world.lease("bob", "analysts", world.device(1, "1g.18gb"))
     world.clock.advance(minutes=20)
     world.ledger.touch(world.leases["ada"].id, world.clock.now)
+    world.ledger.record_gpu(world.leases["ada"].id, gpu_active_at=world.clock.now,
+                            peak_memory_mib=4096)
     stray = world.device(1, "2g.35gb")
     world.sim.set_processes(stray.uuid, [(666, 512)])
 
@@ -79,6 +81,10 @@ def test_slices_by_state_holder_memory_age_and_quota(world):
     assert value(m, "mig_spawner_lease_idle_seconds", user="ada") == 0
     assert value(m, "mig_spawner_lease_idle_seconds", user="bob") == 1200
     assert value(m, "mig_spawner_lease_idle_limit_seconds", user="bob") == 1800
+    assert value(m, "mig_spawner_lease_gpu_idle_seconds", user="ada") == 0
+    assert value(m, "mig_spawner_lease_peak_memory_bytes", user="ada") == 4096 * MIB
+    # bob's slice never did GPU work: no series for him.
+    assert [s.labels["user"] for s in m["mig_spawner_lease_gpu_idle_seconds"]] == ["ada"]
     assert value(m, "mig_spawner_group_slices", group="research") == 1
     assert value(m, "mig_spawner_group_quota_slices", group="research") == 2
     assert value(m, "mig_spawner_group_compute_slices", group="research") == 3

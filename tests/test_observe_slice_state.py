@@ -38,7 +38,7 @@ def test_nothing_leased_every_slice_is_free(world):
 
 def test_leased_slice_names_holder_group_age_and_idle_time(world):
     device = world.device(0, "3g.71gb")
-    world.lease("ada", "research", device, server="big")
+    world.lease("ada", "research", device, server="big", expires_in=timedelta(hours=8))
     world.clock.advance(minutes=5)
     world.ledger.touch(world.leases["ada"].id, world.clock.now)
     world.clock.advance(minutes=3)
@@ -48,7 +48,8 @@ def test_leased_slice_names_holder_group_age_and_idle_time(world):
         "ada", "big", "research", "ada/big")
     assert row.age_seconds == pytest.approx(8 * 60)
     assert row.idle_seconds == pytest.approx(3 * 60)
-    assert row.max_age_seconds == pytest.approx(8 * 3600)  # from the research policy
+    # The lease's deadline, the one the slice service stops the server at.
+    assert row.session_left_seconds == pytest.approx(8 * 3600 - 8 * 60)
     assert row.idle_limit_seconds is None
 
 

@@ -13,7 +13,8 @@ H200_VALID = "1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb"
 ONLY_SMALL = {"small": {"profiles": {"h200": "1g.18gb"}}}
 KNOWN_KEYS = (
     "allowed, max_slices_per_user, quota_slices, quota_compute_slices, server_idle_timeout, "
-    "kernel_idle_timeout, max_session_age, cull_busy_kernels, priority, queue, max_wait, "
+    "kernel_idle_timeout, max_session_age, cull_busy_kernels, gpu_activity_counts, "
+    "warn_before, extend_by, max_extensions, priority, queue, max_wait, "
     "max_waiting_per_user, server_idle_timeout_when_waited"
 )
 LISTED = "MIG profiles such as '1g.18gb' may be listed directly"

@@ -111,3 +111,23 @@ async def test_a_dry_run_writes_nothing(world):
     before = ledger.get(leases["user00001"]).last_activity_at
     await sweeper(base, ledger, dry_run=True).sweep()
     assert ledger.get(leases["user00001"]).last_activity_at == before
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
+    base, ledger, leases, _ = world
+    # Warn 59.5 min ahead of a 1 h limit: user00001, active a minute ago, is due one;
+    # user00000, idle for 2 h, is stopped instead.
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "warn_before": "59m30s"}}).build()
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+    sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=False,
+                      dry_run=dry_run)
+    report = await sweeper.sweep()
+    warned = {who: w.rule.value for who, w in report.warnings}
+    assert warned.get("user00001") == "server_idle" and "user00000" not in warned
+    events = ledger.events(leases["user00001"])
+    assert [e.kind for e in events] == ([] if dry_run else ["warned"])
+    if not dry_run:  # once per coming stop, not every sweep
+        await sweeper.sweep()
+        assert len(ledger.events(leases["user00001"])) == 1

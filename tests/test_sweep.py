@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,10 +15,13 @@ from mig_spawner.service.sweep import (
     UNREACHABLE,
     Probe,
     Rule,
+    SliceActivity,
     decide,
     find_orphans,
+    gpu_facts_to_record,
     needs_probe,
     unleased_busy_devices,
+    warning_due,
 )
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -238,3 +242,105 @@ def test_busy_device_without_a_lease_is_reported():
     leases = [lease("L1", "ana", mig_uuid="MIG-a"), lease("L2", "bob", mig_uuid="MIG-b",
                                                          state="released")]
     assert [d.uuid for d in unleased_busy_devices(inventory, leases)] == ["MIG-b"]
+
+
+def leased(claimed_ago: float, expires_in: float | None) -> Lease:
+    return Lease(id="L1", user="ana", server_name="", group="analysts", profile="1g.18gb",
+                 compute_slices=1, mode="pool", state="active", claimed_at=ago(claimed_ago),
+                 expires_at=None if expires_in is None else NOW + timedelta(minutes=expires_in))
+
+
+@pytest.mark.parametrize(
+    ("case", "started_ago", "lease", "expected"),
+    [
+        # The hub's "started" (reset, or not, by a hub restart) does not matter once a
+        # lease records the deadline: the lease is the one truth.
+        ("lease expired although the hub says it started a minute ago", 1,
+         leased(8 * 60 + 1, -1), [(Rule.MAX_SESSION_AGE, None)]),
+        ("lease not expired although the hub says it started 9 h ago", 9 * 60,
+         leased(9 * 60, 30), []),
+        ("lease without a deadline (group had none at claim)", 9 * 60, leased(9 * 60, None),
+         []),
+        ("no lease: the hub's start plus the limit", 8 * 60 + 1, None,
+         [(Rule.MAX_SESSION_AGE, None)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_session_age_is_the_leases_expires_at(case, started_ago, lease, expected):
+    srv = server(active_ago=1, started_ago=started_ago)
+    assert outcome(decide(NOW, srv, "analysts", LIMITS, Probe(), lease=lease)) == expected
+
+
+def test_session_age_decision_measures_from_the_claim():
+    [d] = decide(NOW, server(active_ago=1), "analysts", LIMITS, Probe(),
+                 lease=leased(8 * 60 + 5, -5))
+    assert d.rule is Rule.MAX_SESSION_AGE
+    assert (d.age_seconds, d.limit_seconds) == ((8 * 60 + 5) * MIN, 8 * 60 * MIN)
+
+
+@pytest.mark.parametrize(
+    ("case", "activity", "working"),
+    [
+        ("a process with SM activity", SliceActivity(1, 9000, sm_active=0.6), True),
+        ("a process holding a context, SMs idle", SliceActivity(1, 9000, sm_active=0.01),
+         False),
+        ("a process on a GPU without GPM", SliceActivity(1, 9000, sm_active=None), True),
+        ("memory held with no process and no SM activity", SliceActivity(0, 60000, 0.0),
+         False),
+        ("processes cannot be read: busy, never idle", SliceActivity(0, 0, None, True), True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_what_counts_as_gpu_work(case, activity, working):
+    assert activity.working is working
+
+
+def gpu_lease(gpu_active_ago: float | None) -> Lease:
+    return replace(leased(60, None), gpu_active_at=None if gpu_active_ago is None
+                   else ago(gpu_active_ago))
+
+
+@pytest.mark.parametrize(
+    ("case", "lease", "limits", "expected"),
+    [
+        ("GPU work within the idle limit keeps an idle server", gpu_lease(5), LIMITS, []),
+        ("GPU work longer ago than the limit does not", gpu_lease(31), LIMITS,
+         [(Rule.SERVER_IDLE, None)]),
+        ("never any GPU work", gpu_lease(None), LIMITS, [(Rule.SERVER_IDLE, None)]),
+        ("the group says GPU work does not count", gpu_lease(5),
+         replace(LIMITS, gpu_activity_counts=False), [(Rule.SERVER_IDLE, None)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_gpu_work_is_activity(case, lease, limits, expected):
+    srv = server(active_ago=45)
+    assert outcome(decide(NOW, srv, "analysts", limits, Probe(), lease=lease)) == expected
+
+
+def test_gpu_facts_record_work_and_a_new_peak_only():
+    lease = replace(leased(60, None), peak_memory_mib=20000)
+    assert gpu_facts_to_record(NOW, lease, SliceActivity(1, 30000, 0.5)) == {
+        "gpu_active_at": NOW, "peak_memory_mib": 30000}
+    assert gpu_facts_to_record(NOW, lease, SliceActivity(0, 10000, 0.0)) == {}
+
+
+@pytest.mark.parametrize(
+    ("case", "srv", "lease", "expected"),
+    [
+        ("idle 21 of 30 min, warn 10 min before: warned, stop due in 9 min",
+         server(active_ago=21), None, (Rule.SERVER_IDLE, NOW + timedelta(minutes=9))),
+        ("idle 19 of 30 min: too early", server(active_ago=19), None, None),
+        ("kept a minute ago: not idle", server(active_ago=25),
+         replace(leased(60, None), kept_at=ago(1)), None),
+        ("session ends in 5 min, server active", server(active_ago=1), leased(60, 5),
+         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=5))),
+        ("both due: the sooner stop", server(active_ago=25), leased(60, 2),
+         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=2))),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_warning_before_a_stop(case, srv, lease, expected):
+    limits = replace(LIMITS, warn_before=10 * MIN)
+    warning = warning_due(NOW, srv, limits, Probe(), lease)
+    assert (None if warning is None else (warning.rule, warning.deadline)) == expected
+    assert warning_due(NOW, srv, replace(limits, warn_before=None), Probe(), lease) is None

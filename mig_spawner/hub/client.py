@@ -7,10 +7,13 @@ one retry policy for every call the slice service makes:
   (``Accept: application/jupyterhub-pagination+json``, follow ``_pagination.next``);
   the next page is requested while the current one is being consumed;
 - ``DELETE /hub/api/users/<user>/server[s/<name>]`` to stop a server;
-- ``GET <server>/api/kernels`` and ``<server>/api/status`` with
-  ``no_track_activity=1`` (so that looking does not count as activity), and
-  ``DELETE <server>/api/kernels/<id>``, through the proxy with the service's
-  token (it needs the ``access:servers`` scope).
+- ``GET <server>/api/kernels?no_track_activity=1`` and ``<server>/api/status``
+  (which Jupyter Server never counts as activity), and
+  ``DELETE <server>/api/kernels/<id>?no_track_activity=1``, with the service's token (it needs the
+  ``access:servers`` scope), at the server's *internal* URL that the spawner
+  recorded in the lease. Not through the proxy: configurable-http-proxy marks a
+  route active on every request it forwards, and the hub copies that onto the
+  server's ``last_activity``, so reads through it would keep idle servers alive.
 
 5xx answers and connection errors are retried with exponential backoff;
 other errors raise :class:`HubError` at once with the hub's own message.
@@ -233,9 +236,12 @@ class HubClient:
         response = await self.request("DELETE", self.api_url + path, ok=(404,))
         return response.code != 202
 
-    def server_url(self, server: HubServer) -> str:
-        """The URL of a server's root through the proxy, ending in ``/``."""
-        if server.full_url:
+    def server_url(self, server: HubServer, internal: str | None = None) -> str:
+        """The URL of a server's root, ending in ``/``: ``internal`` (the address the
+        lease recorded) when known, else through the proxy (which counts as activity)."""
+        if internal:
+            base = internal
+        elif server.full_url:
             base = server.full_url
         elif self.proxy_url:
             base = self.proxy_url + server.url
@@ -247,17 +253,24 @@ class HubClient:
             )
         return base if base.endswith("/") else base + "/"
 
-    async def kernels(self, server: HubServer, *, retries: int = 1) -> list[Kernel]:
+    async def kernels(
+        self, server: HubServer, *, internal: str | None = None, retries: int = 1
+    ) -> list[Kernel]:
         """The server's kernels, read without counting as activity."""
-        url = self.server_url(server) + "api/kernels?no_track_activity=1"
+        url = self.server_url(server, internal) + "api/kernels?no_track_activity=1"
         return [kernel_from_model(k) for k in await self._get_json(url, retries=retries)]
 
-    async def server_status(self, server: HubServer, *, retries: int = 1) -> ServerStatus:
-        """The server's own view of its activity, read without counting as activity."""
-        url = self.server_url(server) + "api/status?no_track_activity=1"
+    async def server_status(
+        self, server: HubServer, *, internal: str | None = None, retries: int = 1
+    ) -> ServerStatus:
+        """The server's own view of its activity (``/api/status`` is never tracked)."""
+        url = self.server_url(server, internal) + "api/status"
         return status_from_model(await self._get_json(url, retries=retries))
 
-    async def shutdown_kernel(self, server: HubServer, kernel_id: str) -> None:
-        """Shut a kernel down; one already gone counts as done."""
-        url = self.server_url(server) + f"api/kernels/{quote(kernel_id, safe='')}"
+    async def shutdown_kernel(
+        self, server: HubServer, kernel_id: str, *, internal: str | None = None
+    ) -> None:
+        """Shut a kernel down without counting as activity; one already gone counts as done."""
+        url = (self.server_url(server, internal)
+               + f"api/kernels/{quote(kernel_id, safe='')}?no_track_activity=1")
         await self.request("DELETE", url, ok=(404,))

@@ -104,6 +104,15 @@ leases = Table(
     Column("holder_pid", Integer, comment="PID of the server process"),
     Column("holder_start", BigInteger,
            comment="its start time (/proc/<pid>/stat field 22), so a reused PID is told"),
+    Column("server_url", String(1000),
+           comment="internal URL of the server, read without the proxy"),
+    Column("gpu_active_at", UtcDateTime(), comment="last time the slice did GPU work"),
+    Column("peak_memory_mib", Integer, comment="most GPU memory the slice held (MiB)"),
+    Column("warning", String(32), comment="the stop the user was warned of (a rule), if pending"),
+    Column("warned_at", UtcDateTime()),
+    Column("warning_deadline", UtcDateTime(), comment="when that stop is due"),
+    Column("kept_at", UtcDateTime(), comment="last 'Keep my server' (counts as activity)"),
+    Column("extensions", Integer, comment="times max session age was extended"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),
@@ -144,6 +153,18 @@ refusals = Table(
     Column("host", String(255)),
     Column("message", String(1000), nullable=False),
     Index("ix_refusals_at", "at"),
+)
+
+#: Warnings before a stop, and the user's answers (kept, extended, refused), per lease.
+lease_events = Table(
+    "lease_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False, index=True),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("kind", String(16), nullable=False, comment="warned | kept | extended | refused"),
+    Column("rule", String(32), nullable=False),
+    Column("detail", String(255), nullable=False),
 )
 
 #: One row (id 1). Claims lock it (``SELECT ... FOR UPDATE``) on databases

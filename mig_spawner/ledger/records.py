@@ -152,6 +152,19 @@ class Lease:
     holder_host: str | None = None
     holder_pid: int | None = None
     holder_start: int | None = None
+    #: Where the slice service reaches the server directly (not through the proxy,
+    #: whose routes would count its reads as the user's activity).
+    server_url: str | None = None
+    gpu_active_at: datetime | None = None
+    peak_memory_mib: int | None = None
+    #: The stop the user was warned of (``server_idle``/``max_session_age``), if pending.
+    warning: str | None = None
+    warned_at: datetime | None = None
+    warning_deadline: datetime | None = None
+    #: The user's last "Keep my server"; counts as activity.
+    kept_at: datetime | None = None
+    #: How often ``expires_at`` was moved on by a keep.
+    extensions: int | None = None
 
     @property
     def held(self) -> bool:
@@ -169,6 +182,28 @@ class Lease:
     def server(self) -> str:
         """``user/server_name``, the way JupyterHub names a server in its logs."""
         return f"{self.user}/{self.server_name}"
+
+
+@dataclass(frozen=True)
+class KeepResult:
+    """What a "Keep my server" did: ``kept`` (counts as activity), ``extended`` (max
+    session age moved on), ``refused`` (no extension left), ``gone`` (not running).
+    ``message`` is for the user: plain words, no URLs or hosts."""
+
+    outcome: str
+    message: str
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """A warning before a stop, or the user's answer to one."""
+
+    lease_id: str
+    at: datetime
+    kind: str
+    rule: str
+    detail: str
 
 
 @dataclass(frozen=True)

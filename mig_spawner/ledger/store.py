@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
 
 from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
+
+from mig_spawner.core.durations import format_duration
 
 from . import migrate
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
@@ -31,12 +33,14 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .models import lease_servers, lease_slots, leases
+from .models import lease_events, lease_servers, lease_slots, leases
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
     Decision,
+    KeepResult,
     Lease,
+    LeaseEvent,
     LeaseRequest,
     LedgerView,
     Usage,
@@ -354,17 +358,20 @@ class Ledger(RefusalLog, WaitList):
         ci_id: int | None = None,
         node: str | None = None,
         pod: str | None = None,
+        server_url: str | None = None,
     ) -> Lease:
         """Mark the lease's server as started, recording what the start learnt.
 
         Dynamic mode passes the created instance (``mig_uuid``, ``gi_id``,
         ``ci_id``) unless ``record_instance`` did; Kubernetes passes
-        ``node``/``pod``. Calling it again on an active lease is harmless.
+        ``node``/``pod``; every spawner passes the server's internal ``server_url``.
+        Calling it again on an active lease is harmless.
         Raises ``LeaseStateError`` if the lease is being or has been released
         (the server must then be stopped), and ``LeaseNotFound`` for an unknown id.
         """
         now = self._now()
-        learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod}
+        learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod,
+                  "server_url": server_url}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "become active")
             return self._update(
@@ -413,6 +420,105 @@ class Ledger(RefusalLog, WaitList):
             if lease.last_activity_at is not None and lease.last_activity_at >= last_activity_at:
                 return lease
             return self._update(connection, lease, last_activity_at=last_activity_at)
+
+    def record_gpu(
+        self, lease_id: str, *, gpu_active_at: datetime | None = None,
+        peak_memory_mib: int | None = None,
+    ) -> Lease | None:
+        """Record the slice's GPU work and memory; both only move forward (the last
+        work, the peak). ``None`` if the lease is released or unknown."""
+        if gpu_active_at is not None:
+            require_aware("gpu_active_at", gpu_active_at)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            changes: dict[str, Any] = {}
+            if gpu_active_at is not None and (
+                lease.gpu_active_at is None or gpu_active_at > lease.gpu_active_at
+            ):
+                changes["gpu_active_at"] = gpu_active_at
+            if peak_memory_mib is not None and peak_memory_mib > (lease.peak_memory_mib or 0):
+                changes["peak_memory_mib"] = peak_memory_mib
+            return self._update(connection, lease, **changes) if changes else lease
+
+    # -- warnings before a stop, and "Keep my server" ----------------------------------
+
+    def warn(self, lease_id: str, rule: str, deadline: datetime, detail: str) -> Lease | None:
+        """Record that the user was warned of a stop (``rule``) due at ``deadline``.
+        ``None`` if the lease is released or unknown."""
+        require_aware("deadline", deadline)
+        now = self._now()
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            self._event(connection, lease.id, now, "warned", rule, detail)
+            return self._update(connection, lease, warning=rule, warned_at=now,
+                                warning_deadline=deadline)
+
+    def clear_warning(self, lease_id: str) -> Lease | None:
+        """The warned stop is no longer due (the user came back): forget the warning."""
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held or lease.warning is None:
+                return lease
+            return self._update(connection, lease, warning=None, warning_deadline=None)
+
+    def keep(
+        self, lease_id: str, *, extend_by: float | None, max_extensions: int
+    ) -> KeepResult:
+        """The user pressed "Keep my server". Against an idle stop it counts as activity
+        (``kept_at``); against max session age it moves ``expires_at`` by ``extend_by``
+        while fewer than ``max_extensions`` were granted, else says why not."""
+        now = self._now()
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return KeepResult("gone", "This server is not running any more.")
+            rule = lease.warning or "server_idle"
+            if rule != "max_session_age" or lease.expires_at is None:
+                kept = self._update(connection, lease, kept_at=now, warning=None,
+                                    warning_deadline=None)
+                self._event(connection, lease.id, now, "kept", rule, "counts as activity")
+                return KeepResult("kept", "Kept: your server counts as in use from now.", kept)
+            used = lease.extensions or 0
+            if not extend_by or used >= max_extensions:
+                why = (
+                    "Your group's sessions cannot be extended"
+                    if not extend_by or max_extensions == 0
+                    else f"This session was already extended {used} "
+                    f"time{'s' if used != 1 else ''}, the most your group allows"
+                )
+                message = (f"{why}: the server stops at {lease.expires_at:%H:%M} UTC. "
+                           "Save your work.")
+                self._event(connection, lease.id, now, "refused", rule, why)
+                return KeepResult("refused", message, lease)
+            expires = lease.expires_at + timedelta(seconds=extend_by)
+            extended = self._update(connection, lease, expires_at=expires, extensions=used + 1,
+                                    kept_at=now, warning=None, warning_deadline=None)
+            self._event(connection, lease.id, now, "extended", rule,
+                        f"expires_at {expires.isoformat()} ({used + 1} of {max_extensions})")
+            return KeepResult(
+                "extended",
+                f"Extended by {format_duration(extend_by)}: your server now stops at "
+                f"{expires:%H:%M} UTC.", extended,
+            )
+
+    def events(self, lease_id: str) -> list[LeaseEvent]:
+        """The warnings and answers of one lease, oldest first."""
+        with self._read() as connection:
+            rows = connection.execute(
+                select(lease_events).where(lease_events.c.lease_id == lease_id)
+                .order_by(lease_events.c.id)
+            )
+            return [LeaseEvent(r.lease_id, r.at, r.kind, r.rule, r.detail) for r in rows]
+
+    @staticmethod
+    def _event(connection: Connection, lease_id: str, at: datetime, kind: str, rule: str,
+               detail: str) -> None:
+        connection.execute(insert(lease_events).values(
+            lease_id=lease_id, at=at, kind=kind, rule=rule, detail=detail[:255]))
 
     def begin_release(self, lease_id: str, reason: str) -> Lease | None:
         """Mark a lease ``releasing``: it keeps its slice until ``release`` (e.g. while a

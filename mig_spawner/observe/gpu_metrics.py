@@ -113,6 +113,14 @@ class SliceCollector(Collector):
                       LEASE_LABELS, unit="seconds")
         idle_limit = _gauge("lease_idle_limit", "The charged group's server_idle_timeout.",
                             LEASE_LABELS, unit="seconds")
+        left = _gauge("lease_session_left", "Seconds until the lease's expires_at "
+                      "(max session age), when the slice service stops its server.",
+                      LEASE_LABELS, unit="seconds")
+        gpu_idle = _gauge("lease_gpu_idle", "Seconds since the lease's slice last did GPU "
+                          "work (compute processes with SM activity).", LEASE_LABELS,
+                          unit="seconds")
+        peak = _gauge("lease_peak_memory", "Most GPU memory the lease's slice held.",
+                      LEASE_LABELS, unit="bytes")
         for row in view.slices:
             labels = _slice_labels(view.host, row)
             info.add_metric([*labels, row.mig_uuid or "", row.server or ""], 1)
@@ -128,7 +136,13 @@ class SliceCollector(Collector):
                     idle.add_metric(lease, row.idle_seconds)
                 if row.idle_limit_seconds is not None:
                     idle_limit.add_metric(lease, row.idle_limit_seconds)
-        yield from (info, used, total, procs, age, idle, idle_limit)
+                if row.session_left_seconds is not None:
+                    left.add_metric(lease, row.session_left_seconds)
+                if row.gpu_idle_seconds is not None:
+                    gpu_idle.add_metric(lease, row.gpu_idle_seconds)
+                if row.peak_memory_mib is not None:
+                    peak.add_metric(lease, row.peak_memory_mib * _MIB)
+        yield from (info, used, total, procs, age, idle, idle_limit, left, gpu_idle, peak)
 
     @staticmethod
     def _per_gpu(view: SliceMap) -> Iterator[GaugeMetricFamily]:

@@ -70,8 +70,13 @@ class SliceRow:
     idle_seconds: float | None = None
     #: The charged group's ``server_idle_timeout`` (None: no idle limit).
     idle_limit_seconds: float | None = None
-    #: The charged group's ``max_session_age`` (None: no limit).
-    max_age_seconds: float | None = None
+    #: Seconds until the lease's ``expires_at`` (max session age; None: no limit):
+    #: the same deadline the slice service stops the server at.
+    session_left_seconds: float | None = None
+    #: Seconds since the slice last did GPU work (None: never, as far as sampled).
+    gpu_idle_seconds: float | None = None
+    #: Most GPU memory the lease's slice held (MiB), as the slice service sampled it.
+    peak_memory_mib: int | None = None
     note: str = ""
 
     @property
@@ -208,7 +213,12 @@ def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict
         "age_seconds": _seconds(now, lease.started_at or lease.claimed_at),
         "idle_seconds": _idle_seconds(lease, now),
         "idle_limit_seconds": group.server_idle_timeout if group else None,
-        "max_age_seconds": group.max_session_age if group else None,
+        "gpu_idle_seconds": _seconds(now, lease.gpu_active_at),
+        "peak_memory_mib": lease.peak_memory_mib,
+        "session_left_seconds": (
+            None if lease.expires_at is None
+            else max(0.0, (lease.expires_at - now).total_seconds())
+        ),
     }
 
 

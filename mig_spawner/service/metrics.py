@@ -63,6 +63,23 @@ class ServiceMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,
         )
+        self.warnings = Counter(
+            f"{PREFIX}_warnings",
+            "Warnings of a coming stop recorded for users (shown in JupyterLab and on "
+            "the hub's home page).",
+            ["reason", "group"], registry=r,
+        )
+        self.gpu_sample_duration = Histogram(
+            f"{PREFIX}_gpu_sample_duration_seconds",
+            "Time one sweep took to sample every MIG device (processes, memory, GPM).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
+        self.gpu_working = Counter(
+            f"{PREFIX}_slices_gpu_working",
+            "Leased slices a sweep found doing GPU work (summed over sweeps).",
+            ["group"], registry=r,
+        )
         self.servers_seen = Gauge(
             f"{PREFIX}_servers_seen", "Running servers the last complete sweep saw.",
             registry=r,

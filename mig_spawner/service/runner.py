@@ -3,7 +3,9 @@ GPUs say, let :mod:`mig_spawner.service.sweep` decide, carry the decisions out.
 
 Order of a sweep:
 
-1. read the held leases (ledger) and list every active server (hub, paged);
+1. read the held leases (ledger), sample each leased MIG device's GPU activity
+   (processes, memory, SM activity where NVML GPM exists) onto its lease, and
+   list every active server (hub, paged);
 2. per server, as the pages arrive: pick the limits of the group its lease is
    charged to, look inside it when that can change the outcome, decide, act;
 3. only after a *complete* listing: release orphan leases past their grace and
@@ -20,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -29,6 +31,7 @@ from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
 from mig_spawner.gpu.errors import GpuError
+from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.ledger import Lease, Ledger
@@ -37,12 +40,16 @@ from mig_spawner.service.sweep import (
     UNREACHABLE,
     Decision,
     Probe,
+    SliceActivity,
+    StopWarning,
     activity_to_record,
     decide,
     find_orphans,
+    gpu_facts_to_record,
     idle_by_hub_data,
     needs_probe,
     unleased_busy_devices,
+    warning_due,
 )
 
 
@@ -65,6 +72,8 @@ class SweepReport:
     servers: int = 0
     decisions: list[Decision] = field(default_factory=list)
     carried_out: list[Decision] = field(default_factory=list)
+    #: ``(user/server, warning)`` sent this sweep (in dry-run: that would be sent).
+    warnings: list[tuple[str, StopWarning]] = field(default_factory=list)
     orphans_released: list[Lease] = field(default_factory=list)
     unleased_devices: list[str] = field(default_factory=list)
     complete: bool = False
@@ -105,12 +114,17 @@ class Sweeper:
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
+        # Keeps each GPU instance's previous GPM sample between sweeps.
+        self.gpm = GpmSampler() if gpus is not None else None
+        self._warned_proxied: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         """Close the hub client, the ledger and the GPU adapter."""
         self.client.close()
         if self.ledger is not None:
             self.ledger.close()
+        if self.gpm is not None:
+            self.gpm.close()
         close_gpus = getattr(self.gpus, "close", None)
         if close_gpus is not None:
             close_gpus()
@@ -134,7 +148,7 @@ class Sweeper:
         started = time.monotonic()
         now = self.clock()
         try:
-            leases = await self._leases()
+            leases = await self._gpu_activity(now, await self._leases())
             running = await self._list_and_handle(now, leases, report)
             report.servers = len(running)
             report.complete = True
@@ -197,6 +211,63 @@ class Sweeper:
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
         return await asyncio.to_thread(self.ledger.active)
 
+    async def _gpu_activity(self, now: datetime, leases: list[Lease]) -> list[Lease]:
+        """Sample each leased MIG device and record its GPU work and peak memory on the
+        lease (in the ledger unless dry-run); return the leases as updated, which is
+        what this sweep's decisions read. A GPU that cannot be read changes nothing."""
+        if self.gpus is None or not any(lease.mig_uuid for lease in leases):
+            return leases
+        started = time.monotonic()
+        try:
+            sampled = await asyncio.to_thread(self.sample_slices)
+        except Exception as e:
+            self.metrics.errors.labels(kind="gpu").inc()
+            self.log.error("cannot sample GPU activity: %s", e)
+            return leases
+        finally:
+            self.metrics.gpu_sample_duration.observe(time.monotonic() - started)
+        updated = []
+        for lease in leases:
+            activity = sampled.get(lease.mig_uuid or "")
+            facts = gpu_facts_to_record(now, lease, activity) if activity else {}
+            if facts:
+                if not self.dry_run and self._worth_writing(lease, facts):
+                    await asyncio.to_thread(self.ledger.record_gpu, lease.id, **facts)
+                lease = replace(lease, **facts)
+            if activity is not None and activity.working:
+                self.metrics.gpu_working.labels(lease.group).inc()
+            updated.append(lease)
+        return updated
+
+    def _worth_writing(self, lease: Lease, facts: dict[str, object]) -> bool:
+        """A new peak, or GPU work ``activity_resolution`` past the recorded time: one
+        write per busy slice a minute, not one per sweep (decisions use the fresh time)."""
+        if "peak_memory_mib" in facts:
+            return True
+        active = facts.get("gpu_active_at")
+        return isinstance(active, datetime) and (
+            lease.gpu_active_at is None
+            or (active - lease.gpu_active_at).total_seconds() >= self.activity_resolution
+        )
+
+    def sample_slices(self) -> dict[str, SliceActivity]:
+        """MIG UUID -> processes, memory and SM activity of every MIG device now."""
+        inventory = self.gpus.inventory()
+        sm: dict[tuple[int, int], float] = {}
+        if self.gpm is not None:
+            for gpu in inventory.gpus:
+                gi_ids = [d.gi_id for d in gpu.mig_devices]
+                for gi_id, share in self.gpm.sm_activity(gpu.index, gi_ids).items():
+                    sm[(gpu.index, gi_id)] = share
+        return {
+            d.uuid: SliceActivity(
+                processes=len(d.processes), memory_used_mib=d.memory_used_mib,
+                sm_active=sm.get((d.gpu_index, d.gi_id)),
+                processes_unknown=d.processes_unknown,
+            )
+            for d in inventory.mig_devices
+        }
+
     async def _handle_server(
         self, now: datetime, user: HubUser, server: HubServer, lease: Lease | None,
         report: SweepReport, listed: asyncio.Future[bool],
@@ -210,10 +281,16 @@ class Sweeper:
         """
         limits = self.limits_for(user, lease)
         probe = None
-        if self.probe_servers and needs_probe(now, server, limits):
-            probe = await self._probe(server, idle_by_hub_data(now, server, limits))
+        if self.probe_servers and needs_probe(now, server, limits, lease):
+            probe = await self._probe(
+                server, lease, idle_by_hub_data(now, server, limits, lease)
+            )
         await self._record_activity(now, server, lease, probe)
-        decisions = decide(now, server, limits.name, limits, probe, self.cull_connected_kernels)
+        decisions = decide(
+            now, server, limits.name, limits, probe, self.cull_connected_kernels, lease
+        )
+        if not any(d.stops_server for d in decisions):
+            await self._warn(now, server, limits, probe, lease, report)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
                 (k.execution_state, k.last_activity) for k in probe.kernels
@@ -232,9 +309,38 @@ class Sweeper:
                 self.log.warning("not culling %s now: the hub is failing", decision.describe())
                 continue
             self.log.info("culling %s", decision.describe())
-            if await self._carry_out(server, decision, lease is not None):
+            if await self._carry_out(server, decision, lease):
                 report.carried_out.append(decision)
                 self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
+
+    async def _warn(
+        self, now: datetime, server: HubServer, limits: GroupPolicy, probe: Probe | None,
+        lease: Lease | None, report: SweepReport,
+    ) -> None:
+        """Warn the user of a stop due within ``warn_before`` (once per rule: the
+        ledger keeps the pending warning, which the user's pages read), or forget a
+        warning whose stop is no longer due."""
+        if lease is None or self.ledger is None:
+            return  # no lease, nowhere to show it: the stop comes unannounced
+        warning = warning_due(now, server, limits, probe, lease)
+        if warning is None:
+            if lease.warning is not None and not self.dry_run:
+                await asyncio.to_thread(self.ledger.clear_warning, lease.id)
+            return
+        if lease.warning == warning.rule.value:
+            return
+        report.warnings.append((server.label, warning))
+        what = f"{server.label} (group {limits.name}): {warning.describe(now)}"
+        if self.dry_run:
+            self.log.info("would warn %s (dry run)", what)
+            return
+        recorded = await asyncio.to_thread(
+            self.ledger.warn, lease.id, warning.rule.value, warning.deadline,
+            warning.describe(now),
+        )
+        if recorded is not None:
+            self.log.info("warned %s", what)
+            self.metrics.warnings.labels(warning.rule.value, limits.name).inc()
 
     async def _record_activity(
         self, now: datetime, server: HubServer, lease: Lease | None, probe: Probe | None
@@ -251,25 +357,46 @@ class Sweeper:
             # stop racing this sweep.
             await asyncio.to_thread(self.ledger.touch, lease.id, active)
 
-    async def _probe(self, server: HubServer, needs_status: bool) -> Probe:
-        """Read the server's kernels (and status when server idleness is at stake)."""
+    async def _probe(self, server: HubServer, lease: Lease | None, needs_status: bool) -> Probe:
+        """Read the server's kernels (and status when server idleness is at stake),
+        directly at the internal URL its lease recorded, so that looking never counts
+        as the user's activity."""
+        internal = self._internal_url(server, lease)
         try:
             if needs_status:
                 kernels, status = await asyncio.gather(
-                    self.client.kernels(server), self.client.server_status(server)
+                    self.client.kernels(server, internal=internal),
+                    self.client.server_status(server, internal=internal),
                 )
             else:
-                kernels, status = await self.client.kernels(server), None
+                kernels, status = await self.client.kernels(server, internal=internal), None
         except HubError as e:
             self.metrics.errors.labels(kind="server_unreachable").inc()
             self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
             return UNREACHABLE
         return Probe(kernels=tuple(kernels), status=status)
 
-    async def _carry_out(self, server: HubServer, decision: Decision, leased: bool) -> bool:
+    def _internal_url(self, server: HubServer, lease: Lease | None) -> str | None:
+        url = lease.server_url if lease is not None else None
+        if url is None and server.key not in self._warned_proxied:
+            # A lease from before the internal URL was recorded, or a server without
+            # a slice: through the proxy, where our reads look like the user's.
+            self._warned_proxied.add(server.key)
+            self.log.warning(
+                "%s: its lease records no internal URL; reading it through the proxy, "
+                "where each read counts as the user's activity",
+                server.label,
+            )
+        return url
+
+    async def _carry_out(
+        self, server: HubServer, decision: Decision, lease: Lease | None
+    ) -> bool:
         try:
             if decision.kernel_id is not None:
-                await self.client.shutdown_kernel(server, decision.kernel_id)
+                await self.client.shutdown_kernel(
+                    server, decision.kernel_id, internal=lease.server_url if lease else None
+                )
                 return True
             stopped = await self.client.stop_server(server.user, server.name)
         except HubError as e:
@@ -278,7 +405,7 @@ class Sweeper:
             return False
         if not stopped:
             self.log.warning("%s is slow to stop; its slice returns when it has", server.label)
-        if leased:
+        if lease is not None:
             # The spawner's stop releases the lease; a stop that never completes
             # is caught later by the orphan check.
             self.metrics.slices_reclaimed.labels(decision.rule.value, decision.group).inc()

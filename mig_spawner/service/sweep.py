@@ -9,7 +9,10 @@ inputs and carries the decisions out, so every rule can be tested with tables.
 
 Rules (see docs/culling.md):
 
-* ``max_session_age``: a server older than this is stopped, busy or not.
+* ``max_session_age``: a server is stopped at its lease's ``expires_at``, busy or
+  not. The spawner sets it at claim from the group's limit; the ledger keeps it
+  across hub restarts, and it is the one deadline the culler, the slice map and the
+  metrics read. A server without a lease is stopped at its start plus the limit.
 * ``server_idle_timeout``: a server with no activity for this long is stopped.
   Activity is the latest of the hub's ``last_activity``, the server's own
   ``/api/status`` and its kernels' activity; a busy kernel makes the server
@@ -17,6 +20,11 @@ Rules (see docs/culling.md):
 * ``kernel_idle_timeout``: a kernel with no activity for this long is shut down
   (its server and slice stay). A busy kernel only with ``cull_busy_kernels``;
   a kernel with a connected client only with the service's ``cull_connected_kernels``.
+* GPU work (``gpu_activity_counts``, on by default): a server whose slice ran
+  compute processes with SM activity above ``GPU_WORK_SM_SHARE`` (any compute
+  process where the GPU has no GPM, or when its processes cannot be read) is
+  active then: the lease's ``gpu_active_at``. Memory held with no process and no
+  SM activity is not work.
 * A server the service could not reach is never stopped for idleness: it might
   be running a busy kernel we cannot see. Only ``max_session_age`` applies to it.
 * Servers still starting or stopping (``pending``) are left alone.
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,6 +59,10 @@ class CullLimits(Protocol):
     def max_session_age(self) -> float | None: ...
     @property
     def cull_busy_kernels(self) -> bool: ...
+    @property
+    def gpu_activity_counts(self) -> bool: ...
+    @property
+    def warn_before(self) -> float | None: ...
 
 
 class Rule(StrEnum):
@@ -75,6 +87,44 @@ class Probe:
 
 
 UNREACHABLE = Probe(reachable=False)
+
+#: Share of a slice's SMs busy (NVML GPM's SM utilisation) above which its
+#: processes count as GPU work; below it, a process only holds a context and memory.
+GPU_WORK_SM_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class SliceActivity:
+    """What one sweep sampled on a MIG device."""
+
+    processes: int
+    memory_used_mib: int
+    #: Share of SMs busy since the last sample; ``None`` where GPM is missing.
+    sm_active: float | None = None
+    #: The driver would not list the processes: the slice may be in use.
+    processes_unknown: bool = False
+
+    @property
+    def working(self) -> bool:
+        """Whether the slice did GPU work: processes with SM activity (any process
+        where SM activity is unknown), or processes that cannot be read."""
+        if self.processes_unknown:
+            return True
+        if not self.processes:
+            return False
+        return self.sm_active is None or self.sm_active > GPU_WORK_SM_SHARE
+
+
+def gpu_facts_to_record(
+    now: datetime, lease: Lease, activity: SliceActivity
+) -> dict[str, object]:
+    """The ``gpu_active_at`` / ``peak_memory_mib`` to write on the lease (only changes)."""
+    facts: dict[str, object] = {}
+    if activity.working:
+        facts["gpu_active_at"] = now
+    if activity.memory_used_mib > (lease.peak_memory_mib or 0):
+        facts["peak_memory_mib"] = activity.memory_used_mib
+    return facts
 
 
 @dataclass(frozen=True)
@@ -127,14 +177,28 @@ def is_cullable(server: HubServer) -> bool:
     return server.ready and not server.pending
 
 
-def needs_probe(now: datetime, server: HubServer, limits: CullLimits) -> bool:
+def session_deadline(
+    server: HubServer, limits: CullLimits, lease: Lease | None
+) -> datetime | None:
+    """When ``server`` must stop for its session age: its lease's ``expires_at``; for a
+    server without a lease, its start plus ``max_session_age``. ``None``: never."""
+    if lease is not None:
+        return lease.expires_at
+    if limits.max_session_age is None or server.started is None:
+        return None
+    return server.started + timedelta(seconds=limits.max_session_age)
+
+
+def needs_probe(
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
+) -> bool:
     """Whether the sweep must read the server's kernels before deciding.
 
     Kernels are read when kernel limits apply, or when the hub's data alone
     would stop the server for idleness (a busy kernel may prove otherwise).
     Not when max age stops it anyway: that needs no look inside.
     """
-    by_hub_data = decide_server(now, server, "", limits, None)
+    by_hub_data = decide_server(now, server, "", limits, None, lease)
     if by_hub_data is not None:
         # Max age stops it whatever the kernels do; idleness by the hub's data
         # alone is what a look inside may disprove.
@@ -142,11 +206,17 @@ def needs_probe(now: datetime, server: HubServer, limits: CullLimits) -> bool:
     return is_cullable(server) and limits.kernel_idle_timeout is not None
 
 
-def idle_by_hub_data(now: datetime, server: HubServer, limits: CullLimits) -> bool:
-    """Whether the hub's data alone would stop the server for idleness; only then is
-    the server's own ``/api/status`` worth reading (it may show later activity)."""
-    by_hub_data = decide_server(now, server, "", limits, None)
-    return by_hub_data is not None and by_hub_data.rule is Rule.SERVER_IDLE
+def idle_by_hub_data(
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
+) -> bool:
+    """Whether the hub's data alone would stop the server for idleness, or warn of it;
+    only then is the server's own ``/api/status`` worth reading (it may show later
+    activity)."""
+    by_hub_data = decide_server(now, server, "", limits, None, lease)
+    if by_hub_data is not None:
+        return by_hub_data.rule is Rule.SERVER_IDLE
+    warning = warning_due(now, server, limits, None, lease)
+    return warning is not None and warning.rule is Rule.SERVER_IDLE
 
 
 def last_activity(server: HubServer, probe: Probe | None) -> datetime | None:
@@ -168,13 +238,15 @@ def has_busy_kernel(probe: Probe | None) -> bool:
 
 
 def server_idle_seconds(
-    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool
+    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool,
+    gpu_active_at: datetime | None = None,
 ) -> float | None:
-    """Seconds since the server's last known activity; 0 while a kernel is busy
-    (unless busy kernels may be culled); ``None`` when nothing is known."""
+    """Seconds since the server's last known activity (``gpu_active_at``: its slice's
+    last GPU work, when that counts); 0 while a kernel is busy (unless busy kernels
+    may be culled); ``None`` when nothing is known."""
     if not cull_busy_kernels and has_busy_kernel(probe):
         return 0.0
-    return _since(now, last_activity(server, probe))
+    return _since(now, _latest([last_activity(server, probe), gpu_active_at]))
 
 
 def activity_to_record(
@@ -197,23 +269,28 @@ def activity_to_record(
 
 
 def decide_server(
-    now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None
+    now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None = None,
 ) -> Decision | None:
     """Whether to stop ``server``, and why. ``probe`` is ``None`` when the service
-    judges on the hub's data alone (it did not look inside the server)."""
+    judges on the hub's data alone (it did not look inside the server); ``lease`` is
+    the lease it holds, whose ``expires_at`` is its session deadline."""
     if not is_cullable(server):
         return None
     age = _since(now, server.started)
-    max_age = limits.max_session_age
-    if max_age is not None and age is not None and age >= max_age:
+    deadline = session_deadline(server, limits, lease)
+    if deadline is not None and now >= deadline:
+        began = lease.claimed_at if lease is not None else server.started
         return Decision(
             Rule.MAX_SESSION_AGE, server.user, server.name, group,
-            idle_seconds=_since(now, server.last_activity), age_seconds=age,
-            limit_seconds=max_age,
+            idle_seconds=_since(now, server.last_activity), age_seconds=_since(now, began),
+            limit_seconds=(deadline - began).total_seconds() if began else 0.0,
         )
     if probe is not None and not probe.reachable:
         return None
-    idle = server_idle_seconds(now, server, probe, limits.cull_busy_kernels)
+    idle = server_idle_seconds(
+        now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
+    )
     idle_limit = limits.server_idle_timeout
     if idle_limit is not None and idle is not None and idle >= idle_limit:
         return Decision(
@@ -221,6 +298,55 @@ def decide_server(
             idle_seconds=idle, age_seconds=age, limit_seconds=idle_limit,
         )
     return None
+
+
+def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
+    """Activity the lease knows of: the user's last "Keep my server", and the slice's
+    last GPU work where the group counts it."""
+    if lease is None:
+        return None
+    gpu = lease.gpu_active_at if limits.gpu_activity_counts else None
+    return _latest([gpu, lease.kept_at])
+
+
+@dataclass(frozen=True)
+class StopWarning:
+    """A stop the user must be told of: which rule, and when it is due."""
+
+    rule: Rule
+    deadline: datetime
+
+    def describe(self, now: datetime) -> str:
+        """For logs and the ledger: the rule and the time left."""
+        return f"{self.rule.value} in {_fmt(_until(now, self.deadline))}"
+
+
+def _until(now: datetime, when: datetime) -> float:
+    return max(0.0, (when - now).total_seconds())
+
+
+def warning_due(
+    now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None,
+) -> StopWarning | None:
+    """The stop to warn the user of now: one due within the group's ``warn_before``
+    (the sooner, when both are), or ``None``. Call it when ``decide_server`` stops
+    nothing; a server that cannot be reached is warned only of its session age."""
+    warn = limits.warn_before
+    if warn is None or not is_cullable(server):
+        return None
+    due: list[StopWarning] = []
+    deadline = session_deadline(server, limits, lease)
+    if deadline is not None and _until(now, deadline) <= warn:
+        due.append(StopWarning(Rule.MAX_SESSION_AGE, deadline))
+    idle_limit = limits.server_idle_timeout
+    if idle_limit is not None and (probe is None or probe.reachable):
+        idle = server_idle_seconds(
+            now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
+        )
+        if idle is not None and idle_limit - idle <= warn:
+            due.append(StopWarning(Rule.SERVER_IDLE, now + timedelta(seconds=idle_limit - idle)))
+    return min(due, key=lambda w: w.deadline, default=None)
 
 
 def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) -> bool:
@@ -269,9 +395,10 @@ def decide(
     limits: CullLimits,
     probe: Probe | None,
     cull_connected_kernels: bool = False,
+    lease: Lease | None = None,
 ) -> list[Decision]:
     """Everything to cull on one server: the server itself, or else its idle kernels."""
-    stop = decide_server(now, server, group, limits, probe)
+    stop = decide_server(now, server, group, limits, probe, lease)
     if stop is not None:
         return [stop]
     if probe is None or not probe.reachable:

@@ -33,6 +33,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
@@ -66,6 +67,7 @@ from .metrics import (
 )
 from .progress import ProgressLog
 from .settings import MIGSpawnerSettings
+from .warnings import warning_environment
 
 STATE_KEY = "mig_lease_id"
 #: A failed give-back is retried after this many seconds, doubling up to RETRY_MAX, so
@@ -192,6 +194,24 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         A local dynamic instance is recorded as soon as it is created, so nothing."""
         return {}
 
+    def address_details(self, started: Any) -> dict[str, Any]:
+        """The server's internal URL, for the lease: the slice service reads the server
+        there, not through the proxy, whose routes would count its reads as the user's
+        activity. ``started`` is what the backend's ``start`` returned: ``(ip, port)``
+        or a URL (JupyterHub accepts both)."""
+        if self.server is None:  # a spawner driven without a hub (tests)
+            return {}
+        if isinstance(started, tuple):
+            ip, port = started
+            host = f"[{ip}]" if ":" in str(ip) else str(ip)
+            origin = f"{self.server.proto}://{host or '127.0.0.1'}:{port}"
+        elif isinstance(started, str) and started:
+            parts = urlsplit(started)
+            origin = f"{parts.scheme}://{parts.netloc}"
+        else:
+            return {}
+        return {"server_url": origin + self.server.base_url}
+
     # --- the form -------------------------------------------------------------------
 
     def last_choice(self) -> str | None:
@@ -282,7 +302,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
                 url = await super().start()
-                await self._activate(lease)
+                await self._activate(lease, url)
                 return url
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
@@ -292,14 +312,14 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         finally:
             self.progress_log.finish()
 
-    async def _activate(self, lease: Lease) -> None:
+    async def _activate(self, lease: Lease, url: Any) -> None:
         """Record the server process in the lease (its holder) and mark it active.
 
         Right after the spawn: a hub that dies from here on leaves a lease that names
         the process, which whoever releases the lease stops first. (Before this, the
         process is found by ``MIG_SPAWNER_LEASE_ID`` in its environment.)
         """
-        details = self.activation_details(lease)
+        details = {**self.activation_details(lease), **self.address_details(url)}
         spawned = holder.current(getattr(self, "pid", 0) or 0)
 
         def activate() -> None:
@@ -439,6 +459,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         lease = getattr(self, "_lease", None)
         if lease is not None and lease.id == self.lease_id:
             env.update(self.slice_environment(lease))
+        env.update(warning_environment(env))
         return env
 
     def get_state(self) -> dict:

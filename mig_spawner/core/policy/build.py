@@ -35,6 +35,10 @@ GROUP_KEYS = (
     "kernel_idle_timeout",
     "max_session_age",
     "cull_busy_kernels",
+    "gpu_activity_counts",
+    "warn_before",
+    "extend_by",
+    "max_extensions",
     "priority",
     "queue",
     "max_wait",
@@ -45,10 +49,13 @@ DURATION_KEYS = (
     "server_idle_timeout",
     "kernel_idle_timeout",
     "max_session_age",
+    "warn_before",
+    "extend_by",
+    "max_wait",
     "server_idle_timeout_when_waited",
 )
 # Durations whose default is a limit, not "none": a missing key keeps the default.
-_DURATION_DEFAULTS = {"max_wait": 1800.0}
+_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0}
 
 
 def build_policy(
@@ -286,7 +293,7 @@ class _Checker:
         quota_slices = self._whole(settings, "quota_slices", where, None, 0)
         quota_compute = self._whole(settings, "quota_compute_slices", where, None, 0)
         durations = {}
-        for key in (*DURATION_KEYS, *_DURATION_DEFAULTS):
+        for key in DURATION_KEYS:
             default = _DURATION_DEFAULTS.get(key)
             try:
                 durations[key] = (
@@ -295,6 +302,7 @@ class _Checker:
             except DurationError as exc:
                 self.problems.append(f"{where}: {key}: {exc}")
                 durations[key] = default
+        gpu_counts = self._flag(settings, "gpu_activity_counts", where, True)
         return GroupPolicy(
             name=name,
             allowed=allowed,
@@ -302,18 +310,20 @@ class _Checker:
             quota_slices=quota_slices,
             quota_compute_slices=quota_compute,
             cull_busy_kernels=self._flag(settings, "cull_busy_kernels", where),
+            gpu_activity_counts=gpu_counts,
+            max_extensions=self._count(settings, "max_extensions", where, 0, 0),
             priority=self._count(settings, "priority", where, 0, None),
             queue=self._flag(settings, "queue", where),
             max_waiting_per_user=self._count(settings, "max_waiting_per_user", where, 1, 1),
             **durations,
         )
 
-    def _flag(self, spec: Mapping, key: str, where: str) -> bool:
-        """A True/False setting, False when missing or wrong."""
-        value = spec.get(key, False)
+    def _flag(self, settings: Mapping, key: str, where: str, default: bool = False) -> bool:
+        """A True/False setting: ``default`` when missing or wrong."""
+        value = settings.get(key, default)
         if not isinstance(value, bool):
             self.problems.append(f"{where}: {key} must be True or False, got {value!r}")
-            return False
+            return default
         return value
 
     def _allowed(self, raw: object, where: str, classes: Mapping[str, Offer]) -> tuple[str, ...]:

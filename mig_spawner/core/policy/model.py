@@ -92,7 +92,15 @@ class GroupPolicy:
     * ``max_session_age``: stop the server once its lease is this old, busy or not;
     * ``cull_busy_kernels``: when True, a kernel that has been executing with no output
       for ``kernel_idle_timeout`` is treated as idle; when False busy kernels are never
-      ended by the idle limits.
+      ended by the idle limits;
+    * ``gpu_activity_counts``: when True (the default), GPU work on the slice (compute
+      processes with SM activity, or any compute process where the GPU cannot report
+      SM activity) within the idle limit keeps the server from being stopped for
+      idleness. Memory held with no process and no SM activity is not work;
+    * ``warn_before``: the user is warned this long before the slice service stops the
+      server (idle or max session age), with a "Keep my server" button; ``None``: no
+      warning. Keep counts as activity for an idle stop; for max session age it moves
+      the lease's ``expires_at`` by ``extend_by``, at most ``max_extensions`` times.
 
     Waiting (docs/policies.md, "Waiting"): with ``queue`` on, a member whose spawn finds
     no slice free may join the wait list for up to ``max_wait`` seconds, with at most
@@ -110,6 +118,10 @@ class GroupPolicy:
     kernel_idle_timeout: float | None = None
     max_session_age: float | None = None
     cull_busy_kernels: bool = False
+    gpu_activity_counts: bool = True
+    warn_before: float | None = 600.0
+    extend_by: float | None = None
+    max_extensions: int = 0
     priority: int = 0
     queue: bool = False
     max_wait: float | None = 1800.0

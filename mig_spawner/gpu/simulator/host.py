@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 import pynvml
 
 from . import rules
+from .activity import ActivityScript
 from .spec import SpecError, parse_spec
 from .state import Fault, HostState, SimComputeInstance, mig_device_uuid, new_host_state
 
@@ -29,7 +30,7 @@ DeviceRef = str | tuple[int, int, int]  # a MIG UUID, or (gpu index, GI ID, CI I
 _GENERATION = struct.Struct("<Q")
 
 
-class SimulatedHost:
+class SimulatedHost(ActivityScript):
     """The simulated GPUs of one host, shared through ``state_file`` when one is given."""
 
     def __init__(self, state: HostState, state_file: str | None = None) -> None:

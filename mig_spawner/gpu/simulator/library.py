@@ -26,6 +26,7 @@ from pynvml import (
 
 from ..nvml import garbles_process_records
 from . import rules
+from .activity import GpmFunctions
 from .host import SimulatedHost
 from .rules import SimError
 from .state import HostState, SimComputeInstance, SimGpu, SimGpuInstance, mig_device_uuid
@@ -116,7 +117,7 @@ class _Function:
         return NVML_SUCCESS if result is None else result
 
 
-class SimulatedNvmlLibrary:
+class SimulatedNvmlLibrary(GpmFunctions):
     """The object installed as ``pynvml.nvmlLib``; attribute names are NVML symbols."""
 
     def __init__(self, host: SimulatedHost) -> None:

@@ -1,7 +1,7 @@
 """The wait list: spawns waiting for a slice (issue 15).
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-02
 
 Frozen like 0001: written by hand, never importing the models.
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

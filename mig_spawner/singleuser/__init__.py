@@ -1,0 +1,130 @@
+"""A Jupyter Server extension, enabled in each single-user server by the MIG spawner,
+that shows the slice service's warning before a stop inside JupyterLab.
+
+It adds, under the server's base URL:
+
+- ``mig-spawner/warning`` (GET): this server's pending warning, asked of the hub with
+  the server's own ``JUPYTERHUB_API_TOKEN`` (so it sees nothing of other users);
+- ``mig-spawner/keep`` (POST, xsrf-checked): "Keep my server", passed on to the hub;
+- ``mig-spawner/notice.js``: the script that turns the warning into a JupyterLab 4
+  notification with a **Keep my server** button (``apputils:notify``).
+
+The script is added to JupyterLab's page by an output transform, so nothing needs
+building; it also sets JupyterLab's ``exposeAppInBrowser`` page option so the
+script can reach the app's commands. Without JupyterLab nothing is injected, and the hub's home
+page shows the same notice. Only callers the server itself lets in (its owner, or
+whom they shared it with) reach these endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.web import OutputTransform
+
+STATIC = Path(__file__).resolve().parent / "static"
+#: Seconds between the script's looks for a warning (``MIG_SPAWNER_NOTICE_POLL``).
+DEFAULT_POLL = 15
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "mig_spawner.singleuser"}]
+
+
+class _HubCall(APIHandler):
+    """Calls the hub's mig-spawner API with this server's token."""
+
+    async def hub(self, method: str, path: str) -> Any:
+        api = os.environ.get("JUPYTERHUB_API_URL", "").rstrip("/")
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if not api or not token:
+            raise web.HTTPError(404, "not a JupyterHub server")
+        request = HTTPRequest(
+            f"{api}/mig-spawner/{path}", method=method,
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+            body="{}" if method == "POST" else None, request_timeout=20,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except (HTTPClientError, OSError) as e:
+            self.log.warning("mig-spawner: hub %s %s failed: %s", method, path, e)
+            raise web.HTTPError(502, "the hub did not answer; try again") from None
+        return json.loads(response.body)
+
+
+def _server_name() -> str:
+    return os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+
+
+class WarningHandler(_HubCall):
+    """This server's pending warning, or ``{"warning": null}``."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        found = await self.hub("GET", "warnings")
+        mine = [w for w in found.get("warnings", []) if w.get("server") == _server_name()]
+        self.finish({"warning": mine[0] if mine else None})
+
+
+class KeepHandler(_HubCall):
+    """Keep this server (passed on to the hub)."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        self.finish(await self.hub("POST", f"keep/{quote(_server_name(), safe='')}"))
+
+
+class ScriptHandler(web.StaticFileHandler):
+    """Serves notice.js (no authentication needed: it holds no data)."""
+
+
+def _script_tag(base_url: str) -> bytes:
+    poll = os.environ.get("MIG_SPAWNER_NOTICE_POLL", str(DEFAULT_POLL))
+    src = url_path_join(base_url, "mig-spawner", "notice.js")
+    return (f'<script src="{src}" data-base-url="{base_url}" data-poll="{float(poll):g}" '
+            'id="mig-spawner-notice"></script>').encode()
+
+
+def _inject_into_lab(base_url: str) -> type[OutputTransform]:
+    tag = _script_tag(base_url)
+
+    class InjectNotice(OutputTransform):
+        """Adds the notice script to JupyterLab's page (rendered in one chunk)."""
+
+        def __init__(self, request: Any) -> None:
+            self.lab = "/lab" in request.path
+
+        def transform_first_chunk(self, status_code: int, headers: Any, chunk: bytes,
+                                  finishing: bool) -> tuple[int, Any, bytes]:
+            html = headers.get("Content-Type", "").startswith("text/html")
+            if self.lab and finishing and html and b"jupyter-config-data" in chunk:
+                chunk = chunk.replace(b"</body>", tag + b"</body>", 1)
+                if "Content-Length" in headers:
+                    headers["Content-Length"] = str(len(chunk))
+            return status_code, headers, chunk
+
+    return InjectNotice
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    web_app = serverapp.web_app
+    base = web_app.settings["base_url"]
+    web_app.add_handlers(".*$", [
+        (url_path_join(base, "mig-spawner", "warning"), WarningHandler),
+        (url_path_join(base, "mig-spawner", "keep"), KeepHandler),
+        (url_path_join(base, "mig-spawner", "(notice\\.js)"), ScriptHandler,
+         {"path": str(STATIC)}),
+    ])
+    web_app.transforms.insert(0, _inject_into_lab(base))
+    # What LabApp.expose_app_in_browser sets: window.jupyterapp, whose commands the
+    # script uses. Extensions load in name order, so this comes after JupyterLab's.
+    web_app.settings.setdefault("page_config_data", {})["exposeAppInBrowser"] = True
+    serverapp.log.info("mig-spawner: warnings before a stop shown in JupyterLab")

@@ -1,0 +1,182 @@
+"""Idle servers are stopped at their limit, not kept alive by the slice service's own reads.
+
+A real JupyterHub + configurable-http-proxy + jupyter_server, the slice service in its
+own process sweeping every second, and every limit shortened by the same factor (60)
+from the shipped ones: a group's server limit of 30 min is 30 s, its kernel limit of
+15 min is 15 s, the service's sweep of 1 min is 1 s, and the hub's
+``last_activity_interval`` (and the single-user server's activity report) of 5 min
+is 5 s. Read through the proxy, each sweep would mark the server's route active and
+the hub would copy that onto its ``last_activity`` every 5 s: never idle.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hub_harness import start_mig_hub
+from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from test_service_e2e import (
+    SCOPES,
+    SERVICE,
+    TOKEN,
+    Service,
+    _up,
+    lease_of,
+    new_kernel,
+    wait_for,
+)
+
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Ledger
+
+pytestmark = pytest.mark.hub
+
+SIM = "h200x1:layout=1g.18gb*7"
+SERVER_IDLE, KERNEL_IDLE, SWEEP, HUB_INTERVAL = 30, 15, 1, 5
+WARN = 10  # the shipped warn_before of 10 min against a 30 min limit
+MAX_AGE = 60
+CONFIG = f"""
+c.JupyterHub.last_activity_interval = {HUB_INTERVAL}
+c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "{HUB_INTERVAL}"}}
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
+    "allowed": ["small"], "server_idle_timeout": {SERVER_IDLE},
+    "kernel_idle_timeout": {KERNEL_IDLE}, "warn_before": {WARN}}},
+    "age-test": {{"allowed": ["small"], "max_session_age": {MAX_AGE}}}}})
+c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+c.SliceServiceApp.cull_every = {SWEEP}
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("idlehub")
+    # A Hopper GPU with GPM, so that SM activity per slice is known.
+    SimulatedHost.from_spec(SIM, workdir / "sim-gpus.json").set_gpm(True)
+    hub = start_mig_hub(workdir, SIM, CONFIG)
+    for user in ("ana", "mia", "gus"):
+        hub.create_user(user, groups=["idle-test"])
+    hub.create_user("cy", groups=["age-test"])
+    service = Service(hub, hub.config_path)
+    wait_for(lambda: _up(service), 30, "service up", service)
+    with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
+        yield hub, service, ledger
+    service.close()
+    hub.close()
+
+
+def start(hub, user: str) -> None:
+    assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+    hub.wait_ready(user, timeout=120)
+
+
+def gpus(hub) -> SimulatedHost:
+    return SimulatedHost.open(hub.workdir / "sim-gpus.json")
+
+
+def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
+    hub, service, ledger = env
+    start(hub, "ana")
+    new_kernel(hub, "ana")  # the user's last act, through the proxy
+    touched = time.monotonic()
+    touched_at = datetime.now(UTC)
+    lease = lease_of(ledger, "ana")
+    assert lease.server_url and lease.server_url.endswith("/user/ana/")
+    # Her dead kernel's memory stays held: no process, no SM activity, not work.
+    gpus(hub).set_memory_used(lease.mig_uuid, 15000)
+
+    wait_for(lambda: hub.server_model("ana") is None, SERVER_IDLE + 20,
+             "ana's untouched server stopped", service)
+    stopped = time.monotonic() - touched
+    # Stopped within one sweep of the limit (plus the stop itself on a loaded machine).
+    assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + SWEEP + 6, stopped
+    wait_for(lambda: lease_of(ledger, "ana") is None, 15, "ana's lease released", service)
+    assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    # Warned warn_before ahead of the stop (within a sweep), once.
+    [warned] = [e for e in ledger.events(lease.id) if e.kind == "warned"]
+    early = (warned.at - touched_at).total_seconds()
+    assert SERVER_IDLE - WARN - 1 <= early <= SERVER_IDLE - WARN + SWEEP + 4, early
+    assert warned.rule == "server_idle"
+    released = ledger.get(lease.id)
+    assert released.peak_memory_mib == 15000 and released.gpu_active_at is None
+    gpus(hub).set_memory_used(lease.mig_uuid, None)
+    assert service.metric("mig_spawner_service_culls_total", kind="kernel",
+                          reason="kernel_idle", group="idle-test") >= 1
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="server_idle", group="idle-test") == 1
+
+
+def test_a_user_working_in_jupyterlab_keeps_the_server(env):
+    require_chromium()
+    playwright = pytest.importorskip("playwright.sync_api")
+    hub, service, ledger = env
+    start(hub, "mia")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(f"{hub.url}/hub/login?next=/user/mia/lab")
+            page.get_by_label("Username").fill("mia")
+            page.get_by_label("Password").fill("any password")
+            page.get_by_role("button", name="Sign in").click()
+            page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
+                timeout=120_000)
+            began = time.monotonic()
+            # Run a cell every few seconds for well past the idle limit: the user's
+            # traffic goes through the proxy and counts, as real use must.
+            while time.monotonic() - began < SERVER_IDLE * 1.6:
+                page.locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
+                page.keyboard.type("1 + 1")
+                page.keyboard.press("Shift+Enter")
+                time.sleep(3)
+                assert hub.server_model("mia") is not None, service.log()
+        finally:
+            browser.close()
+    assert hub.server_model("mia")["ready"]
+    assert lease_of(ledger, "mia") is not None
+
+
+def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
+    hub, service, ledger = env
+    start(hub, "gus")
+    lease = lease_of(ledger, "gus")
+    # A training script started from a terminal: a process on the slice, SMs busy.
+    gpus(hub).set_processes(lease.mig_uuid, [(4242, 30000)])
+    gpus(hub).set_sm_activity(lease.mig_uuid, 70)
+    try:
+        time.sleep(SERVER_IDLE * 1.5)
+        assert hub.server_model("gus")["ready"], service.log()
+        assert ledger.get(lease.id).gpu_active_at is not None
+        assert service.metric("mig_spawner_service_slices_gpu_working_total",
+                              group="idle-test") > 0
+    finally:
+        gpus(hub).set_processes(lease.mig_uuid, [])
+        gpus(hub).set_sm_activity(lease.mig_uuid, 0)
+    hub.stop_server("gus")
+
+
+def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
+    hub, service, ledger = env
+    start(hub, "cy")
+    lease = lease_of(ledger, "cy")
+    assert lease.expires_at == lease.claimed_at + timedelta(seconds=MAX_AGE)
+    hub.stop_hub()
+    hub.restart_hub()
+    # Move the deadline (as an extension does) to a time the hub knows nothing about:
+    # the stop must follow the lease, not the hub's own record of when it started.
+    deadline = datetime.now(UTC) + timedelta(seconds=8)
+    with sqlite3.connect(hub.workdir / "mig_spawner_ledger.sqlite") as db:
+        db.execute("UPDATE leases SET expires_at = ? WHERE id = ?",
+                   (deadline.replace(tzinfo=None).isoformat(sep=" "), lease.id))
+    wait_for(lambda: hub.server_model("cy") is None, MAX_AGE, "cy's server stopped", service)
+    late = (datetime.now(UTC) - deadline).total_seconds()
+    assert -1 <= late <= SWEEP + 6, late
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="max_session_age", group="age-test") == 1
