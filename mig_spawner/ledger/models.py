@@ -104,6 +104,8 @@ leases = Table(
     Column("holder_pid", Integer, comment="PID of the server process"),
     Column("holder_start", BigInteger,
            comment="its start time (/proc/<pid>/stat field 22), so a reused PID is told"),
+    Column("holder_pod_uid", String(64),
+           comment="UID of the server's pod (Kubernetes), so a recreated pod is told"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),

@@ -152,6 +152,9 @@ class Lease:
     holder_host: str | None = None
     holder_pid: int | None = None
     holder_start: int | None = None
+    #: Kubernetes: the UID of the pod named in ``pod`` (a pod recreated under that name
+    #: has another UID and is not this lease's holder).
+    holder_pod_uid: str | None = None
 
     @property
     def held(self) -> bool:

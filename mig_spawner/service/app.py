@@ -46,6 +46,7 @@ from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
+from mig_spawner.kube.pods import connect_api
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slicemap import slicemap_routes
@@ -351,7 +352,7 @@ class SliceServiceApp(Application):
             dry_run=self.dry_run, probe_servers=self.probe_servers,
             cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
-            holder_grace=self.holder_stop_grace, log=self.log,
+            holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube, log=self.log,
         )
 
     async def check_token(self, client: HubClient) -> None:
@@ -369,6 +370,15 @@ class SliceServiceApp(Application):
                 "the service's role in c.JupyterHub.load_roles (see docs/culling.md)"
             )
             self.log.error(self._token_problem)
+
+    async def connect_kube(self) -> Any:
+        """The Kubernetes API that orphan Kubernetes leases' pods are checked with: as
+        the hub's KubeSpawner connects (in-cluster, else kubeconfig; its
+        ``k8s_api_host`` from ``config_dir`` wins)."""
+        host = next((str(section["k8s_api_host"])
+                     for section in (self.config.KubeMIGSpawner, self.config.KubeSpawner)
+                     if section.get("k8s_api_host")), "")
+        return await connect_api(host)
 
     def connect_gpus(self) -> gpu.GpuAdapter | None:
         """The GPU adapter for the unleased-device report; None when off or unavailable
