@@ -73,6 +73,15 @@ c.JupyterHub.load_roles.append(
     }
 )
 
+# Someone outside those groups is refused by the hub before the service (at its OAuth
+# step); this adds to the hub's 403 page which scope to ask a hub admin for.
+from mig_spawner.observe.slicemap import HUB_TEMPLATES  # noqa: E402
+
+c.JupyterHub.template_paths.append(HUB_TEMPLATES)
+c.JupyterHub.template_vars.update(
+    {"mig_slicemap_service": SERVICE, "mig_slicemap_scope": SLICEMAP_SCOPE}
+)
+
 # Who may read /metrics: a token with METRICS_SCOPE. For Prometheus, make it a service
 # of its own whose token is in a file only Prometheus can read, then scrape with
 # "authorization: {credentials_file: /etc/prometheus/mig-metrics.token}"

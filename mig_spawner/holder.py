@@ -11,6 +11,12 @@ server leaves a process that only its environment names.
 
 Only this host can be checked. A lease recorded on another host, or a process that
 cannot be signalled, is :data:`UNKNOWN`: such a lease is reported, never released.
+
+On Kubernetes the holder is the lease's pod: its name (``pod``) and UID
+(``holder_pod_uid``), checked and deleted through the Kubernetes API
+(:func:`check_pod`, :func:`stop_pod`). A pod of that name with another UID was
+recreated since and is not the holder; a lease whose UID was not recorded yet (the hub
+died while the pod started) takes the pod of that name for its holder.
 Processes whose environment cannot be read (another user's, when not root) are not
 seen; the hub and the slice service run as root or as the servers' own user.
 """
@@ -21,9 +27,14 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from mig_spawner.kube.availability import ClusterReadError
+from mig_spawner.kube.cluster import TERMINATED_PHASES
+from mig_spawner.kube.pods import delete_pod, pod_uid, read_pod
 from mig_spawner.ledger import Lease
 
 PROC = Path("/proc")
@@ -31,6 +42,8 @@ PROC = Path("/proc")
 STOP_GRACE = 5.0
 #: After SIGKILL, how long to wait for the kernel to reap the processes.
 KILL_WAIT = 5.0
+#: After a deleted pod's grace period, how long to wait for the API to show it gone.
+POD_GONE_WAIT = 30.0
 GONE, RUNNING, UNKNOWN = "gone", "running", "unknown"
 LEASE_VARIABLE = "MIG_SPAWNER_LEASE_ID"
 
@@ -45,12 +58,13 @@ class Process:
 
 @dataclass(frozen=True)
 class HolderCheck:
-    """What holds a lease now: :data:`GONE`, :data:`RUNNING` (``processes``) or
-    :data:`UNKNOWN` (``why`` says what could not be checked)."""
+    """What holds a lease now: :data:`GONE`, :data:`RUNNING` (``processes``, or on
+    Kubernetes the ``pod``) or :data:`UNKNOWN` (``why`` says what could not be checked)."""
 
     state: str
     processes: tuple[Process, ...] = ()
     why: str = ""
+    pod: str = ""
 
     @property
     def pids(self) -> list[int]:
@@ -121,8 +135,11 @@ def processes_of(lease: Lease) -> list[Process]:
 
 
 def check(lease: Lease, host: str | None = None) -> HolderCheck:
-    """Whether anything still runs for ``lease`` (this host only; Kubernetes leases
-    name a pod, which the Kubernetes backend checks)."""
+    """Whether anything still runs for ``lease`` (this host only). A Kubernetes lease
+    is :data:`UNKNOWN` here: only :func:`check_pod`, with the API, can tell."""
+    if lease.mode == "kube":
+        return HolderCheck(UNKNOWN, why=f"its server is pod {lease.pod}, which only the "
+                           "Kubernetes API can check")
     host = host or this_host()
     recorded_host = lease.holder_host or lease.host
     if recorded_host not in (None, host):
@@ -163,3 +180,49 @@ def stop(held: HolderCheck, grace: float = STOP_GRACE) -> HolderCheck:
 def check_and_stop(lease: Lease, grace: float = STOP_GRACE) -> HolderCheck:
     """:func:`check`, then :func:`stop` what runs: GONE means the lease may be released."""
     return stop(check(lease), grace)
+
+
+# --- Kubernetes: the lease's pod -----------------------------------------------------
+
+
+def pod_holder(pod: Mapping[str, Any] | None, lease: Lease) -> HolderCheck:
+    """What the pod found under the lease's pod name says: :data:`GONE` when there is
+    none, when it has another UID than the lease recorded (recreated since: not ours),
+    or when it has terminated; else :data:`RUNNING`."""
+    if pod is None:
+        return HolderCheck(GONE)
+    if lease.holder_pod_uid and pod_uid(dict(pod)) != lease.holder_pod_uid:
+        return HolderCheck(GONE, why=f"pod {lease.pod} was recreated (another UID)")
+    if (pod.get("status") or {}).get("phase") in TERMINATED_PHASES:
+        return HolderCheck(GONE)
+    return HolderCheck(RUNNING, pod=lease.pod or "")
+
+
+async def check_pod(api: Any, lease: Lease) -> HolderCheck:
+    """The Kubernetes lease's pod, read through ``api`` (a ``CoreV1Api``):
+    :func:`pod_holder`, or :data:`UNKNOWN` when the API cannot be read."""
+    if not lease.pod:
+        return HolderCheck(UNKNOWN, why="the lease names no pod")
+    try:
+        return pod_holder(await read_pod(api, lease.pod), lease)
+    except ClusterReadError as e:
+        return HolderCheck(UNKNOWN, why=str(e))
+
+
+async def stop_pod(api: Any, lease: Lease, held: HolderCheck, grace: float = STOP_GRACE
+                   ) -> HolderCheck:
+    """Delete a running holder pod (``grace`` seconds from SIGTERM to SIGKILL, only while
+    it has the recorded UID) and wait until it is gone: :data:`GONE` then, else
+    :data:`UNKNOWN` (the API failed, or the pod outlived the wait)."""
+    if held.state != RUNNING:
+        return held
+    try:
+        left = await delete_pod(api, held.pod, lease.holder_pod_uid, grace,
+                                grace + POD_GONE_WAIT)
+    except ClusterReadError as e:
+        return HolderCheck(UNKNOWN, pod=held.pod, why=str(e))
+    after = pod_holder(left, lease)
+    if after.state == RUNNING:
+        return HolderCheck(UNKNOWN, pod=held.pod, why=f"pod {held.pod} is still there "
+                           f"{grace + POD_GONE_WAIT:.0f}s after it was deleted")
+    return after

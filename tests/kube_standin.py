@@ -214,10 +214,40 @@ class _Pods(_Base):
 
 
 class _Pod(_Base):
-    kind = "PodList"
+    kind = "Pod"
+
+    def _find(self, namespace: str, name: str) -> dict | None:
+        return next((p for p in self.standin.pods if p["metadata"]["name"] == name
+                     and p["metadata"]["namespace"] == namespace), None)
+
+    async def get(self, namespace: str, name: str) -> None:  # type: ignore[override]
+        self.standin.hits[self.request.path] += 1
+        if self.standin.fail_with is not None:
+            code, message = self.standin.fail_with
+            self._status(code, "InternalError", message)
+            return
+        found = self._find(namespace, name)
+        if found is None:
+            self._status(404, "NotFound", f'pods "{name}" not found')
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(found))
 
     def delete(self, namespace: str, name: str) -> None:
         self.standin.hits[f"DELETE {self.request.path}"] += 1
+        self.standin.deletes.append((namespace, name, self.request.body and json.loads(
+            self.request.body)))
+        if self.standin.fail_with is not None:
+            code, message = self.standin.fail_with
+            self._status(code, "InternalError", message)
+            return
+        # DeleteOptions.preconditions.uid: the API server refuses when the pod is another.
+        want = ((json.loads(self.request.body or b"{}") or {}).get("preconditions") or {}
+                ).get("uid")
+        found = self._find(namespace, name)
+        if want and found is not None and found["metadata"].get("uid") != want:
+            self._status(409, "Conflict", f"Precondition failed: UID in precondition: {want}")
+            return
         gone = self.standin.delete_pod(namespace, name)
         if gone is None:
             self._status(404, "NotFound", f'pods "{name}" not found')
@@ -256,6 +286,7 @@ class KubeStandin:
         self.pods = list(pods)
         self.hits: Counter[str] = Counter()
         self.requests: list[tuple[str, dict]] = []
+        self.deletes: list[tuple[str, str, Any]] = []  # namespace, name, DeleteOptions
         self.fail_with: tuple[int, str] | None = None
         self.version = 100
         self.changes: list[tuple[int, str, str, dict]] = []

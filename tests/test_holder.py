@@ -83,3 +83,22 @@ def test_a_holder_on_another_host_is_unknown_not_gone():
     assert found.state == holder.UNKNOWN and "gpu-host-9" in found.why
     assert holder.check(lease(host="gpu-host-9")).state == holder.UNKNOWN
     assert holder.check(lease()).state == holder.GONE  # nothing runs for it here
+
+
+def test_a_pod_holder_is_told_by_name_uid_and_phase_and_never_read_from_proc():
+    kube = lease(mode="kube", host=None, mig_uuid=None, pod="jupyterhub/jupyter-ana",
+                 holder_pod_uid="uid-1")
+    # This host's /proc cannot see a pod: only the Kubernetes API can say.
+    assert holder.check(kube).state == holder.UNKNOWN
+
+    def pod(uid: str, phase: str = "Running") -> dict:
+        return {"metadata": {"name": "jupyter-ana", "uid": uid}, "status": {"phase": phase}}
+
+    assert holder.pod_holder(None, kube).state == holder.GONE
+    assert holder.pod_holder(pod("uid-2"), kube).state == holder.GONE  # recreated
+    assert holder.pod_holder(pod("uid-1", "Failed"), kube).state == holder.GONE
+    running = holder.pod_holder(pod("uid-1"), kube)
+    assert (running.state, running.pod) == (holder.RUNNING, "jupyterhub/jupyter-ana")
+    # No UID recorded yet (the hub died while the pod started): the pod of that name.
+    unrecorded = lease(mode="kube", host=None, pod="jupyterhub/jupyter-ana")
+    assert holder.pod_holder(pod("uid-9"), unrecorded).state == holder.RUNNING

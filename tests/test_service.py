@@ -242,6 +242,22 @@ def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
         app.make_sweeper(ServiceMetrics())
 
 
+def test_the_holder_stop_grace_is_a_setting_the_sweeper_uses(tmp_path):
+    (tmp_path / "30-service.py").write_text("c.SliceServiceApp.holder_stop_grace = 12.5\n")
+    app = SliceServiceApp(hub_api_url="http://127.0.0.1:1/hub/api", api_token="t",
+                          check_gpus=False)
+    app.initialize([f"--config-dir={tmp_path}",
+                    f"--ledger-url=sqlite:///{tmp_path}/ledger.sqlite"])
+    sweeper = app.make_sweeper(ServiceMetrics())
+    try:
+        assert sweeper.holder_grace == 12.5
+    finally:
+        sweeper.close()
+    assert SliceServiceApp().holder_stop_grace == holder.STOP_GRACE
+    with pytest.raises(ValueError, match="holder_stop_grace must be 0 seconds or more"):
+        SliceServiceApp(holder_stop_grace=-1)
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [

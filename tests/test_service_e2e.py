@@ -35,6 +35,13 @@ SIM = "h200x1:layout=1g.18gb*7"
 SERVICE = "mig-slices"
 MANAGED = "mig-slices-managed"
 TOKEN = "slice-service-e2e-token-" + "0" * 16
+#: Config lines that let the harness's admin token read the services' metrics (private
+#: by default): every hub that runs the service under test adds them.
+METRICS_READERS = f"""\
+c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
+c.JupyterHub.load_roles.append({{"name": "metrics-readers",
+    "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
+"""
 SCOPES = list(REQUIRED_SCOPES)
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
@@ -87,11 +94,7 @@ def write_config_dir(workdir: Path) -> Path:
         c.JupyterHub.load_roles.append(
             {{"name": "{MANAGED}", "services": ["{MANAGED}"], "scopes": {SCOPES!r}}})
 
-        # The harness's admin token may read the services' metrics (private by default).
-        c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
-        c.JupyterHub.load_roles.append({{"name": "metrics-readers",
-            "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
-
+{textwrap.indent(METRICS_READERS, ' ' * 8)}
         c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 3
         c.SliceServiceApp.retries = 1

@@ -19,6 +19,7 @@ import pytest
 from hub_harness import start_mig_hub
 from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from test_service_e2e import (
+    METRICS_READERS,
     SCOPES,
     SERVICE,
     TOKEN,
@@ -51,7 +52,7 @@ c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
 c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
-c.SliceServiceApp.cull_every = {SWEEP}
+{METRICS_READERS}c.SliceServiceApp.cull_every = {SWEEP}
 """
 
 

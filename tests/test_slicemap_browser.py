@@ -163,6 +163,31 @@ def test_user_without_the_scope_is_refused(setup):
             browser.close()
 
 
+def test_user_the_hub_refuses_at_the_oauth_step_hears_which_scope_to_ask_for(setup):
+    """zed lacks even access:services for the service: the hub's own 403 (at the OAuth
+    step), which names the scope and who to ask, and shows nothing of the map."""
+    hub, url, _ = setup
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{hub.url}/hub/login?next={quote(url)}")
+            page.get_by_label("Username").fill("zed")
+            page.get_by_label("Password").fill("any password")
+            with page.expect_navigation(url=lambda u: "oauth2/authorize" in u) as navigation:
+                page.get_by_role("button", name="Sign in").click()
+            assert navigation.value.status == 403
+            text = page.inner_text("body")
+            assert SLICEMAP_SCOPE in text and "Ask a hub admin" in text
+            assert page.locator("section.gpu").count() == 0
+            # Any other 403 of the hub stays the hub's own page.
+            other = page.goto(f"{hub.url}/hub/admin")
+            assert other is not None and other.status == 403
+            assert SLICEMAP_SCOPE not in page.inner_text("body")
+        finally:
+            browser.close()
+
+
 def test_no_token_no_map(setup):
     _, url, _ = setup
     r = requests.get(url + ".json", timeout=10, allow_redirects=False)

@@ -17,7 +17,16 @@ import pytest
 import requests
 from hub_harness import REPO, start_mig_hub
 from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from test_service_e2e import SCOPES, SERVICE, TOKEN, Service, _up, lease_of, wait_for
+from test_service_e2e import (
+    METRICS_READERS,
+    SCOPES,
+    SERVICE,
+    TOKEN,
+    Service,
+    _up,
+    lease_of,
+    wait_for,
+)
 
 from mig_spawner.ledger import Ledger
 
@@ -43,7 +52,7 @@ c.MIGPolicyConfig.group_policies.update({{
 c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
-c.SliceServiceApp.cull_every = 1
+{METRICS_READERS}c.SliceServiceApp.cull_every = 1
 """
 
 

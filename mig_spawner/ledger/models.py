@@ -113,6 +113,8 @@ leases = Table(
     Column("warning_deadline", UtcDateTime(), comment="when that stop is due"),
     Column("kept_at", UtcDateTime(), comment="last 'Keep my server' (counts as activity)"),
     Column("extensions", Integer, comment="times max session age was extended"),
+    Column("holder_pod_uid", String(64),
+           comment="UID of the server's pod (Kubernetes), so a recreated pod is told"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),

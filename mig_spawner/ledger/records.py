@@ -165,6 +165,9 @@ class Lease:
     kept_at: datetime | None = None
     #: How often ``expires_at`` was moved on by a keep.
     extensions: int | None = None
+    #: Kubernetes: the UID of the pod named in ``pod`` (a pod recreated under that name
+    #: has another UID and is not this lease's holder).
+    holder_pod_uid: str | None = None
 
     @property
     def held(self) -> bool:

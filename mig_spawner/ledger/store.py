@@ -359,19 +359,21 @@ class Ledger(RefusalLog, WaitList):
         node: str | None = None,
         pod: str | None = None,
         server_url: str | None = None,
+        pod_uid: str | None = None,
     ) -> Lease:
         """Mark the lease's server as started, recording what the start learnt.
 
         Dynamic mode passes the created instance (``mig_uuid``, ``gi_id``,
         ``ci_id``) unless ``record_instance`` did; Kubernetes passes
-        ``node``/``pod``; every spawner passes the server's internal ``server_url``.
+        ``node``/``pod`` and ``pod_uid`` (the holder, see docs/ledger.md); every
+        spawner passes the server's internal ``server_url``.
         Calling it again on an active lease is harmless.
         Raises ``LeaseStateError`` if the lease is being or has been released
         (the server must then be stopped), and ``LeaseNotFound`` for an unknown id.
         """
         now = self._now()
         learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod,
-                  "server_url": server_url}
+                  "server_url": server_url, "holder_pod_uid": pod_uid}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "become active")
             return self._update(

@@ -34,7 +34,7 @@ from tornado.log import LogFormatter
 from traitlets import Bool, Float, Int, Unicode, Union, default, validate
 from traitlets.config import Application
 
-from mig_spawner import __version__, gpu
+from mig_spawner import __version__, gpu, holder
 from mig_spawner.config import (
     MIGPolicyConfig,
     MIGSettings,
@@ -46,6 +46,7 @@ from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
+from mig_spawner.kube.pods import connect_api
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slicemap import slicemap_routes
@@ -140,6 +141,13 @@ class SliceServiceApp(Application):
         help="""Shut down idle kernels even while a browser tab is connected to them.
 
         False (the default) keeps a kernel someone has open, however idle.""",
+    ).tag(config=True)
+    holder_stop_grace = Float(
+        holder.STOP_GRACE,
+        help="""Seconds between SIGTERM and SIGKILL when the service stops a server
+        process that the hub no longer tracks before releasing its orphan lease (as
+        ``LocalProcessSpawner.term_timeout`` for the hub's own stops; set the two
+        alike). Longer lets a server save its work; the slice stays held meanwhile.""",
     ).tag(config=True)
     release_orphans = Bool(
         True,
@@ -276,6 +284,15 @@ class SliceServiceApp(Application):
         # An orphan grace of "never" (or 0) means: never release, only report.
         return float("inf") if seconds is None else seconds
 
+    @validate("holder_stop_grace")
+    def _valid_grace(self, proposal: dict[str, Any]) -> float:
+        if proposal["value"] < 0:
+            raise ValueError(
+                f"SliceServiceApp.holder_stop_grace must be 0 seconds or more, "
+                f"got {proposal['value']}"
+            )
+        return proposal["value"]
+
     @validate("concurrency", "slicemap_refresh")
     def _valid_positive(self, proposal: dict[str, Any]) -> int:
         if proposal["value"] < 1:
@@ -335,7 +352,7 @@ class SliceServiceApp(Application):
             dry_run=self.dry_run, probe_servers=self.probe_servers,
             cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
-            log=self.log,
+            holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube, log=self.log,
         )
 
     async def check_token(self, client: HubClient) -> None:
@@ -353,6 +370,15 @@ class SliceServiceApp(Application):
                 "the service's role in c.JupyterHub.load_roles (see docs/culling.md)"
             )
             self.log.error(self._token_problem)
+
+    async def connect_kube(self) -> Any:
+        """The Kubernetes API that orphan Kubernetes leases' pods are checked with: as
+        the hub's KubeSpawner connects (in-cluster, else kubeconfig; its
+        ``k8s_api_host`` from ``config_dir`` wins)."""
+        host = next((str(section["k8s_api_host"])
+                     for section in (self.config.KubeMIGSpawner, self.config.KubeSpawner)
+                     if section.get("k8s_api_host")), "")
+        return await connect_api(host)
 
     def connect_gpus(self) -> gpu.GpuAdapter | None:
         """The GPU adapter for the unleased-device report; None when off or unavailable

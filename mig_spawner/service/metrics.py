@@ -39,13 +39,14 @@ class ServiceMetrics:
         )
         self.holders_stopped = Counter(
             f"{PREFIX}_holders_stopped",
-            "Server processes of orphan leases (the hub no longer tracked them) stopped "
-            "before their lease was released.", registry=r,
+            "Server processes (or Kubernetes pods) of orphan leases, which the hub no "
+            "longer tracked, stopped before their lease was released.", registry=r,
         )
         self.holders_unknown = Counter(
             f"{PREFIX}_holders_unknown",
             "Orphan releases held back because the lease's server process could not be "
-            "checked or stopped (other host, no permission); the slice stays held.",
+            "checked or stopped (other host, no permission, Kubernetes API unreadable); "
+            "the slice stays held.",
             registry=r,
         )
         self.unleased_devices = Gauge(

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from mig_spawner import holder
 from mig_spawner.core.inventory import Inventory
@@ -34,6 +34,7 @@ from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
+from mig_spawner.kube import ClusterReadError
 from mig_spawner.ledger import Lease, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweep import (
@@ -96,6 +97,7 @@ class Sweeper:
         cull_connected_kernels: bool = False,
         orphan_grace: float = 300.0,
         holder_grace: float = holder.STOP_GRACE,
+        connect_kube: Callable[[], Awaitable[Any]] | None = None,
         activity_resolution: float = 60.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
@@ -110,6 +112,10 @@ class Sweeper:
         self.cull_connected_kernels = cull_connected_kernels
         self.orphan_grace = orphan_grace
         self.holder_grace = holder_grace
+        # Kubernetes leases' pods are checked through this API (a CoreV1Api), connected
+        # on the first such lease: a local hub never needs it.
+        self.connect_kube = connect_kube
+        self._kube_api: Any = None
         self.activity_resolution = activity_resolution
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
@@ -457,18 +463,40 @@ class Sweeper:
         """Stop what still runs for an orphan lease (a server the hub lost track of);
         True once nothing does. A holder that cannot be checked is reported and keeps
         its slice: releasing it could give one slice to two servers."""
-        found = await asyncio.to_thread(holder.check, lease)
-        if found.state == holder.RUNNING:
-            self.log.warning("orphan lease %s of %s: stopping PIDs %s that the hub does not "
-                             "track before releasing it", lease.id, lease.server, found.pids)
-            self.metrics.holders_stopped.inc()
-            found = await asyncio.to_thread(holder.stop, found, self.holder_grace)
+        if lease.mode == "kube":
+            found = await self._stop_pod(lease)
+        else:
+            found = await asyncio.to_thread(holder.check, lease)
+            if found.state == holder.RUNNING:
+                self._stopping(lease, f"PIDs {found.pids}")
+                found = await asyncio.to_thread(holder.stop, found, self.holder_grace)
         if found.state == holder.GONE:
             return True
         self.metrics.holders_unknown.inc()
         self.log.error("orphan lease %s of %s NOT released: its holder cannot be checked "
                        "(%s)", lease.id, lease.server, found.why)
         return False
+
+    async def _stop_pod(self, lease: Lease) -> holder.HolderCheck:
+        """The Kubernetes lease's pod: checked, and deleted while it runs."""
+        if self._kube_api is None:
+            if self.connect_kube is None:
+                return holder.HolderCheck(holder.UNKNOWN, why="the service has no "
+                                          "Kubernetes API to check its pod with")
+            try:
+                self._kube_api = await self.connect_kube()
+            except ClusterReadError as e:
+                return holder.HolderCheck(holder.UNKNOWN, why=f"{e} ({e.hint})")
+        found = await holder.check_pod(self._kube_api, lease)
+        if found.state == holder.RUNNING:
+            self._stopping(lease, f"pod {found.pod}")
+            found = await holder.stop_pod(self._kube_api, lease, found, self.holder_grace)
+        return found
+
+    def _stopping(self, lease: Lease, what: str) -> None:
+        self.log.warning("orphan lease %s of %s: stopping %s that the hub does not track "
+                         "before releasing it", lease.id, lease.server, what)
+        self.metrics.holders_stopped.inc()
 
     async def _report_unleased(self, leases: list[Lease], report: SweepReport) -> None:
         if self.gpus is None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 
+from mig_spawner import holder
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.kube import (
@@ -32,6 +33,7 @@ from .environment import lease_environment
 from .errors import admin_error, spawn_error
 from .hooks import ClaimPlan, SliceSupply
 from .kube_decide import Choice, free_by_model, make_kube_decide, wanted_on_cluster
+from .metrics import HOLDERS_STOPPED
 from .mixin import MIGSpawnerMixin
 
 # Environment variables that choose GPUs or MIG capabilities inside a container.
@@ -197,9 +199,28 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return lease_environment(lease)
 
     def activation_details(self, lease: Lease) -> dict[str, Any]:
-        """The node the pod runs on, for the lease (admins, the slice service)."""
-        node = self._pod_node()
-        return {"node": node} if node else {}
+        """The node the pod runs on (admins, the slice service) and its UID: the
+        lease's holder, which whoever releases the lease checks first."""
+        pod = self._reflected_pod()
+        details = {
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "pod_uid": (pod.get("metadata") or {}).get("uid"),
+        }
+        return {key: value for key, value in details.items() if value}
+
+    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
+        """The lease's pod, through the Kubernetes API: one the hub does not track
+        that still runs is deleted (``delete_grace_period``) and waited for; one the
+        API cannot tell about keeps the slice."""
+        if lease.mode != "kube":
+            return await super().stop_holder(lease)
+        found = await holder.check_pod(self.api, lease)
+        if found.state == holder.RUNNING:
+            self.log.warning("Lease %s of %s: deleting pod %s before releasing it",
+                             lease.id, self._log_name, found.pod)
+            HOLDERS_STOPPED.inc()
+            found = await holder.stop_pod(self.api, lease, found, self.delete_grace_period)
+        return found
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
@@ -275,6 +296,6 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
             self._slice_request = None
             self._kube_choice = None
 
-    def _pod_node(self) -> str | None:
+    def _reflected_pod(self) -> dict:
         pod = self.pod_reflector.pods.get(self.pod_ref) if self.pod_reflector else None
-        return ((pod or {}).get("spec") or {}).get("nodeName")
+        return pod or {}

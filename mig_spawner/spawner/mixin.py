@@ -544,13 +544,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
         if lease is None or not lease.held:
             return "already released"
-        # Not on the runtime's worker thread: stopping may take the grace period.
-        found = await asyncio.to_thread(holder.check, lease)
-        if found.state == holder.RUNNING:
-            self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "
-                             "releasing it", lease_id, self._log_name, found.pids)
-            HOLDERS_STOPPED.inc()
-            found = await asyncio.to_thread(holder.stop, found, self._term_grace())
+        found = await self.stop_holder(lease)
         if found.state != holder.GONE:
             if not retry:
                 RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
@@ -575,6 +569,19 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
         self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
         return outcome
+
+    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
+        """Backend hook: check the lease's holder and stop what still runs for it that
+        the hub does not track; ``GONE`` means the slice may be released. Here: the
+        processes on this host (``kube.py``: the pod)."""
+        # Not on the runtime's worker thread: stopping may take the grace period.
+        found = await asyncio.to_thread(holder.check, lease)
+        if found.state == holder.RUNNING:
+            self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "
+                             "releasing it", lease.id, self._log_name, found.pids)
+            HOLDERS_STOPPED.inc()
+            found = await asyncio.to_thread(holder.stop, found, self._term_grace())
+        return found
 
     def _term_grace(self) -> float:
         """Seconds from SIGTERM to SIGKILL for a holder: the concrete spawner's own."""

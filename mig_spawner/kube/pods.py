@@ -1,0 +1,119 @@
+"""One pod, read and deleted through the Kubernetes API: the holder of a Kubernetes lease.
+
+``api`` is a ``kubernetes_asyncio.client.CoreV1Api`` (KubeSpawner's, or the slice
+service's own). Raw responses (``_preload_content=False``), as
+:mod:`mig_spawner.kube.availability` reads them: plain API JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from .availability import ClusterReadError
+
+#: Seconds between reads while waiting for a deleted pod to go.
+POLL = 0.2
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``namespace/name`` -> ``(namespace, name)`` (a bare name is in ``default``)."""
+    namespace, _, name = ref.rpartition("/")
+    return namespace or "default", name
+
+
+async def _call(method: Any, what: str, **kwargs: Any) -> tuple[int, dict]:
+    try:
+        response = await method(_preload_content=False, **kwargs)
+    except Exception as e:
+        status = getattr(e, "status", None)  # ApiException: an HTTP answer after all
+        if isinstance(status, int):
+            body = getattr(e, "body", b"") or b""
+            return status, _json(body)
+        raise ClusterReadError(
+            f"cannot {what} through the Kubernetes API: {type(e).__name__}: {e}",
+            "check that the API server can be reached",
+        ) from e
+    return response.status, _json(await response.read())
+
+
+def _json(body: bytes | str) -> dict:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _failed(what: str, status: int, body: dict) -> ClusterReadError:
+    hint = ("the service account needs 'get' and 'delete' on 'pods' "
+            "(docs/kubernetes.md, 'RBAC')") if status == 403 else ""
+    return ClusterReadError(f"{what} failed: HTTP {status}: {body.get('message', '')}", hint)
+
+
+async def read_pod(api: Any, ref: str) -> dict | None:
+    """The pod ``namespace/name`` as API JSON; ``None`` when there is none (404).
+    Raises :class:`ClusterReadError` when the API cannot say."""
+    namespace, name = split_ref(ref)
+    status, body = await _call(api.read_namespaced_pod, f"read pod {ref}",
+                               name=name, namespace=namespace)
+    if status == 404:
+        return None
+    if status != 200:
+        raise _failed(f"reading pod {ref}", status, body)
+    return body
+
+
+async def delete_pod(api: Any, ref: str, uid: str | None, grace: float, wait: float
+                     ) -> dict | None:
+    """Delete the pod gracefully (``grace`` seconds to SIGKILL) if it still has ``uid``
+    (a precondition: a pod recreated under the name is left alone), then wait up to
+    ``wait`` seconds for it to go. Returns what is still there under that name (``None``:
+    nothing). Raises :class:`ClusterReadError` when the API cannot be read or refuses."""
+    namespace, name = split_ref(ref)
+    seconds = max(0, round(grace))
+    options: dict[str, Any] = {"gracePeriodSeconds": seconds}
+    if uid:
+        options["preconditions"] = {"uid": uid}
+    status, body = await _call(api.delete_namespaced_pod, f"delete pod {ref}", name=name,
+                               namespace=namespace, body=options,
+                               grace_period_seconds=seconds)
+    # 409: the precondition failed, the pod of that name is another one.
+    if status not in (200, 202, 404, 409):
+        raise _failed(f"deleting pod {ref}", status, body)
+    deadline = time.monotonic() + wait
+    while True:
+        pod = await read_pod(api, ref)
+        if pod is None or (uid and pod_uid(pod) != uid) or time.monotonic() >= deadline:
+            return pod
+        await asyncio.sleep(POLL)
+
+
+def pod_uid(pod: dict) -> str | None:
+    """The pod's ``metadata.uid``."""
+    return (pod.get("metadata") or {}).get("uid")
+
+
+async def connect_api(host: str = "") -> Any:
+    """A ``CoreV1Api`` configured as KubeSpawner does: in-cluster (service account),
+    else ``~/.kube/config``; ``host`` overrides the API server's URL. Raises
+    :class:`ClusterReadError` when neither gives a configuration."""
+    # Imported here: kubernetes_asyncio comes with the ``kube`` extra only.
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        try:
+            await config.load_kube_config(client_configuration=configuration)
+        except Exception as e:
+            raise ClusterReadError(
+                f"no Kubernetes API configuration: {type(e).__name__}: {e}",
+                "run in the cluster with a service account, or give a kubeconfig",
+            ) from e
+    if host:
+        configuration.host = host
+    return client.CoreV1Api(client.ApiClient(configuration))
