@@ -255,7 +255,7 @@ def test_doctor_lists_policy_groups_the_hub_does_not_have(tmp_path):
         f"c.JupyterHub.db_url = 'sqlite:///{tmp_path}/jupyterhub.sqlite'\n"
     )
     out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
-    line = next(x for x in out.stdout.splitlines() if "hub groups" in x)
+    line = next(x for x in out.stdout.splitlines() if "hub policy" in x)
     assert "[WARN]" in line and "'reserch'" in line and "analysts" not in line
     assert "[PASS] hub settings" in out.stdout
 

@@ -389,5 +389,5 @@ def config_checks(config: Config) -> list[Check]:
         warnings = policy_warnings(config, MIGPolicyConfig(config=config).build())
     except PolicyError:
         return checks  # reported by the "hub config" check
-    checks += [Check("hub groups", Status.WARN, w, fix) for w in warnings]
+    checks += [Check("hub policy", Status.WARN, w, fix) for w in warnings]
     return checks
