@@ -17,7 +17,10 @@ c = get_config()  # noqa: F821  (provided by the config loader)
 # whichever GPU has one free. Keys under "profiles" are GPU model keys: a100-40gb,
 # a100-80gb, a30, h100, h100-nvl, gh200, h200, b200. Only the models you own are needed.
 # Describe what each size is *for*: memory alone is a poor guide (a slice can hold a
-# model yet lack the compute or bandwidth to serve it fast enough).
+# model yet lack the compute or bandwidth to serve it fast enough). The form, the slice
+# map and the report show each slice's memory themselves, as GiB with one decimal
+# ("32.2 GiB"); a size you write here is checked against it when the hub starts (a
+# class spans GPU models of different sizes, so its wording had better not state one).
 c.MIGPolicyConfig.slice_classes = {
     "small": {
         "display_name": "Small: 1 of 7 compute slices",
@@ -70,7 +73,7 @@ c.MIGPolicyConfig.slice_classes = {
 # that have it. Profiles listed in a group but not here are shown by their plain name.
 c.MIGPolicyConfig.offers = {
     "1g.35gb": {
-        "display_name": "Memory-heavy small (H200, 35 GB, 1 compute slice)",
+        "display_name": "Memory-heavy small (H200, 32.2 GiB, 1 compute slice)",
         "description": "A model that needs memory more than speed: embeddings, a "
         "quantised LLM for tests, batch scoring overnight.",
     },

@@ -42,7 +42,7 @@ class MIGPolicyConfig(Configurable):
 
         Keys are profile names; values are dicts with ``display_name`` and
         ``description``. Describe the need a size serves, not only its memory, e.g.
-        ``{"2g.35gb": {"display_name": "Medium (35 GB)",
+        ``{"2g.35gb": {"display_name": "Medium (32.2 GiB)",
         "description": "inference of a mid-size model"}}``. Profiles listed in
         ``group_policies`` without an entry here are shown by their name.
         """,
@@ -242,6 +242,12 @@ def offered_profiles_from_config(
     fleet = None if fleet_models is None else tuple(fleet_models)
     policies = MIGPolicyConfig(config=config).build(fleet)
     profiles = list(policies.profile_names(None if fleet is None else [m.key for m in fleet]))
+    return profiles, configured_mode(config)
+
+
+def configured_mode(config: Config) -> str:
+    """The spawner's ``mig_mode`` as set for any spawner class in ``config`` (``"pool"``,
+    the spawner's default, when unset); ``ValueError`` when two classes differ."""
     # Read from the raw config: this module sits below the spawner and must not import it.
     modes = {
         f"c.{name}.mig_mode": section["mig_mode"]
@@ -253,7 +259,7 @@ def offered_profiles_from_config(
             "mig_mode is set differently: "
             + ", ".join(f"{where} = {mode!r}" for where, mode in modes.items())
         )
-    return profiles, next(iter(modes.values()), "pool")
+    return next(iter(modes.values()), "pool")
 
 
 def _config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> list[Path]:

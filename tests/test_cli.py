@@ -255,7 +255,7 @@ def test_doctor_lists_policy_groups_the_hub_does_not_have(tmp_path):
         f"c.JupyterHub.db_url = 'sqlite:///{tmp_path}/jupyterhub.sqlite'\n"
     )
     out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
-    line = next(x for x in out.stdout.splitlines() if "hub groups" in x)
+    line = next(x for x in out.stdout.splitlines() if "hub policy" in x)
     assert "[WARN]" in line and "'reserch'" in line and "analysts" not in line
     assert "[PASS] hub settings" in out.stdout
 
@@ -275,3 +275,39 @@ def test_report_reads_the_hubs_ledger_from_its_config(tmp_path):
     out = run_cli("report", "-f", str(tmp_path), "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr  # that ledger, not one in the working directory
     assert not (tmp_path / "mig_spawner_ledger.sqlite").exists()
+
+
+def test_doctor_on_a_gpu_without_mig_skips_what_needs_mig_instead_of_passing_it():
+    out = run_cli("doctor", "--simulate", "t4x1", "--config-dir", "jupyterhub_config.d")
+    assert out.returncode == 1
+    assert "[FAIL] MIG support" in out.stdout
+    assert "[PASS] MIG mode" not in out.stdout
+    skip = "[SKIP] MIG mode                not checked: no GPU here supports MIG (see MIG support)"
+    assert skip in out.stdout
+    assert "[SKIP] offered profiles" in out.stdout
+    assert out.stdout.rstrip().endswith("6 skipped")
+
+
+def test_doctor_with_mig_pending_skips_the_profile_checks_and_says_why():
+    # The shipped groups are set: with MIG pending, doctor must not call them unset or
+    # missing, only say that they could not be checked yet.
+    out = run_cli("doctor", "--json", "--simulate", "h200x1:mig=pending",
+                  "--config-dir", "jupyterhub_config.d")
+    assert out.returncode == 1
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["MIG mode"]["status"] == "fail"
+    for name in ("profile table", "process listing", "offered profiles"):
+        assert checks[name]["status"] == "skip", checks[name]
+        assert "MIG is not enabled on any GPU (see MIG mode)" in checks[name]["detail"]
+    assert "no profiles are offered" not in out.stdout
+    # The shipped config leaves isolation off: no device nodes to look for.
+    assert checks["isolation device nodes"]["status"] == "skip"
+    assert json.loads(out.stdout)["skipped"] == 4
+
+
+def test_doctor_skips_the_offered_profiles_when_the_hub_policy_is_wrong():
+    out = run_cli("doctor", "--simulate", "a100-40gbx1:layout=1g.5gb*7",
+                  "--config-dir", "jupyterhub_config.d")
+    assert "[FAIL] hub config" in out.stdout
+    assert "[SKIP] offered profiles        not checked: the hub's policy is wrong" in out.stdout
+    assert "no profiles are offered to any group" not in out.stdout

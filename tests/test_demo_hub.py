@@ -10,6 +10,7 @@ and sees the analyst's slice, and SIGTERM stops the demo with everything it star
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -23,7 +24,12 @@ import pytest
 import requests
 from hub_harness import VENV_BIN, HubError, HubProcess, free_port
 
-from mig_spawner.cli.demo import DEFAULT_PASSWORD, SLICEMAP_PATH
+from mig_spawner.cli.demo import (
+    DEFAULT_ADMIN_PASSWORD,
+    DEFAULT_PASSWORD,
+    DEMO_GROUPS,
+    SLICEMAP_PATH,
+)
 
 pytestmark = pytest.mark.hub
 
@@ -47,7 +53,8 @@ class Demo:
         browser.get(f"{self.url}/hub/login", timeout=30).raise_for_status()
         r = browser.post(
             f"{self.url}/hub/login",
-            data={"username": name, "password": DEFAULT_PASSWORD,
+            data={"username": name, "password": DEFAULT_ADMIN_PASSWORD
+                  if name in DEMO_GROUPS["admins"] else DEFAULT_PASSWORD,
                   "_xsrf": browser.cookies.get("_xsrf", path="/hub/")},
             timeout=30, allow_redirects=False,
         )
@@ -107,10 +114,24 @@ def test_the_banner_names_the_limits_and_the_slice_map(demo):
     assert f"Slice map (log in as ada, group admins): {demo.url}{SLICEMAP_PATH}" in text
 
 
+def test_doctor_on_the_demos_config_passes_as_the_banner_says(demo):
+    text = demo.log(chars=10**7)
+    command = f"mig-spawner doctor -f {demo.workdir / 'demo_config.py'}"
+    assert command in text
+    out = subprocess.run([str(VENV_BIN / "mig-spawner"), *command.split()[1:], "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = {c["name"]: c["status"] for c in json.loads(out.stdout)["checks"]}
+    # It read the demo's simulated GPUs and its policies, not "no NVML".
+    assert checks["NVML"] == checks["offered profiles"] == checks["hub settings"] == "pass"
+    assert "warn" not in checks.values(), out.stdout
+
+
 def test_each_group_sees_its_own_menu(demo):
-    menus = {name: menu(demo, demo.login(name)) for name in ("ben", "mia", "ada")}
+    menus = {name: menu(demo, demo.login(name)) for name in ("ben", "mia", "rui", "ada")}
     assert menus["ben"] == ["small", "medium"]  # analysts
     assert menus["mia"] == ["medium", "large", "1g.35gb"]  # ml-team
+    assert menus["rui"] == ["large", "full"]  # research
     assert set(menus["ada"]) == {"small", "medium", "large", "full", "1g.35gb"}  # admins
 
 
@@ -158,6 +179,11 @@ def test_the_admin_sees_the_analysts_slice_on_the_map_and_an_analyst_may_not(dem
 
     denied = demo.login("ben").get(demo.url + SLICEMAP_PATH, timeout=30)
     assert denied.status_code == 403
+
+    # ada is a hub admin too: the admin page, and every user's servers over the API.
+    admin_page = ada.get(f"{demo.url}/hub/admin", timeout=30)
+    assert admin_page.status_code == 200 and admin_page.url.endswith("/hub/admin")
+    assert demo.api(ada, "GET", "/users/ana").json()["servers"][""]["ready"]
 
 
 def test_sigterm_stops_the_hub_proxy_service_and_servers(demo):

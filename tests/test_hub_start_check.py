@@ -147,8 +147,15 @@ def test_the_service_on_the_hubs_own_config_starts(tmp_path):
          "'analysts'?)"),
         ("c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': []}}",
          "the group 'analysts' has allowed = []"),
+        # The simulated layout is seven 1g.18gb: a pool without any 3g.71gb.
+        ("c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb', '3g.71gb']}}",
+         "pool mode offers 3g.71gb to analysts but no such MIG device exists on this host"),
+        ("c.MIGPolicyConfig.offers = {'1g.18gb': {'display_name': 'Small (18 GB)'}}\n"
+         + GROUPS,
+         "the offer '1g.18gb' says '18 GB' in its display_name, but the slice has 16.0 GiB "
+         "on H200 141GB: mig-spawner shows memory as GiB with one decimal; write '16.0 GiB'"),
     ],
-    ids=["group-not-on-the-hub", "allowed-nothing"],
+    ids=["group-not-on-the-hub", "allowed-nothing", "offer-without-device", "memory-wording"],
 )
 def test_policy_that_may_be_on_purpose_is_a_warning_and_the_hub_starts(tmp_path, groups,
                                                                        warning):

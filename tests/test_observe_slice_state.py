@@ -8,8 +8,10 @@ import pytest
 from manual_clock import T0
 from observe_world import World, make_world
 
+from mig_spawner.hub.models import HubServer, Kernel
 from mig_spawner.ledger import Decision, LeaseRequest
-from mig_spawner.observe.slice_state import slice_map
+from mig_spawner.observe.slice_state import activity_resolution, slice_map
+from mig_spawner.service.sweep import Probe, activity_to_record
 
 
 @pytest.fixture
@@ -63,6 +65,28 @@ def test_slice_without_activity_for_idle_after_is_idle(world):
     world.ledger.touch(world.leases["bob"].id, world.clock.now)
     assert [r.state for r in snapshot(world, idle_after=600).slices if r.user == "bob"] == [
         "leased"]
+
+
+@pytest.mark.parametrize("idle_after", [30.0, 120.0, 900.0])
+def test_a_busy_servers_tile_stays_leased_sweep_after_sweep(world, idle_after):
+    # The demo's ratios: the map's idle limit is the kernel limit, swept 8 times as often
+    # (2 min and 15 s); with a short kernel limit (30 s) a minute's write resolution
+    # drew the busy slice idle for half of each minute.
+    sweep = idle_after / 8
+    lease = world.lease("bob", "analysts", world.device(1, "1g.18gb"))
+    server = HubServer("bob", "", "/user/bob/", None, True, None, world.clock.now, None)
+    busy = Probe(kernels=(Kernel("k", "python3", "busy", world.clock.now, 1),))
+    states = []
+    for _ in range(40):
+        world.clock.advance(seconds=sweep)
+        recorded = world.ledger.get(lease.id).last_activity_at
+        active = activity_to_record(world.clock.now, server, busy, recorded,
+                                    activity_resolution(idle_after))
+        if active is not None:
+            world.ledger.touch(lease.id, active)
+        states += [r.state for r in snapshot(world, idle_after=idle_after).slices
+                   if r.user == "bob"]
+    assert set(states) == {"leased"}
 
 
 def test_processes_without_a_lease_make_an_orphan_and_memory_is_reported(world):

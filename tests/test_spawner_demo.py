@@ -33,7 +33,11 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
     assert config.JupyterHub.bind_url == "http://127.0.0.1:8000"
     assert config.JupyterHub.spawner_class == "mig-simple"
     groups = config.JupyterHub.load_groups
-    assert set(groups) == {"analysts", "ml-team", "admins"}
+    assert set(groups) == {"analysts", "ml-team", "research", "admins"}
+    # The demo admin is a hub admin, and named servers let per-user limits be tried.
+    assert config.Authenticator.admin_users == {"ada"}
+    assert config.JupyterHub.allow_named_servers is True
+    assert config.JupyterHub.named_server_limit_per_user == demo.NAMED_SERVER_LIMIT > 2
     assert config.Authenticator.allowed_users == {u for g in groups.values() for u in g["users"]}
     assert config.SharedPasswordAuthenticator.user_password == demo.DEFAULT_PASSWORD
     assert config.MIGSettings.simulate == demo.DEMO_SPEC
@@ -64,13 +68,15 @@ def test_without_simulate_the_demo_uses_the_real_driver(tmp_path):
 
 def test_it_prints_who_sees_what_on_the_spawn_form(tmp_path):
     table = demo.who_sees_what(_args(tmp_path), tmp_path)
-    assert "GPU 0 NVIDIA H200, GPU 1 NVIDIA H200" in table
+    assert "GPU 0 NVIDIA H200, GPU 1 NVIDIA H200, GPU 2 NVIDIA H200" in table
     rows = table.splitlines()
     analysts = next(r for r in rows if "analysts" in r)
     assert "small (6 free)" in analysts and "medium (2 free)" in analysts
     assert "large" not in analysts
     admins = next(r for r in rows if " admins " in r)
-    assert "full (none free)" in admins
+    # Every offer has an instance in the demo's layout, the whole GPU too.
+    assert "none free" not in table
+    assert "full (1 free)" in admins
 
 
 def test_the_slice_service_runs_beside_the_demo_hub_on_its_config_and_short_limits(tmp_path):

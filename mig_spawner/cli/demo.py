@@ -2,12 +2,12 @@
 
 Starts JupyterHub and configurable-http-proxy with the repository's own config
 snippets (``jupyterhub_config.d/10-spawner.py``, ``20-groups.py`` and
-``30-slice-service.py``), demo users in three groups who log in with one shared
+``30-slice-service.py``), demo users in four groups who log in with one shared
 password, the MIG spawner in pool mode, and the slice service beside the hub with
 limits short enough to watch it cull (``--kernel-idle``, ``--server-idle``); the
-demo admin opens its slice map. With ``--simulate`` the GPUs are the NVML simulator
-(a pre-partitioned 2 x H200 by default, shared with ``mig-spawner status
---sim-state``); without it, the real driver. Servers run as the hub's own user
+demo admin (a hub admin) opens its slice map. With ``--simulate`` the GPUs are the NVML simulator
+(a pre-partitioned 3 x H200 by default, shared with ``mig-spawner status -f
+.demo/demo_config.py``); without it, the real driver. Servers run as the hub's own user
 (``mig-simple``): a demo, not a deployment (docs/admin-install.md).
 """
 
@@ -27,13 +27,24 @@ from traitlets.config import Config
 from mig_spawner.config import setting_value
 from mig_spawner.core.durations import DurationError, parse_duration
 
-DEMO_SPEC = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+#: Every profile 20-groups.py offers exists here (``doctor`` on the demo passes): small,
+#: medium, large and 1g.35gb on the first two H200, the whole-GPU instance on the third.
+DEMO_SPEC = ("h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+             "+h200x1:layout=7g.141gb")
+#: One user or two in each group that 20-groups.py has a policy for.
 DEMO_GROUPS = {
     "analysts": ["ana", "ben"],
     "ml-team": ["mia", "max"],
+    "research": ["rui"],
     "admins": ["ada"],
 }
+#: Named servers per user: one more than any group's max_slices_per_user (2), so that
+#: the per-user limit can be tried.
+NAMED_SERVER_LIMIT = 3
 DEFAULT_PASSWORD = "mig-demo-pass"
+#: JupyterHub's shared-password login lets hub admins in only with a password of their
+#: own, 32 characters or more.
+DEFAULT_ADMIN_PASSWORD = "mig-demo-admin-pass-for-this-demo-only"
 SNIPPETS = ("10-spawner.py", "20-groups.py", "30-slice-service.py")
 #: The slice service's name in 30-slice-service.py, and where its slice map is served.
 SLICE_SERVICE = "mig-slices"
@@ -104,13 +115,18 @@ def seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def workdir_config(workdir: Path) -> Path:
+    """The demo's hub config in its folder: what ``mig-spawner <command> -f`` reads."""
+    return workdir / "demo_config.py"
+
+
 def write_config(args: argparse.Namespace, workdir: Path) -> Path:
     """The hub config for the demo: shipped snippets plus demo users, ports, paths and
     short limits. The slice service reads this same file."""
     bin_dir = Path(sys.executable).parent
     users = sorted(u for members in DEMO_GROUPS.values() for u in members)
     groups = {name: {"users": members} for name, members in DEMO_GROUPS.items()}
-    path = workdir / "demo_config.py"
+    path = workdir_config(workdir)
     short = {key: getattr(args, key) for key in DEMO_LIMITS}
     lines = [
         "# Written by 'mig-spawner demo'; every run rewrites it.",
@@ -125,7 +141,12 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         f"c.ConfigurableHTTPProxy.command = [{find_proxy()!r}]",
         'c.JupyterHub.authenticator_class = "shared-password"',
         f"c.SharedPasswordAuthenticator.user_password = {args.password!r}",
+        f"c.SharedPasswordAuthenticator.admin_password = {args.admin_password!r}",
         f"c.Authenticator.allowed_users = {set(users)!r}",
+        # The demo admin is a hub admin too (/hub/admin: start and stop anyone's server).
+        f"c.Authenticator.admin_users = {set(DEMO_GROUPS['admins'])!r}",
+        "c.JupyterHub.allow_named_servers = True",
+        f"c.JupyterHub.named_server_limit_per_user = {NAMED_SERVER_LIMIT}",
         f"c.JupyterHub.load_groups = {groups!r}",
         'c.JupyterHub.spawner_class = "mig-simple"',
         f'c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"',
@@ -202,11 +223,16 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
     url = f"http://{args.ip}:{args.port}"
     admins = ", ".join(DEMO_GROUPS["admins"])
     return "\n".join([
-        f"Open {url} and log in as any user above with the password {args.password!r}.",
+        f"Open {url} and log in as any user above with the password {args.password!r} "
+        f"({admins}: {args.admin_password!r}).",
         f"Limits (every group, demo only): a kernel idle {_human(args.kernel_idle)} is shut "
         f"down, a server idle {_human(args.server_idle)} is stopped; the slice service "
         f"checks every {_human(args.sweep_every)}.",
         f"Slice map (log in as {admins}, group admins): {url}{SLICEMAP_PATH}",
+        f"Hub admin page ({admins}): {url}/hub/admin. Named servers are on (up to "
+        f"{NAMED_SERVER_LIMIT} a user), so each group's per-user limit can be tried.",
+        "The CLI on the demo's GPUs, ledger and policies: "
+        f"mig-spawner doctor -f {workdir_config(workdir)} (also status, report).",
         f"State and logs: {workdir}. Stop with Ctrl-C.",
     ])
 
@@ -250,6 +276,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--dir", default=".demo", help="folder for the hub's state and logs")
     p.add_argument("--password", default=DEFAULT_PASSWORD, help="shared demo password")
+    p.add_argument("--admin-password", default=DEFAULT_ADMIN_PASSWORD,
+                   help="the demo admins' password (32 characters or more)")
     for key, what in (("kernel_idle", "shut down a kernel idle this long"),
                       ("server_idle", "stop a server idle this long"),
                       ("sweep_every", "how often the slice service checks")):

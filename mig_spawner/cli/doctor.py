@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+
+from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
@@ -30,14 +31,13 @@ GRANT_CONFIG = (
     f"{MIG_CONFIG_DEVICE}); pool mode needs none of this"
 )
 
-if TYPE_CHECKING:
-    from traitlets.config import Config
-
-
 class Status(StrEnum):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
+    #: Not run: an earlier check failed, so this one could only pass vacuously or repeat
+    #: that failure. ``detail`` names the earlier check.
+    SKIP = "skip"
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def check_offered_profiles(inv: Inventory, offered: Iterable[str], mode: str) ->
     else:
         present = {d.profile for d in inv.mig_devices}
         missing = ", ".join(p for p in offered if p not in present)
-        problem = f"pool mode offers {missing} but no such MIG device exists"
+        problem = f"pool mode offers {missing} but no such MIG device exists on this host"
         fix = ("create them (nvidia-smi mig -cgi <profiles> -C, or NVIDIA mig-parted), "
                "or remove them from the groups' allowed lists")
         fine = f"every offered profile has MIG devices ({names})"
@@ -261,37 +261,59 @@ def fleet_models(inv: Inventory) -> list[GpuModel]:
     return list(models.values())
 
 
+def skipped(names: Iterable[str], reason: str) -> list[Check]:
+    """``names`` as SKIP checks: they cannot run because of ``reason``."""
+    return [Check(name, Status.SKIP, f"not checked: {reason}") for name in names]
+
+
+#: The checks that read the GPUs, in the order they run.
+GPU_CHECKS = ("driver version", "MIG support", "MIG mode", "profile table", "process listing",
+              "offered profiles", "isolation device nodes", "dynamic-mode privilege")
+
+
 def run_checks(
     connect: Callable[[], GpuAdapter],
     offered_for: OfferedFor | None = None,
     mode: str | None = None,
     dev_root: str = "/",
+    isolation: bool | None = None,
 ) -> list[Check]:
     """Run every check; ``connect`` opens the GPU adapter (real or simulated).
 
     ``offered_for`` reads the hub's config for this host's GPU models and returns the
     profiles its groups can be given and the configured mode; ``mode`` overrides that.
+    ``isolation``: the spawner's setting (``None``: not known, the nodes are checked).
+    A check that an earlier failure makes meaningless is SKIP, naming that failure.
     """
     try:
         adapter = connect()
         inv = adapter.inventory()
     except GpuError as e:
-        return [Check("NVML", Status.FAIL, str(e), e.hint)]
+        return [Check("NVML", Status.FAIL, str(e), e.hint),
+                *skipped(GPU_CHECKS, "NVML did not load (see NVML)")]
     try:
         checks = [
             Check("NVML", Status.PASS, f"NVML {inv.nvml_version} loaded, {len(inv.gpus)} GPU(s)"),
             check_driver(inv),
-            check_mig_support(inv),
-            check_mig_mode(inv),
-            check_driver_tables(inv),
-            check_process_listing(inv),
+            support := check_mig_support(inv),
         ]
+        if support.status is Status.FAIL:
+            return checks + skipped(GPU_CHECKS[2:], "no GPU here supports MIG (see MIG support)")
+        checks.append(mig_mode := check_mig_mode(inv))
+        mig_off = mig_mode.status is Status.FAIL and not any(g.mig_enabled for g in inv.gpus)
+        off_reason = "MIG is not enabled on any GPU (see MIG mode)"
+        if mig_off:
+            checks += skipped(("profile table", "process listing"), off_reason)
+        else:
+            checks += [check_driver_tables(inv), check_process_listing(inv)]
         offered: list[str] = []
         configured_mode = "pool"
+        config_broken = False
         if offered_for is not None:
             try:
                 offered, configured_mode = offered_for(fleet_models(inv))
             except ValueError as e:  # PolicyError is a ValueError
+                config_broken = True
                 checks.append(
                     Check(
                         "hub config",
@@ -301,37 +323,53 @@ def run_checks(
                     )
                 )
         mode = mode or configured_mode
-        checks += [
-            check_offered_profiles(inv, offered, mode),
-            check_isolation_nodes(inv, dev_root),
-            check_privilege(adapter.can_configure(), mode),
-        ]
+        if config_broken:
+            checks += skipped(["offered profiles"], "the hub's policy is wrong (see hub config)")
+        elif mig_off and mode == "pool":
+            checks += skipped(["offered profiles"], off_reason)
+        else:
+            checks.append(check_offered_profiles(inv, offered, mode))
+        if isolation is False:
+            checks += skipped(["isolation device nodes"],
+                              "isolation is off in the hub's config (LocalMIGSpawner.isolation)")
+        elif mig_off:
+            checks += skipped(["isolation device nodes"], off_reason)
+        else:
+            checks.append(check_isolation_nodes(inv, dev_root))
+        checks.append(check_privilege(adapter.can_configure(), mode))
     finally:
         adapter.close()
     return checks
 
 
-_MARK = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL"}
 
 
 def render(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     lines = []
     for c in checks:
-        lines.append(f"[{_MARK[c.status]}] {c.name.ljust(width)}  {c.detail}")
-        if c.fix and c.status is not Status.PASS:
+        lines.append(f"[{c.status.value.upper()}] {c.name.ljust(width)}  {c.detail}")
+        if c.fix and c.status in (Status.WARN, Status.FAIL):
             lines.append(f"       {' ' * width}  fix: {c.fix}")
-    failed = sum(c.status is Status.FAIL for c in checks)
-    warned = sum(c.status is Status.WARN for c in checks)
+    count = {status: sum(c.status is status for c in checks) for status in Status}
     lines.append("")
-    lines.append(f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} passed")
+    lines.append(f"{count[Status.FAIL]} failed, {count[Status.WARN]} warning(s), "
+                 f"{count[Status.PASS]} passed"
+                 + (f", {count[Status.SKIP]} skipped" if count[Status.SKIP] else ""))
     return "\n".join(lines)
 
 
 def render_json(checks: list[Check]) -> str:
     """The checks as JSON (``doctor --json``), for scripts and bug reports."""
     return json.dumps({"checks": [asdict(c) for c in checks],
-                       "failed": sum(c.status is Status.FAIL for c in checks)}, indent=2)
+                       "failed": sum(c.status is Status.FAIL for c in checks),
+                       "skipped": sum(c.status is Status.SKIP for c in checks)}, indent=2)
+
+
+def configured_isolation(config: Config) -> bool:
+    """Whether the hub's config turns the local spawner's isolation on (off by default)."""
+    return any(bool(section["isolation"]) for section in config.values()
+               if isinstance(section, Config) and "isolation" in section)
 
 
 def config_checks(config: Config) -> list[Check]:
@@ -351,5 +389,5 @@ def config_checks(config: Config) -> list[Check]:
         warnings = policy_warnings(config, MIGPolicyConfig(config=config).build())
     except PolicyError:
         return checks  # reported by the "hub config" check
-    checks += [Check("hub groups", Status.WARN, w, fix) for w in warnings]
+    checks += [Check("hub policy", Status.WARN, w, fix) for w in warnings]
     return checks

@@ -88,9 +88,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         def offered_for(models):
             return offered_profiles_from_config(args.config_dir, models)
 
-    checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode)
-    if args.config_dir:
-        checks += doctor.config_checks(hub_config(args))
+    config = hub_config(args) if args.config_dir else None
+    isolation = None if config is None else doctor.configured_isolation(config)
+    checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode,
+                               isolation=isolation)
+    if config is not None:
+        checks += doctor.config_checks(config)
     print(doctor.render_json(checks) if args.json else doctor.render(checks))
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
 

@@ -39,6 +39,20 @@ SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
 
 #: Default for ``idle_after``: a leased slice with no activity for this long shows as idle.
 DEFAULT_IDLE_AFTER = 15 * 60.0
+#: The coarsest step in which the slice service writes a server's activity on its lease.
+MAX_ACTIVITY_RESOLUTION = 60.0
+
+
+def activity_resolution(idle_after: float) -> float:
+    """How finely the slice service must write a server's activity on its lease for
+    this map: a quarter of ``idle_after``, at most :data:`MAX_ACTIVITY_RESOLUTION`.
+
+    A busy server's activity is written as "now" at each sweep, but only when it moved
+    on by the resolution. A resolution coarser than ``idle_after`` (a minute against a
+    30 s limit) drew a busy server's slice idle for part of each minute and leased again
+    at the next write: a tile flickering between the two.
+    """
+    return min(MAX_ACTIVITY_RESOLUTION, idle_after / 4)
 
 
 @dataclass(frozen=True)

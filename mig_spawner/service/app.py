@@ -49,6 +49,7 @@ from mig_spawner.hub.groups import hub_db_url
 from mig_spawner.kube.pods import connect_api
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
+from mig_spawner.observe.slice_state import activity_resolution
 from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.observe.source import SliceSource
 from mig_spawner.service.handlers import make_web_app
@@ -352,7 +353,9 @@ class SliceServiceApp(Application):
             dry_run=self.dry_run, probe_servers=self.probe_servers,
             cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
-            holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube, log=self.log,
+            holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube,
+            activity_resolution=activity_resolution(self.slice_idle_after),
+            log=self.log,
         )
 
     async def check_token(self, client: HubClient) -> None:

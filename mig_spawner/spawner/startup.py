@@ -23,11 +23,18 @@ from mig_spawner.config import (
     SHARED_SETTINGS,
     MIGPolicyConfig,
     MIGSettings,
+    configured_mode,
     misplaced_settings,
     setting_value,
 )
 from mig_spawner.core.catalog import GpuModel, model
-from mig_spawner.core.policy import PolicyError, PolicySet
+from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.policy import (
+    PolicyError,
+    PolicySet,
+    memory_wording_warnings,
+    unserved_offers,
+)
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.hub.groups import hub_db_url, hub_groups
@@ -44,8 +51,8 @@ _SERVICE_COMMANDS = ("mig-spawner-service", "mig_spawner.service")
 _checking = False
 
 
-def local_fleet(config: Config) -> list[GpuModel] | None:
-    """The GPU models this host has, as the local spawner would see them.
+def local_inventory(config: Config) -> Inventory | None:
+    """This host's GPUs, as the local spawner would see them.
 
     ``None`` when the GPUs cannot be read now (no driver on the hub's machine, e.g. a
     Kubernetes hub): the policy is then checked without knowing the fleet.
@@ -61,7 +68,12 @@ def local_fleet(config: Config) -> list[GpuModel] | None:
         print(f"mig-spawner: GPUs not readable at start ({e}); checking the policy "
               "without them", file=sys.stderr)
         return None
-    keys = {g.model_key for g in inventory.gpus if g.model_key}
+    return inventory
+
+
+def fleet_of(inventory: Inventory | None) -> list[GpuModel] | None:
+    """The catalog models of ``inventory``'s GPUs (None: unknown, or no MIG GPU)."""
+    keys = {g.model_key for g in inventory.gpus if g.model_key} if inventory else ()
     return [model(k) for k in sorted(keys)] or None
 
 
@@ -166,10 +178,17 @@ def ledger_problems(config: Config) -> list[str]:
     return problems
 
 
-def policy_warnings(config: Config, policies: PolicySet) -> list[str]:
+def policy_warnings(
+    config: Config, policies: PolicySet, inventory: Inventory | None = None
+) -> list[str]:
     """What may be on purpose but usually is a mistake: policies for groups the hub
-    does not have, and groups that may use no slice at all."""
-    warnings = []
+    does not have, groups that may use no slice at all, and wording that states another
+    memory size than the slice has. Given this host's ``inventory``, in pool mode also
+    offers that no MIG device here can serve (``mig-spawner doctor`` checks those
+    itself, as "offered profiles")."""
+    fleet = fleet_of(inventory)
+    model_keys = None if fleet is None else [m.key for m in fleet]
+    warnings = memory_wording_warnings(policies, model_keys)
     known = hub_groups(config)
     if known is not None:
         for group in sorted(set(policies.groups) - known):
@@ -185,7 +204,18 @@ def policy_warnings(config: Config, policies: PolicySet) -> list[str]:
             f"the group {group!r} has allowed = []: its members get no GPU slice unless "
             "another of their groups allows one (docs/policies.md)"
         )
+    if inventory is not None and model_keys is not None and _mode(config) == "pool":
+        by_index = {g.index: g.model_key for g in inventory.gpus}
+        devices = [(by_index[d.gpu_index], d.profile) for d in inventory.mig_devices]
+        warnings += unserved_offers(policies, model_keys, devices)
     return warnings
+
+
+def _mode(config: Config) -> str | None:
+    try:
+        return configured_mode(config)
+    except ValueError:
+        return None  # two modes: no offer is known to need a device
 
 
 def check_hub_config(config: Config) -> PolicySet:
@@ -214,9 +244,9 @@ def check_hub_config(config: Config) -> PolicySet:
             + "\nFix the file and start the hub again (docs/admin-install.md)."
         )
     kube = _is_kube(config)
-    fleet = None if kube else local_fleet(config)
+    inventory = None if kube else local_inventory(config)
     try:
-        policies = MIGPolicyConfig(config=config).build(fleet)
+        policies = MIGPolicyConfig(config=config).build(fleet_of(inventory))
         if kube:
             check_kube_profiles(policies.profile_names())
     except (PolicyError, KubeConfigError) as e:
@@ -224,6 +254,6 @@ def check_hub_config(config: Config) -> PolicySet:
             "mig-spawner: the GPU policy in jupyterhub_config.d is wrong, so the hub will "
             f"not start.\n{e}\nFix the file and start the hub again (docs/policies.md)."
         ) from None
-    for warning in policy_warnings(config, policies):
+    for warning in policy_warnings(config, policies, inventory):
         print(f"mig-spawner: warning: {warning}", file=sys.stderr)
     return policies

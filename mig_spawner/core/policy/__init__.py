@@ -1,17 +1,20 @@
 """Group policies: who may have which MIG slice, how many, and for how long.
 
-This package's face is what callers import; the code lives in three modules:
+This package's face is what callers import; the code lives in four modules:
 
 * :mod:`.model`: the values (:class:`Offer`, :class:`GroupPolicy`,
   :class:`UserPolicy`, :class:`PolicySet`) and multi-group resolution;
 * :mod:`.build`: :func:`build_policy`, validation of the admin's dicts;
-* :mod:`.quota`: :func:`check_claim`, the quota check a claim runs.
+* :mod:`.quota`: :func:`check_claim`, the quota check a claim runs;
+* :mod:`.checks`: warnings on a valid policy that misleads (memory wording, offers
+  no MIG device serves).
 
 Pure: no I/O and no traitlets or JupyterHub import (``mig_spawner.config`` wraps this
 in a traitlets Configurable). Admin documentation: docs/policies.md.
 """
 
 from .build import CLASS_KEYS, GROUP_KEYS, OFFER_KEYS, build_policy
+from .checks import memory_wording_warnings, unserved_offers
 from .model import (
     DEFAULT_GROUP,
     GroupPolicy,
@@ -39,6 +42,8 @@ __all__ = [
     "build_policy",
     "check_claim",
     "is_profile_name",
+    "memory_wording_warnings",
     "offer_key",
     "tally",
+    "unserved_offers",
 ]
