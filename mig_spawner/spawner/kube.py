@@ -46,13 +46,6 @@ DEVICE_VARIABLES = (
 class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     """A KubeSpawner whose pods each get one MIG slice that the user's groups allow."""
 
-    mig_mode = Enum(
-        ["kube"],
-        default_value="kube",
-        help="""Always ``kube``: NVIDIA's device plugin hands each pod its MIG device
-        from layouts that the GPU Operator's MIG Manager applied (docs/kubernetes.md).""",
-    ).tag(config=True)
-
     mig_strategy = Enum(
         ["auto", "mixed", "single"],
         default_value="auto",
