@@ -17,6 +17,7 @@ from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
 from mig_spawner.kube import (
     ClusterAvailability,
     ClusterReadError,
@@ -204,7 +205,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         if target is None:  # decide() sets it whenever it grants
             raise spawn_error(
                 "The hub lost track of the reserved slice; try again.",
-                reason="mig_config",
+                reason=Reason.MIG_CONFIG,
                 log_message=f"lease {lease.id}: claim granted without a target",
                 status_code=500,
             )
@@ -220,7 +221,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         except KubeConfigError as e:
             raise admin_error(
                 "The hub's Kubernetes GPU settings are wrong",
-                "mig_config",
+                Reason.MIG_CONFIG,
                 str(e),
             ) from None
 
@@ -232,7 +233,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         if self.profile_list:
             raise admin_error(
                 "The hub's spawner configuration is wrong",
-                "mig_config",
+                Reason.MIG_CONFIG,
                 "KubeMIGSpawner does not support KubeSpawner.profile_list (its "
                 "'profile' user option picks the MIG slice); remove profile_list",
             )

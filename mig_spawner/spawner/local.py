@@ -19,6 +19,7 @@ from traitlets import Bool, Enum, Unicode
 
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
@@ -138,7 +139,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             raise spawn_error(
                 f"Could not create the {lease.profile} instance on GPU {lease.gpu_index}; "
                 "try again, or tell a hub admin if it keeps failing.",
-                reason="mig_create",
+                reason=Reason.MIG_CREATE,
                 log_message=str(e),
                 status_code=503,
             ) from None
@@ -146,7 +147,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting "
                 f"({e.lease.release_reason}); start it again.",
-                reason="lease_ended",
+                reason=Reason.LEASE_ENDED,
                 log_message=str(e),
                 status_code=409,
             ) from None
@@ -169,7 +170,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
             raise admin_error(
                 "The hub could not find the reserved slice to isolate it",
-                "isolation",
+                Reason.ISOLATION,
                 f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
                 f"ci={lease.ci_id} not in the inventory",
             )
@@ -182,7 +183,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if tool is None or shutil.which("systemd-run") is None:
             raise admin_error(
                 "GPU isolation is on but this host cannot apply it",
-                "isolation",
+                Reason.ISOLATION,
                 f"isolation needs {self.nvidia_modprobe!r} and 'systemd-run' "
                 "in the hub's PATH (set LocalMIGSpawner.isolation = False to run without)",
             )
@@ -193,7 +194,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if done.returncode:
             raise admin_error(
                 "The hub could not prepare the GPU slice's device nodes",
-                "isolation",
+                Reason.ISOLATION,
                 f"{' '.join(args)} exited {done.returncode}: {done.stderr.strip()}",
             )
 

@@ -40,6 +40,7 @@ from traitlets import Unicode, default
 
 from mig_spawner import holder
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
@@ -147,7 +148,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """503 (try again later) with the plain message; the details go to the hub log."""
         self.log.error("Spawn of %s: %s", self._log_name, _log_detail(e))
         return spawn_error(
-            self.backend_problem(e), "mig_backend", 503, log_message=_log_detail(e)
+            self.backend_problem(e), Reason.MIG_BACKEND, 503, log_message=_log_detail(e)
         )
 
     def _backend_name(self, e: Exception) -> str:
@@ -328,7 +329,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting; "
                 "start it again.",
-                reason="lease_ended", log_message=str(e), status_code=409,
+                reason=Reason.LEASE_ENDED, log_message=str(e), status_code=409,
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -356,7 +357,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
-        raise refusal("previous_lease", _previous_lease(held or stale))
+        raise refusal(Reason.PREVIOUS_LEASE, _previous_lease(held or stale))
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
@@ -376,7 +377,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                "previous_lease", _previous_lease(e.lease), mine, offer, plan
+                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None

@@ -14,6 +14,7 @@ from traitlets.config import Configurable
 
 from mig_spawner.config import MIGPolicyConfig, MIGSettings
 from mig_spawner.core.policy import PolicyError, PolicySet, UserPolicy
+from mig_spawner.core.refusal import Reason
 
 from .errors import admin_error
 from .runtime import RuntimeKey, SpawnerRuntime, runtime_for
@@ -57,7 +58,7 @@ class MIGSpawnerSettings(Configurable):
         except PolicyError as e:
             raise admin_error(
                 "The hub's GPU policy configuration is wrong",
-                "policy_config",
+                Reason.POLICY_CONFIG,
                 str(e),
             ) from None
 
