@@ -39,8 +39,6 @@ from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
 Mode = Literal["pool", "dynamic"]
 
 
-# second pass: mixin.py imports ClaimRefused; it then catches Refused.
-ClaimRefused = Refused
 
 
 def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:

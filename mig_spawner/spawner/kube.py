@@ -32,7 +32,7 @@ from mig_spawner.ledger import Lease
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
 from .hooks import ClaimPlan, SliceSupply
-from .kube_decide import Choice, free_by_model, make_kube_decide, wanted_on_cluster
+from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
 from .mixin import MIGSpawnerMixin
 
 # Environment variables that choose GPUs or MIG capabilities inside a container.
@@ -104,7 +104,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     # This start's slice request, built in prepare_slice, applied in get_pod_manifest and
     # dropped when start ends: nothing of one spawn survives into the next.
     _slice_request: SliceRequest | None = None
-    _kube_choice: Choice | None = None
+    _kube_choice: ClaimTarget | None = None
     # Claims re-read the cluster when the cached snapshot is older than this.
     claim_max_age: ClassVar[float] = 2.0
     # One reader (and cache) per API client and settings, shared by every spawner.
@@ -175,7 +175,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """Decide on a fresh read of the cluster; the decision picks the nodes' target."""
         slices = await self.availability.slices(max_age=self.claim_max_age)
-        choice = self._kube_choice = Choice()
+        choice = self._kube_choice = ClaimTarget()
 
         def granted(lease: Lease) -> str:
             # The claim consumed a slice the cached snapshot still shows as free.
@@ -199,7 +199,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
         self._slice_request = self.slice_request_for(lease, self._kube_choice)
 
-    def slice_request_for(self, lease: Lease, choice: Choice | None) -> SliceRequest:
+    def slice_request_for(self, lease: Lease, choice: ClaimTarget | None) -> SliceRequest:
         """Resource, selector and tolerations for the lease's slice on the chosen nodes."""
         target = choice.target if choice else None
         if target is None:  # decide() sets it whenever it grants

@@ -69,8 +69,6 @@ class ClaimTarget:
     target: Target | None = None
 
 
-# second pass: kube.py imports Choice (the spawn form's Choice is the other meaning).
-Choice = ClaimTarget
 
 
 def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:

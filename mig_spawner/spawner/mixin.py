@@ -40,7 +40,7 @@ from traitlets import Unicode, default
 
 from mig_spawner import holder
 from mig_spawner.core.policy import Offer, UserPolicy
-from mig_spawner.core.refusal import Reason
+from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
@@ -52,7 +52,7 @@ from mig_spawner.ledger import (
 )
 
 from . import form, options
-from .decide import ClaimRefused, quota_problem
+from .decide import quota_problem
 from .environment import slice_environment
 from .errors import refusal, spawn_error
 from .hooks import ClaimPlan, SliceSupply
@@ -272,7 +272,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         mine = self.user_policy(policies)
         try:
             return options.requested_offer(user_options, mine, policies), mine
-        except options.OptionsError as e:
+        except Refused as e:
             offer = options.named_offer(user_options, policies)
             raise self._refuse(e.reason, e.message, mine, offer) from None
 
@@ -372,7 +372,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 lease = await self.runtime.run(
                     lambda: self.runtime.ledger().claim(request, plan.decide)
                 )
-        except ClaimRefused as e:
+        except Refused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
