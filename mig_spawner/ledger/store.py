@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
@@ -18,6 +18,7 @@ from uuid import uuid4
 from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
+from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 
 from . import migrate
@@ -62,11 +63,6 @@ _COLUMN_FOR = {
 }
 _FIELDS = tuple(f.name for f in fields(Lease))
 _REASON_MAX = leases.c.release_reason.type.length or 255
-
-
-def utcnow() -> datetime:
-    """The ledger's default clock: aware UTC now."""
-    return datetime.now(UTC)
 
 
 def _to_lease(row: Row[Any]) -> Lease:

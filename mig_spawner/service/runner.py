@@ -23,10 +23,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 from mig_spawner import holder
+from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
@@ -59,10 +60,6 @@ class GpuSource(Protocol):
     def inventory(self) -> Inventory: ...
 
     def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass
