@@ -47,7 +47,7 @@ class LeaseRequest:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Grant:
     """What the ``decide`` callback grants: one slice, where it is, and whom it is charged to.
 
     ``start``/``size`` are memory slices on the GPU; they are what the ledger's

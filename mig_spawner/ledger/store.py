@@ -38,7 +38,7 @@ from .models import lease_events, lease_servers, lease_slots, leases
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
-    Decision,
+    Grant,
     KeepResult,
     Lease,
     LeaseEvent,
@@ -52,7 +52,7 @@ from .waitlist import WaitList
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
-Decide = Callable[[LedgerView], Decision]
+Decide = Callable[[LedgerView], Grant]
 
 # Lease field -> column, where the SQL name differs (``user``/``group`` are SQL keywords).
 _COLUMN_FOR = {
@@ -245,7 +245,7 @@ class Ledger(RefusalLog, WaitList):
         """Grant ``request`` the slice that ``decide`` picks, atomically.
 
         In ONE transaction: wait for any other claim to finish, read the held
-        leases, call ``decide(view)`` and store its ``Decision`` with its slot
+        leases, call ``decide(view)`` and store its ``Grant`` with its slot
         rows. ``decide`` must be pure and quick (it runs while other claims
         wait); whatever it raises (a policy or allocator refusal) propagates
         unchanged and nothing is written. Raises ``ServerHasLease`` if the
@@ -262,17 +262,17 @@ class Ledger(RefusalLog, WaitList):
                 if (lease.user, lease.server_name) == (request.user, request.server_name):
                     raise ServerHasLease(lease)
             decision = decide(LedgerView(request=request, leases=tuple(held), now=now))
-            if not isinstance(decision, Decision):
+            if not isinstance(decision, Grant):
                 raise InvalidDecision(
-                    f"decide() must return a Decision, it returned {type(decision).__name__}"
+                    f"decide() must return a Grant, it returned {type(decision).__name__}"
                 )
             lease = self._new_lease(request, decision, now)
             self._insert(connection, lease)
         return lease
 
     @staticmethod
-    def _new_lease(request: LeaseRequest, decision: Decision, now: datetime) -> Lease:
-        granted = {f.name: getattr(decision, f.name) for f in fields(Decision)}
+    def _new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:
+        granted = {f.name: getattr(decision, f.name) for f in fields(Grant)}
         return Lease(
             id=uuid4().hex,
             user=request.user,
