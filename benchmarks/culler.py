@@ -41,7 +41,7 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper, SweepReport
+from mig_spawner.service.sweeper import Sweeper, SweepReport
 
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "hub_standin.py"
 IDLE_LIMIT = 3600

@@ -35,7 +35,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.app import SliceServiceApp, missing_scopes
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
+from mig_spawner.service.sweeper import Sweeper
 
 POLICY = MIGPolicyConfig(group_policies={
     "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},

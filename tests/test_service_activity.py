@@ -15,9 +15,9 @@ from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
+from mig_spawner.service.cull_rules import Probe, activity_to_record
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
-from mig_spawner.service.sweep import Probe, activity_to_record
+from mig_spawner.service.sweeper import Sweeper
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

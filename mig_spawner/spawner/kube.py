@@ -29,9 +29,9 @@ from mig_spawner.kube import (
 )
 from mig_spawner.ledger import Lease
 
+from .backend import ClaimPlan, SliceSupply
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
-from .hooks import ClaimPlan, SliceSupply
 from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
 from .mixin import MIGSpawnerMixin
 

@@ -23,9 +23,9 @@ from mig_spawner.core.refusal import Reason
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
+from .backend import ClaimPlan, SliceSupply
 from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
-from .hooks import ClaimPlan, SliceSupply
 from .isolation import capability_paths, device_rules, systemd_run_args
 from .mixin import MIGSpawnerMixin
 

@@ -52,10 +52,10 @@ from mig_spawner.ledger import (
 )
 
 from . import form, options
+from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
 from .environment import slice_environment
 from .errors import refusal, spawn_error
-from .hooks import ClaimPlan, SliceSupply
 from .metrics import (
     CLAIM_DURATION,
     HOLDERS_STOPPED,

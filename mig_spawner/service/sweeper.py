@@ -1,5 +1,5 @@
 """One sweep of the slice service: gather what the hub, the servers, the ledger and the
-GPUs say, let :mod:`mig_spawner.service.sweep` decide, carry the decisions out.
+GPUs say, let :mod:`mig_spawner.service.cull_rules` decide, carry the decisions out.
 
 Order of a sweep:
 
@@ -36,8 +36,7 @@ from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.ledger import Lease, Ledger
-from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.sweep import (
+from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Decision,
     Probe,
@@ -52,10 +51,11 @@ from mig_spawner.service.sweep import (
     unleased_busy_devices,
     warning_due,
 )
+from mig_spawner.service.metrics import ServiceMetrics
 
 
 class GpuSource(Protocol):
-    """What the runner needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
+    """What the sweeper needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
 
     def inventory(self) -> Inventory: ...
 
