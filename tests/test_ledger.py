@@ -33,6 +33,7 @@ from mig_spawner.ledger import (
 )
 from mig_spawner.ledger.migrate import head_revision
 from mig_spawner.ledger.models import VERSION_TABLE, metadata
+from mig_spawner.spawner.decide import holdings
 
 HOST = "gpu-host-1"
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -245,7 +246,7 @@ def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:
     assert ledger.touch(lease.id, later + timedelta(hours=1)) is None
 
 
-def test_usage_counts_per_user_and_charged_group(ledger: Ledger) -> None:
+def test_quota_counts_per_user_and_charged_group(ledger: Ledger) -> None:
     ledger.claim(LeaseRequest("alice", "a"), lambda v: first_free(v, size=2))
     ledger.claim(LeaseRequest("alice", "b"), first_free)
     ledger.claim(LeaseRequest("bob"), fixed(start=6, group="chemistry", gpu=GPUS[1]))
@@ -255,17 +256,19 @@ def test_usage_counts_per_user_and_charged_group(ledger: Ledger) -> None:
     carol = ledger.claim(LeaseRequest("carol"), lambda view: kube)
     assert carol.memory_slices == range(0)  # the device plugin places kube slices
 
-    usage = ledger.usage()
-    assert (usage.user("alice"), usage.user("bob"), usage.user("nobody")) == (2, 1, 0)
-    physics = usage.group("physics")
-    assert (physics.leases, physics.memory_slices, physics.compute_slices) == (2, 3, 3)
-    chemistry = usage.group("chemistry")
-    assert (chemistry.leases, chemistry.memory_slices, chemistry.compute_slices) == (2, 1, 2)
-    assert ledger.usage(host=HOST).user("carol") == 0
+    # What the quota check reads (spawner.decide.holdings), from the held leases.
+    active = ledger.active()
+    assert [len(holdings(active, u)[0]) for u in ("alice", "bob", "nobody")] == [2, 1, 0]
+    usage = holdings(active, "alice")[1]
+    assert (usage["physics"].slices, usage["physics"].compute_slices) == (2, 3)
+    assert (usage["chemistry"].slices, usage["chemistry"].compute_slices) == (2, 2)
+    assert sum(lease.size or 0 for lease in active if lease.group == "physics") == 3
+    assert sum(lease.size or 0 for lease in active if lease.group == "chemistry") == 1
+    assert [lease for lease in ledger.active(host=HOST) if lease.user == "carol"] == []
 
     def quota_check(view: LedgerView) -> Grant:
         # decide sees the same numbers the policy's quota check needs
-        assert view.usage == usage
+        assert holdings(view.leases, "alice")[1] == usage
         raise NoFreeSlot("physics holds 3 of its 3 compute slices")
 
     with pytest.raises(NoFreeSlot, match="physics holds 3"):

@@ -22,14 +22,12 @@ from .records import (
     MODES,
     STATES,
     Grant,
-    GroupUsage,
     KeepResult,
     Lease,
     LeaseEvent,
     LeaseRequest,
     LedgerView,
     RefusalRecord,
-    Usage,
 )
 from .store import Decide, Ledger
 from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest
@@ -46,7 +44,6 @@ __all__ = [
     "DoubleGrant",
     "Grant",
     "GrantDecide",
-    "GroupUsage",
     "InvalidDecision",
     "KeepResult",
     "Lease",
@@ -63,7 +60,6 @@ __all__ = [
     "RefusalRecord",
     "SchemaError",
     "ServerHasLease",
-    "Usage",
     "WaitEntry",
     "WaitRequest",
     "url_beside_hub_db",

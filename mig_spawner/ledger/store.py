@@ -44,7 +44,6 @@ from .records import (
     LeaseEvent,
     LeaseRequest,
     LedgerView,
-    Usage,
     require_aware,
 )
 from .refusal_log import RefusalLog
@@ -618,7 +617,3 @@ class Ledger(RefusalLog, WaitList):
             where.append(leases.c.group_name == group)
         with self._read() as connection:
             return self._select(connection, and_(True, *where))
-
-    def usage(self, host: str | None = None) -> Usage:
-        """Held leases per user and per charged group (leases, memory and compute slices)."""
-        return Usage.of(self.active(host))
