@@ -39,9 +39,9 @@ from mig_spawner import gpu
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
-from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper, SweepReport
+from mig_spawner.service.sweeper import Sweeper, SweepReport
 
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "hub_standin.py"
 IDLE_LIMIT = 3600
@@ -82,7 +82,7 @@ class GpuWorld:
             if i % 3 == 0:
                 host.set_processes(device.uuid, [(1000 + i, 9000)])
                 host.set_sm_activity(device.uuid, 60)
-            decision = Decision(
+            decision = Grant(
                 group="analysts", profile=device.profile, compute_slices=1, mode="pool",
                 host=self.adapter.inventory().host, gpu_uuid=device.gpu_uuid,
                 gpu_index=device.gpu_index, start=device.start, size=device.size,

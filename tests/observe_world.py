@@ -3,7 +3,7 @@
 Real parts throughout: the GPU adapter on the NVML simulator (shared through a state
 file, so a test can put processes on a slice), a SQLite ledger with a hand-moved clock,
 and the policy built by ``build_policy``. Leases are claimed the way the spawner claims
-them: one ``Ledger.claim`` per server with a ``Decision`` naming the MIG device.
+them: one ``Ledger.claim`` per server with a ``Grant`` naming the MIG device.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Decision, Lease, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, Lease, LeaseRequest, Ledger
 
 POLICY = {
     "analysts": {"allowed": ["1g.18gb", "2g.35gb"], "quota_slices": 4,
@@ -60,7 +60,7 @@ class World:
         """Claim ``device`` for ``user``'s server (pool mode) and mark it started;
         ``expires_in``: its max session age, from now."""
         compute = model("h200").profile(device.profile).compute_slices
-        decision = Decision(
+        decision = Grant(
             group=group, profile=device.profile, compute_slices=compute, mode="pool",
             host=self.inventory().host, gpu_uuid=device.gpu_uuid,
             gpu_index=device.gpu_index, start=device.start, size=device.size,

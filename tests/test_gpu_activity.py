@@ -16,7 +16,7 @@ from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
+from mig_spawner.service.sweeper import Sweeper
 
 SIM = "h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
 

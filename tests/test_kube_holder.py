@@ -18,9 +18,9 @@ from test_kube_spawner import standin as standin
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
 from mig_spawner.kube.pods import connect_api
-from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
+from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner import mixin
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
 
@@ -48,7 +48,7 @@ def ledger(tmp_path):
 def kube_lease(ledger: Ledger, uid: str | None = UID) -> str:
     """The lease of ana's pod, active with the pod's UID as its holder (as the spawner
     records it once the pod runs)."""
-    lease = ledger.claim(LeaseRequest("ana"), lambda view: Decision(
+    lease = ledger.claim(LeaseRequest("ana"), lambda view: Grant(
         group="analysts", profile="1g.10gb", compute_slices=1, mode="kube", pod=POD))
     ledger.activate(lease.id, node="gpu-a1", pod_uid=uid)
     return lease.id

@@ -18,8 +18,8 @@ from manual_clock import T0, Clock
 from sqlalchemy import create_engine, inspect, text
 
 from mig_spawner.ledger import (
-    Decision,
     DoubleGrant,
+    Grant,
     InvalidDecision,
     LeaseNotFound,
     LeaseRequest,
@@ -33,6 +33,7 @@ from mig_spawner.ledger import (
 )
 from mig_spawner.ledger.migrate import head_revision
 from mig_spawner.ledger.models import VERSION_TABLE, metadata
+from mig_spawner.spawner.decide import holdings
 
 HOST = "gpu-host-1"
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -44,13 +45,13 @@ class NoFreeSlot(Exception):
 
 
 
-def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Decision:
+def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Grant:
     """A tiny allocator: first GPU/start where ``size`` memory slices (of 7) are free."""
     for index, gpu in enumerate(GPUS):
         taken = view.taken(HOST, gpu)
         for start in range(0, 8 - size, size):
             if taken.isdisjoint(range(start, start + size)):
-                return Decision(
+                return Grant(
                     group="physics",
                     profile=f"{size}g.{10 * size}gb",
                     compute_slices=size,
@@ -69,8 +70,8 @@ def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Decisi
 def fixed(start: int, size: int = 1, group: str = "physics", gpu: str = GPUS[0]):
     """A decide callback that ignores the view (to test the database's own guarantee)."""
 
-    def decide(view: LedgerView) -> Decision:
-        return Decision(
+    def decide(view: LedgerView) -> Grant:
+        return Grant(
             group=group,
             profile="x",
             compute_slices=size,
@@ -138,7 +139,7 @@ def test_claim_activate_release_keeps_history(ledger: Ledger, clock: Clock) -> N
 def test_refusal_from_decide_propagates_unchanged_and_writes_nothing(ledger: Ledger) -> None:
     refusal = NoFreeSlot("group physics may hold 2 slices and holds 2")
 
-    def refuse(view: LedgerView) -> Decision:
+    def refuse(view: LedgerView) -> Grant:
         raise refusal
 
     with pytest.raises(NoFreeSlot) as caught:
@@ -174,7 +175,7 @@ def test_one_server_never_holds_two_leases(ledger: Ledger) -> None:
     first = ledger.claim(LeaseRequest("alice", "a"), first_free)
     calls: list[LedgerView] = []
 
-    def spy(view: LedgerView) -> Decision:
+    def spy(view: LedgerView) -> Grant:
         calls.append(view)
         return first_free(view)
 
@@ -245,27 +246,29 @@ def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:
     assert ledger.touch(lease.id, later + timedelta(hours=1)) is None
 
 
-def test_usage_counts_per_user_and_charged_group(ledger: Ledger) -> None:
+def test_quota_counts_per_user_and_charged_group(ledger: Ledger) -> None:
     ledger.claim(LeaseRequest("alice", "a"), lambda v: first_free(v, size=2))
     ledger.claim(LeaseRequest("alice", "b"), first_free)
     ledger.claim(LeaseRequest("bob"), fixed(start=6, group="chemistry", gpu=GPUS[1]))
-    kube = Decision(
+    kube = Grant(
         group="chemistry", profile="1g.10gb", compute_slices=1, mode="kube", pod="jupyter-carol"
     )
     carol = ledger.claim(LeaseRequest("carol"), lambda view: kube)
     assert carol.memory_slices == range(0)  # the device plugin places kube slices
 
-    usage = ledger.usage()
-    assert (usage.user("alice"), usage.user("bob"), usage.user("nobody")) == (2, 1, 0)
-    physics = usage.group("physics")
-    assert (physics.leases, physics.memory_slices, physics.compute_slices) == (2, 3, 3)
-    chemistry = usage.group("chemistry")
-    assert (chemistry.leases, chemistry.memory_slices, chemistry.compute_slices) == (2, 1, 2)
-    assert ledger.usage(host=HOST).user("carol") == 0
+    # What the quota check reads (spawner.decide.holdings), from the held leases.
+    active = ledger.active()
+    assert [len(holdings(active, u)[0]) for u in ("alice", "bob", "nobody")] == [2, 1, 0]
+    usage = holdings(active, "alice")[1]
+    assert (usage["physics"].slices, usage["physics"].compute_slices) == (2, 3)
+    assert (usage["chemistry"].slices, usage["chemistry"].compute_slices) == (2, 2)
+    assert sum(lease.size or 0 for lease in active if lease.group == "physics") == 3
+    assert sum(lease.size or 0 for lease in active if lease.group == "chemistry") == 1
+    assert [lease for lease in ledger.active(host=HOST) if lease.user == "carol"] == []
 
-    def quota_check(view: LedgerView) -> Decision:
+    def quota_check(view: LedgerView) -> Grant:
         # decide sees the same numbers the policy's quota check needs
-        assert view.usage == usage
+        assert holdings(view.leases, "alice")[1] == usage
         raise NoFreeSlot("physics holds 3 of its 3 compute slices")
 
     with pytest.raises(NoFreeSlot, match="physics holds 3"):
@@ -310,7 +313,7 @@ def test_request_counts_add_recent_leases_and_refusals_per_profile(
 
 def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> None:
     with pytest.raises(InvalidDecision, match="pool mode leases an existing instance"):
-        Decision(
+        Grant(
             group="g",
             profile="1g.10gb",
             compute_slices=1,
@@ -322,8 +325,8 @@ def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> Non
             size=1,
         )
     with pytest.raises(InvalidDecision, match="dynamic mode needs host, gpu_uuid"):
-        Decision(group="g", profile="1g.10gb", compute_slices=1, mode="dynamic")
-    with pytest.raises(InvalidDecision, match="must return a Decision, it returned dict"):
+        Grant(group="g", profile="1g.10gb", compute_slices=1, mode="dynamic")
+    with pytest.raises(InvalidDecision, match="must return a Grant, it returned dict"):
         ledger.claim(LeaseRequest("alice"), lambda view: {"start": 0})
     assert ledger.history() == []
 
@@ -448,7 +451,7 @@ def test_keep_counts_as_activity_or_extends_up_to_the_limit_and_is_recorded(tmp_
     now = [datetime(2026, 12, 2, 12, 0, tzinfo=UTC)]
     with Ledger.open(f"sqlite:///{tmp_path}/l.sqlite", clock=lambda: now[0]) as ledger:
         def decide(view):
-            return Decision(group="g", profile="1g.18gb", compute_slices=1, mode="pool",
+            return Grant(group="g", profile="1g.18gb", compute_slices=1, mode="pool",
                             host="h", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
                             mig_uuid="MIG-0", expires_at=view.now + td(hours=8))
         lease = ledger.activate(ledger.claim(LeaseRequest("ana"), decide).id)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from mig_spawner.ledger import Conflict, Decision, DoubleGrant, LeaseRequest, Ledger, LedgerView
+from mig_spawner.ledger import Conflict, DoubleGrant, Grant, LeaseRequest, Ledger, LedgerView
 from mig_spawner.ledger import store as ledger_store
 from mig_spawner.ledger.models import lease_slots
 
@@ -32,12 +32,12 @@ class Full(Exception):
     """The stand-in allocator's refusal."""
 
 
-def first_free(view: LedgerView) -> Decision:
+def first_free(view: LedgerView) -> Grant:
     for index, gpu in enumerate(GPUS):
         taken = view.taken(HOST, gpu)
         for start in range(7):
             if start not in taken:
-                return Decision(
+                return Grant(
                     group="race",
                     profile="1g.10gb",
                     compute_slices=1,
@@ -161,7 +161,7 @@ def test_database_keys_refuse_what_the_lock_would_have_prevented(
     with Ledger.open(postgres_url) as ours, Ledger(postgres_url) as theirs:
 
         def interleaved(user: str):
-            def decide(view: LedgerView) -> Decision:
+            def decide(view: LedgerView) -> Grant:
                 theirs.claim(LeaseRequest(user), first_free)  # commits after our read
                 return first_free(view)  # now a stale view
 

@@ -22,19 +22,19 @@ from sqlalchemy import create_engine, func, select
 
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
-from mig_spawner.ledger import Decision, Ledger, LedgerView, WaitEntry, WaitRequest
+from mig_spawner.ledger import Grant, Ledger, LedgerView, WaitEntry, WaitRequest
 from mig_spawner.ledger.models import lease_slots
 
 HOST, GPU, SLOTS = "wait-host", "GPU-wait", 6
 PRIORITY = {"staff": 1, "students": 0}
 
 
-def first_free(entry: WaitEntry, view: LedgerView) -> Decision:
+def first_free(entry: WaitEntry, view: LedgerView) -> Grant:
     """A tiny allocator: the first of SLOTS one-slice placements nobody holds."""
     taken = view.taken(HOST, GPU)
     for start in range(SLOTS):
         if start not in taken:
-            return Decision(group=entry.group, profile="1g.18gb", compute_slices=1,
+            return Grant(group=entry.group, profile="1g.18gb", compute_slices=1,
                             mode="dynamic", host=HOST, gpu_uuid=GPU, gpu_index=0,
                             start=start, size=1)
     raise Refused(Reason.NONE_FREE, "none free")
@@ -109,7 +109,7 @@ def test_passed_over_waiters_count_and_the_guard_blocks(url: str) -> None:
         big = ledger.join_wait(asks("big"))
         small = ledger.join_wait(asks("small"))
 
-        def only_small(entry: WaitEntry, view: LedgerView) -> Decision:
+        def only_small(entry: WaitEntry, view: LedgerView) -> Grant:
             if entry.user == "big":
                 raise Refused(Reason.NO_CAPACITY, "no room for a large one")
             return first_free(entry, view)

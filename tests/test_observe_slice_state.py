@@ -9,9 +9,9 @@ from manual_clock import T0
 from observe_world import World, make_world
 
 from mig_spawner.hub.models import HubServer, Kernel
-from mig_spawner.ledger import Decision, LeaseRequest
+from mig_spawner.ledger import Grant, LeaseRequest
 from mig_spawner.observe.slice_state import activity_resolution, slice_map
-from mig_spawner.service.sweep import Probe, activity_to_record
+from mig_spawner.service.cull_rules import Probe, activity_to_record
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_dynamic_claim_before_its_instance_exists_is_leased(tmp_path):
     world = make_world(tmp_path, "h200x1")  # MIG on, no instances
     try:
         gpu0 = world.inventory().gpus[0]
-        decision = Decision(group="research", profile="3g.71gb", compute_slices=3,
+        decision = Grant(group="research", profile="3g.71gb", compute_slices=3,
                             mode="dynamic", host=world.inventory().host, gpu_uuid=gpu0.uuid,
                             gpu_index=0, start=4, size=4)
         world.ledger.claim(LeaseRequest("dee"), lambda view: decision)
@@ -139,7 +139,7 @@ def test_group_rows_count_hub_wide_leases_against_quotas(world):
 
 
 def test_leases_of_other_hosts_count_for_groups_but_not_as_slices(world):
-    decision = Decision(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+    decision = Grant(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
                         host="other-host", gpu_uuid="GPU-elsewhere", gpu_index=0, start=0,
                         size=1, mig_uuid="MIG-elsewhere")
     world.ledger.claim(LeaseRequest("far"), lambda view: decision)
@@ -164,7 +164,7 @@ def test_released_leases_free_their_slice(world):
 
 
 def test_lease_on_a_gpu_the_host_no_longer_shows_is_a_lost_orphan(world):
-    decision = Decision(group="research", profile="3g.71gb", compute_slices=3, mode="pool",
+    decision = Grant(group="research", profile="3g.71gb", compute_slices=3, mode="pool",
                         host=world.inventory().host, gpu_uuid="GPU-fell-off-the-bus",
                         gpu_index=5, start=0, size=4, mig_uuid="MIG-gone")
     world.ledger.claim(LeaseRequest("fay"), lambda view: decision)

@@ -41,3 +41,31 @@ def test_refused_says_its_message_and_joins_the_hint_on_request():
     assert refused == Refused(Reason.USER_LIMIT, "you already hold 1 of 1 slices", "stop one")
     assert len({refused, Refused(Reason.USER_LIMIT, "you already hold 1 of 1 slices",
                                  "stop one")}) == 1
+
+
+def test_no_reason_is_spelt_as_a_string_outside_the_one_list():
+    """Every refusal reason is named through ``Reason``; the migrations keep history."""
+    import re
+    from pathlib import Path
+
+    import mig_spawner
+    from mig_spawner.core.refusal import Reason
+
+    package = Path(mig_spawner.__file__).parent
+    # The simulator's state has a "mig_config" field (the NVML capability), and doctor
+    # reads the spawner's "isolation" setting from the config: names, no reasons.
+    not_reasons = {("gpu/simulator/state.py", "mig_config"),
+                   ("gpu/simulator/library.py", "mig_config"),
+                   ("cli/doctor.py", "isolation")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where == "core/refusal.py" or where.startswith("ledger/migrations/versions/"):
+            continue
+        text = path.read_text()
+        for reason in Reason:
+            if (where, reason.value) in not_reasons:
+                continue
+            if re.search(rf"[\"']{reason.value}[\"']", text):
+                found.append(f"{where}: {reason.value!r}")
+    assert found == []

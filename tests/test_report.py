@@ -15,7 +15,7 @@ from matplotlib.dates import num2date
 from mig_spawner.cli.main import main
 from mig_spawner.core.catalog import model
 from mig_spawner.ledger import (
-    Decision,
+    Grant,
     Lease,
     LeaseRequest,
     Ledger,
@@ -214,7 +214,7 @@ def record_history(url: str) -> None:
                 ledger.release(ids[user], "stopped")
                 continue
             size = model("h200").profile(profile).placement_size
-            decision = Decision(group=group, profile=profile, compute_slices=size,
+            decision = Grant(group=group, profile=profile, compute_slices=size,
                                 mode="dynamic", host="gpu1", gpu_uuid=f"GPU-{gpu}",
                                 gpu_index=gpu, start=start, size=size)
             ids[user] = ledger.claim(LeaseRequest(user), lambda view, d=decision: d).id
@@ -363,7 +363,7 @@ def claim_all(url: str, plan: list[tuple[str, str, str, float, float | None, str
                 continue
             shape = model("h200").profile(profile)
             size = shape.placement_size
-            decision = Decision(group=group, profile=profile,
+            decision = Grant(group=group, profile=profile,
                                 compute_slices=shape.compute_slices,
                                 mode="dynamic" if gpu_uuid else "kube",
                                 host="gpu1" if gpu_uuid else None, gpu_uuid=gpu_uuid,

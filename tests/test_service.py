@@ -31,11 +31,11 @@ from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
-from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.app import SliceServiceApp, missing_scopes
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
+from mig_spawner.service.sweeper import Sweeper
 
 POLICY = MIGPolicyConfig(group_policies={
     "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
@@ -106,7 +106,7 @@ def claim(ledger: Ledger, user: str, start: int, **grant) -> str:
              "mig_uuid": f"MIG-{start}", **grant}
 
     def decide(view):
-        return Decision(group="analysts", profile="1g.18gb", compute_slices=1, gpu_index=0,
+        return Grant(group="analysts", profile="1g.18gb", compute_slices=1, gpu_index=0,
                         start=start, size=1, **grant)
     return ledger.claim(LeaseRequest(user), decide).id
 

@@ -14,10 +14,10 @@ from hub_standin import StandinState, listen
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
-from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, LeaseRequest, Ledger
+from mig_spawner.service.cull_rules import Probe, activity_to_record
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper
-from mig_spawner.service.sweep import Probe, activity_to_record
+from mig_spawner.service.sweeper import Sweeper
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -68,7 +68,7 @@ POLICY = MIGPolicyConfig(group_policies={
 
 def claim(ledger: Ledger, user: str, start: int) -> str:
     def decide(view):
-        return Decision(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+        return Grant(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
                         host="h", gpu_uuid="GPU-0", gpu_index=0, start=start, size=1,
                         mig_uuid=f"MIG-{start}")
     return ledger.activate(ledger.claim(LeaseRequest(user), decide).id).id

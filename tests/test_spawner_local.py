@@ -20,7 +20,7 @@ from traitlets.config import Config
 from mig_spawner.config import load_config_files
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Decision, LeaseRequest, Ledger
+from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.runtime import DEMAND_WINDOW
 
@@ -116,7 +116,7 @@ def big_slices_were_asked_for(ledger_url: str, how: str) -> None:
                 ledger.record_refusal(request, offer="4g.71gb", profile="4g.71gb",
                                       reason="no_capacity")
                 continue
-            lease = ledger.claim(request, lambda view: Decision(
+            lease = ledger.claim(request, lambda view: Grant(
                 group="ml-team", profile="4g.71gb", compute_slices=4, mode="dynamic",
                 host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=4))
             ledger.release(lease.id, "stopped")
@@ -155,7 +155,7 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
     so one user hammering the API cannot steer where everyone's slices go."""
     holder = spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
     with Ledger.open(ledger_url) as ledger:  # analysts may hold one slice: mal has it
-        ledger.claim(LeaseRequest("mal", "other"), lambda view: Decision(
+        ledger.claim(LeaseRequest("mal", "other"), lambda view: Grant(
             group="analysts", profile="1g.18gb", compute_slices=1, mode="dynamic",
             host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=1))
     since = datetime.now(UTC) - DEMAND_WINDOW
@@ -211,7 +211,7 @@ async def test_a_stale_lease_whose_holder_cannot_be_checked_is_kept_and_said(
     s.user_options = {"profile": "small"}
     with Ledger.open(ledger_url) as ledger:
         def decide(view):
-            return Decision(group="analysts", profile="1g.18gb", compute_slices=1,
+            return Grant(group="analysts", profile="1g.18gb", compute_slices=1,
                             mode="pool", host="another-host", gpu_uuid="GPU-x", gpu_index=0,
                             start=0, size=1, mig_uuid="MIG-elsewhere")
 

@@ -11,7 +11,7 @@ from mig_spawner.core.inventory import Gpu, GpuProcess, Inventory, MigDevice
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
 from mig_spawner.ledger.records import Lease
-from mig_spawner.service.sweep import (
+from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Probe,
     Rule,

@@ -32,7 +32,7 @@ from . import errors
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
-# "No MIG device at this index" (MIG.md): holes in the index range are normal.
+# "No MIG device at this index" (docs/mig-facts.md): holes in the index range are normal.
 _NO_DEVICE_HERE = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument)
 _NO_PROFILE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 # A library or driver without a process-list call: try the older one.

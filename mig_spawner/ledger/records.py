@@ -7,11 +7,8 @@ objects, so nothing can lazy-load outside a transaction.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from typing import Literal
 
 from .errors import InvalidDecision
@@ -47,7 +44,7 @@ class LeaseRequest:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Grant:
     """What the ``decide`` callback grants: one slice, where it is, and whom it is charged to.
 
     ``start``/``size`` are memory slices on the GPU; they are what the ledger's
@@ -225,60 +222,12 @@ class RefusalRecord:
 
 
 @dataclass(frozen=True)
-class GroupUsage:
-    """What one group holds right now."""
-
-    leases: int = 0
-    memory_slices: int = 0
-    compute_slices: int = 0
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Held leases counted per user and per charged group, for quota checks."""
-
-    by_user: Mapping[str, int] = field(default_factory=dict)
-    by_group: Mapping[str, GroupUsage] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, leases: Iterable[Lease]) -> Usage:
-        """Count the held leases among ``leases``."""
-        users: Counter[str] = Counter()
-        groups: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-        for lease in leases:
-            if not lease.held:
-                continue
-            users[lease.user] += 1
-            totals = groups[lease.group]
-            totals[0] += 1
-            totals[1] += lease.size or 0
-            totals[2] += lease.compute_slices
-        return cls(
-            by_user=dict(users),
-            by_group={name: GroupUsage(*totals) for name, totals in groups.items()},
-        )
-
-    def user(self, user: str) -> int:
-        """How many leases ``user`` holds."""
-        return self.by_user.get(user, 0)
-
-    def group(self, group: str) -> GroupUsage:
-        """What ``group`` is charged for now (zeros when nothing)."""
-        return self.by_group.get(group, GroupUsage())
-
-
-@dataclass(frozen=True)
 class LedgerView:
     """What ``decide`` sees inside the claim transaction: every held lease, and the clock."""
 
     request: LeaseRequest
     leases: tuple[Lease, ...]
     now: datetime
-
-    @cached_property
-    def usage(self) -> Usage:
-        """Per-user and per-group usage of the held leases."""
-        return Usage.of(self.leases)
 
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""

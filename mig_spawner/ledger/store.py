@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
@@ -18,6 +18,7 @@ from uuid import uuid4
 from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
+from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 
 from . import migrate
@@ -37,13 +38,12 @@ from .models import lease_events, lease_servers, lease_slots, leases
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
-    Decision,
+    Grant,
     KeepResult,
     Lease,
     LeaseEvent,
     LeaseRequest,
     LedgerView,
-    Usage,
     require_aware,
 )
 from .refusal_log import RefusalLog
@@ -51,7 +51,7 @@ from .waitlist import WaitList
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
-Decide = Callable[[LedgerView], Decision]
+Decide = Callable[[LedgerView], Grant]
 
 # Lease field -> column, where the SQL name differs (``user``/``group`` are SQL keywords).
 _COLUMN_FOR = {
@@ -62,11 +62,6 @@ _COLUMN_FOR = {
 }
 _FIELDS = tuple(f.name for f in fields(Lease))
 _REASON_MAX = leases.c.release_reason.type.length or 255
-
-
-def utcnow() -> datetime:
-    """The ledger's default clock: aware UTC now."""
-    return datetime.now(UTC)
 
 
 def _to_lease(row: Row[Any]) -> Lease:
@@ -249,7 +244,7 @@ class Ledger(RefusalLog, WaitList):
         """Grant ``request`` the slice that ``decide`` picks, atomically.
 
         In ONE transaction: wait for any other claim to finish, read the held
-        leases, call ``decide(view)`` and store its ``Decision`` with its slot
+        leases, call ``decide(view)`` and store its ``Grant`` with its slot
         rows. ``decide`` must be pure and quick (it runs while other claims
         wait); whatever it raises (a policy or allocator refusal) propagates
         unchanged and nothing is written. Raises ``ServerHasLease`` if the
@@ -266,17 +261,17 @@ class Ledger(RefusalLog, WaitList):
                 if (lease.user, lease.server_name) == (request.user, request.server_name):
                     raise ServerHasLease(lease)
             decision = decide(LedgerView(request=request, leases=tuple(held), now=now))
-            if not isinstance(decision, Decision):
+            if not isinstance(decision, Grant):
                 raise InvalidDecision(
-                    f"decide() must return a Decision, it returned {type(decision).__name__}"
+                    f"decide() must return a Grant, it returned {type(decision).__name__}"
                 )
             lease = self._new_lease(request, decision, now)
             self._insert(connection, lease)
         return lease
 
     @staticmethod
-    def _new_lease(request: LeaseRequest, decision: Decision, now: datetime) -> Lease:
-        granted = {f.name: getattr(decision, f.name) for f in fields(Decision)}
+    def _new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:
+        granted = {f.name: getattr(decision, f.name) for f in fields(Grant)}
         return Lease(
             id=uuid4().hex,
             user=request.user,
@@ -624,7 +619,3 @@ class Ledger(RefusalLog, WaitList):
             where.append(leases.c.group_name == group)
         with self._read() as connection:
             return self._select(connection, and_(True, *where))
-
-    def usage(self, host: str | None = None) -> Usage:
-        """Held leases per user and per charged group (leases, memory and compute slices)."""
-        return Usage.of(self.active(host))

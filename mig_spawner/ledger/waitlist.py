@@ -26,14 +26,14 @@ from mig_spawner.core.waitlist import StarvationGuard, Waiter, first_served, gro
 from .engine import lock_claims
 from .errors import InvalidDecision
 from .models import leases, waits
-from .records import HELD_STATES, Decision, Lease, LeaseRequest, LedgerView
+from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
 
 WaitState = Literal["waiting", "granted", "cancelled", "expired", "abandoned"]
 WAIT_STATES: tuple[WaitState, ...] = ("waiting", "granted", "cancelled", "expired", "abandoned")
 #: The grant step's callback: policy check plus allocator for one waiter, pure and quick.
 #: Raise ``Refused`` when it cannot be served (see ``FIT_REASONS`` for which refusals
 #: count as "does not fit now").
-GrantDecide = Callable[["WaitEntry", LedgerView], Decision]
+GrantDecide = Callable[["WaitEntry", LedgerView], Grant]
 
 _COLUMN_FOR = {"user": "user_name", "group": "group_name"}
 _REASON_MAX = waits.c.reason.type.length or 255
@@ -100,7 +100,7 @@ class WaitList:
     _read: Callable[[], AbstractContextManager[Connection]]
     _write: Callable[[], AbstractContextManager[Connection]]
     _now: Callable[[], datetime]
-    _new_lease: Callable[[LeaseRequest, Decision, datetime], Lease]
+    _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
 
@@ -185,7 +185,7 @@ class WaitList:
         the groups' shares computed (``quotas``: group -> ``quota_slices``;
         ``capacity``: slices of the fleet, for groups without a quota), and
         ``decide(entry, view)`` is asked for each waiter in the order rule's order;
-        the first Decision is claimed as a lease and its entry becomes ``granted``
+        the first Grant is claimed as a lease and its entry becomes ``granted``
         with the lease id, which is returned. ``None``: nobody could be served. Call it
         after every release and join until it returns ``None``. ``guard``: dynamic
         mode's bound on passing over a larger request.
@@ -207,14 +207,14 @@ class WaitList:
             shares = group_shares(Counter(lease.group for lease in held), quotas, capacity)
             by_id = {entry.id: entry for entry in waiting}
 
-            def serve(waiter: Waiter) -> Decision:
+            def serve(waiter: Waiter) -> Grant:
                 entry = by_id[waiter.id]
                 if (entry.user, entry.server_name) in holding:
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
                 decision = decide(entry, LedgerView(request=entry.request, leases=held, now=now))
-                if not isinstance(decision, Decision):
+                if not isinstance(decision, Grant):
                     raise InvalidDecision(
-                        f"decide() must return a Decision, it returned {type(decision).__name__}"
+                        f"decide() must return a Grant, it returned {type(decision).__name__}"
                     )
                 return decision
 

@@ -55,7 +55,7 @@ from mig_spawner.observe.source import SliceSource
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.lifeline import call_when_orphaned
 from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.runner import Sweeper, SweepReport
+from mig_spawner.service.sweeper import Sweeper, SweepReport
 
 #: What the service's token needs, and why: list servers with their groups and
 #: activity, stop them, and reach their kernels through the proxy.

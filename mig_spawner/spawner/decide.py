@@ -34,13 +34,11 @@ from mig_spawner.core.policy import (
     tally,
 )
 from mig_spawner.core.refusal import Reason, Refused
-from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
+from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
 
 Mode = Literal["pool", "dynamic"]
 
 
-# second pass: mixin.py imports ClaimRefused; it then catches Refused.
-ClaimRefused = Refused
 
 
 def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
@@ -141,7 +139,7 @@ def make_decide(
     host = inventory.host
     wants = wanted_profiles(offer, inventory)
 
-    def decide(view: LedgerView) -> Decision:
+    def decide(view: LedgerView) -> Grant:
         if not wants:
             raise Refused(Reason.NO_GPU_FOR_PROFILE, f"no GPU on this host offers {offer.key!r}")
         # Quota first with the smallest size the offer can mean here: a user at their
@@ -165,7 +163,7 @@ def make_decide(
             else None
         )
         device = grant.device if isinstance(grant, PoolGrant) else None
-        return Decision(
+        return Grant(
             group=group.name,
             profile=profile.name,
             compute_slices=profile.compute_slices,

@@ -18,6 +18,7 @@ from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 from mig_spawner import holder
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
 from mig_spawner.kube import (
     ClusterAvailability,
     ClusterReadError,
@@ -29,10 +30,10 @@ from mig_spawner.kube import (
 )
 from mig_spawner.ledger import Lease
 
+from .backend import ClaimPlan, SliceSupply
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
-from .hooks import ClaimPlan, SliceSupply
-from .kube_decide import Choice, free_by_model, make_kube_decide, wanted_on_cluster
+from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
 from .metrics import HOLDERS_STOPPED
 from .mixin import MIGSpawnerMixin
 
@@ -47,13 +48,6 @@ DEVICE_VARIABLES = (
 
 class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     """A KubeSpawner whose pods each get one MIG slice that the user's groups allow."""
-
-    mig_mode = Enum(
-        ["kube"],
-        default_value="kube",
-        help="""Always ``kube``: NVIDIA's device plugin hands each pod its MIG device
-        from layouts that the GPU Operator's MIG Manager applied (docs/kubernetes.md).""",
-    ).tag(config=True)
 
     mig_strategy = Enum(
         ["auto", "mixed", "single"],
@@ -112,7 +106,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     # This start's slice request, built in prepare_slice, applied in get_pod_manifest and
     # dropped when start ends: nothing of one spawn survives into the next.
     _slice_request: SliceRequest | None = None
-    _kube_choice: Choice | None = None
+    _kube_choice: ClaimTarget | None = None
     # Claims re-read the cluster when the cached snapshot is older than this.
     claim_max_age: ClassVar[float] = 2.0
     # One reader (and cache) per API client and settings, shared by every spawner.
@@ -183,7 +177,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """Decide on a fresh read of the cluster; the decision picks the nodes' target."""
         slices = await self.availability.slices(max_age=self.claim_max_age)
-        choice = self._kube_choice = Choice()
+        choice = self._kube_choice = ClaimTarget()
 
         def granted(lease: Lease) -> str:
             # The claim consumed a slice the cached snapshot still shows as free.
@@ -226,13 +220,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
         self._slice_request = self.slice_request_for(lease, self._kube_choice)
 
-    def slice_request_for(self, lease: Lease, choice: Choice | None) -> SliceRequest:
+    def slice_request_for(self, lease: Lease, choice: ClaimTarget | None) -> SliceRequest:
         """Resource, selector and tolerations for the lease's slice on the chosen nodes."""
         target = choice.target if choice else None
         if target is None:  # decide() sets it whenever it grants
             raise spawn_error(
                 "The hub lost track of the reserved slice; try again.",
-                reason="mig_config",
+                reason=Reason.MIG_CONFIG,
                 log_message=f"lease {lease.id}: claim granted without a target",
                 status_code=500,
             )
@@ -248,7 +242,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         except KubeConfigError as e:
             raise admin_error(
                 "The hub's Kubernetes GPU settings are wrong",
-                "mig_config",
+                Reason.MIG_CONFIG,
                 str(e),
             ) from None
 
@@ -260,7 +254,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         if self.profile_list:
             raise admin_error(
                 "The hub's spawner configuration is wrong",
-                "mig_config",
+                Reason.MIG_CONFIG,
                 "KubeMIGSpawner does not support KubeSpawner.profile_list (its "
                 "'profile' user option picks the MIG slice); remove profile_list",
             )

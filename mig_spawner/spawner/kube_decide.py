@@ -19,7 +19,7 @@ from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.kube import ClusterSlices
 from mig_spawner.kube.cluster import Target
-from mig_spawner.ledger import Decide, Decision, Lease, LedgerView
+from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
 
 from .decide import charge
 
@@ -69,8 +69,6 @@ class ClaimTarget:
     target: Target | None = None
 
 
-# second pass: kube.py imports Choice (the spawn form's Choice is the other meaning).
-Choice = ClaimTarget
 
 
 def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:
@@ -95,7 +93,7 @@ def make_kube_decide(
     (``namespace/name``). It records the chosen :class:`Target` in ``choice``."""
     wants = wanted_on_cluster(offer, slices)
 
-    def decide(view: LedgerView) -> Decision:
+    def decide(view: LedgerView) -> Grant:
         if not wants:
             raise _nothing_here(offer, slices)
         # Quota first with the smallest size the offer can mean: a user at their limit
@@ -116,7 +114,7 @@ def make_kube_decide(
         profile = model(target.model_key).profile(target.profile)
         group = charge(policy, offer, profile.compute_slices, view)
         choice.target = target
-        return Decision(
+        return Grant(
             group=group.name,
             profile=profile.name,
             compute_slices=profile.compute_slices,

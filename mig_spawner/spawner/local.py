@@ -15,17 +15,45 @@ import shutil
 import subprocess
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
-from traitlets import Bool, Unicode
+from traitlets import Bool, Enum, Unicode
 
-from mig_spawner.ledger import Lease
+from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
+from mig_spawner.gpu.errors import GpuError
+from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
-from .errors import admin_error
+from .backend import ClaimPlan, SliceSupply
+from .decide import free_now, make_decide, wanted_profiles
+from .errors import admin_error, spawn_error
 from .isolation import capability_paths, device_rules, systemd_run_args
 from .mixin import MIGSpawnerMixin
 
 
 class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     """A local-process spawner that gives each server one MIG slice."""
+
+    mig_mode = Enum(
+        ["pool", "dynamic"],
+        default_value="pool",
+        help="""How slices are made.
+
+        ``pool``: lease MIG instances that an admin created beforehand (``nvidia-smi mig``
+        or mig-parted); needs no privilege. ``dynamic``: create a GPU + compute instance
+        at spawn, at the placement that keeps the GPU least fragmented, and destroy it
+        when the server stops; the hub needs root or the MIG ``config`` capability.
+        """,
+    ).tag(config=True)
+
+    strategy = Enum(
+        ["pack", "spread"],
+        default_value="pack",
+        help="""Which GPU a new server goes to when several could serve it.
+
+        ``pack`` fills the GPU that is already most used, so whole GPUs stay free for
+        big slices; ``spread`` uses the least used GPU first.
+        """,
+    ).tag(config=True)
 
     isolation = Bool(
         False,
@@ -46,6 +74,90 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     _configured_cmd: list[str] | None = None
 
+    # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
+
+    async def slice_supply(self) -> SliceSupply:
+        """The GPU models present, the free slices per model and profile, the held leases.
+
+        May raise any error in :attr:`backend_errors`; the form then says so.
+        """
+
+        def read() -> tuple[Inventory, list[Lease]]:
+            return self.runtime.gpu().inventory(), self.runtime.ledger().active()
+
+        inventory, held = await self.runtime.run(read)
+        free = free_now(inventory, held, self.mig_mode)
+        # The driver's figures (memory, SMs) win over the catalog's in the form.
+        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held))
+
+    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
+
+        May raise any error in :attr:`backend_errors`.
+        """
+        dynamic = self.mig_mode == "dynamic"
+
+        def read() -> tuple[Inventory, dict[str, int] | None]:
+            # Dynamic placement keeps room for the sizes users ask for most.
+            return self.runtime.gpu().inventory(), self.runtime.demand() if dynamic else None
+
+        inventory, demand = await self.runtime.run(read)
+        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy, demand)
+
+        def granted(lease: Lease) -> str:
+            return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
+
+        return ClaimPlan(decide, granted, wanted_profiles(offer, inventory), inventory.host)
+
+    async def after_claim(self, lease: Lease) -> Lease:
+        """Dynamic mode creates the reserved instance; pool mode's slice exists."""
+        if self.mig_mode == "dynamic":
+            return await self._create_instance(lease)
+        return lease
+
+    async def _create_instance(self, lease: Lease) -> Lease:
+        """Dynamic mode: create the reserved instance and record it in the lease at once,
+        so that whoever releases the lease (this spawner or the slice service) knows
+        which instance to destroy, even if the hub dies before the server starts."""
+        self.progress_log.add(40, f"Creating the {lease.profile} instance on GPU {lease.gpu_index}")
+
+        def create() -> Lease:
+            gpu = self.runtime.gpu()
+            device = gpu.create_instance(lease.gpu_index, lease.profile, lease.start)
+            try:
+                return self.runtime.ledger().record_instance(
+                    lease.id, mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id
+                )
+            except LedgerError:
+                # The lease ended meanwhile: nobody else knows this instance exists.
+                gpu.destroy_instance(lease.gpu_index, device.gi_id)
+                raise
+
+        try:
+            lease = await self.runtime.run(create)
+        except GpuError as e:
+            raise spawn_error(
+                f"Could not create the {lease.profile} instance on GPU {lease.gpu_index}; "
+                "try again, or tell a hub admin if it keeps failing.",
+                reason=Reason.MIG_CREATE,
+                log_message=str(e),
+                status_code=503,
+            ) from None
+        except LeaseStateError as e:
+            raise spawn_error(
+                "The slice reserved for this server was given back while it was starting "
+                f"({e.lease.release_reason}); start it again.",
+                reason=Reason.LEASE_ENDED,
+                log_message=str(e),
+                status_code=409,
+            ) from None
+        except LedgerError as e:
+            raise self._backend_error(e) from None
+        self._lease = lease
+        self.progress_log.add(60, f"Created instance {lease.mig_uuid}")
+        return lease
+
+
     async def prepare_slice(self, lease: Lease) -> None:
         """With isolation on: create the slice's capability nodes, wrap the command."""
         if self._configured_cmd is None:
@@ -58,7 +170,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
             raise admin_error(
                 "The hub could not find the reserved slice to isolate it",
-                "isolation",
+                Reason.ISOLATION,
                 f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
                 f"ci={lease.ci_id} not in the inventory",
             )
@@ -71,7 +183,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if tool is None or shutil.which("systemd-run") is None:
             raise admin_error(
                 "GPU isolation is on but this host cannot apply it",
-                "isolation",
+                Reason.ISOLATION,
                 f"isolation needs {self.nvidia_modprobe!r} and 'systemd-run' "
                 "in the hub's PATH (set LocalMIGSpawner.isolation = False to run without)",
             )
@@ -82,7 +194,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         if done.returncode:
             raise admin_error(
                 "The hub could not prepare the GPU slice's device nodes",
-                "isolation",
+                Reason.ISOLATION,
                 f"{' '.join(args)} exited {done.returncode}: {done.stderr.strip()}",
             )
 
@@ -93,3 +205,8 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
     Provides no isolation between users beyond the MIG slice itself, exactly like
     JupyterHub's ``SimpleLocalProcessSpawner``; never use it on a shared host.
     """
+
+
+def _gpu_name(inventory: Inventory, lease: Lease) -> str:
+    gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
+    return gpu.product if gpu else "unknown GPU"

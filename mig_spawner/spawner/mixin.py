@@ -6,7 +6,7 @@ lease (claimed in the ledger before the server starts, released on every way a
 server can end), the environment that points CUDA at the slice, persisted
 state, and progress events. Where JupyterHub calls what:
 
-* ``start``: validate, claim, (dynamic) create the instance, start, activate.
+* ``start``: validate, claim, make the slice (``after_claim``), start, activate.
   Any failure or timeout releases what was claimed before it propagates.
 * ``stop``: after the server stopped, release.
 * ``poll``: a dead server releases its lease at once. JupyterHub skips ``stop()``
@@ -39,8 +39,8 @@ from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
 
 from mig_spawner import holder
-from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
@@ -52,10 +52,10 @@ from mig_spawner.ledger import (
 )
 
 from . import form, options
-from .decide import ClaimRefused, free_now, make_decide, quota_problem, wanted_profiles
+from .backend import ClaimPlan, SliceSupply
+from .decide import quota_problem
 from .environment import slice_environment
 from .errors import refusal, spawn_error
-from .hooks import ClaimPlan, SliceSupply
 from .metrics import (
     CLAIM_DURATION,
     HOLDERS_STOPPED,
@@ -91,9 +91,16 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     Mix in before a concrete Spawner: ``class X(MIGSpawnerMixin, LocalProcessSpawner)``.
     Group policies come from ``c.MIGPolicyConfig`` (shared with the slice service).
 
-    Where the slices come from is behind four hooks, answered here for this host's
-    GPUs and overridden by other backends (``kube.py``): :meth:`slice_supply`,
-    :meth:`claim_decide`, :meth:`slice_environment` and :meth:`activation_details`.
+    Each backend (``local.py``: this host's GPUs; ``kube.py``: a cluster) answers what
+    only it knows through these hooks, in the order ``start`` calls them:
+
+    * :meth:`slice_supply` (required): the models and free slices, for the form.
+    * :meth:`claim_decide` (required): how the ledger claims a slice now.
+    * :meth:`after_claim`: make the claimed slice (local dynamic mode creates it).
+    * :meth:`prepare_slice`: make it usable by the server (device cgroup, pod request).
+    * :meth:`slice_environment`: the variables that point the server at its slice.
+    * :meth:`activation_details` and :meth:`address_details`: what the lease records
+      once the server runs, and where the slice service reaches it.
     """
 
     #: Where this backend's GPUs are, in the words of the spawn form.
@@ -141,7 +148,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """503 (try again later) with the plain message; the details go to the hub log."""
         self.log.error("Spawn of %s: %s", self._log_name, _log_detail(e))
         return spawn_error(
-            self.backend_problem(e), "mig_backend", 503, log_message=_log_detail(e)
+            self.backend_problem(e), Reason.MIG_BACKEND, 503, log_message=_log_detail(e)
         )
 
     def _backend_name(self, e: Exception) -> str:
@@ -150,40 +157,27 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             "The GPU inventory",
         )
 
-    # --- the backend hooks (this host's GPUs; kube.py answers them for a cluster) ------
+    # --- the backend hooks (local.py answers them for this host, kube.py for a cluster) --
 
     async def slice_supply(self) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases.
 
         May raise any error in :attr:`backend_errors`; the form then says so.
         """
-
-        def read() -> tuple[Inventory, list[Lease]]:
-            return self.runtime.gpu().inventory(), self.runtime.ledger().active()
-
-        inventory, held = await self.runtime.run(read)
-        free = free_now(inventory, held, self.mig_mode)
-        # The driver's figures (memory, SMs) win over the catalog's in the form.
-        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held))
+        raise NotImplementedError
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
 
         May raise any error in :attr:`backend_errors`.
         """
-        dynamic = self.mig_mode == "dynamic"
+        raise NotImplementedError
 
-        def read() -> tuple[Inventory, dict[str, int] | None]:
-            # Dynamic placement keeps room for the sizes users ask for most.
-            return self.runtime.gpu().inventory(), self.runtime.demand() if dynamic else None
-
-        inventory, demand = await self.runtime.run(read)
-        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy, demand)
-
-        def granted(lease: Lease) -> str:
-            return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
-
-        return ClaimPlan(decide, granted, wanted_profiles(offer, inventory), inventory.host)
+    async def after_claim(self, lease: Lease) -> Lease:
+        """Make the claimed slice (e.g. create the instance) and return the lease as
+        recorded then; by default the slice exists already. Raise SpawnException to
+        refuse (the lease is then released)."""
+        return lease
 
     def slice_environment(self, lease: Lease) -> dict[str, str]:
         """Variables that point the server at its slice; they win over ``environment``."""
@@ -278,7 +272,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         mine = self.user_policy(policies)
         try:
             return options.requested_offer(user_options, mine, policies), mine
-        except options.OptionsError as e:
+        except Refused as e:
             offer = options.named_offer(user_options, policies)
             raise self._refuse(e.reason, e.message, mine, offer) from None
 
@@ -297,8 +291,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             await self._drop_stale_lease()
             lease = await self._claim(offer, mine)
             try:
-                if self.mig_mode == "dynamic":
-                    lease = await self._create_instance(lease)
+                lease = await self.after_claim(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
                 url = await super().start()
@@ -336,7 +329,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting; "
                 "start it again.",
-                reason="lease_ended", log_message=str(e), status_code=409,
+                reason=Reason.LEASE_ENDED, log_message=str(e), status_code=409,
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -364,7 +357,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
-        raise refusal("previous_lease", _previous_lease(held or stale))
+        raise refusal(Reason.PREVIOUS_LEASE, _previous_lease(held or stale))
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
@@ -379,12 +372,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 lease = await self.runtime.run(
                     lambda: self.runtime.ledger().claim(request, plan.decide)
                 )
-        except ClaimRefused as e:
+        except Refused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                "previous_lease", _previous_lease(e.lease), mine, offer, plan
+                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -398,48 +391,6 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,
         )
         self.progress_log.add(30, f"Reserved a {lease.profile} slice on {where}")
-        return lease
-
-    async def _create_instance(self, lease: Lease) -> Lease:
-        """Dynamic mode: create the reserved instance and record it in the lease at once,
-        so that whoever releases the lease (this spawner or the slice service) knows
-        which instance to destroy, even if the hub dies before the server starts."""
-        self.progress_log.add(40, f"Creating the {lease.profile} instance on GPU {lease.gpu_index}")
-
-        def create() -> Lease:
-            gpu = self.runtime.gpu()
-            device = gpu.create_instance(lease.gpu_index, lease.profile, lease.start)
-            try:
-                return self.runtime.ledger().record_instance(
-                    lease.id, mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id
-                )
-            except LedgerError:
-                # The lease ended meanwhile: nobody else knows this instance exists.
-                gpu.destroy_instance(lease.gpu_index, device.gi_id)
-                raise
-
-        try:
-            lease = await self.runtime.run(create)
-        except GpuError as e:
-            raise spawn_error(
-                f"Could not create the {lease.profile} instance on GPU {lease.gpu_index}; "
-                "try again, or tell a hub admin if it keeps failing.",
-                reason="mig_create",
-                log_message=str(e),
-                status_code=503,
-            ) from None
-        except LeaseStateError as e:
-            raise spawn_error(
-                "The slice reserved for this server was given back while it was starting "
-                f"({e.lease.release_reason}); start it again.",
-                reason="lease_ended",
-                log_message=str(e),
-                status_code=409,
-            ) from None
-        except LedgerError as e:
-            raise self._backend_error(e) from None
-        self._lease = lease
-        self.progress_log.add(60, f"Created instance {lease.mig_uuid}")
         return lease
 
     async def prepare_slice(self, lease: Lease) -> None:
@@ -635,7 +586,3 @@ def _log_detail(e: Exception) -> str:
     hint = getattr(e, "hint", "")
     return f"{type(e).__name__}: {e}" + (f" (hint: {hint})" if hint else "")
 
-
-def _gpu_name(inventory: Inventory, lease: Lease) -> str:
-    gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
-    return gpu.product if gpu else "unknown GPU"

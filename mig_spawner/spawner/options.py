@@ -22,8 +22,6 @@ from mig_spawner.core.refusal import Reason, Refused
 PROFILE = "profile"
 #: Longer than any profile or class name; longer values are refused before any lookup.
 MAX_VALUE_LENGTH = 64
-# second pass: mixin.py catches options.OptionsError; it then catches Refused.
-OptionsError = Refused
 
 
 def _invalid(message: str) -> Refused:

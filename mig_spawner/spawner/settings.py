@@ -1,54 +1,32 @@
-"""The MIG spawner's settings: its traits, and what they select.
+"""What every MIG spawner reads from the shared settings: the runtime and the policies.
 
-A base class of :class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin`, so that
-``c.MIGSpawnerMixin.x``, ``c.LocalMIGSpawner.x`` and ``c.KubeMIGSpawner.x`` all
-configure it. It also gives the runtime (ledger, GPU adapter, worker thread) and the
-group policies these settings select. The ledger and GPU settings that the slice
-service and the CLI share are not here but in ``c.MIGSettings``
-(:class:`~mig_spawner.config.MIGSettings`), so that nobody can set them twice.
+A base class of :class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin`: it gives the
+runtime (ledger, GPU adapter, worker thread) and the group policies. The traits that
+act for one backend only live on that backend's spawner (``local.py``, ``kube.py``).
+The ledger and GPU settings that the slice service and the CLI share are not here but
+in ``c.MIGSettings`` (:class:`~mig_spawner.config.MIGSettings`), so that nobody can set
+them twice.
 """
 
 from __future__ import annotations
 
-from traitlets import Enum
 from traitlets.config import Configurable
 
 from mig_spawner.config import MIGPolicyConfig, MIGSettings
 from mig_spawner.core.policy import PolicyError, PolicySet, UserPolicy
+from mig_spawner.core.refusal import Reason
 
 from .errors import admin_error
 from .runtime import RuntimeKey, SpawnerRuntime, runtime_for
 
 
 class MIGSpawnerSettings(Configurable):
-    """How a MIG spawner makes slices; where its ledger is and which GPU it drives come
-    from ``c.MIGSettings``.
+    """Where a MIG spawner's ledger is and which GPU it drives (``c.MIGSettings``), and
+    the group policies (``c.MIGPolicyConfig``).
 
     Only ever a base of ``MIGSpawnerMixin`` (a Spawner, whose ``user`` it reads); not a
     Spawner itself because JupyterHub refuses Spawner subclasses without ``start()``.
     """
-
-    mig_mode = Enum(
-        ["pool", "dynamic"],
-        default_value="pool",
-        help="""How slices are made.
-
-        ``pool``: lease MIG instances that an admin created beforehand (``nvidia-smi mig``
-        or mig-parted); needs no privilege. ``dynamic``: create a GPU + compute instance
-        at spawn, at the placement that keeps the GPU least fragmented, and destroy it
-        when the server stops; the hub needs root or the MIG ``config`` capability.
-        """,
-    ).tag(config=True)
-
-    strategy = Enum(
-        ["pack", "spread"],
-        default_value="pack",
-        help="""Which GPU a new server goes to when several could serve it.
-
-        ``pack`` fills the GPU that is already most used, so whole GPUs stay free for
-        big slices; ``spread`` uses the least used GPU first.
-        """,
-    ).tag(config=True)
 
     _shared: MIGSettings | None = None
 
@@ -80,7 +58,7 @@ class MIGSpawnerSettings(Configurable):
         except PolicyError as e:
             raise admin_error(
                 "The hub's GPU policy configuration is wrong",
-                "policy_config",
+                Reason.POLICY_CONFIG,
                 str(e),
             ) from None
 

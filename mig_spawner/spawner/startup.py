@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sqlalchemy.engine import make_url
 from traitlets import TraitError
@@ -99,10 +99,11 @@ def setting_problems(config: Config) -> list[str]:
     """Settings of mig-spawner's classes that are misspelt, hold a value their trait
     refuses, or sit where they are no longer read; one line each."""
     problems = misplaced_settings(config)
-    for name, cls in _checked_classes(config).items():
+    checked = _checked_classes(config)
+    for name, cls in checked.items():
         if name not in config or not isinstance(config[name], Config):
             continue
-        traits = cls.class_traits(config=True)
+        traits = _section_traits(cls, checked.values())
         for key, value in config[name].items():
             if isinstance(value, Config):
                 continue  # a nested section (c.LocalMIGSpawner.MIGSettings...)
@@ -124,6 +125,17 @@ def setting_problems(config: Config) -> list[str]:
         except TraitError as e:
             problems.append(f"c.MIGSettings: {e}")
     return problems
+
+
+def _section_traits(cls: type[Configurable], checked: Iterable[type[Configurable]]) -> dict:
+    """The settings ``c.<cls>`` can hold: its own traits and, for a base class such as
+    ``MIGSpawnerMixin``, those of the spawners below it (traitlets hands a base's
+    section to every subclass; a backend's own traits live on that backend only)."""
+    traits: dict = {}
+    for sub in checked:
+        if issubclass(sub, cls):
+            traits = {**sub.class_traits(config=True), **traits}
+    return traits
 
 
 def _trait_error(e: TraitError) -> str:

@@ -1,7 +1,7 @@
 """NVIDIA's MIG rules, applied to the simulated state.
 
 Each operation either changes a :class:`SimGpu` or raises :class:`SimError` carrying the
-NVML return code the real driver gives in that situation (see MIG.md).
+NVML return code the real driver gives in that situation (see docs/mig-facts.md).
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int | None,
         raise SimError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     used = _used_slices(gpu)
     if start is None:
-        # The driver walks its own start order; naive creation fragments the GPU (MIG.md).
+        # The driver walks its own start order; naive creation fragments the GPU
+        # (docs/mig-facts.md).
         start = next((s for s in model.driver_starts(profile)
                       if _free(used, s, profile.placement_size)), None)
         if start is None:

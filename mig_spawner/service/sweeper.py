@@ -1,5 +1,5 @@
 """One sweep of the slice service: gather what the hub, the servers, the ledger and the
-GPUs say, let :mod:`mig_spawner.service.sweep` decide, carry the decisions out.
+GPUs say, let :mod:`mig_spawner.service.cull_rules` decide, carry the decisions out.
 
 Order of a sweep:
 
@@ -23,10 +23,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from mig_spawner import holder
+from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
@@ -36,8 +37,7 @@ from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.kube import ClusterReadError
 from mig_spawner.ledger import Lease, Ledger
-from mig_spawner.service.metrics import ServiceMetrics
-from mig_spawner.service.sweep import (
+from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Decision,
     Probe,
@@ -52,18 +52,15 @@ from mig_spawner.service.sweep import (
     unleased_busy_devices,
     warning_due,
 )
+from mig_spawner.service.metrics import ServiceMetrics
 
 
 class GpuSource(Protocol):
-    """What the runner needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
+    """What the sweeper needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
 
     def inventory(self) -> Inventory: ...
 
     def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass

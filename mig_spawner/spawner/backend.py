@@ -1,8 +1,8 @@
 """What a backend hands the MIG spawner mixin: the slices it can offer and how to claim one.
 
 :class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin` does the form, the validation,
-the claim in the ledger, the give-back and the records; a backend (the local GPUs
-in the mixin itself, the cluster in ``kube.py``) only answers its hooks with these
+the claim in the ledger, the give-back and the records; a backend (this host's GPUs
+in ``local.py``, the cluster in ``kube.py``) only answers its hooks with these
 values. No JupyterHub import.
 """
 
