@@ -115,6 +115,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     def _default_options_from_form(self) -> Any:
         return self._options_from_form
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        # JupyterHub calls it before start(): the options are handled (no "unhandled
+        # user_options" warning) and a REST body without any is refused, not replaced.
+        return lambda spawner, sent: spawner._validate(options.as_requested(spawner.handler, sent))
+
     def _options_from_form(self, form_data: dict) -> dict:
         """Form post or ``?opt-`` query -> ``user_options``, refused here already when
         invalid so that the form comes back with the reason (start() checks again)."""
