@@ -86,7 +86,7 @@ def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus
     events = _start(hub, "ana", "small")
     messages = [e["message"] for e in events]
     assert "Reserving a small slice" in messages, messages
-    assert any("Reserved a 1g.18gb slice on GPU" in m for m in messages), messages
+    assert any("Reserved 1g.18gb (16.0 GiB) on GPU" in m for m in messages), messages
     assert "Starting your server" in messages
     _start(hub, "mia", "1g.35gb")
     try:

@@ -51,7 +51,7 @@ from mig_spawner.ledger import (
     ServerHasLease,
 )
 
-from . import form, options
+from . import form, options, progress
 from .decide import ClaimRefused, free_now, make_decide, quota_problem, wanted_profiles
 from .environment import slice_environment
 from .errors import refusal, spawn_error
@@ -189,7 +189,15 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         def granted(lease: Lease) -> str:
             return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
 
-        return ClaimPlan(decide, granted, wanted_profiles(offer, inventory), inventory.host)
+        def memory(lease: Lease) -> str | None:
+            gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
+            gpu_model = inventory.model(gpu.model_key) if gpu and gpu.model_key else None
+            ok = gpu_model is not None and gpu_model.has_profile(lease.profile)
+            return gpu_model.profile(lease.profile).memory_text if ok else None
+
+        return ClaimPlan(
+            decide, granted, wanted_profiles(offer, inventory), inventory.host, memory
+        )
 
     def slice_environment(self, lease: Lease) -> dict[str, str]:
         """Variables that point the server at its slice; they win over ``environment``."""
@@ -375,7 +383,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
         # are headings ("Small: 1 of 7 compute slices").
-        self.progress_log.add(10, f"Reserving a {offer.key} slice")
+        self.progress_log.add(10, progress.reserving(offer.key))
         tic = time.perf_counter()
         request = LeaseRequest(self.user.name, self.name or "")
         plan = None
@@ -403,7 +411,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             lease.id, lease.profile, where, lease.mig_uuid or lease.pod or "to be created",
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,
         )
-        self.progress_log.add(30, f"Reserved a {lease.profile} slice on {where}")
+        self.progress_log.add(30, progress.reserved(lease.profile, plan.memory(lease), where))
         return lease
 
     async def _create_instance(self, lease: Lease) -> Lease:
@@ -445,7 +453,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except LedgerError as e:
             raise self._backend_error(e) from None
         self._lease = lease
-        self.progress_log.add(60, f"Created instance {lease.mig_uuid}")
+        # The instance's UUID is for the log; the user hears the size again.
+        self.progress_log.add(60, f"Created the {lease.profile} instance on GPU {lease.gpu_index}")
         return lease
 
     async def prepare_slice(self, lease: Lease) -> None:
