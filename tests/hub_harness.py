@@ -47,6 +47,9 @@ MIG_SNIPPETS = tuple(REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py",
 PORT_ATTEMPTS = 3
 # What a hub's log says when one of its ports was taken by someone else.
 PORT_CLASH = ("Address already in use", "EADDRINUSE", "api_request to proxy failed")
+#: What JupyterHub (5.3+) logs when a spawn's user_options reach no spawner hook; a hub
+#: under test must never log it (checked at every stop, so every hub test guards it).
+UNHANDLED_OPTIONS = "unhandled user_options"
 
 
 def free_port() -> int:
@@ -176,15 +179,24 @@ class HubProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
     def stop_hub(self, timeout: float = 30) -> None:
-        """Stop the hub (and its proxy), leaving single-user servers running."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        """Stop the hub (and its proxy), leaving single-user servers running; then fail
+        if its log shows options that no spawner hook handled."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.check_log()
+
+    def check_log(self) -> None:
+        """Raise HubError when the hub logged :data:`UNHANDLED_OPTIONS`."""
+        path = self.workdir / "hub.log"
+        log = path.read_text(errors="replace") if path.exists() else ""
+        lines = [line for line in log.splitlines() if UNHANDLED_OPTIONS in line.lower()]
+        if lines:
+            raise HubError("the hub left user_options unhandled:\n" + "\n".join(lines[:5]))
 
     def restart_hub(self, timeout: float = 60) -> None:
         """Stop the hub and start it again on the same config, DB and ports."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hub_harness import REPO, start_mig_hub
+from hub_harness import PAUSE_BEFORE_SPAWN, REPO, start_mig_hub
 from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
@@ -20,15 +20,29 @@ playwright = pytest.importorskip("playwright.sync_api")
 # The demo's mixed 2 x H200: two 2g.35gb, one 3g.71gb, one 1g.35gb, six 1g.18gb.
 SIM = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
 SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
+PENDING_SCREENSHOT = REPO / "docs" / "img" / "spawn-pending.png"
+# Each text the pending page's headline takes, recorded from before the hub's script runs.
+RECORD_HEADLINES = """
+window.migHeadlines = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const headline = document.getElementById("mig-progress-headline");
+  if (!headline) return;
+  window.migHeadlines.push(headline.textContent);
+  new MutationObserver(() => window.migHeadlines.push(headline.textContent))
+    .observe(headline, {childList: true, characterData: true, subtree: true});
+});
+"""
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     require_chromium()
     workdir = tmp_path_factory.mktemp("browserhub")
-    hub = start_mig_hub(workdir, SIM, 'c.Spawner.default_url = "/tree"')
+    # A start waits after its claim while the file "pause" exists (a slow start).
+    hub = start_mig_hub(workdir, SIM, 'c.Spawner.default_url = "/tree"\n' + PAUSE_BEFORE_SPAWN)
     hub.create_user("mia", groups=["ml-team"])
     hub.create_user("max", groups=["ml-team"])
+    hub.create_user("ana", groups=["analysts"])
     yield hub
     hub.close()
 
@@ -69,7 +83,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
 
             page.wait_for_url(re.compile(r"/hub/spawn-pending/mia"), timeout=30_000)
             log = page.locator("#progress-log")
-            log.locator("text=/Reserved a 1g.35gb slice on GPU/").wait_for(
+            log.locator("text=/Reserved 1g.35gb .*GiB.* on GPU/").wait_for(
                 state="attached", timeout=60_000
             )
             page.wait_for_url(re.compile(r"/user/mia/tree"), timeout=120_000)
@@ -78,3 +92,45 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
     model = hub.server_model("mia")
     assert model is not None and model["ready"]
     assert model["user_options"] == {"profile": "1g.35gb"}
+
+
+def test_the_pending_page_headline_follows_the_steps(hub):
+    pause = hub.workdir / "pause"
+    pause.touch()  # the start stops after its claim, as a slow device preparation would
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 600})
+            page.add_init_script(RECORD_HEADLINES)
+            page.goto(f"{hub.url}/hub/login")
+            page.get_by_label("Username").fill("ana")
+            page.get_by_label("Password").fill("any password")
+            page.get_by_role("button", name="Sign in").click()
+            page.goto(f"{hub.url}/hub/spawn")
+            page.get_by_role("radio", name=re.compile("Small")).check()
+            page.get_by_role("button", name="Start").click()
+
+            page.wait_for_url(re.compile(r"/hub/spawn-pending/ana"), timeout=30_000)
+            headline = page.locator("#mig-progress-headline")
+            reserved = re.compile(r"^Reserved 1g\.18gb \(\d+\.\d GiB\) on GPU \d \(NVIDIA H200")
+            page.wait_for_function(
+                "() => /^Reserved /.test("
+                "document.getElementById('mig-progress-headline').textContent)",
+                timeout=60_000,
+            )
+            assert reserved.match(headline.inner_text()), headline.inner_text()
+            seen = [t.strip() for t in page.evaluate("window.migHeadlines")]
+            assert seen[0] == "Your server is starting up."
+            # The hub's own "Server requested" first, then each of the spawner's steps.
+            steps = list(dict.fromkeys(seen[1:]))
+            assert steps[-2] == "Reserving a small slice", seen
+            assert reserved.match(steps[-1]), seen
+            assert page.locator("#progress-message").is_hidden()  # no second copy
+            page.locator("main, #main, body").first.screenshot(path=str(PENDING_SCREENSHOT))
+
+            pause.unlink()
+            page.wait_for_url(re.compile(r"/user/ana/tree"), timeout=120_000)
+        finally:
+            pause.unlink(missing_ok=True)
+            browser.close()
+    hub.stop_server("ana")

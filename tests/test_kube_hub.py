@@ -144,7 +144,7 @@ def test_spawn_gets_a_pod_with_one_slice_and_stop_gives_it_back(hub, cluster, le
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ana")
     messages = [e["message"] for e in events]
-    assert any("Reserved a 1g.10gb slice on A100 80GB" in m for m in messages), messages
+    assert any("Reserved 1g.10gb on A100 80GB" in m for m in messages), messages
 
     spec = pod_of(cluster, "ana")["spec"]
     resources = spec["containers"][0]["resources"]

@@ -86,7 +86,7 @@ def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus
     events = _start(hub, "ana", "small")
     messages = [e["message"] for e in events]
     assert "Reserving a small slice" in messages, messages
-    assert any("Reserved a 1g.18gb slice on GPU" in m for m in messages), messages
+    assert any("Reserved 1g.18gb (16.0 GiB) on GPU" in m for m in messages), messages
     assert "Starting your server" in messages
     _start(hub, "mia", "1g.35gb")
     try:
@@ -149,6 +149,27 @@ def test_query_and_form_paths_are_validated_too(hub, ledger):
     assert "&#39;full&#39; is not allowed" in r.text
     assert hub.server_model("ana") is None
     assert _held(ledger) == {}
+
+
+def test_options_are_handled_and_a_body_without_them_is_refused_not_reused(hub, ledger):
+    """JupyterHub 5.3+ warns "Received unhandled user_options" at a spawn unless the
+    spawner handles them; and a REST body without options would reuse the last start's."""
+    _start(hub, "ana", "small")  # the REST API: {"profile": "small"} is now her last choice
+    hub.stop_server("ana")
+    browser = hub.login("bob")
+    r = browser.post(
+        f"{hub.url}/hub/spawn/bob", params={"_xsrf": hub.xsrf(browser)}, data={"profile": "small"}
+    )
+    assert r.status_code == 200, r.status_code
+    hub.wait_ready("bob")
+    hub.stop_server("bob")
+    for body in (None, {}, {"user_options": None}):
+        r = hub.spawn("ana", body)
+        assert r.status_code == 400, (body, r.text)
+        assert 'choose a GPU slice: send {"profile": ...} with one of: small' in r.json()["message"]
+        assert hub.server_model("ana") is None
+    assert _held(ledger) == {}
+    hub.check_log()  # no "unhandled user_options" after either path
 
 
 def test_the_next_spawn_when_all_are_taken_hears_why(hub, ledger):

@@ -35,13 +35,15 @@ class ClaimPlan:
     called once, after the claim was granted; returns where the slice is, in words
     (``"GPU 0 (NVIDIA H200)"``) for the progress page and the log. ``wants``: GPU
     model key -> the profile the offer means there (recorded with a refusal).
-    ``host``: the host that was asked, when the backend is one host.
+    ``host``: the host that was asked, when the backend is one host. ``memory``: the
+    granted slice's memory in words (``"16.8 GiB"``), when the backend knows it.
     """
 
     decide: Decide
     granted: Callable[[Lease], str]
     wants: Mapping[str, str]
     host: str | None = None
+    memory: Callable[[Lease], str | None] = lambda lease: None
 
     @property
     def profile(self) -> str | None:

@@ -107,7 +107,15 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         def granted(lease: Lease) -> str:
             return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
 
-        return ClaimPlan(decide, granted, wanted_profiles(offer, inventory), inventory.host)
+        def memory(lease: Lease) -> str | None:
+            gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
+            gpu_model = inventory.model(gpu.model_key) if gpu and gpu.model_key else None
+            ok = gpu_model is not None and gpu_model.has_profile(lease.profile)
+            return gpu_model.profile(lease.profile).memory_text if ok else None
+
+        return ClaimPlan(
+            decide, granted, wanted_profiles(offer, inventory), inventory.host, memory
+        )
 
     async def after_claim(self, lease: Lease) -> Lease:
         """Dynamic mode creates the reserved instance; pool mode's slice exists."""
@@ -154,7 +162,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         except LedgerError as e:
             raise self._backend_error(e) from None
         self._lease = lease
-        self.progress_log.add(60, f"Created instance {lease.mig_uuid}")
+        # The instance's UUID is for the log; the user hears the size again.
+        self.progress_log.add(60, f"Created the {lease.profile} instance on GPU {lease.gpu_index}")
         return lease
 
 

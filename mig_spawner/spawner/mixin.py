@@ -51,7 +51,7 @@ from mig_spawner.ledger import (
     ServerHasLease,
 )
 
-from . import form, options
+from . import form, options, progress
 from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
 from .environment import slice_environment
@@ -121,6 +121,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     @default("options_from_form")
     def _default_options_from_form(self) -> Any:
         return self._options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        # JupyterHub calls it before start(): the options are handled (no "unhandled
+        # user_options" warning) and a REST body without any is refused, not replaced.
+        return lambda spawner, sent: spawner._validate(options.as_requested(spawner.handler, sent))
 
     def _options_from_form(self, form_data: dict) -> dict:
         """Form post or ``?opt-`` query -> ``user_options``, refused here already when
@@ -362,7 +368,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
         # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
         # are headings ("Small: 1 of 7 compute slices").
-        self.progress_log.add(10, f"Reserving a {offer.key} slice")
+        self.progress_log.add(10, progress.reserving(offer.key))
         tic = time.perf_counter()
         request = LeaseRequest(self.user.name, self.name or "")
         plan = None
@@ -390,7 +396,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             lease.id, lease.profile, where, lease.mig_uuid or lease.pod or "to be created",
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,
         )
-        self.progress_log.add(30, f"Reserved a {lease.profile} slice on {where}")
+        self.progress_log.add(30, progress.reserved(lease.profile, plan.memory(lease), where))
         return lease
 
     async def prepare_slice(self, lease: Lease) -> None:

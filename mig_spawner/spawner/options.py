@@ -6,6 +6,12 @@ the form entirely. So every spawn goes through :func:`requested_offer`, which
 accepts exactly ``{"profile": "<offer key>"}`` for an offer the user's groups
 allow and refuses anything else with a message that says what to send instead.
 
+JupyterHub (5.3+) hands ``user_options`` to ``Spawner.apply_user_options`` before
+``start()`` and warns "Received unhandled user_options" when none is set; the mixin
+sets it to validate them there (:func:`as_requested`). A REST spawn whose body names
+no options would make JupyterHub reuse the last start's: it is refused instead, so a
+script always says which slice it wants.
+
 No JupyterHub import: the mixin turns the :class:`~mig_spawner.core.refusal.Refused`
 raised here into a ``SpawnException``.
 """
@@ -45,6 +51,20 @@ def options_from_form(form_data: Mapping[str, Any]) -> dict[str, Any]:
         for key, value in form_data.items()
         if key != "_xsrf"
     }
+
+
+def as_requested(handler: Any, user_options: Any) -> Any:
+    """The ``user_options`` the request behind ``handler`` really sent: ``{}`` for a REST
+    spawn whose body gives none (empty, ``{}``, ``{"user_options": null}``), where
+    JupyterHub has put in the last start's options; ``user_options`` otherwise (the form
+    and ``?opt-`` queries always send theirs; ``handler`` None: no request)."""
+    read_server_body = getattr(handler, "get_server_json_body", None)  # JupyterHub 6
+    if read_server_body is not None:
+        return user_options if read_server_body().get("user_options") else {}
+    read_body = getattr(handler, "get_json_body", None)  # 5.x: the whole body is the options
+    if read_body is not None:
+        return user_options if read_body() else {}
+    return user_options
 
 
 def _example(policy: UserPolicy) -> str:

@@ -2,7 +2,10 @@
 
 ``start()`` appends events as it goes; each reader (every open spawn-pending
 page calls ``Spawner.progress()`` afresh) replays them from the first and then
-follows new ones until the start has finished.
+follows new ones until the start has finished. The pending page shows the latest
+message as its headline (``templates/hub/spawn_pending.html``), so each message is one
+plain sentence: the size as the user picked it, then the profile and its memory as
+every screen shows them (``1g.18gb``, ``16.8 GiB``).
 """
 
 from __future__ import annotations
@@ -48,3 +51,15 @@ class ProgressLog:
             if self._done:
                 return
             await changed.wait()
+
+
+def reserving(offer_key: str) -> str:
+    """``"Reserving a small slice"``: the size in the user's words (offer key)."""
+    return f"Reserving a {offer_key} slice"
+
+
+def reserved(profile: str, memory: str | None, where: str) -> str:
+    """``"Reserved 1g.18gb (16.8 GiB) on GPU 0 (NVIDIA H200)"``; no memory when the
+    backend does not know it."""
+    size = f"{profile} ({memory})" if memory else profile
+    return f"Reserved {size} on {where}"

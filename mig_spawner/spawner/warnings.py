@@ -155,7 +155,8 @@ def warning_environment(env: dict[str, str]) -> dict[str, str]:
 
 
 def configure_hub(c: Any) -> None:
-    """Add the warning's endpoints and the hub home page's notice to a hub config ``c``."""
+    """Add the warning's endpoints, the hub home page's notice and the pending page's
+    headline (the latest progress step) to a hub config ``c``."""
     c.JupyterHub.template_paths.prepend([str(TEMPLATES)])
     c.JupyterHub.extra_handlers.extend([
         (r"/api/mig-spawner/warnings", WarningsHandler),
