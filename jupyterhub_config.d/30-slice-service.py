@@ -74,10 +74,8 @@ c.JupyterHub.load_roles.append(
 )
 
 # Someone outside those groups is refused by the hub before the service (at its OAuth
-# step); this adds to the hub's 403 page which scope to ask a hub admin for.
-from mig_spawner.observe.slicemap import HUB_TEMPLATES  # noqa: E402
-
-c.JupyterHub.template_paths.append(HUB_TEMPLATES)
+# step); with these, the hub's 403 page (mig-spawner's hub templates, added in
+# 10-spawner.py) says which scope to ask a hub admin for.
 c.JupyterHub.template_vars.update(
     {"mig_slicemap_service": SERVICE, "mig_slicemap_scope": SLICEMAP_SCOPE}
 )

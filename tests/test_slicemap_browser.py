@@ -63,6 +63,9 @@ def setup(tmp_path_factory):
         c.SliceServiceApp.slice_idle_after = "20m"
         c.SliceServiceApp.slicemap_refresh = 1
         c.SliceServiceApp.release_orphans = False  # no hub servers for these leases
+        # The hub templates, as the shipped 10-spawner.py adds them (the 403 page).
+        from mig_spawner.spawner.warnings import configure_hub
+        configure_hub(c)
         c.JupyterHub.load_groups = {{"admins": {{"users": ["boss"]}}}}
         # The harness's own token may read the metrics (private by default).
         c.JupyterHub.load_roles.append({{"name": "metrics-readers",

@@ -33,9 +33,6 @@ from mig_spawner.observe.slice_state import SLICE_STATES, SliceMap, SliceRow
 SLICEMAP_SCOPE = "custom:mig-spawner:slicemap"
 SLICEMAP_SCOPE_DESCRIPTION = "See every MIG slice, who holds it, its age and idle time."
 TEMPLATES = Path(__file__).with_name("templates")
-#: Templates for the hub itself (``c.JupyterHub.template_paths``): its 403 page names
-#: the slice map's scope when the hub refuses a user the slice service's OAuth step.
-HUB_TEMPLATES = str(TEMPLATES / "hub")
 _LOADER = template.Loader(str(TEMPLATES))
 
 Snapshot = Callable[[], SliceMap]
