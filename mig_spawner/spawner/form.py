@@ -59,6 +59,8 @@ class Choice:
     facts: tuple[Facts, ...]
     free: int
     unavailable: str | None
+    #: For an exhausted choice the user may wait for: what joining the wait list means.
+    wait: str | None = None
 
     @property
     def available(self) -> bool:
@@ -88,6 +90,8 @@ def build_choices(
     free: Mapping[str, Mapping[str, int]],
     quota_problem: Callable[[Offer, int], str | None],
     scope: str = "on this host",
+    waits: Mapping[str, str] | None = None,
+    in_use: Mapping[str, int] | None = None,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -95,8 +99,12 @@ def build_choices(
     count per GPU model key, then per profile name; an offer's count adds up the profile
     it means on each model. ``quota_problem(offer, compute_slices)``: why the user's or
     group's quota forbids one more of it, or ``None``. ``scope``: where the GPUs are, in
-    words (``"on this host"``, ``"in the cluster"``).
+    words (``"on this host"``, ``"in the cluster"``). ``in_use``: held slices per
+    profile name. ``waits``: offer key -> the wait list's state (``"2 waiting, usually
+    5-15 min"``) for the offers the user may wait for: exhausted, they stay selectable
+    and starting one joins the wait list.
     """
+    waits, in_use = waits or {}, in_use or {}
     present = list({m.key: m for m in models}.values())
     choices = []
     for offer in policy.offers:
@@ -107,10 +115,18 @@ def build_choices(
         ]
         count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
+        held = sum(in_use.get(profile.name, 0) for _, profile in served)
+        wait = None
         if not served:
             why = f"no GPU {scope} has this size"
-        else:
-            why = quota_problem(offer, compute) or (None if count else "none free right now")
+        elif (why := quota_problem(offer, compute)) is None and not count:
+            # Held ones exist: colleagues have them all; none held and none free: the
+            # GPUs are not cut into this size (or used up by other sizes).
+            why = (f"all {held} in use right now" if held
+                   else f"no such slice is free {scope} (ask a hub admin)")
+            if offer.key in waits:
+                wait = f"All {held} in use \u2014 join the wait list ({waits[offer.key]})"
+                why = None
         choices.append(
             Choice(
                 key=offer.key,
@@ -119,6 +135,7 @@ def build_choices(
                 facts=tuple(facts(gpu, profile) for gpu, profile in served),
                 free=count,
                 unavailable=why,
+                wait=wait,
             )
         )
     return choices
@@ -141,11 +158,16 @@ def blocked_choices(policy: UserPolicy) -> list[Choice]:
 
 
 def preselect(choices: Iterable[Choice], last: str | None) -> str | None:
-    """The user's last choice when it is available now, else the first available one."""
-    available = [c.key for c in choices if c.available]
-    if last in available:
-        return last
-    return available[0] if available else None
+    """The user's last choice when it is available now, else the first available one
+    (free ones before wait-list ones)."""
+    choices = list(choices)
+    # A choice free now before one that joins the wait list.
+    free = [c.key for c in choices if c.available and not c.wait]
+    queued = [c.key for c in choices if c.available and c.wait]
+    for keys in (free, queued):
+        if last in keys:
+            return last
+    return (free or queued or [None])[0]
 
 
 @cache

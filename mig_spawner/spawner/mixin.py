@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Unicode, default
@@ -51,7 +52,7 @@ from mig_spawner.ledger import (
     ServerHasLease,
 )
 
-from . import form, options
+from . import form, options, waiting
 from .decide import ClaimRefused, free_now, make_decide, quota_problem, wanted_profiles
 from .environment import slice_environment
 from .errors import refusal, spawn_error
@@ -232,14 +233,30 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                            _log_detail(e))
             return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
+        return form.render_form(await self.current_choices(mine, supply), self.last_choice())
+
+    async def current_choices(
+        self, mine: UserPolicy, supply: SliceSupply | None = None
+    ) -> list[form.Choice]:
+        """The form's choices for a user with policy ``mine`` now (also what a waiting
+        spawn offers instead). May raise any error in :attr:`backend_errors`."""
+        supply = supply or await self.slice_supply()
+
         def quota(offer: Offer, compute: int) -> str | None:
             refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
             return None if refusal is None else refusal.message
 
-        choices = form.build_choices(
-            mine, supply.models, supply.free, quota, scope=self.supply_scope
+        lines = await waiting.form_lines(self, mine, supply)
+        return form.build_choices(
+            mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
+            in_use=Counter(lease.profile for lease in supply.held),
         )
-        return form.render_form(choices, self.last_choice())
+
+    def switch_url(self, offer_key: str) -> str:
+        """The hub page that starts this server with ``offer_key`` (the form's query)."""
+        server = f"/{quote(self.name)}" if self.name else ""
+        return (f"{self.hub.base_url}spawn/{quote(self.user.name)}{server}"
+                f"?{options.PROFILE}={quote(offer_key)}")
 
     # --- start ----------------------------------------------------------------------
 
@@ -289,6 +306,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             log = self._progress_log = ProgressLog()
         return log
 
+    def run_pre_spawn_hook(self) -> Any:
+        """Right before JupyterHub reads ``start_timeout``: let a queued spawn wait
+        (``waiting.allow_wait``), then the admin's ``pre_spawn_hook``."""
+        waiting.allow_wait(self)
+        return super().run_pre_spawn_hook()
+
     async def start(self) -> Any:
         """Claim a slice, start the server on it, and give the slice back if that fails."""
         self._progress_log = ProgressLog()
@@ -301,7 +324,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                     lease = await self._create_instance(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
-                url = await super().start()
+                url = await waiting.within_start_timeout(self, super().start())
                 await self._activate(lease, url)
                 return url
             except BaseException as e:
@@ -371,14 +394,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         # are headings ("Small: 1 of 7 compute slices").
         self.progress_log.add(10, f"Reserving a {offer.key} slice")
         tic = time.perf_counter()
-        request = LeaseRequest(self.user.name, self.name or "")
         plan = None
         try:
             with CLAIM_DURATION.time():
                 plan = await self.claim_decide(offer, mine)
-                lease = await self.runtime.run(
-                    lambda: self.runtime.ledger().claim(request, plan.decide)
-                )
+                # A plain claim, or a place in line when nothing is free (waiting.py).
+                lease = await waiting.claim(self, offer, mine, plan)
         except ClaimRefused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
@@ -573,6 +594,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         outcome = await self.runtime.run(release)
         if outcome == RELEASED:
             LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
+            waiting.released()
         self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
         return outcome
 
