@@ -32,7 +32,7 @@ EXTRA = """
 c.Spawner.poll_interval = 1
 c.Spawner.start_timeout = 60
 c.Spawner.http_timeout = 60
-c.JupyterHub.slow_spawn_timeout = 1
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}  # POST answers 202 at once
 c.MIGPolicyConfig.group_policies["crowd"] = {
     "allowed": ["small"], "queue": True, "max_wait": "10m"}
 c.MIGPolicyConfig.group_policies["hurry"] = {

@@ -475,11 +475,12 @@ async def _place_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> tuple[st
 
 
 async def _expired_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> str:
-    minutes = round((waiting.entry.deadline - waiting.entry.joined_at).total_seconds() / 60) \
-        if waiting.entry.deadline else 0
+    entry = waiting.entry
+    seconds = (entry.deadline - entry.joined_at).total_seconds() if entry.deadline else 0
+    waited = f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
     free = await _free_instead(spawner, waiting)
     instead = (f"{free[0]} is free now: start with it instead" if free
                else "try again later")
-    return (f"Waited {minutes} min (the longest your group may wait) and no "
+    return (f"Waited {waited} (the longest your group may wait) and no "
             f"{waiting.offer.key} slice was released; {instead}")
 
