@@ -117,12 +117,14 @@ def hub(cluster, tmp_path_factory):
         c.KubeSpawner.start_timeout = 60
         c.KubeSpawner.http_timeout = 60
         c.Spawner.poll_interval = 1
+        c.MIGPolicyConfig.group_policies["waiters"] = {{
+            "allowed": ["small"], "queue": True, "max_wait": "2m"}}
         """
     )
     hub = HubProcess.start(workdir, SNIPPETS, extra, env={"KUBECONFIG": kubeconfig},
                            timeout=120)
     for user, groups in (("ana", ["analysts"]), ("bob", ["analysts"]),
-                         ("cy", ["analysts"]), ("nobody", [])):
+                         ("cy", ["analysts"]), ("dee", ["waiters"]), ("nobody", [])):
         hub.create_user(user, groups=groups)
     yield hub
     hub.close()
@@ -201,3 +203,23 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
             with contextlib.suppress(Exception):
                 hub.stop_server(user)
     assert ledger.active() == []
+
+
+def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
+    for user in ("ana", "bob"):
+        assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+        hub.wait_ready(user)
+    try:
+        assert hub.spawn("dee", {"profile": "small"}).status_code == 202
+        assert [w.user for w in ledger.waiting()] == ["dee"]
+        assert pod_of(cluster, "dee") is None  # no pod while waiting
+        hub.stop_server("ana")
+        hub.wait_ready("dee")
+        lease = ledger.active_for_server("dee")
+        assert (lease.profile, lease.node, lease.pod) == ("1g.10gb", "gpu-a1",
+                                                          "jupyterhub/jupyter-dee")
+        assert pod_of(cluster, "dee") is not None and ledger.waiting() == []
+    finally:
+        for user in ("ana", "bob", "dee"):
+            with contextlib.suppress(Exception):
+                hub.stop_server(user)
