@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
 
 import pytest
 import requests
-from hub_harness import HubProcess, start_mig_hub
+from hub_harness import REPO, HubProcess, start_mig_hub
+from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 from mig_spawner.ledger import Ledger
 
-pytestmark = pytest.mark.hub
+pytestmark = [pytest.mark.hub, pytest.mark.browser]
+playwright = pytest.importorskip("playwright.sync_api")
+IMG = REPO / "docs" / "img"
 
 SIM = "h200x1:layout=1g.18gb*3"
 CROWD = [f"u{i}" for i in range(1, 9)]
+VIEWER = "u9"  # in the crowd too, with no server: sees the form's wait-list choice
 EXTRA = """
 c.Spawner.poll_interval = 1
 c.Spawner.start_timeout = 60
@@ -93,12 +98,22 @@ def no_double_grant(ledger: Ledger) -> None:
     assert len(servers) == len(set(servers)), held
 
 
+def login(browser, hub: HubProcess, name: str):
+    page = browser.new_page(viewport={"width": 900, "height": 700})
+    page.goto(f"{hub.url}/hub/login")
+    page.get_by_label("Username").fill(name)
+    page.get_by_label("Password").fill("any password")
+    page.get_by_role("button", name="Sign in").click()
+    return page
+
+
 def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
+    require_chromium()
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     hub = start_mig_hub(tmp_path, SIM, EXTRA + f"\nc.MIGSettings.ledger_url = {url!r}\n")
     ledger = Ledger.open(url)
     try:
-        hub.create_users(CROWD, groups=["crowd"])
+        hub.create_users([*CROWD, VIEWER], groups=["crowd"])
         hub.create_users(["h1"], groups=["hurry"])
         for name in CROWD[:3]:
             assert hub.spawn(name, {"profile": "small"}).status_code in (201, 202)
@@ -117,8 +132,29 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         followers = {name: wait_pending(hub, name) for name in CROWD[3:]}
         places(hub, followers, {n: i for i, n in enumerate(CROWD[3:], 1)})
 
-        # A release starts the first waiter's server within 2 s.
-        hub.stop_server("u1")
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                # The form: the exhausted choice joins the wait list, with count and estimate.
+                form = login(browser, hub, VIEWER)
+                form.goto(f"{hub.url}/hub/spawn")
+                text = form.locator("#spawn_form").inner_text()
+                assert "All 3 in use \u2014 join the wait list (5 waiting, " in text, text
+                assert form.get_by_role("radio", name=re.compile("Small")).is_enabled()
+                form.locator("#spawn_form").screenshot(path=str(IMG / "spawn-form-wait.png"))
+                # The pending page of the last in line: its place, then the line moving.
+                pending = login(browser, hub, "u8")
+                pending.goto(f"{hub.url}/hub/spawn-pending/u8")
+                pending.locator("text=/5th in line for a small slice/").first.wait_for(
+                    timeout=15_000)
+                pending.screenshot(path=str(IMG / "spawn-pending-wait.png"))
+
+                # A release starts the first waiter's server within 2 s.
+                hub.stop_server("u1")
+                pending.locator("text=/4th in line for a small slice/").first.wait_for(
+                    timeout=15_000)
+            finally:
+                browser.close()
         hub.wait_ready("u4")
         released = next(lease for lease in ledger.history(user="u1") if lease.released_at)
         granted = ledger.active_for_server("u4")

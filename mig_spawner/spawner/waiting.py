@@ -461,8 +461,8 @@ async def _place_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> tuple[st
     """What the pending page says: place, estimate, and what is free instead (text and
     HTML, the latter with a link that starts the server with the free offer)."""
     place = waiting.position or 1
-    guess = waiting.estimate.text if waiting.estimate else "no estimate yet"
-    text = f"{ordinal(place)} in line for a {waiting.offer.key} slice; estimated {guess}"
+    guess = f"estimated {waiting.estimate.text}" if waiting.estimate else "no estimate yet"
+    text = f"{ordinal(place)} in line for a {waiting.offer.key} slice; {guess}"
     html = escape(text)
     free = await _free_instead(spawner, waiting)
     if free:
