@@ -58,7 +58,6 @@ from .environment import slice_environment
 from .errors import refusal, spawn_error
 from .hooks import ClaimPlan, SliceSupply
 from .metrics import (
-    CLAIM_DURATION,
     HOLDERS_STOPPED,
     LEASES_CLAIMED,
     LEASES_RELEASED,
@@ -396,7 +395,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         tic = time.perf_counter()
         plan = None
         try:
-            with CLAIM_DURATION.time():
+            with waiting.claim_timer(self):
                 plan = await self.claim_decide(offer, mine)
                 # A plain claim, or a place in line when nothing is free (waiting.py).
                 lease = await waiting.claim(self, offer, mine, plan)

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
@@ -54,7 +54,7 @@ from mig_spawner.core.waitlist import (
 from mig_spawner.ledger import Lease, LeaseRequest, LedgerView, WaitEntry, WaitRequest
 
 from .hooks import ClaimPlan
-from .metrics import ABANDONED_WAITS, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
+from .metrics import ABANDONED_WAITS, CLAIM_DURATION, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
 
 if TYPE_CHECKING:
     from .mixin import MIGSpawnerMixin
@@ -352,6 +352,18 @@ async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
         raise
 
 
+@contextlib.contextmanager
+def claim_timer(spawner: MIGSpawnerMixin) -> Iterator[None]:
+    """Observe ``mig_spawner_claim_duration_seconds`` for the claim inside, leaving out
+    the time spent in line (that is ``mig_spawner_wait_seconds``)."""
+    spawner._in_line = 0.0
+    tic = time.perf_counter()
+    try:
+        yield
+    finally:
+        CLAIM_DURATION.observe(max(0.0, time.perf_counter() - tic - spawner._in_line))
+
+
 async def claim(
     spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy, plan: ClaimPlan
 ) -> Lease:
@@ -389,6 +401,7 @@ async def claim(
     ))
     waiting = Waiting(spawner, offer, mine, entry)
     room.join(waiting)
+    joined = time.perf_counter()
     try:
         return await _wait(spawner, waiting, queue)
     except BaseException:
@@ -402,6 +415,7 @@ async def claim(
         raise
     finally:
         room.leave(entry.id)
+        spawner._in_line = time.perf_counter() - joined
 
 
 async def _wait(spawner: MIGSpawnerMixin, waiting: Waiting, queue: bool) -> Lease:
