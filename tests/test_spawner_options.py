@@ -237,7 +237,7 @@ def test_form_tells_no_such_slice_from_all_in_use_and_offers_the_wait_list(analy
     plain = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
                                in_use={"1g.18gb": 6})
     assert [c.unavailable for c in plain] == [
-        "all 6 in use right now", "no such slice is free on this host (ask a hub admin)"]
+        "all 6 in use right now", "no such slice on this host (ask a hub admin)"]
     queued = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
                                 in_use={"1g.18gb": 6},
                                 waits={"small": "2 waiting, usually 5-15 min"})
@@ -259,3 +259,22 @@ def test_places_in_line_read_as_ordinals():
 
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
+
+
+def test_an_offer_with_no_slice_anywhere_is_hidden_unless_the_admin_shows_it(analyst):
+    free = {"h200": {"1g.18gb": 2, "2g.35gb": 0}}  # pool: no 2g.35gb instance at all
+
+    def build(**kw):
+        return form.build_choices(analyst, [model("h200")], free, lambda offer, c: None, **kw)
+
+    assert [c.key for c in build(hide_absent=True)] == ["small"]
+    (_, medium) = build(hide_absent=False)
+    assert medium.unavailable == "no such slice on this host (ask a hub admin)"
+    # Dynamic mode: nothing held of it, yet other sizes may fill the GPU: shown, true.
+    (_, medium) = build(hide_absent=True, fixed_layout=False)
+    assert medium.unavailable == "none free right now: other sizes fill the GPUs"
+    # The only offers all absent: the form keeps them, saying why.
+    none = {"h200": {"1g.18gb": 0, "2g.35gb": 0}}
+    kept = form.build_choices(analyst, [model("h200")], none, lambda o, c: None,
+                              hide_absent=True)
+    assert [c.key for c in kept] == ["small", "medium"]

@@ -92,6 +92,8 @@ def build_choices(
     scope: str = "on this host",
     waits: Mapping[str, str] | None = None,
     in_use: Mapping[str, int] | None = None,
+    fixed_layout: bool = True,
+    hide_absent: bool = False,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -102,11 +104,14 @@ def build_choices(
     words (``"on this host"``, ``"in the cluster"``). ``in_use``: held slices per
     profile name. ``waits``: offer key -> the wait list's state (``"2 waiting, usually
     5-15 min"``) for the offers the user may wait for: exhausted, they stay selectable
-    and starting one joins the wait list.
+    and starting one joins the wait list. ``fixed_layout``: slices exist beforehand
+    (pool, Kubernetes), so none free and none held means there is no such slice.
+    ``hide_absent``: leave out the offers that have no slice at all (nobody can get
+    them, waiting or not).
     """
     waits, in_use = waits or {}, in_use or {}
     present = list({m.key: m for m in models}.values())
-    choices = []
+    choices, absent_keys = [], set()
     for offer in policy.offers:
         served = [
             (gpu, gpu.profile(name))
@@ -116,16 +121,22 @@ def build_choices(
         count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
+        absent = not served or (fixed_layout and not held and not count)
+        if absent:
+            absent_keys.add(offer.key)
         wait = None
         if not served:
             why = f"no GPU {scope} has this size"
         elif (why := quota_problem(offer, compute)) is None and not count:
-            # Held ones exist: colleagues have them all; none held and none free: the
-            # GPUs are not cut into this size (or used up by other sizes).
-            why = (f"all {held} in use right now" if held
-                   else f"no such slice is free {scope} (ask a hub admin)")
-            if offer.key in waits:
-                wait = f"All {held} in use \u2014 join the wait list ({waits[offer.key]})"
+            if absent:
+                why = f"no such slice {scope} (ask a hub admin)"
+            elif not held:
+                why = "none free right now: other sizes fill the GPUs"
+            else:
+                why = f"all {held} in use right now"
+            if not absent and offer.key in waits:
+                busy = f"All {held} in use" if held else "None free"
+                wait = f"{busy} \u2014 join the wait list ({waits[offer.key]})"
                 why = None
         choices.append(
             Choice(
@@ -138,6 +149,10 @@ def build_choices(
                 wait=wait,
             )
         )
+    if hide_absent and len(absent_keys) < len(choices):
+        # Nobody can get these, waiting or not (a form left with no choice at all
+        # keeps them, so that it says why instead of "no GPU access").
+        return [c for c in choices if c.key not in absent_keys]
     return choices
 
 

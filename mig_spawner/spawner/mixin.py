@@ -164,7 +164,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         inventory, held = await self.runtime.run(read)
         free = free_now(inventory, held, self.mig_mode)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
-        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held))
+        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
+                           fixed_layout=self.mig_mode == "pool")
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
@@ -249,6 +250,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return form.build_choices(
             mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
             in_use=Counter(lease.profile for lease in supply.held),
+            fixed_layout=supply.fixed_layout, hide_absent=not self.show_unavailable_offers,
         )
 
     def switch_url(self, offer_key: str) -> str:

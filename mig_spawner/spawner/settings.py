@@ -10,7 +10,7 @@ service and the CLI share are not here but in ``c.MIGSettings``
 
 from __future__ import annotations
 
-from traitlets import Enum
+from traitlets import Bool, Enum
 from traitlets.config import Configurable
 
 from mig_spawner.config import MIGPolicyConfig, MIGSettings
@@ -47,6 +47,18 @@ class MIGSpawnerSettings(Configurable):
 
         ``pack`` fills the GPU that is already most used, so whole GPUs stay free for
         big slices; ``spread`` uses the least used GPU first.
+        """,
+    ).tag(config=True)
+
+    show_unavailable_offers = Bool(
+        False,
+        help="""Show offers that no GPU here can serve at all on the spawn form.
+
+        By default a size the user's groups allow but that no GPU (no node) has, and,
+        with a fixed layout (pool mode, Kubernetes), one with no instance at all, is left
+        off the form: users cannot get it by waiting. ``mig-spawner doctor`` and the
+        start-up check tell admins about it. True shows it greyed out with the reason
+        (*this host has no such slice (ask a hub admin)*).
         """,
     ).tag(config=True)
 
