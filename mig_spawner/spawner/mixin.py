@@ -400,7 +400,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             with waiting.claim_timer(self):
                 plan = await self.claim_decide(offer, mine)
                 # A plain claim, or a place in line when nothing is free (waiting.py).
-                lease = await waiting.claim(self, offer, mine, plan)
+                lease, plan = await waiting.claim(self, offer, mine, plan)
         except ClaimRefused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:

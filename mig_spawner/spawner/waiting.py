@@ -53,6 +53,7 @@ from mig_spawner.core.waitlist import (
 )
 from mig_spawner.ledger import Lease, LeaseRequest, LedgerView, WaitEntry, WaitRequest
 
+from . import options
 from .hooks import ClaimPlan
 from .metrics import ABANDONED_WAITS, CLAIM_DURATION, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
 
@@ -105,6 +106,9 @@ class Waiting:
     offer: Offer
     mine: UserPolicy
     entry: WaitEntry
+    #: The backend's plan of the latest grant step: the one that grants is what the
+    #: spawn goes on with (Kubernetes: it knows the nodes chosen).
+    plan: ClaimPlan
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     position: int | None = None
     estimate: Estimate | None = None
@@ -175,11 +179,14 @@ class WaitRoom:
         """Grant what can be granted, then tell every waiter of this process where it is."""
         if not self.waiters:
             return
-        waiters = list(self.waiters.values())
+        waiters = [w for w in self.waiters.values() if w.entry.waiting]
+        if not waiters:
+            return
         delegate = waiters[0].spawner
         plans: dict[int, ClaimPlan] = {}
         for w in waiters:
-            plans[w.entry.id] = await w.spawner.claim_decide(w.offer, w.mine)
+            # A fresh read of the GPUs or nodes, as a claim makes.
+            plans[w.entry.id] = w.plan = await w.spawner.claim_decide(w.offer, w.mine)
         supply = await delegate.slice_supply()
         capacity = len(supply.held) + sum(
             max(counts.values(), default=0) for counts in supply.free.values()
@@ -327,9 +334,11 @@ def allow_wait(spawner: MIGSpawnerMixin) -> None:
     spawner.start_timeout = configured
     spawner._granted_at = None
     try:
-        offer, mine = spawner._validate(spawner.user_options)
+        policies = spawner.policies()
+        mine = spawner.user_policy(policies)
+        offer = options.requested_offer(spawner.user_options, mine, policies)
     except Exception:
-        return  # start() refuses it with the reason
+        return  # start() refuses it with the reason (and records the refusal once)
     group = charged_group(mine, offer)
     if group is not None and group.queue:
         spawner.start_timeout = int(configured + (group.max_wait or 24 * 3600) + 2 * POLL_SECONDS)
@@ -366,8 +375,9 @@ def claim_timer(spawner: MIGSpawnerMixin) -> Iterator[None]:
 
 async def claim(
     spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy, plan: ClaimPlan
-) -> Lease:
-    """A lease for this spawn: claimed at once, or granted after waiting in line.
+) -> tuple[Lease, ClaimPlan]:
+    """A lease for this spawn, claimed at once or granted after waiting in line, and
+    the backend's plan that granted it.
 
     Raises ``Refused`` as the claim does; a wait that reaches ``max_wait`` is refused
     with what is free instead.
@@ -381,7 +391,8 @@ async def claim(
     others = await runtime.run(lambda: runtime.ledger().waiting())
     if not others:
         try:
-            return await runtime.run(lambda: runtime.ledger().claim(request, plan.decide))
+            lease = await runtime.run(lambda: runtime.ledger().claim(request, plan.decide))
+            return lease, plan
         except Refused as e:
             if e.reason not in FIT_REASONS or not queue:
                 raise
@@ -399,11 +410,11 @@ async def claim(
                     group.max_wait if queue else None),
         max_waiting=group.max_waiting_per_user,
     ))
-    waiting = Waiting(spawner, offer, mine, entry)
+    waiting = Waiting(spawner, offer, mine, entry, plan)
     room.join(waiting)
     joined = time.perf_counter()
     try:
-        return await _wait(spawner, waiting, queue)
+        return await _wait(spawner, waiting, queue), waiting.plan
     except BaseException:
         # Cancelled by JupyterHub (stop, start_timeout) or refused: end the entry; a
         # grant that won the race is this server's to give back.
