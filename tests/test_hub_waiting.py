@@ -6,7 +6,8 @@ each reading its place (1st..5th) in its progress; stopping a server starts the 
 waiter's within 2 s of the release (the release time in the ledger against the
 waiter's lease ``claimed_at``); a cancel renumbers the rest; ``kill -9`` of the hub
 with waiters, restart: no leak, no double grant, the waits left behind are ended
-``abandoned`` and a waiter who starts again is back in line.
+``abandoned``, a waiter who comes back is told so, and one who starts again is back
+in line. JupyterHub's ``start_timeout`` is shorter than the waits: it must not end them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ CROWD = [f"u{i}" for i in range(1, 9)]
 VIEWER = "u9"  # in the crowd too, with no server: sees the form's wait-list choice
 EXTRA = """
 c.Spawner.poll_interval = 1
-c.Spawner.start_timeout = 60
+c.Spawner.start_timeout = 15  # shorter than the waits below: it must not end them
 c.Spawner.http_timeout = 60
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}  # POST answers 202 at once
 c.MIGPolicyConfig.group_policies["crowd"] = {
@@ -130,6 +132,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
 
         # 5 wait and read their places.
         followers = {name: wait_pending(hub, name) for name in CROWD[3:]}
+        joined = time.monotonic()
         places(hub, followers, {n: i for i, n in enumerate(CROWD[3:], 1)})
 
         with playwright.sync_playwright() as p:
@@ -168,6 +171,10 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         places(hub, followers, {"u5": 1, "u7": 2, "u8": 3})
         assert [e.user for e in ledger.waiting()] == ["u5", "u7", "u8"]
         no_double_grant(ledger)
+        # JupyterHub's start_timeout (15 s) does not end a wait (max_wait does).
+        time.sleep(max(0.0, 16 - (time.monotonic() - joined)))
+        assert hub.server_model("u8")["pending"] == "spawn"
+        assert followers["u8"].last().startswith("3rd in line")
 
         # kill -9 with waiters; the restarted hub leaks nothing and grants nothing twice.
         os.killpg(hub.proc.pid, signal.SIGKILL)
@@ -181,6 +188,9 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert {e.state for e in ended.values()} == {"abandoned"}, ended
         assert all("restarted" in (e.reason or "") for e in ended.values())
         assert [e.user for e in ledger.waiting()] == ["u5"]
+        # ...and a waiter who comes back is told what happened.
+        form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").text
+        assert "Your wait for a small slice ended when the hub restarted" in form
         no_double_grant(ledger)
         assert {lease.user for lease in ledger.active()} == {"u2", "u3", "u4"}
         hub.stop_server("u5")

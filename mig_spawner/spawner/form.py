@@ -196,11 +196,14 @@ def _template() -> jinja2.Template:
 
 
 def render_form(
-    choices: list[Choice], last: str | None = None, problem: str | None = None
+    choices: list[Choice], last: str | None = None, problem: str | None = None,
+    notice: str | None = None,
 ) -> str:
     """The HTML fragment JupyterHub puts inside its spawn ``<form>``; ``problem``: why
-    nothing can be picked now, shown above the choices."""
+    nothing can be picked now, shown above the choices; ``notice``: news for the user
+    (a wait that ended while they were away)."""
     return _template().render(
+        notice=notice,
         choices=choices,
         selected=preselect(choices, last),
         no_access_message=NO_ACCESS_MESSAGE,

@@ -233,7 +233,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                            _log_detail(e))
             return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
-        return form.render_form(await self.current_choices(mine, supply), self.last_choice())
+        return form.render_form(await self.current_choices(mine, supply), self.last_choice(),
+                                notice=await waiting.ended_notice(self))
 
     async def current_choices(
         self, mine: UserPolicy, supply: SliceSupply | None = None
@@ -246,7 +247,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
             return None if refusal is None else refusal.message
 
-        lines = await waiting.form_lines(self, mine, supply)
+        lines = await waiting.form_lines(self, mine)
         return form.build_choices(
             mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
             in_use=Counter(lease.profile for lease in supply.held),

@@ -290,11 +290,28 @@ def _means(offer: Offer, profile: str) -> bool:
     return profile == offer.key or profile in offer.profiles.values()
 
 
-async def form_lines(
-    spawner: MIGSpawnerMixin, mine: UserPolicy, supply: Any
-) -> dict[str, str]:
+async def form_lines(spawner: MIGSpawnerMixin, mine: UserPolicy) -> dict[str, str]:
     """The wait list's state per offer ``mine`` may wait for, for the spawn form."""
-    return await room_for(spawner.runtime).line_texts(spawner, mine)
+    room = room_for(spawner.runtime)
+    await room.clear_ghosts()
+    return await room.line_texts(spawner, mine)
+
+
+#: How long the form tells of a wait that ended without the user there.
+NOTICE_WINDOW = timedelta(hours=1)
+
+
+async def ended_notice(spawner: MIGSpawnerMixin) -> str | None:
+    """What the form tells a user whose last wait for this server ended while they
+    were not watching (the hub restarted), or ``None``."""
+    since = datetime.now(UTC) - NOTICE_WINDOW
+    runtime = spawner.runtime
+    mine = [e for e in await runtime.run(lambda: runtime.ledger().waits(since))
+            if e.user == spawner.user.name and e.server_name == (spawner.name or "")]
+    if not mine or mine[-1].state != "abandoned":
+        return None
+    return (f"Your wait for a {mine[-1].offer} slice ended when the hub restarted; start "
+            "again to join the wait list.")
 
 
 def _held_by_group(held: Iterable[Lease]) -> dict[str, int]:
