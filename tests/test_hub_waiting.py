@@ -193,6 +193,9 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert "Your wait for a small slice ended when the hub restarted" in form
         no_double_grant(ledger)
         assert {lease.user for lease in ledger.active()} == {"u2", "u3", "u4"}
+        metrics = hub.session.get(f"{hub.url}/hub/metrics", timeout=10).text
+        assert 'mig_spawner_abandoned_waits_total{group="crowd",profile="small"} 3.0' in metrics
+        assert 'mig_spawner_waiters{group="crowd",profile="small"} 1.0' in metrics
         hub.stop_server("u5")
         assert ledger.waiting() == []
     finally:

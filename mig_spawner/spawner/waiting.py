@@ -174,6 +174,7 @@ class WaitRoom:
                 await self.drain()
             except Exception:
                 log.exception("The wait list's grant step failed; retrying")
+        WAITERS.clear()  # nobody of this process waits any more
 
     async def drain(self) -> None:
         """Grant what can be granted, then tell every waiter of this process where it is."""
