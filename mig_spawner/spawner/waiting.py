@@ -132,7 +132,6 @@ class WaitRoom:
     _task: asyncio.Task | None = None
     _history: tuple[float, list[tuple[str, str, float]]] | None = None
     _ghosts_cleared: bool = False
-    _last_release: datetime | None = None
 
     def wake(self) -> None:
         self._wake.set()
