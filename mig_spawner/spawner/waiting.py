@@ -363,11 +363,12 @@ def allow_wait(spawner: MIGSpawnerMixin) -> None:
 
 async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
     """Await the backend's start, bounded by the configured ``start_timeout`` counted
-    from the grant when the spawn waited (JupyterHub's own bound is longer then)."""
+    from the grant when JupyterHub's own bound was raised for a possible wait."""
     configured = spawner.__dict__.get("_configured_start_timeout")
-    granted = getattr(spawner, "_granted_at", None)
-    if configured is None or granted is None:
-        return await start
+    if configured is None or spawner.start_timeout == configured:
+        return await start  # JupyterHub's own timeout is the configured one
+    # Raised for a wait (allow_wait); a claim granted at once counts from now.
+    granted = getattr(spawner, "_granted_at", None) or time.monotonic()
     spawner.start_timeout = configured  # what JupyterHub's timeout message names
     left = configured - (time.monotonic() - granted)
     try:
