@@ -117,12 +117,14 @@ def hub(cluster, tmp_path_factory):
         c.KubeSpawner.start_timeout = 60
         c.KubeSpawner.http_timeout = 60
         c.Spawner.poll_interval = 1
+        c.MIGPolicyConfig.group_policies["waiters"] = {{
+            "allowed": ["small"], "queue": True, "max_wait": "2m"}}
         """
     )
     hub = HubProcess.start(workdir, SNIPPETS, extra, env={"KUBECONFIG": kubeconfig},
                            timeout=120)
     for user, groups in (("ana", ["analysts"]), ("bob", ["analysts"]),
-                         ("cy", ["analysts"]), ("nobody", [])):
+                         ("cy", ["analysts"]), ("dee", ["waiters"]), ("nobody", [])):
         hub.create_user(user, groups=groups)
     yield hub
     hub.close()
@@ -193,10 +195,34 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
         browser = hub.login("cy")
         page = browser.get(f"{hub.url}/hub/spawn").text
         # Small: both 1g.10gb taken; medium (2g.20gb) is in no node's layout.
-        assert "none free right now" in page
+        assert "all 2 in use right now" in page
+        assert "Medium" not in page  # in no node's layout: left off the form
         assert "free now" not in page
     finally:
         for user in ("ana", "bob"):
             with contextlib.suppress(Exception):
                 hub.stop_server(user)
     assert ledger.active() == []
+
+
+def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
+    # The last test's pods may still be terminating, and the nodes' counts are cached.
+    hub.wait_until(lambda: not cluster.pods and not ledger.active(), 30)
+    for user in ("ana", "bob"):
+        hub.wait_until(
+            lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202), 30, 1)
+        hub.wait_ready(user)
+    try:
+        assert hub.spawn("dee", {"profile": "small"}).status_code == 202
+        assert [w.user for w in ledger.waiting()] == ["dee"]
+        assert pod_of(cluster, "dee") is None  # no pod while waiting
+        hub.stop_server("ana")
+        hub.wait_ready("dee")
+        lease = ledger.active_for_server("dee")
+        assert (lease.profile, lease.node, lease.pod) == ("1g.10gb", "gpu-a1",
+                                                          "jupyterhub/jupyter-dee")
+        assert pod_of(cluster, "dee") is not None and ledger.waiting() == []
+    finally:
+        for user in ("ana", "bob", "dee"):
+            with contextlib.suppress(Exception):
+                hub.stop_server(user)

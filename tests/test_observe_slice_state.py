@@ -173,3 +173,18 @@ def test_lease_on_a_gpu_the_host_no_longer_shows_is_a_lost_orphan(world):
     assert (row.state, row.user, row.gpu_index) == ("orphan", "fay", 5)
     assert "not on this host" in row.note and "Xid" in row.note
     assert row in view.slices and view.count("orphan") == 1
+
+
+def test_the_map_lists_who_waits_for_what_and_since_when(world):
+    from mig_spawner.ledger import WaitRequest
+    from mig_spawner.observe.slicemap import slicemap_json
+
+    world.ledger.join_wait(WaitRequest("bob", "gpu", "analysts", 0, "small", 600))
+    world.clock.advance(seconds=90)
+    view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy,
+                     waits=world.ledger.waiting())
+    (row,) = view.waiting
+    assert (row.user, row.server_name, row.offer, row.group) == ("bob", "gpu", "small",
+                                                                 "analysts")
+    assert row.waited_seconds == 90
+    assert slicemap_json(view)["waiting"][0]["since"] == row.since.isoformat()

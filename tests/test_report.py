@@ -502,3 +502,33 @@ def test_demand_plot_is_titled_with_its_window():
     rows = usage([lease("ann", "a", SMALL, 9, 10)], [], at(0), at(48))
     assert "2026-12-01 00:00 .. 2026-12-03 00:00 UTC" in demand_figure(
         rows, at(0), at(48)).axes[0].get_title()
+
+
+def test_report_shows_waits_and_abandoned_waits_per_offer_and_group(tmp_path, capsys):
+    from mig_spawner.ledger import WaitRequest
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    clock = Clock(at(9))
+    decision = Grant(group="analysts", profile=SMALL, compute_slices=1, mode="pool",
+                        host="gpu1", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
+                        mig_uuid="MIG-0")
+    with Ledger.open(url, clock=clock) as ledger:
+        entries = [ledger.join_wait(WaitRequest(u, "", "analysts", 0, "small", 3600))
+                   for u in ("a0", "a1", "a2")]
+        ledger.join_wait(WaitRequest("r0", "", "research", 0, BIG, 3600))
+        clock.now = at(9.2)
+        assert ledger.grant_next(lambda e, v: decision, quotas={}, capacity=7).user == "a0"
+        ledger.cancel_wait(entries[1].id, "cancelled by the user")
+        ledger.cancel_wait(entries[2].id, "the hub restarted", state="abandoned")
+    assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
+                 "--until", "2026-12-02"]) == 0
+    out = capsys.readouterr().out
+    assert "Wait list" in out and "ABANDONED" in out
+    assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
+                 "--until", "2026-12-02", "--json"]) == 0
+    rows = {(w["offer"], w["group"]): w for w in json.loads(capsys.readouterr().out)["waits"]}
+    small = rows[("small", "analysts")]
+    assert (small["waits"], small["granted"], small["cancelled"], small["abandoned"]) == (
+        3, 1, 1, 1)
+    assert small["median_minutes"] == pytest.approx(12)
+    assert rows[(BIG, "research")]["waiting"] == 1

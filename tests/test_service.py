@@ -466,3 +466,24 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_profile_with_waiters_gets_the_shorter_idle_limit(tmp_path):
+    from mig_spawner.hub.models import HubUser
+    from mig_spawner.ledger import WaitRequest
+
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "queue": True,
+        "server_idle_timeout_when_waited": "10m"}}).build()
+    ledger = Ledger.open(f"sqlite:///{tmp_path}/l.sqlite")
+    client = HubClient("http://127.0.0.1:9/hub/api", "t")
+    sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=False)
+    claim(ledger, "ana", 0)
+    lease = ledger.active()[0]
+    user = HubUser(name="ana", groups=("analysts",), servers=())
+    await sweeper._leases()
+    assert sweeper.limits_for(user, lease).server_idle_timeout == 3600
+    ledger.join_wait(WaitRequest("bob", "", "analysts", 0, "1g.18gb", 600))
+    await sweeper._leases()
+    assert sweeper.limits_for(user, lease).server_idle_timeout == 600
+    ledger.close()

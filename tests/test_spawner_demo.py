@@ -43,6 +43,9 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
     assert config.MIGSettings.simulate == demo.DEMO_SPEC
     # The shipped policies are loaded, not a copy of them.
     assert "analysts" in config.MIGPolicyConfig.group_policies
+    # Every demo group may wait for a full size instead of being refused.
+    assert all(p["queue"] and p["max_wait"] == "15m"
+               for p in config.MIGPolicyConfig.group_policies.values())
     # And checked as the shipped jupyterhub_config.py checks them, last.
     assert path.read_text().rstrip().endswith("check_hub_config(c)")
 

@@ -107,12 +107,13 @@ def _parse(html: str) -> _Radios:
 
 def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
     free = {"h200": {"1g.18gb": 3, "2g.35gb": 0, "3g.71gb": 2}}
-    choices = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None)
+    choices = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
+                                 in_use={"2g.35gb": 1})
     assert [c.key for c in choices] == ["small", "medium"]  # not "large": not allowed
     small, medium = choices
     assert small.free == 3 and small.available
     assert small.facts[0].compute_text == "1/7 of the GPU's compute"
-    assert medium.unavailable == "none free right now"
+    assert medium.unavailable == "all 1 in use right now"
     html = form.render_form(choices, last="medium")
     radios = _parse(html).radios
     assert [r["value"] for r in radios] == ["small", "medium"]
@@ -122,7 +123,7 @@ def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
     # Every radio has a label (keyboard and screen readers) and posts as "profile".
     assert {r["id"] for r in radios} <= _parse(html).labels
     assert {r["name"] for r in radios} == {"profile"}
-    assert "3 free now" in html and "none free right now" in html
+    assert "3 free now" in html and "all 1 in use right now" in html
 
 
 def test_form_says_when_a_quota_is_used_up(analyst):
@@ -229,3 +230,51 @@ def test_form_on_a_simulated_h200_shows_gib_beside_the_profile_names():
     html = form.render_form(form.build_choices(everyone, [h200], free, lambda o, c: None))
     for name, gib in shown.items():
         assert f"{name}: {gib} memory" in html
+
+
+def test_form_tells_no_such_slice_from_all_in_use_and_offers_the_wait_list(analyst):
+    free = {"h200": {"1g.18gb": 0, "2g.35gb": 0}}
+    plain = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
+                               in_use={"1g.18gb": 6})
+    assert [c.unavailable for c in plain] == [
+        "all 6 in use right now", "no such slice on this host (ask a hub admin)"]
+    queued = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
+                                in_use={"1g.18gb": 6},
+                                waits={"small": "2 waiting, usually 5-15 min"})
+    small = queued[0]
+    assert small.available and small.wait == (
+        "All 6 in use \u2014 join the wait list (2 waiting, usually 5-15 min)")
+    html = form.render_form(queued)
+    radio = _parse(html).radios[0]
+    assert "checked" in radio and "disabled" not in radio  # choosing it joins the line
+    assert "join the wait list (2 waiting, usually 5-15 min)" in html
+    # A quota refusal is never a wait.
+    full = form.build_choices(analyst, [model("h200")], free, lambda offer, c: "quota full",
+                              in_use={"1g.18gb": 6}, waits={"small": "0 waiting"})
+    assert full[0].unavailable == "quota full" and full[0].wait is None
+
+
+def test_places_in_line_read_as_ordinals():
+    from mig_spawner.spawner.waiting import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
+
+
+def test_an_offer_with_no_slice_anywhere_is_hidden_unless_the_admin_shows_it(analyst):
+    free = {"h200": {"1g.18gb": 2, "2g.35gb": 0}}  # pool: no 2g.35gb instance at all
+
+    def build(**kw):
+        return form.build_choices(analyst, [model("h200")], free, lambda offer, c: None, **kw)
+
+    assert [c.key for c in build(hide_absent=True)] == ["small"]
+    (_, medium) = build(hide_absent=False)
+    assert medium.unavailable == "no such slice on this host (ask a hub admin)"
+    # Dynamic mode: nothing held of it, yet other sizes may fill the GPU: shown, true.
+    (_, medium) = build(hide_absent=True, fixed_layout=False)
+    assert medium.unavailable == "none free right now: other sizes fill the GPUs"
+    # The only offers all absent: the form keeps them, saying why.
+    none = {"h200": {"1g.18gb": 0, "2g.35gb": 0}}
+    kept = form.build_choices(analyst, [model("h200")], none, lambda o, c: None,
+                              hide_absent=True)
+    assert [c.key for c in kept] == ["small", "medium"]

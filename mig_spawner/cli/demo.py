@@ -153,11 +153,13 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         f"c.Spawner.cmd = [{str(bin_dir / 'jupyterhub-singleuser')!r}]",
         # Users land in JupyterLab (the 'demo' extra installs it).
         'c.Spawner.default_url = "/lab"',
-        "# Short limits in every group, to see the slice service cull within minutes.",
+        "# Short limits in every group, to see the slice service cull within minutes;",
+        "# a full GPU puts a spawn on the wait list (queue) instead of refusing it.",
         "c.MIGPolicyConfig.group_policies = {",
         "    name: {**policy, "
         f'"kernel_idle_timeout": {short["kernel_idle"]}, '
-        f'"server_idle_timeout": {short["server_idle"]}}}',
+        f'"server_idle_timeout": {short["server_idle"]}, "queue": True, '
+        '"max_wait": "15m"}',
         "    for name, policy in c.MIGPolicyConfig.group_policies.items()",
         "}",
         f"c.SliceServiceApp.cull_every = {short['sweep_every']}",

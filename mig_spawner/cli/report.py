@@ -7,6 +7,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the com
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
+    from ..report.waits import WaitRow
 
 DEFAULT_WINDOW = "30d"
 # The advice's minimum sample (mig_spawner.report.advise.MIN_REQUESTS; a test checks).
@@ -142,6 +144,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
     from ..ledger import Ledger, LedgerError, LedgerMissing
     from ..report.advise import advise, capacity
     from ..report.demand import requests_of, usage
+    from ..report.waits import wait_rows
 
     now = now or datetime.now(UTC)
     try:
@@ -158,6 +161,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals(since, until)
+            waits = wait_rows(ledger.waits(since, until))
             held = ledger.active() if args.advise else []
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
     except LedgerMissing as e:
@@ -187,7 +191,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             return 1
         advice = advise(fleet, requests_of(leases, refusals, until),
                         min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
-    _print(args, rows, advice, since, until)
+    _print(args, rows, advice, since, until, waits)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 
@@ -210,13 +214,19 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
 
 
 def _print(args: argparse.Namespace, rows: list[UsageRow], advice: Advice | None,
-           since: datetime, until: datetime) -> None:
+           since: datetime, until: datetime, waits: Sequence[WaitRow] = ()) -> None:
     from ..report import render
+    from ..report.waits import waits_text
 
     if args.json:
-        print(json.dumps(render.to_json(rows, advice, since, until), indent=2))
+        data = render.to_json(rows, advice, since, until)
+        data["waits"] = [asdict(w) for w in waits]
+        print(json.dumps(data, indent=2))
         return
     print(render.usage_text(rows, since, until))
+    if waits:
+        print()
+        print(waits_text(waits))
     if advice is not None:
         print()
         print(render.advice_text(advice))

@@ -165,6 +165,15 @@ class WaitList:
             found = self._entries(connection, id=entry_id)
         return found[0] if found else None
 
+    def waits(self, since: datetime, until: datetime | None = None) -> list[WaitEntry]:
+        """Every entry that joined in ``[since, until]``, ended or not, in join order
+        (for ``mig-spawner report``)."""
+        query = select(waits).where(waits.c.joined_at >= since).order_by(waits.c.id)
+        if until is not None:
+            query = query.where(waits.c.joined_at <= until)
+        with self._read() as connection:
+            return [_to_entry(row) for row in connection.execute(query)]
+
     def waiting(self) -> list[WaitEntry]:
         """Every entry still waiting, in join order (order them with
         :func:`mig_spawner.core.waitlist.order` and the groups' shares)."""

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet
-from mig_spawner.ledger import Lease
+from mig_spawner.ledger import Lease, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -148,6 +148,19 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
+class WaiterRow:
+    """A spawn on the wait list: who waits for what (offer key), charged to which
+    group, since when, and for how many seconds so far."""
+
+    user: str
+    server_name: str
+    offer: str
+    group: str
+    since: datetime
+    waited_seconds: float
+
+
+@dataclass(frozen=True)
 class SliceMap:
     """The whole picture at ``taken_at``: GPUs of one host, and every group's usage."""
 
@@ -158,6 +171,8 @@ class SliceMap:
     groups: tuple[GroupRow, ...]
     #: Held leases on a GPU this host no longer shows (fallen off the bus, removed): orphans.
     lost: tuple[SliceRow, ...] = ()
+    #: The wait list, in join order.
+    waiting: tuple[WaiterRow, ...] = ()
 
     @property
     def slices(self) -> tuple[SliceRow, ...]:
@@ -329,6 +344,7 @@ def slice_map(
     policy: PolicySet | None = None,
     *,
     idle_after: float = DEFAULT_IDLE_AFTER,
+    waits: Iterable[WaitEntry] = (),
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
@@ -336,7 +352,7 @@ def slice_map(
     other hosts only count towards the group totals. ``now``: an aware datetime (ages
     and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
     them out. ``idle_after``: seconds without activity after which a leased slice is
-    shown as idle.
+    shown as idle. ``waits``: the wait list (``Ledger.waiting()``).
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
@@ -376,6 +392,11 @@ def slice_map(
         gpus=tuple(gpus),
         groups=_groups(all_leases, policy),
         lost=tuple(lost),
+        waiting=tuple(
+            WaiterRow(w.user, w.server_name, w.offer, w.group, w.joined_at,
+                      _seconds(now, w.joined_at) or 0.0)
+            for w in waits
+        ),
     )
 
 

@@ -61,6 +61,7 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
         ],
         "groups": [asdict(group) for group in view.groups],
         "lost": [_row_json(row) for row in view.lost],
+        "waiting": [{**asdict(w), "since": w.since.isoformat()} for w in view.waiting],
     }
 
 

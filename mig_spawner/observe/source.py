@@ -51,7 +51,7 @@ class SliceSource:
                 return self._cached[1]
             view = slice_map(
                 self.gpus.inventory(), self.ledger.active(), self._clock(), self.policy,
-                idle_after=self.idle_after,
+                idle_after=self.idle_after, waits=self.ledger.waiting(),
             )
             self._cached = (time.monotonic(), view)
             return view

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -138,7 +138,12 @@ class Sweeper:
         """The group whose limits apply: the one the slice is charged to; for a
         server without a lease, the user's highest-priority group (or the default)."""
         if lease is not None:
-            return self.policy.group(lease.group)
+            group = self.policy.group(lease.group)
+            shorter = group.server_idle_timeout_when_waited
+            if shorter is not None and lease.profile in self._waited_for:
+                # Someone waits for this size: an idle holder makes room sooner.
+                return replace(group, server_idle_timeout=shorter)
+            return group
         groups = self.policy.for_user(user.groups).groups
         return min(groups, key=lambda g: (-g.priority, g.name))
 
@@ -212,7 +217,21 @@ class Sweeper:
         if self.ledger is None:
             return []
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
-        return await asyncio.to_thread(self.ledger.active)
+        held, waits = await asyncio.to_thread(
+            lambda: (self.ledger.active(), self.ledger.waiting()))
+        self._waited_for = self._profiles_of(w.offer for w in waits)
+        return held
+
+    # Profiles someone waits for, read with the leases at each sweep.
+    _waited_for: frozenset[str] = frozenset()
+
+    def _profiles_of(self, offer_keys: Iterable[str]) -> frozenset[str]:
+        """The concrete profiles that the offers (profile or class keys) mean."""
+        out: set[str] = set()
+        for key in offer_keys:
+            offer = self.policy.offers.get(key)
+            out.update(offer.profiles.values() if offer and offer.is_class else [key])
+        return frozenset(out)
 
     async def _gpu_activity(self, now: datetime, leases: list[Lease]) -> list[Lease]:
         """Sample each leased MIG device and record its GPU work and peak memory on the

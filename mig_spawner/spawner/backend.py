@@ -20,11 +20,16 @@ FreeByModel = Mapping[str, Mapping[str, int]]
 
 @dataclass(frozen=True)
 class SliceSupply:
-    """What the spawn form shows: the GPU models present, what is free, what is held."""
+    """What the spawn form shows: the GPU models present, what is free, what is held.
+
+    ``fixed_layout``: the slices exist beforehand (pool mode, Kubernetes nodes), so a
+    profile with none free and none held has no instance at all; False in dynamic mode,
+    where other sizes may fill the room it would be made from."""
 
     models: tuple[GpuModel, ...]
     free: FreeByModel
     held: tuple[Lease, ...]
+    fixed_layout: bool = True
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ class Choice:
     facts: tuple[Facts, ...]
     free: int
     unavailable: str | None
+    #: For an exhausted choice the user may wait for: what joining the wait list means.
+    wait: str | None = None
 
     @property
     def available(self) -> bool:
@@ -88,6 +90,10 @@ def build_choices(
     free: Mapping[str, Mapping[str, int]],
     quota_problem: Callable[[Offer, int], str | None],
     scope: str = "on this host",
+    waits: Mapping[str, str] | None = None,
+    in_use: Mapping[str, int] | None = None,
+    fixed_layout: bool = True,
+    hide_absent: bool = False,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -95,10 +101,17 @@ def build_choices(
     count per GPU model key, then per profile name; an offer's count adds up the profile
     it means on each model. ``quota_problem(offer, compute_slices)``: why the user's or
     group's quota forbids one more of it, or ``None``. ``scope``: where the GPUs are, in
-    words (``"on this host"``, ``"in the cluster"``).
+    words (``"on this host"``, ``"in the cluster"``). ``in_use``: held slices per
+    profile name. ``waits``: offer key -> the wait list's state (``"2 waiting, usually
+    5-15 min"``) for the offers the user may wait for: exhausted, they stay selectable
+    and starting one joins the wait list. ``fixed_layout``: slices exist beforehand
+    (pool, Kubernetes), so none free and none held means there is no such slice.
+    ``hide_absent``: leave out the offers that have no slice at all (nobody can get
+    them, waiting or not).
     """
+    waits, in_use = waits or {}, in_use or {}
     present = list({m.key: m for m in models}.values())
-    choices = []
+    choices, absent_keys = [], set()
     for offer in policy.offers:
         served = [
             (gpu, gpu.profile(name))
@@ -107,10 +120,24 @@ def build_choices(
         ]
         count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
+        held = sum(in_use.get(profile.name, 0) for _, profile in served)
+        absent = not served or (fixed_layout and not held and not count)
+        if absent:
+            absent_keys.add(offer.key)
+        wait = None
         if not served:
             why = f"no GPU {scope} has this size"
-        else:
-            why = quota_problem(offer, compute) or (None if count else "none free right now")
+        elif (why := quota_problem(offer, compute)) is None and not count:
+            if absent:
+                why = f"no such slice {scope} (ask a hub admin)"
+            elif not held:
+                why = "none free right now: other sizes fill the GPUs"
+            else:
+                why = f"all {held} in use right now"
+            if not absent and offer.key in waits:
+                busy = f"All {held} in use" if held else "None free"
+                wait = f"{busy} \u2014 join the wait list ({waits[offer.key]})"
+                why = None
         choices.append(
             Choice(
                 key=offer.key,
@@ -119,8 +146,13 @@ def build_choices(
                 facts=tuple(facts(gpu, profile) for gpu, profile in served),
                 free=count,
                 unavailable=why,
+                wait=wait,
             )
         )
+    if hide_absent and len(absent_keys) < len(choices):
+        # Nobody can get these, waiting or not (a form left with no choice at all
+        # keeps them, so that it says why instead of "no GPU access").
+        return [c for c in choices if c.key not in absent_keys]
     return choices
 
 
@@ -141,11 +173,16 @@ def blocked_choices(policy: UserPolicy) -> list[Choice]:
 
 
 def preselect(choices: Iterable[Choice], last: str | None) -> str | None:
-    """The user's last choice when it is available now, else the first available one."""
-    available = [c.key for c in choices if c.available]
-    if last in available:
-        return last
-    return available[0] if available else None
+    """The user's last choice when it is available now, else the first available one
+    (free ones before wait-list ones)."""
+    choices = list(choices)
+    # A choice free now before one that joins the wait list.
+    free = [c.key for c in choices if c.available and not c.wait]
+    queued = [c.key for c in choices if c.available and c.wait]
+    for keys in (free, queued):
+        if last in keys:
+            return last
+    return (free or queued or [None])[0]
 
 
 @cache
@@ -159,11 +196,14 @@ def _template() -> jinja2.Template:
 
 
 def render_form(
-    choices: list[Choice], last: str | None = None, problem: str | None = None
+    choices: list[Choice], last: str | None = None, problem: str | None = None,
+    notice: str | None = None,
 ) -> str:
     """The HTML fragment JupyterHub puts inside its spawn ``<form>``; ``problem``: why
-    nothing can be picked now, shown above the choices."""
+    nothing can be picked now, shown above the choices; ``notice``: news for the user
+    (a wait that ended while they were away)."""
     return _template().render(
+        notice=notice,
         choices=choices,
         selected=preselect(choices, last),
         no_access_message=NO_ACCESS_MESSAGE,

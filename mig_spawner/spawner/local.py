@@ -20,6 +20,7 @@ from traitlets import Bool, Enum, Unicode
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
+from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
@@ -88,7 +89,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         inventory, held = await self.runtime.run(read)
         free = free_now(inventory, held, self.mig_mode)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
-        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held))
+        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
+                           fixed_layout=self.mig_mode == "pool")
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
@@ -116,6 +118,11 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         return ClaimPlan(
             decide, granted, wanted_profiles(offer, inventory), inventory.host, memory
         )
+
+    def wait_guard(self) -> StarvationGuard | None:
+        """Dynamic mode: a smaller request that fits may start before a larger one that
+        does not, within the guard's bound."""
+        return StarvationGuard() if self.mig_mode == "dynamic" else None
 
     async def after_claim(self, lease: Lease) -> Lease:
         """Dynamic mode creates the reserved instance; pool mode's slice exists."""

@@ -8,7 +8,7 @@ Labels stay few-valued: refusal and release codes, group and profile names, mode
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from mig_spawner.core.refusal import Reason
 
@@ -50,4 +50,25 @@ HOLDERS_STOPPED = Counter(
     "mig_spawner_holders_stopped",
     "Server processes of a lease that the hub no longer tracked and stopped before "
     "releasing the lease (e.g. left running by a hub killed mid-spawn).",
+)
+WAITERS = Gauge(
+    "mig_spawner_waiters",
+    "Spawns waiting in line for a slice now, by offer and the group they are charged to.",
+    ["profile", "group"],
+)
+WAIT_SECONDS = Histogram(
+    "mig_spawner_wait_seconds",
+    "Time a spawn waited in line until it was granted a slice, by offer and group.",
+    ["profile", "group"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600),
+)
+RELEASE_TO_GRANT = Histogram(
+    "mig_spawner_release_to_grant_seconds",
+    "Time from the release that freed a slice to its grant to the first waiter.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
+ABANDONED_WAITS = Counter(
+    "mig_spawner_abandoned_waits",
+    "Waits ended because the hub restarted while they waited, by offer and group.",
+    ["profile", "group"],
 )

@@ -30,17 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
-from traitlets import Unicode, default
+from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
+from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
@@ -51,13 +53,12 @@ from mig_spawner.ledger import (
     ServerHasLease,
 )
 
-from . import form, options, progress
+from . import form, options, progress, waiting
 from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
 from .environment import slice_environment
 from .errors import refusal, spawn_error
 from .metrics import (
-    CLAIM_DURATION,
     HOLDERS_STOPPED,
     LEASES_CLAIMED,
     LEASES_RELEASED,
@@ -113,6 +114,18 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     # The lease this server holds; persisted (get_state) so a restarted hub knows it.
     lease_id = Unicode(None, allow_none=True)
+
+    show_unavailable_offers = Bool(
+        False,
+        help="""Show offers that no GPU here can serve at all on the spawn form.
+
+        By default a size the user's groups allow but that no GPU (no node) has, and,
+        with a fixed layout (pool mode, Kubernetes), one with no instance at all, is left
+        off the form: users cannot get it by waiting. ``mig-spawner doctor`` and the
+        start-up check tell admins about it. True shows it greyed out with the reason
+        (*this host has no such slice (ask a hub admin)*).
+        """,
+    ).tag(config=True)
 
     @default("options_form")
     def _default_options_form(self) -> Any:
@@ -185,6 +198,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         refuse (the lease is then released)."""
         return lease
 
+    def wait_guard(self) -> StarvationGuard | None:
+        """How long a larger waiter may be passed over by smaller ones that fit
+        (docs/policies.md, "Waiting"); ``None``: never passed over, because the slices
+        exist beforehand and a smaller one never fits where a larger one would."""
+        return None
+
     def slice_environment(self, lease: Lease) -> dict[str, str]:
         """Variables that point the server at its slice; they win over ``environment``."""
         return slice_environment(lease)
@@ -232,14 +251,32 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                            _log_detail(e))
             return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
+        return form.render_form(await self.current_choices(mine, supply), self.last_choice(),
+                                notice=await waiting.ended_notice(self))
+
+    async def current_choices(
+        self, mine: UserPolicy, supply: SliceSupply | None = None
+    ) -> list[form.Choice]:
+        """The form's choices for a user with policy ``mine`` now (also what a waiting
+        spawn offers instead). May raise any error in :attr:`backend_errors`."""
+        supply = supply or await self.slice_supply()
+
         def quota(offer: Offer, compute: int) -> str | None:
             refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
             return None if refusal is None else refusal.message
 
-        choices = form.build_choices(
-            mine, supply.models, supply.free, quota, scope=self.supply_scope
+        lines = await waiting.form_lines(self, mine)
+        return form.build_choices(
+            mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
+            in_use=Counter(lease.profile for lease in supply.held),
+            fixed_layout=supply.fixed_layout, hide_absent=not self.show_unavailable_offers,
         )
-        return form.render_form(choices, self.last_choice())
+
+    def switch_url(self, offer_key: str) -> str:
+        """The hub page that starts this server with ``offer_key`` (the form's query)."""
+        server = f"/{quote(self.name)}" if self.name else ""
+        return (f"{self.hub.base_url}spawn/{quote(self.user.name)}{server}"
+                f"?{options.PROFILE}={quote(offer_key)}")
 
     # --- start ----------------------------------------------------------------------
 
@@ -289,6 +326,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             log = self._progress_log = ProgressLog()
         return log
 
+    def run_pre_spawn_hook(self) -> Any:
+        """Right before JupyterHub reads ``start_timeout``: let a queued spawn wait
+        (``waiting.allow_wait``), then the admin's ``pre_spawn_hook``."""
+        waiting.allow_wait(self)
+        return super().run_pre_spawn_hook()
+
     async def start(self) -> Any:
         """Claim a slice, start the server on it, and give the slice back if that fails."""
         self._progress_log = ProgressLog()
@@ -300,7 +343,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 lease = await self.after_claim(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
-                url = await super().start()
+                url = await waiting.within_start_timeout(self, super().start())
                 await self._activate(lease, url)
                 return url
             except BaseException as e:
@@ -370,14 +413,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         # are headings ("Small: 1 of 7 compute slices").
         self.progress_log.add(10, progress.reserving(offer.key))
         tic = time.perf_counter()
-        request = LeaseRequest(self.user.name, self.name or "")
         plan = None
         try:
-            with CLAIM_DURATION.time():
+            with waiting.claim_timer(self):
                 plan = await self.claim_decide(offer, mine)
-                lease = await self.runtime.run(
-                    lambda: self.runtime.ledger().claim(request, plan.decide)
-                )
+                # A plain claim, or a place in line when nothing is free (waiting.py).
+                lease, plan = await waiting.claim(self, offer, mine, plan)
         except Refused as e:
             raise self._refuse(e.reason, e.message, mine, offer, plan) from None
         except ServerHasLease as e:
@@ -524,6 +565,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         outcome = await self.runtime.run(release)
         if outcome == RELEASED:
             LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
+            waiting.released()
         self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
         return outcome
 

@@ -26,9 +26,13 @@ class ProgressLog:
     def events(self) -> list[dict]:
         return list(self._events)
 
-    def add(self, progress: int, message: str) -> None:
-        """Record one step; ``progress`` is 0..100 as JupyterHub's progress bar expects."""
-        self._events.append({"progress": progress, "message": message})
+    def add(self, progress: int, message: str, html: str | None = None) -> None:
+        """Record one step; ``progress`` is 0..100 as JupyterHub's progress bar expects;
+        ``html``: the same step with links, for the pending page (escaped by the caller)."""
+        event = {"progress": progress, "message": message}
+        if html is not None:
+            event["html_message"] = html
+        self._events.append(event)
         self._wake()
 
     def finish(self) -> None:

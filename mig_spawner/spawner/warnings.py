@@ -157,9 +157,11 @@ def warning_environment(env: dict[str, str]) -> dict[str, str]:
 def configure_hub(c: Any) -> None:
     """Add the warning's endpoints, the hub home page's notice, the pending page's
     headline (the latest progress step) and the 403 page's scope hint to a hub config
-    ``c``: mig-spawner's one hub template folder goes after the admin's own folders, so
-    an admin's own ``home.html`` (etc.) wins; JupyterHub's defaults come after both."""
-    c.JupyterHub.template_paths.append(str(TEMPLATES))
+    ``c``. mig-spawner's one hub template folder goes first: JupyterHub's own
+    templates are the last entry of ``template_paths``, and ours extend them (by their
+    ``templates/`` prefix). An admin who wants an own ``home.html`` prepends a folder
+    after this call."""
+    c.JupyterHub.template_paths.insert(0, str(TEMPLATES))
     c.JupyterHub.extra_handlers.extend([
         (r"/api/mig-spawner/warnings", WarningsHandler),
         (r"/api/mig-spawner/keep(?:/([^/]*))?", KeepHandler),
