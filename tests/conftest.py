@@ -1,3 +1,38 @@
-"""Shared pytest fixtures: the PostgreSQL server started for the session."""
+"""Fixtures the whole suite shares: the PostgreSQL server started for the session, and
+the stand-ins for a hub and for the Kubernetes API, each stopped when its test ends."""
 
-from pg_fixture import postgres_server, postgres_url  # noqa: F401
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from tests.support.hub_standin import StandinState, listen
+from tests.support.kube_standin import KubeStandin
+from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
+
+
+@pytest.fixture
+async def serve_hub() -> AsyncIterator[Callable[[StandinState], str]]:
+    """Serves a stand-in hub's state over HTTP in the test's event loop:
+    ``base = serve_hub(state)`` gives the base URL (the hub API is under
+    ``{base}/hub/api``); every one started is stopped at the end of the test."""
+    servers = []
+
+    def serve(state: StandinState) -> str:
+        server, port = listen(state)
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+async def kube_standin() -> AsyncIterator[KubeStandin]:
+    """The stand-in Kubernetes API server, running for one test."""
+    server = KubeStandin()
+    server.start()
+    yield server
+    server.stop()

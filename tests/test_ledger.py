@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from manual_clock import T0, Clock
 from sqlalchemy import create_engine, inspect, text
 
 from mig_spawner.ledger import (
@@ -34,6 +33,7 @@ from mig_spawner.ledger import (
 from mig_spawner.ledger.migrate import head_revision
 from mig_spawner.ledger.models import VERSION_TABLE, metadata
 from mig_spawner.spawner.decide import holdings
+from tests.mocking import T0, Clock
 
 HOST = "gpu-host-1"
 GPUS = ("GPU-aaaa", "GPU-bbbb")

@@ -17,13 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from manual_clock import Clock
 from sqlalchemy import create_engine, func, select
 
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.ledger import Grant, Ledger, LedgerView, WaitEntry, WaitRequest
 from mig_spawner.ledger.models import lease_slots
+from tests.mocking import Clock
 
 HOST, GPU, SLOTS = "wait-host", "GPU-wait", 6
 PRIORITY = {"staff": 1, "students": 0}

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import textwrap
 import time
@@ -23,26 +22,24 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
-from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 from mig_spawner.ledger import Ledger
-from mig_spawner.service.app import REQUIRED_SCOPES
-from mig_spawner.service.handlers import METRICS_SCOPE
+from tests.support.hub_harness import REPO, HubProcess, free_port
+from tests.support.slice_service import (
+    METRICS_READERS,
+    SCOPES,
+    SERVICE,
+    TOKEN,
+    Service,
+    lease_of,
+    new_kernel,
+    wait_for,
+)
 
 pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
-SERVICE = "mig-slices"
 MANAGED = "mig-slices-managed"
-TOKEN = "slice-service-e2e-token-" + "0" * 16
-#: Config lines that let the harness's admin token read the services' metrics (private
-#: by default): every hub that runs the service under test adds them.
-METRICS_READERS = f"""\
-c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
-c.JupyterHub.load_roles.append({{"name": "metrics-readers",
-    "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
-"""
-SCOPES = list(REQUIRED_SCOPES)
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
     "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
@@ -103,46 +100,6 @@ def write_config_dir(workdir: Path) -> Path:
     return config_d
 
 
-class Service:
-    """``mig-spawner-service`` as a process of its own, as the hub would run it."""
-
-    def __init__(self, hub: HubProcess, config_d: Path) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log_path = hub.workdir / "service.log"
-        self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
-        env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
-               "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
-               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mig-spawner-service"),
-             f"--config-dir={config_d}", f"--proxy-url={hub.url}",
-             f"--ledger-url=sqlite:///{hub.workdir}/mig_spawner_ledger.sqlite",
-             "--log-level=DEBUG"],
-            env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def get(self, path: str) -> requests.Response:
-        return requests.get(self.url + path, headers=self.auth, timeout=10)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels``."""
-        total = 0.0
-        for line in self.get("/metrics").text.splitlines():
-            if line.startswith((name + "{", name + " ")) and all(
-                f'{k}="{v}"' in line for k, v in labels.items()
-            ):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slicehub")
@@ -151,28 +108,11 @@ def env(tmp_path_factory):
     for user, (group, _) in GROUPS.items():
         hub.create_user(user, groups=[group])
     service = Service(hub, config_d)
-    HubProcess.wait_until(lambda: _up(service), 30)
+    HubProcess.wait_until(lambda: service.up(), 30)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()
     hub.close()
-
-
-def _up(service: Service) -> bool:
-    try:
-        return service.get("/health").status_code == 200
-    except requests.ConnectionError:
-        assert service.proc.poll() is None, service.log()
-        return False
-
-
-def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
 
 
 def start(hub: HubProcess, user: str) -> None:
@@ -184,13 +124,6 @@ def kernels(hub: HubProcess, user: str) -> dict[str, str]:
     r = hub.session.get(f"{hub.url}/user/{user}/api/kernels", timeout=10)
     r.raise_for_status()
     return {k["id"]: k["execution_state"] for k in r.json()}
-
-
-def new_kernel(hub: HubProcess, user: str) -> str:
-    r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
-                         timeout=60)
-    r.raise_for_status()
-    return r.json()["id"]
 
 
 def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
@@ -207,10 +140,6 @@ def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
                     "user_expressions": {}, "allow_stdin": False},
     }))
     return ws
-
-
-def lease_of(ledger: Ledger, user: str):
-    return ledger.active_for_server(user)
 
 
 def test_runs_as_a_hub_managed_service_reading_the_hub_config(env):

@@ -16,22 +16,21 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hub_harness import start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from test_service_e2e import (
+
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import start_mig_hub
+from tests.support.slice_service import (
     METRICS_READERS,
     SCOPES,
     SERVICE,
     TOKEN,
     Service,
-    _up,
     lease_of,
     new_kernel,
     wait_for,
 )
-
-from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Ledger
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = pytest.mark.hub
 
@@ -66,7 +65,7 @@ def env(tmp_path_factory):
         hub.create_user(user, groups=["idle-test"])
     hub.create_user("cy", groups=["age-test"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: _up(service), 30, "service up", service)
+    wait_for(lambda: service.up(), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()

@@ -15,12 +15,12 @@ import textwrap
 
 import pytest
 import requests
-from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.service.handlers import METRICS_SCOPE, make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
+from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 pytestmark = [pytest.mark.hub, pytest.mark.postgres]
 

@@ -17,11 +17,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 pytestmark = pytest.mark.hub
 

@@ -15,20 +15,19 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
-from hub_harness import REPO, start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from test_service_e2e import (
+
+from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import REPO, start_mig_hub
+from tests.support.slice_service import (
     METRICS_READERS,
     SCOPES,
     SERVICE,
     TOKEN,
     Service,
-    _up,
     lease_of,
     wait_for,
 )
-
-from mig_spawner.ledger import Ledger
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -64,7 +63,7 @@ def env(tmp_path_factory):
     hub.create_user("lena", groups=["age-warn"])
     hub.create_user("hana", groups=["idle-warn"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: _up(service), 30, "service up", service)
+    wait_for(lambda: service.up(), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
             playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

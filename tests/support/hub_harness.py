@@ -36,7 +36,7 @@ from typing import Any
 import requests
 import websocket
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 ADMIN_SERVICE = "test-harness"
@@ -113,7 +113,7 @@ class HubProcess:
         port, hub_port, api_port = free_port(), free_port(), free_port()
         token = secrets.token_hex(32)
         lines = [
-            "# Written by tests/hub_harness.py",
+            "# Written by tests/support/hub_harness.py",
             "c = get_config()  # noqa: F821",
             # Defaults that the config files may override: users need no Unix
             # account, servers run as the test user from the test's virtualenv.

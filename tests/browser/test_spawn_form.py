@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from hub_harness import REPO, start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
+from tests.support.hub_harness import REPO, start_mig_hub
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
