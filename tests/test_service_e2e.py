@@ -25,16 +25,7 @@ import websocket
 
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import REPO, HubProcess, free_port
-from tests.support.slice_service import (
-    METRICS_READERS,
-    SCOPES,
-    SERVICE,
-    TOKEN,
-    Service,
-    lease_of,
-    new_kernel,
-    wait_for,
-)
+from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_kernel, wait_for
 
 pytestmark = pytest.mark.hub
 
@@ -70,9 +61,7 @@ def write_config_dir(workdir: Path) -> Path:
         c.Spawner.http_timeout = 120
         c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
         c.MIGPolicyConfig.group_policies.update({policies!r})
-        c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
-        c.JupyterHub.load_roles.append(
-            {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
 
         # ghost's server never comes up: a spawn the hub can be killed in the middle of.
         def _slow_ghost(spawner):
@@ -91,7 +80,6 @@ def write_config_dir(workdir: Path) -> Path:
         c.JupyterHub.load_roles.append(
             {{"name": "{MANAGED}", "services": ["{MANAGED}"], "scopes": {SCOPES!r}}})
 
-{textwrap.indent(METRICS_READERS, ' ' * 8)}
         c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 3
         c.SliceServiceApp.retries = 1
@@ -163,7 +151,7 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
         time.sleep(5)  # several more sweeps, all past the busy kernel's 3 s limit
         assert kernels(hub, "ana") == {busy: "busy"}
         assert hub.server_model("ana")["ready"]  # the server and its slice stay
-        assert lease_of(ledger, "ana") is not None
+        assert ledger.active_for_server("ana") is not None
         assert service.metric("mig_spawner_service_culls_total", kind="kernel",
                               reason="kernel_idle", group="kernel-quick") == 1
     finally:
@@ -173,11 +161,11 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
 def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouched(env):
     hub, service, ledger = env
     start(hub, "bob")
-    wait_for(lambda: lease_of(ledger, "bob") is not None, 30, "bob's lease", service)
-    slice_uuid = lease_of(ledger, "bob").mig_uuid
+    wait_for(lambda: ledger.active_for_server("bob") is not None, 30, "bob's lease", service)
+    slice_uuid = ledger.active_for_server("bob").mig_uuid
     wait_for(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
              service)
-    wait_for(lambda: lease_of(ledger, "bob") is None, 15, "bob's lease released", service)
+    wait_for(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released", service)
     assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="server_idle", group="server-short") == 1
@@ -200,7 +188,7 @@ def test_max_session_age_stops_a_busy_server(env):
         ws.close()
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="max_session_age", group="age-capped") == 1
-    wait_for(lambda: lease_of(ledger, "cy") is None, 15, "cy's lease released", service)
+    wait_for(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released", service)
 
 
 def test_hub_going_away_does_not_crash_the_service(env):
@@ -233,13 +221,14 @@ def forget_spawn(hub: HubProcess, user: str) -> None:
 def test_orphan_lease_left_by_a_killed_hub_is_released(env):
     hub, service, ledger = env
     start(hub, "ghost")  # its server never answers: the spawn stays pending
-    wait_for(lambda: lease_of(ledger, "ghost") is not None, 30, "ghost's lease", service)
-    lease = lease_of(ledger, "ghost")
+    wait_for(lambda: ledger.active_for_server("ghost") is not None, 30, "ghost's lease", service)
+    lease = ledger.active_for_server("ghost")
     os.killpg(hub.proc.pid, signal.SIGKILL)  # the hub (and its proxy) die mid-spawn
     hub.proc.wait(10)
     forget_spawn(hub, "ghost")
     hub.restart_hub()
-    wait_for(lambda: lease_of(ledger, "ghost") is None, 60, "orphan lease released", service)
+    wait_for(lambda: ledger.active_for_server("ghost") is None, 60, "orphan lease released",
+             service)
     released = ledger.get(lease.id)
     assert released.state == "released"
     assert released.release_reason.startswith("orphan"), released.release_reason

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.support.browser import sign_in
 from tests.support.hub_harness import REPO, start_mig_hub
 from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
@@ -42,10 +43,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 900, "height": 1000})
-            page.goto(f"{hub.url}/hub/login")
-            page.get_by_label("Username").fill("mia")
-            page.get_by_label("Password").fill("any password")
-            page.get_by_role("button", name="Sign in").click()
+            sign_in(page, hub.url, "mia")
             page.goto(f"{hub.url}/hub/spawn")
 
             radios = page.get_by_role("radio")

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import requests
 
-from mig_spawner.ledger import Ledger
 from mig_spawner.service.app import REQUIRED_SCOPES
 from mig_spawner.service.handlers import METRICS_SCOPE
 from tests.support.hub_harness import ADMIN_SERVICE, HubProcess, free_port
@@ -28,7 +27,13 @@ c.JupyterHub.load_roles.append({{"name": "metrics-readers",
     "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
 """
 SCOPES = list(REQUIRED_SCOPES)
-SCOPES = list(REQUIRED_SCOPES)
+#: Config lines that register the service under test (its token and the scopes it needs)
+#: and let the harness read its metrics.
+SERVICE_CONFIG = f"""\
+c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+{METRICS_READERS}"""
 
 
 class Service:
@@ -93,7 +98,3 @@ def new_kernel(hub: HubProcess, user: str) -> str:
                          timeout=60)
     r.raise_for_status()
     return r.json()["id"]
-
-
-def lease_of(ledger: Ledger, user: str):
-    return ledger.active_for_server(user)
