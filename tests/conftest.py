@@ -1,9 +1,11 @@
 """Fixtures the whole suite shares: the PostgreSQL server started for the session, and
-the stand-ins for a hub and for the Kubernetes API, each stopped when its test ends."""
+a fresh ledger database on each backend, the stand-ins for a hub and for the
+Kubernetes API, each stopped when its test ends."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,11 @@ async def kube_standin() -> AsyncIterator[KubeStandin]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty ledger database, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return request.getfixturevalue("postgres_url")
