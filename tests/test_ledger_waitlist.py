@@ -50,6 +50,13 @@ def drain(ledger: Ledger) -> list[WaitEntry]:
     return granted
 
 
+def fill(ledger: Ledger) -> None:
+    """Every slot held, by users h0, h1, ... granted through the wait list."""
+    for n in range(SLOTS):
+        ledger.join_wait(asks(f"h{n}"))
+    drain(ledger)
+
+
 def test_waiters_are_granted_in_order_as_slots_free(backend_url: str) -> None:
     clock = Clock()
     with Ledger.open(backend_url, clock=clock) as ledger:
@@ -78,9 +85,7 @@ def test_waiters_are_granted_in_order_as_slots_free(backend_url: str) -> None:
 def test_joining_twice_limits_and_expiry(backend_url: str) -> None:
     clock = Clock()
     with Ledger.open(backend_url, clock=clock) as ledger:
-        for n in range(SLOTS):
-            ledger.join_wait(asks(f"h{n}"))
-        drain(ledger)
+        fill(ledger)
         entry = ledger.join_wait(asks("ann", server="a"), max_waiting=1)
         assert ledger.join_wait(asks("ann", server="a"), max_waiting=1) == entry
         with pytest.raises(Refused, match="already wait for 1 of 1") as refused:
@@ -219,9 +224,7 @@ def check_against_model(ledger: Ledger) -> None:
 def test_max_wait_none_never_expires(backend_url: str) -> None:
     clock = Clock()
     with Ledger.open(backend_url, clock=clock) as ledger:
-        for n in range(SLOTS):
-            ledger.join_wait(asks(f"h{n}"))
-        drain(ledger)
+        fill(ledger)
         entry = ledger.join_wait(asks("patient", max_wait=None))
         clock.advance(days=3)
         drain(ledger)
