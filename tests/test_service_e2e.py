@@ -24,7 +24,7 @@ import requests
 import websocket
 
 from mig_spawner.ledger import Ledger
-from tests.support.hub_harness import REPO, HubProcess, free_port
+from tests.support.hub_harness import REPO, HubProcess, free_port, simulated_spawner
 from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_kernel, wait_for
 
 pytestmark = pytest.mark.hub
@@ -52,10 +52,7 @@ def write_config_dir(workdir: Path) -> Path:
                 if group != "analysts"}
     (config_d / "90-test.py").write_text(textwrap.dedent(f"""
         c = get_config()  # noqa: F821
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.MIGSettings.simulate = "{SIM}"
-        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
+{textwrap.indent(simulated_spawner(workdir, SIM), ' ' * 8)}
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 120
         c.Spawner.http_timeout = 120

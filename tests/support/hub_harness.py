@@ -445,7 +445,17 @@ def start_mig_hub(
     keeps its state in ``workdir/sim-gpus.json`` so tests can see and change it.
     ``extra_config`` is appended last; other keywords go to :meth:`HubProcess.start`.
     """
-    mig = textwrap.dedent(
+    kw.setdefault("timeout", 120)
+    return HubProcess.start(
+        workdir, MIG_SNIPPETS, simulated_spawner(workdir, sim, spawner)
+        + textwrap.dedent(extra_config), **kw,
+    )
+
+
+def simulated_spawner(workdir: Path, sim: str, spawner: str = "mig-simple") -> str:
+    """Config lines for ``spawner`` running servers as the test user, with homes under
+    ``workdir``, on simulated GPUs ``sim`` whose state is ``workdir/sim-gpus.json``."""
+    return textwrap.dedent(
         f"""
         c.JupyterHub.spawner_class = "{spawner}"
         c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
@@ -454,5 +464,3 @@ def start_mig_hub(
         c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
         """
     )
-    kw.setdefault("timeout", 120)
-    return HubProcess.start(workdir, MIG_SNIPPETS, mig + textwrap.dedent(extra_config), **kw)
