@@ -1,5 +1,5 @@
 """The slice map's data, templates and routes, without a hub (the OAuth path runs against a
-real hub in test_slicemap_browser.py)."""
+real hub in browser/test_slicemap.py)."""
 
 from __future__ import annotations
 
