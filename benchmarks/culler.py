@@ -1,6 +1,6 @@
 """Benchmark: one sweep of the slice service against jupyterhub-idle-culler, same run.
 
-A stand-in hub (``tests/hub_standin.py``, in its own process so that it does not
+A stand-in hub (``tests/support/hub_standin.py``, in its own process so that it does not
 share the client's CPU) serves ``/hub/api/users`` as JupyterHub 5/6 does: 5,000
 users with a running server each, pages of 50 with ``_pagination.next``, one in
 five servers idle for two hours. Both cullers use a one-hour idle limit and the
@@ -43,7 +43,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper, SweepReport
 
-STANDIN = Path(__file__).resolve().parents[1] / "tests" / "hub_standin.py"
+REPO = Path(__file__).resolve().parents[1]
 IDLE_LIMIT = 3600
 QUIET = logging.getLogger("benchmark")
 QUIET.setLevel(logging.CRITICAL)
@@ -54,8 +54,9 @@ class StandinHub:
 
     def __init__(self, users: int, kernels: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(STANDIN), "--users", str(users), "--kernels", str(kernels)],
-            stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "tests.support.hub_standin",
+             "--users", str(users), "--kernels", str(kernels)],
+            stdout=subprocess.PIPE, text=True, cwd=REPO,
         )
         assert self.proc.stdout is not None
         self.url = f"http://127.0.0.1:{self.proc.stdout.readline().strip()}"

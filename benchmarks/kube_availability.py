@@ -2,7 +2,7 @@
 
 Cluster: 200 GPU nodes (8x H200, 7 slices each, mixed strategy; half of them single
 strategy), 50 CPU nodes, 12,000 pods (8,000 holding a slice, 2,000 finished), served
-over HTTP by the test stand-in of the Kubernetes API (tests/kube_standin.py).
+over HTTP by the test stand-in of the Kubernetes API (tests/support/kube_standin.py).
 
 Rows, each measured in the same run:
   * compute: cluster_slices() on the JSON already in memory;
@@ -15,7 +15,8 @@ Rows, each measured in the same run:
 Most of a read is the stand-in serving 10,000 pods in 500-item pages (the same for
 the hub and the baseline); the machine's load moves the absolute numbers.
 
-Run: .venv/bin/python benchmarks/kube_availability.py [--runs 5]
+Run: .venv/bin/python -m benchmarks.kube_availability [--runs 5] (from the repository
+root: it imports the stand-in from ``tests.support``)
 """
 
 from __future__ import annotations
@@ -23,19 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from kube_objects import gpu_labels, node, pod
-from kube_standin import KubeStandin
-
 from mig_spawner.kube import ClusterAvailability, cluster_slices
 from mig_spawner.kube.availability import NOT_TERMINATED, PAGE_SIZE
+from tests.support.kube_objects import gpu_labels, node, pod
+from tests.support.kube_standin import KubeStandin
 
 GPU_NODES, CPU_NODES, GPU_PODS, CPU_PODS, DONE_PODS = 200, 50, 8000, 2000, 2000
 RENDERS = 20

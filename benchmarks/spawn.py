@@ -7,7 +7,8 @@ between them (A, B, A, B, ...), so both see the same machine load; each spawn is
 timed from the REST request to the hub reporting the server ready. Prints a table
 and the ratio of the medians (goal: at most 1.10).
 
-    .venv/bin/python benchmarks/spawn.py [--rounds 8]
+    .venv/bin/python -m benchmarks.spawn [--rounds 8]   (from the repository root: it
+    imports the test harness as ``tests.support``)
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from hub_harness import HubProcess, start_mig_hub
+from tests.support.hub_harness import HubProcess, start_mig_hub
 
 SIM = "h200x1:layout=1g.18gb*7+h200x1:layout=1g.18gb*7"
 GOAL = 1.10

@@ -1,3 +1,48 @@
-"""Shared pytest fixtures: the PostgreSQL server started for the session."""
+"""Fixtures the whole suite shares: the PostgreSQL server started for the session, and
+a fresh ledger database on each backend, the stand-ins for a hub and for the
+Kubernetes API, each stopped when its test ends."""
 
-from pg_fixture import postgres_server, postgres_url  # noqa: F401
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.hub_standin import StandinState, listen
+from tests.support.kube_standin import KubeStandin
+from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
+
+
+@pytest.fixture
+async def serve_hub() -> AsyncIterator[Callable[[StandinState], str]]:
+    """Serves a stand-in hub's state over HTTP in the test's event loop:
+    ``base = serve_hub(state)`` gives the base URL (the hub API is under
+    ``{base}/hub/api``); every one started is stopped at the end of the test."""
+    servers = []
+
+    def serve(state: StandinState) -> str:
+        server, port = listen(state)
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+async def kube_standin() -> AsyncIterator[KubeStandin]:
+    """The stand-in Kubernetes API server, running for one test."""
+    server = KubeStandin()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty ledger database, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return request.getfixturevalue("postgres_url")

@@ -16,39 +16,9 @@ from mig_spawner.core.allocator import (
 )
 from mig_spawner.core.allocator.tables import table
 from mig_spawner.core.catalog import CatalogError, model
-from mig_spawner.core.inventory import Gpu, GpuInstance, GpuProcess, Inventory, MigDevice
+from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.refusal import Refused
-
-Layout = Iterable[tuple[str, int]]
-
-
-def make_gpu(
-    index: int,
-    model_key: str = "h200",
-    layout: Layout = (),
-    *,
-    mig: tuple[bool, bool] = (True, True),
-    busy_starts: Iterable[int] = (),
-) -> Gpu:
-    """A GPU with instances (and one MIG device each) at ``(profile, start)``."""
-    m = model(model_key)
-    uuid = f"GPU-{index:04d}"
-    busy = set(busy_starts)
-    gis, devs = [], []
-    for n, (name, start) in enumerate(layout):
-        p = m.profile(name)
-        gi = n + 1  # any unique ID: boards number instances differently
-        gis.append(GpuInstance(gi, p.name, p.profile_id, start, p.placement_size))
-        procs = (GpuProcess(4242, 100),) if start in busy else ()
-        devs.append(MigDevice(f"MIG-{index}-{start}-{p.name}", index, uuid, n,
-                              f"{m.product_names[0]} MIG {p.name}", p.name, gi, 0, start,
-                              p.placement_size, p.memory_mib, 0, procs))
-    return Gpu(index, uuid, m.product_names[0], model_key, index, m.memory_mib, mig[0], mig[1],
-               gpu_instances=tuple(gis), mig_devices=tuple(devs))
-
-
-def make_inventory(*gpus: Gpu) -> Inventory:
-    return Inventory("node1", "580.65.06", "13.580", 13000, tuple(gpus))
+from tests.mocking import make_gpu, make_inventory
 
 
 def granted(result: object) -> Placement:

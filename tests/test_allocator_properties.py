@@ -10,12 +10,12 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_allocator import make_gpu, make_inventory
 
 from mig_spawner.core.allocator import Placement, PoolGrant, pick_dynamic, pick_pool
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory
 from mig_spawner.core.refusal import Refused
+from tests.mocking import make_gpu, make_inventory
 
 # A30 twice: its two +me profiles are where the one-media-instance rule bites.
 MODEL_KEYS = ("h200", "h100", "a30", "a30", "a100-40gb")

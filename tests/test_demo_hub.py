@@ -22,7 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from hub_harness import VENV_BIN, HubError, HubProcess, free_port
 
 from mig_spawner.cli.demo import (
     DEFAULT_ADMIN_PASSWORD,
@@ -30,6 +29,7 @@ from mig_spawner.cli.demo import (
     DEMO_GROUPS,
     SLICEMAP_PATH,
 )
+from tests.support.hub_harness import VENV_BIN, HubError, HubProcess, free_port
 
 pytestmark = pytest.mark.hub
 

@@ -7,11 +7,11 @@ import socket
 import time
 
 import pytest
-from hub_standin import StandinState, listen
 
 from mig_spawner.hub.client import HubClient, HubError, HubUnavailable
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
+from tests.support.hub_standin import StandinState
 
 # -- against the stand-in (scale and injected faults) ---------------------------------
 
@@ -22,11 +22,9 @@ async def all_users(client: HubClient, state: str | None = "active") -> list[Hub
 
 
 @pytest.fixture
-async def standin():
+async def standin(serve_hub):
     state = StandinState.build(1234, kernels_per_server=2)
-    server, port = listen(state)
-    yield state, f"http://127.0.0.1:{port}"
-    server.stop()
+    return state, serve_hub(state)
 
 
 def client_for(base: str, **kw) -> HubClient:
@@ -145,7 +143,7 @@ def test_server_without_any_url_to_reach_it_says_what_to_set():
 
 @pytest.fixture(scope="module")
 def real_hub(tmp_path_factory):
-    from hub_harness import HubProcess
+    from tests.support.hub_harness import HubProcess
 
     workdir = tmp_path_factory.mktemp("hub")
     token = "slice-service-test-token-0123456789"

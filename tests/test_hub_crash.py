@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
 
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
 
 pytestmark = pytest.mark.hub
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hub_harness import HubProcess
+
+from tests.support.hub_harness import HubProcess
 
 REPO = Path(__file__).resolve().parents[1]
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from hub_harness import REPO, HubProcess, start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import REPO, HubProcess, start_mig_hub
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")

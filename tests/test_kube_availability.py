@@ -7,11 +7,11 @@ import json
 import sys
 
 import pytest
-from kube_objects import gpu_labels, node, pod, write_kubeconfig
-from kube_standin import KubeStandin
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from mig_spawner.kube import ClusterAvailability, ClusterReadError, cluster_slices, pod_requests
+from tests.mocking import Seconds, h200_single
+from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -24,16 +24,6 @@ def a100_mixed(name: str, **kw) -> dict:
         gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-balanced",
                    counts={"1g.10gb": 4, "3g.40gb": 2}),
         {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-3g.40gb": "2"},
-        **kw,
-    )
-
-
-def h200_single(name: str, **kw) -> dict:
-    """An H200 node with 8 GPUs all cut into 1g.18gb (56 slices), single strategy."""
-    return node(
-        name,
-        gpu_labels("NVIDIA-H200-MIG-1g.18gb", "single", config="all-1g.18gb"),
-        {"nvidia.com/gpu": "56"},
         **kw,
     )
 
@@ -52,11 +42,8 @@ def cpu_node(name: str) -> dict:
 
 
 @pytest.fixture
-async def standin():
-    server = KubeStandin()
-    server.start()
-    yield server
-    server.stop()
+async def standin(kube_standin):
+    return kube_standin
 
 
 @pytest.fixture
@@ -66,14 +53,6 @@ async def api(standin):
     config = Configuration(host=standin.url)
     async with ApiClient(config) as client:
         yield CoreV1Api(client)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --- the arithmetic, straight from API JSON ------------------------------------------
@@ -211,7 +190,7 @@ async def test_node_with_pending_reconfiguration_is_not_offered(standin, api):
 
 async def test_cache_serves_renders_within_ttl_and_rereads_after(standin, api):
     standin.nodes = [h200_mixed("h1")]
-    clock = Clock()
+    clock = Seconds()
     availability = ClusterAvailability(api, ttl=10, clock=clock)
     first = await availability.slices()
     assert standin.list_hits() == 2  # one Node list, one Pod list

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from kube_objects import gpu_labels, node, pod
 
 from mig_spawner.core.policy import build_policy
 from mig_spawner.core.refusal import Refused
@@ -17,6 +16,7 @@ from mig_spawner.spawner.kube_decide import (
     in_flight,
     make_kube_decide,
 )
+from tests.support.kube_objects import gpu_labels, node, pod
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 

@@ -8,12 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hub_standin import StandinState, listen
 from jupyterhub.spawner import SpawnException
-from kube_objects import pod
-from test_kube_spawner import a100_node, created, held, make
-from test_kube_spawner import ledger_url as ledger_url
-from test_kube_spawner import standin as standin
 
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
@@ -23,6 +18,11 @@ from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner import mixin
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
+from tests.support.hub_standin import StandinState
+from tests.support.kube_objects import pod
+from tests.test_kube_spawner import a100_node, created, held, make
+from tests.test_kube_spawner import ledger_url as ledger_url
+from tests.test_kube_spawner import standin as standin
 
 POLICY = MIGPolicyConfig(group_policies={"analysts": {"allowed": ["1g.10gb"]}}).build()
 POD = "jupyterhub/jupyter-ana"
@@ -30,11 +30,9 @@ UID = "uid-pod-jupyterhub-jupyter-ana"
 
 
 @pytest.fixture
-async def hub():
+async def hub(serve_hub):
     """A hub that runs no servers: every held lease is an orphan."""
-    server, port = listen(StandinState.build(0))
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    return serve_hub(StandinState.build(0))
 
 
 @pytest.fixture

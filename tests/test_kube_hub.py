@@ -19,11 +19,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from hub_harness import REPO, VENV_BIN, HubProcess, free_port
-from kube_objects import gpu_labels, node, write_kubeconfig
-from kube_standin import KubeStandin
 
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import REPO, VENV_BIN, HubProcess, free_port
+from tests.support.kube_objects import gpu_labels, node, write_kubeconfig
+from tests.support.kube_standin import KubeStandin
 
 pytestmark = pytest.mark.hub
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-from kube_objects import write_kubeconfig
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
@@ -21,6 +20,7 @@ from mig_spawner.kube import (
     single_product_label,
     slice_request,
 )
+from tests.support.kube_objects import write_kubeconfig
 
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 

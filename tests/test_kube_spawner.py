@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from jupyterhub.spawner import SpawnException
-from kube_objects import gpu_labels, node, pod, write_kubeconfig
-from kube_standin import KubeStandin
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from traitlets import TraitError
@@ -17,26 +15,11 @@ from traitlets.config import Config
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.spawner.kube import KubeMIGSpawner
+from tests.mocking import User, h200_single
+from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-class Group:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.properties: dict = {}
-
-
-class User:
-    """What a Spawner reads of JupyterHub's User (as KubeSpawner's own tests mock it)."""
-
-    def __init__(self, name: str, groups: list[str]) -> None:
-        self.name = name
-        self.id = abs(hash(name)) % 10_000
-        self.url = f"/user/{name}/"
-        self.groups = [Group(g) for g in groups]
-        self.settings: dict = {}
 
 
 class OrmSpawner:
@@ -64,15 +47,10 @@ def a100_node(name: str, *, state: str = "success", **kw) -> dict:
     )
 
 
-def h200_single(name: str, slices: int = 2, **kw) -> dict:
-    return node(name, gpu_labels("NVIDIA-H200-MIG-1g.18gb", "single"),
-                {"nvidia.com/gpu": str(slices)}, **kw)
-
-
 @pytest.fixture
-async def standin(tmp_path, monkeypatch):
-    server = KubeStandin()
-    server.start()
+async def standin(kube_standin, tmp_path, monkeypatch):
+    """The stand-in API server, as KubeSpawner's default kubeconfig."""
+    server = kube_standin
     path = write_kubeconfig(tmp_path / "kubeconfig", server.url)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
     yield server
@@ -81,7 +59,6 @@ async def standin(tmp_path, monkeypatch):
         await reflector.stop()
     KubeSpawner.reflectors.clear()
     KubeMIGSpawner._readers.clear()
-    server.stop()
 
 
 @pytest.fixture
@@ -164,7 +141,7 @@ async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(stand
 
 
 async def test_single_strategy_pod_selects_the_mig_product_node(standin, ledger_url):
-    standin.nodes = [h200_single("gpu-h1")]
+    standin.nodes = [h200_single("gpu-h1", slices=2)]
     s = make(standin, ledger_url, profile="small",
              mig_node_selector={"pool": "gpu"})
     standin.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
@@ -324,7 +301,7 @@ async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_u
     c.KubeMIGSpawner.k8s_api_host = standin.url
     s = KubeMIGSpawner(config=c, user=User("ana", ["analysts"]), hub=Hub(),
                        orm_spawner=OrmSpawner(""), _mock=True)
-    standin.nodes = [h200_single("gpu-h1", taints=[GPU_TAINT])]
+    standin.nodes = [h200_single("gpu-h1", slices=2, taints=[GPU_TAINT])]
     form = await s.render_options_form()
     assert "2 free now" in form  # the example tolerates the usual GPU taint
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from manual_clock import T0, Clock
 from sqlalchemy import create_engine, inspect, text
 
 from mig_spawner.ledger import (
@@ -34,6 +33,7 @@ from mig_spawner.ledger import (
 from mig_spawner.ledger.migrate import head_revision
 from mig_spawner.ledger.models import VERSION_TABLE, metadata
 from mig_spawner.spawner.decide import holdings
+from tests.mocking import T0, Clock
 
 HOST = "gpu-host-1"
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -86,22 +86,14 @@ def fixed(start: int, size: int = 1, group: str = "physics", gpu: str = GPUS[0])
     return decide
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty ledger database on each backend."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    return request.getfixturevalue("postgres_url")
-
-
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
 @pytest.fixture
-def ledger(url: str, clock: Clock):
-    with Ledger.open(url, clock=clock) as opened:
+def ledger(backend_url: str, clock: Clock):
+    with Ledger.open(backend_url, clock=clock) as opened:
         yield opened
 
 
@@ -331,12 +323,12 @@ def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> Non
     assert ledger.history() == []
 
 
-def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) -> None:
-    with Ledger.open(url, clock=clock) as first:
+def test_leases_survive_reopening_and_another_process(backend_url: str, clock: Clock) -> None:
+    with Ledger.open(backend_url, clock=clock) as first:
         kept = first.activate(first.claim(LeaseRequest("alice"), first_free).id, mig_uuid="M1")
         gone = first.claim(LeaseRequest("bob"), first_free)
         first.release(gone.id, "stopped")
-    with Ledger.open(url) as reopened:  # a new engine: the hub restarted
+    with Ledger.open(backend_url) as reopened:  # a new engine: the hub restarted
         assert reopened.active() == [kept]
         assert reopened.get(gone.id).release_reason == "stopped"
         with pytest.raises(DoubleGrant):  # the slot is still held after the restart
@@ -348,7 +340,7 @@ def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) ->
         "print(json.dumps([[l.id, l.user, l.mig_uuid, l.state] for l in ledger.active()]))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, url],
+        [sys.executable, "-c", script, backend_url],
         capture_output=True,
         text=True,
         check=True,
@@ -357,8 +349,8 @@ def test_leases_survive_reopening_and_another_process(url: str, clock: Clock) ->
     assert json.loads(out) == [[kept.id, "alice", "M1", "active"]]
 
 
-def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> None:
-    ledger = Ledger(url)
+def test_migrations_build_the_schema_from_empty_and_are_idempotent(backend_url: str) -> None:
+    ledger = Ledger(backend_url)
     head = head_revision()  # the newest migration this branch ships
     with pytest.raises(SchemaError, match=rf"revision none, this mig-spawner needs {head}.*open"):
         ledger.active()
@@ -366,7 +358,7 @@ def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> 
     assert ledger.upgrade() == head
     assert ledger.upgrade() == head
     assert ledger.active() == []
-    engine = create_engine(url)
+    engine = create_engine(backend_url)
     try:
         tables = set(inspect(engine).get_table_names())
         assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", "refusals",
@@ -382,24 +374,25 @@ def test_migrations_build_the_schema_from_empty_and_are_idempotent(url: str) -> 
         ledger.close()
 
 
-def test_ledger_shares_jupyterhubs_database(url: str) -> None:
+def test_ledger_shares_jupyterhubs_database(backend_url: str) -> None:
     from jupyterhub import orm
 
     def hub_revision() -> str:
-        engine = create_engine(url)
+        engine = create_engine(backend_url)
         try:
             with engine.connect() as conn:
                 return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
         finally:
             engine.dispose()
 
-    orm.new_session_factory(url)().get_bind().dispose()  # the hub creates its tables
+    orm.new_session_factory(backend_url)().get_bind().dispose()  # the hub creates its tables
     hub_head = hub_revision()
-    with Ledger.open(url) as ledger:
+    with Ledger.open(backend_url) as ledger:
         ledger.claim(LeaseRequest("alice"), first_free)
     assert hub_revision() == hub_head
-    orm.new_session_factory(url)().get_bind().dispose()  # the hub restarts: revision check passes
-    with Ledger.open(url) as ledger:
+    # The hub restarts: its revision check passes.
+    orm.new_session_factory(backend_url)().get_bind().dispose()
+    with Ledger.open(backend_url) as ledger:
         assert [lease.user for lease in ledger.active()] == ["alice"]
 
 

@@ -13,7 +13,6 @@ import multiprocessing
 import queue
 import threading
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, func, select
@@ -70,10 +69,10 @@ def claim_many(
     return granted, refused, errors
 
 
-def _race_process(url: str, worker: int, barrier, results) -> None:
+def _race_process(backend_url: str, worker: int, barrier, results) -> None:
     # Every worker migrates the fresh database itself: concurrent upgrades must be safe too.
     try:
-        ledger = Ledger.open(url)
+        ledger = Ledger.open(backend_url)
         barrier.wait(timeout=120)
         results.put((worker, *claim_many(ledger, f"p{worker}", CLAIMS_PER_PROCESS)))
         ledger.close()
@@ -81,7 +80,9 @@ def _race_process(url: str, worker: int, barrier, results) -> None:
         results.put((worker, [], 0, [f"worker crashed: {e!r}"]))
 
 
-def check_outcome(url: str, outcomes: list[tuple[list[tuple[str, int]], int, list[str]]]) -> None:
+def check_outcome(
+    backend_url: str, outcomes: list[tuple[list[tuple[str, int]], int, list[str]]]
+) -> None:
     granted = [slot for outcome in outcomes for slot in outcome[0]]
     refused = sum(outcome[1] for outcome in outcomes)
     errors = [error for outcome in outcomes for error in outcome[2]]
@@ -90,10 +91,10 @@ def check_outcome(url: str, outcomes: list[tuple[list[tuple[str, int]], int, lis
     doubles = {slot: n for slot, n in Counter(granted).items() if n > 1}
     assert doubles == {}, f"double grants: {doubles}"
     assert refused == sum(len(o[0]) + o[1] for o in outcomes) - SLICES
-    with Ledger(url) as ledger:
+    with Ledger(backend_url) as ledger:
         assert len(ledger.active()) == SLICES
         assert {(lease.gpu_uuid, lease.start) for lease in ledger.active()} == set(granted)
-    engine = create_engine(url)
+    engine = create_engine(backend_url)
     try:
         with engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(lease_slots)).scalar() == SLICES
@@ -101,19 +102,12 @@ def check_outcome(url: str, outcomes: list[tuple[list[tuple[str, int]], int, lis
         engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    return request.getfixturevalue("postgres_url")
-
-
-def test_racing_processes_never_double_grant(url: str) -> None:
+def test_racing_processes_never_double_grant(backend_url: str) -> None:
     context = multiprocessing.get_context("spawn")  # no engine state inherited through fork
     barrier = context.Barrier(PROCESSES)
     results = context.Queue()
     workers = [
-        context.Process(target=_race_process, args=(url, n, barrier, results), daemon=True)
+        context.Process(target=_race_process, args=(backend_url, n, barrier, results), daemon=True)
         for n in range(PROCESSES)
     ]
     for worker in workers:
@@ -128,14 +122,14 @@ def test_racing_processes_never_double_grant(url: str) -> None:
     finally:
         for worker in workers:
             worker.join(timeout=30)
-    check_outcome(url, outcomes)
+    check_outcome(backend_url, outcomes)
     assert sum(len(o[0]) + o[1] for o in outcomes) == PROCESSES * CLAIMS_PER_PROCESS
 
 
-def test_threads_can_share_one_ledger(url: str) -> None:
+def test_threads_can_share_one_ledger(backend_url: str) -> None:
     # The hub calls one Ledger from its executor's threads.
     threads, per_thread = 8, 5
-    with Ledger.open(url) as ledger:
+    with Ledger.open(backend_url) as ledger:
         barrier = threading.Barrier(threads)
         outcomes: list = []
 
@@ -148,7 +142,7 @@ def test_threads_can_share_one_ledger(url: str) -> None:
             thread.start()
         for thread in pool:
             thread.join(timeout=120)
-    check_outcome(url, outcomes)
+    check_outcome(backend_url, outcomes)
 
 
 @pytest.mark.postgres

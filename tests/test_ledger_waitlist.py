@@ -14,16 +14,15 @@ import queue
 import random
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from manual_clock import Clock
 from sqlalchemy import create_engine, func, select
 
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.ledger import Grant, Ledger, LedgerView, WaitEntry, WaitRequest
 from mig_spawner.ledger.models import lease_slots
+from tests.mocking import Clock
 
 HOST, GPU, SLOTS = "wait-host", "GPU-wait", 6
 PRIORITY = {"staff": 1, "students": 0}
@@ -51,16 +50,16 @@ def drain(ledger: Ledger) -> list[WaitEntry]:
     return granted
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    return request.getfixturevalue("postgres_url")
+def fill(ledger: Ledger) -> None:
+    """Every slot held, by users h0, h1, ... granted through the wait list."""
+    for n in range(SLOTS):
+        ledger.join_wait(asks(f"h{n}"))
+    drain(ledger)
 
 
-def test_waiters_are_granted_in_order_as_slots_free(url: str) -> None:
+def test_waiters_are_granted_in_order_as_slots_free(backend_url: str) -> None:
     clock = Clock()
-    with Ledger.open(url, clock=clock) as ledger:
+    with Ledger.open(backend_url, clock=clock) as ledger:
         holders = []
         for n in range(SLOTS):
             ledger.join_wait(asks(f"h{n}"))
@@ -83,12 +82,10 @@ def test_waiters_are_granted_in_order_as_slots_free(url: str) -> None:
         assert ledger.wait_entry(late[0].id).reason == "user cancelled"
 
 
-def test_joining_twice_limits_and_expiry(url: str) -> None:
+def test_joining_twice_limits_and_expiry(backend_url: str) -> None:
     clock = Clock()
-    with Ledger.open(url, clock=clock) as ledger:
-        for n in range(SLOTS):
-            ledger.join_wait(asks(f"h{n}"))
-        drain(ledger)
+    with Ledger.open(backend_url, clock=clock) as ledger:
+        fill(ledger)
         entry = ledger.join_wait(asks("ann", server="a"), max_waiting=1)
         assert ledger.join_wait(asks("ann", server="a"), max_waiting=1) == entry
         with pytest.raises(Refused, match="already wait for 1 of 1") as refused:
@@ -104,8 +101,8 @@ def test_joining_twice_limits_and_expiry(url: str) -> None:
         assert ledger.waiting() == []
 
 
-def test_passed_over_waiters_count_and_the_guard_blocks(url: str) -> None:
-    with Ledger.open(url, clock=Clock()) as ledger:
+def test_passed_over_waiters_count_and_the_guard_blocks(backend_url: str) -> None:
+    with Ledger.open(backend_url, clock=Clock()) as ledger:
         big = ledger.join_wait(asks("big"))
         small = ledger.join_wait(asks("small"))
 
@@ -127,11 +124,11 @@ def test_passed_over_waiters_count_and_the_guard_blocks(url: str) -> None:
 PROCESSES, OPS = 4, 30
 
 
-def _worker(url: str, worker: int, barrier, results) -> None:
+def _worker(backend_url: str, worker: int, barrier, results) -> None:
     rng = random.Random(worker)
     errors: list[str] = []
     try:
-        ledger = Ledger.open(url)
+        ledger = Ledger.open(backend_url)
         barrier.wait(timeout=120)
         mine: list[int] = []
         for op in range(OPS):
@@ -161,15 +158,15 @@ def _worker(url: str, worker: int, barrier, results) -> None:
     results.put(errors)
 
 
-def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(url: str) -> None:
-    with Ledger.open(url) as ledger:  # start full, with nobody waiting
+def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(backend_url: str) -> None:
+    with Ledger.open(backend_url) as ledger:  # start full, with nobody waiting
         for n in range(SLOTS):
             ledger.join_wait(asks(f"seed{n}"))
         assert len(drain(ledger)) == SLOTS
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PROCESSES)
     results = context.Queue()
-    workers = [context.Process(target=_worker, args=(url, n, barrier, results), daemon=True)
+    workers = [context.Process(target=_worker, args=(backend_url, n, barrier, results), daemon=True)
                for n in range(PROCESSES)]
     for worker in workers:
         worker.start()
@@ -183,9 +180,9 @@ def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(url: str
         for worker in workers:
             worker.join(timeout=30)
     assert errors == []
-    with Ledger(url) as ledger:
+    with Ledger(backend_url) as ledger:
         check_against_model(ledger)
-        engine = create_engine(url)
+        engine = create_engine(backend_url)
         try:
             with engine.connect() as conn:
                 slot_rows = conn.execute(select(func.count()).select_from(lease_slots)).scalar()
@@ -224,12 +221,10 @@ def check_against_model(ledger: Ledger) -> None:
     assert any(e.state == "cancelled" for e in entries) and len(granted) > SLOTS
 
 
-def test_max_wait_none_never_expires(url: str) -> None:
+def test_max_wait_none_never_expires(backend_url: str) -> None:
     clock = Clock()
-    with Ledger.open(url, clock=clock) as ledger:
-        for n in range(SLOTS):
-            ledger.join_wait(asks(f"h{n}"))
-        drain(ledger)
+    with Ledger.open(backend_url, clock=clock) as ledger:
+        fill(ledger)
         entry = ledger.join_wait(asks("patient", max_wait=None))
         clock.advance(days=3)
         drain(ledger)

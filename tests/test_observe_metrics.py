@@ -8,7 +8,6 @@ from typing import Any
 
 import pynvml
 import pytest
-from observe_world import World, make_world
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +17,7 @@ from mig_spawner.gpu.simulator import SimulatedNvmlLibrary
 from mig_spawner.gpu.simulator.library import _decode, _out
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.source import SliceSource
+from tests.support.observe_world import World, make_world
 
 MIB = 1024 * 1024
 

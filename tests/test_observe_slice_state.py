@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from manual_clock import T0
-from observe_world import World, make_world
 
 from mig_spawner.hub.models import HubServer, Kernel
 from mig_spawner.ledger import Grant, LeaseRequest
 from mig_spawner.observe.slice_state import activity_resolution, slice_map
 from mig_spawner.service.cull_rules import Probe, activity_to_record
+from tests.mocking import T0
+from tests.support.observe_world import World, make_world
 
 
 @pytest.fixture

@@ -1,17 +1,17 @@
 """The slice map's data, templates and routes, without a hub (the OAuth path runs against a
-real hub in test_slicemap_browser.py)."""
+real hub in browser/test_slicemap.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from observe_world import make_world
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from tornado.web import Application
 
 from mig_spawner.observe import slicemap
 from mig_spawner.observe.slice_state import slice_map
+from tests.support.observe_world import make_world
 
 HOSTILE = "</script><script>alert(1)</script>"
 
@@ -108,7 +108,7 @@ def test_slice_map_json_and_table_show_gib_beside_the_profile(tmp_path):
 @pytest.mark.browser
 def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
-    from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+    from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
     require_chromium()
     world = _h200_every_size(tmp_path)

@@ -9,7 +9,6 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from manual_clock import Clock
 from matplotlib.dates import num2date
 
 from mig_spawner.cli.main import main
@@ -32,6 +31,7 @@ from mig_spawner.report.replay import (
     replay_dynamic,
     replay_pool,
 )
+from tests.mocking import Clock
 
 DAY = datetime(2026, 12, 1, tzinfo=UTC)
 SMALL, BIG = "1g.18gb", "3g.71gb"

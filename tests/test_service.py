@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from hub_standin import StandinState, listen
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient
@@ -36,6 +35,7 @@ from mig_spawner.service.app import SliceServiceApp, missing_scopes
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
+from tests.support.hub_standin import StandinState, listen
 
 POLICY = MIGPolicyConfig(group_policies={
     "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
@@ -43,11 +43,9 @@ POLICY = MIGPolicyConfig(group_policies={
 
 
 @pytest.fixture
-async def standin():
+async def standin(serve_hub):
     state = StandinState.build(300, idle_every=3)
-    server, port = listen(state)
-    yield state, f"http://127.0.0.1:{port}"
-    server.stop()
+    return state, serve_hub(state)
 
 
 def sweeper_for(base: str, **kw) -> Sweeper:

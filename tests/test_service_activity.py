@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hub_standin import StandinState, listen
 
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
@@ -18,6 +17,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.cull_rules import Probe, activity_to_record
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
+from tests.support.hub_standin import StandinState
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -75,18 +75,16 @@ def claim(ledger: Ledger, user: str, start: int) -> str:
 
 
 @pytest.fixture
-async def world(tmp_path):
+async def world(tmp_path, serve_hub):
     """The stand-in hub (user00001 active a minute ago, user00000 idle for 2 h) and a
     ledger whose leases were claimed 90 minutes ago."""
     now = datetime.now(UTC)
     state = StandinState.build(3, idle_every=3, now=now)
-    server_, port = listen(state)
-    base = f"http://127.0.0.1:{port}"
+    base = serve_hub(state)
     claimed = now - timedelta(minutes=90)
     with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite", clock=lambda: claimed) as ledger:
         leases = {user: claim(ledger, user, i) for i, user in enumerate(state.users)}
         yield base, ledger, leases, now
-    server_.stop()
 
 
 def sweeper(base: str, ledger: Ledger, **kw) -> Sweeper:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import textwrap
 import time
@@ -23,26 +22,15 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
-from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 from mig_spawner.ledger import Ledger
-from mig_spawner.service.app import REQUIRED_SCOPES
-from mig_spawner.service.handlers import METRICS_SCOPE
+from tests.support.hub_harness import REPO, HubProcess, free_port, simulated_spawner
+from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_kernel, wait_for
 
 pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
-SERVICE = "mig-slices"
 MANAGED = "mig-slices-managed"
-TOKEN = "slice-service-e2e-token-" + "0" * 16
-#: Config lines that let the harness's admin token read the services' metrics (private
-#: by default): every hub that runs the service under test adds them.
-METRICS_READERS = f"""\
-c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
-c.JupyterHub.load_roles.append({{"name": "metrics-readers",
-    "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
-"""
-SCOPES = list(REQUIRED_SCOPES)
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
     "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
@@ -64,18 +52,13 @@ def write_config_dir(workdir: Path) -> Path:
                 if group != "analysts"}
     (config_d / "90-test.py").write_text(textwrap.dedent(f"""
         c = get_config()  # noqa: F821
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.MIGSettings.simulate = "{SIM}"
-        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
+{textwrap.indent(simulated_spawner(workdir, SIM), ' ' * 8)}
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 120
         c.Spawner.http_timeout = 120
         c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
         c.MIGPolicyConfig.group_policies.update({policies!r})
-        c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
-        c.JupyterHub.load_roles.append(
-            {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
 
         # ghost's server never comes up: a spawn the hub can be killed in the middle of.
         def _slow_ghost(spawner):
@@ -94,53 +77,12 @@ def write_config_dir(workdir: Path) -> Path:
         c.JupyterHub.load_roles.append(
             {{"name": "{MANAGED}", "services": ["{MANAGED}"], "scopes": {SCOPES!r}}})
 
-{textwrap.indent(METRICS_READERS, ' ' * 8)}
         c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 3
         c.SliceServiceApp.retries = 1
         # No c.SliceServiceApp.simulate: the service takes the spawner's simulated GPU.
     """))
     return config_d
-
-
-class Service:
-    """``mig-spawner-service`` as a process of its own, as the hub would run it."""
-
-    def __init__(self, hub: HubProcess, config_d: Path) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log_path = hub.workdir / "service.log"
-        self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
-        env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
-               "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
-               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mig-spawner-service"),
-             f"--config-dir={config_d}", f"--proxy-url={hub.url}",
-             f"--ledger-url=sqlite:///{hub.workdir}/mig_spawner_ledger.sqlite",
-             "--log-level=DEBUG"],
-            env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def get(self, path: str) -> requests.Response:
-        return requests.get(self.url + path, headers=self.auth, timeout=10)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels``."""
-        total = 0.0
-        for line in self.get("/metrics").text.splitlines():
-            if line.startswith((name + "{", name + " ")) and all(
-                f'{k}="{v}"' in line for k, v in labels.items()
-            ):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -151,28 +93,11 @@ def env(tmp_path_factory):
     for user, (group, _) in GROUPS.items():
         hub.create_user(user, groups=[group])
     service = Service(hub, config_d)
-    HubProcess.wait_until(lambda: _up(service), 30)
+    HubProcess.wait_until(lambda: service.up(), 30)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()
     hub.close()
-
-
-def _up(service: Service) -> bool:
-    try:
-        return service.get("/health").status_code == 200
-    except requests.ConnectionError:
-        assert service.proc.poll() is None, service.log()
-        return False
-
-
-def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
 
 
 def start(hub: HubProcess, user: str) -> None:
@@ -184,13 +109,6 @@ def kernels(hub: HubProcess, user: str) -> dict[str, str]:
     r = hub.session.get(f"{hub.url}/user/{user}/api/kernels", timeout=10)
     r.raise_for_status()
     return {k["id"]: k["execution_state"] for k in r.json()}
-
-
-def new_kernel(hub: HubProcess, user: str) -> str:
-    r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
-                         timeout=60)
-    r.raise_for_status()
-    return r.json()["id"]
 
 
 def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
@@ -207,10 +125,6 @@ def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
                     "user_expressions": {}, "allow_stdin": False},
     }))
     return ws
-
-
-def lease_of(ledger: Ledger, user: str):
-    return ledger.active_for_server(user)
 
 
 def test_runs_as_a_hub_managed_service_reading_the_hub_config(env):
@@ -234,7 +148,7 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
         time.sleep(5)  # several more sweeps, all past the busy kernel's 3 s limit
         assert kernels(hub, "ana") == {busy: "busy"}
         assert hub.server_model("ana")["ready"]  # the server and its slice stay
-        assert lease_of(ledger, "ana") is not None
+        assert ledger.active_for_server("ana") is not None
         assert service.metric("mig_spawner_service_culls_total", kind="kernel",
                               reason="kernel_idle", group="kernel-quick") == 1
     finally:
@@ -244,11 +158,11 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
 def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouched(env):
     hub, service, ledger = env
     start(hub, "bob")
-    wait_for(lambda: lease_of(ledger, "bob") is not None, 30, "bob's lease", service)
-    slice_uuid = lease_of(ledger, "bob").mig_uuid
+    wait_for(lambda: ledger.active_for_server("bob") is not None, 30, "bob's lease", service)
+    slice_uuid = ledger.active_for_server("bob").mig_uuid
     wait_for(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
              service)
-    wait_for(lambda: lease_of(ledger, "bob") is None, 15, "bob's lease released", service)
+    wait_for(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released", service)
     assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="server_idle", group="server-short") == 1
@@ -271,7 +185,7 @@ def test_max_session_age_stops_a_busy_server(env):
         ws.close()
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="max_session_age", group="age-capped") == 1
-    wait_for(lambda: lease_of(ledger, "cy") is None, 15, "cy's lease released", service)
+    wait_for(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released", service)
 
 
 def test_hub_going_away_does_not_crash_the_service(env):
@@ -304,13 +218,14 @@ def forget_spawn(hub: HubProcess, user: str) -> None:
 def test_orphan_lease_left_by_a_killed_hub_is_released(env):
     hub, service, ledger = env
     start(hub, "ghost")  # its server never answers: the spawn stays pending
-    wait_for(lambda: lease_of(ledger, "ghost") is not None, 30, "ghost's lease", service)
-    lease = lease_of(ledger, "ghost")
+    wait_for(lambda: ledger.active_for_server("ghost") is not None, 30, "ghost's lease", service)
+    lease = ledger.active_for_server("ghost")
     os.killpg(hub.proc.pid, signal.SIGKILL)  # the hub (and its proxy) die mid-spawn
     hub.proc.wait(10)
     forget_spawn(hub, "ghost")
     hub.restart_hub()
-    wait_for(lambda: lease_of(ledger, "ghost") is None, 60, "orphan lease released", service)
+    wait_for(lambda: ledger.active_for_server("ghost") is None, 60, "orphan lease released",
+             service)
     released = ledger.get(lease.id)
     assert released.state == "released"
     assert released.release_reason.startswith("orphan"), released.release_reason

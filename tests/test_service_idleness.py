@@ -16,22 +16,13 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hub_harness import start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from test_service_e2e import (
-    METRICS_READERS,
-    SCOPES,
-    SERVICE,
-    TOKEN,
-    Service,
-    _up,
-    lease_of,
-    new_kernel,
-    wait_for,
-)
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from tests.support.browser import sign_in
+from tests.support.hub_harness import start_mig_hub
+from tests.support.slice_service import SERVICE_CONFIG, Service, new_kernel, wait_for
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = pytest.mark.hub
 
@@ -49,10 +40,7 @@ c.MIGPolicyConfig.group_policies.update({{"idle-test": {{
     "allowed": ["small"], "server_idle_timeout": {SERVER_IDLE},
     "kernel_idle_timeout": {KERNEL_IDLE}, "warn_before": {WARN}}},
     "age-test": {{"allowed": ["small"], "max_session_age": {MAX_AGE}}}}})
-c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
-c.JupyterHub.load_roles.append(
-    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
-{METRICS_READERS}c.SliceServiceApp.cull_every = {SWEEP}
+{SERVICE_CONFIG}c.SliceServiceApp.cull_every = {SWEEP}
 """
 
 
@@ -66,7 +54,7 @@ def env(tmp_path_factory):
         hub.create_user(user, groups=["idle-test"])
     hub.create_user("cy", groups=["age-test"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: _up(service), 30, "service up", service)
+    wait_for(lambda: service.up(), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()
@@ -88,7 +76,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     new_kernel(hub, "ana")  # the user's last act, through the proxy
     touched = time.monotonic()
     touched_at = datetime.now(UTC)
-    lease = lease_of(ledger, "ana")
+    lease = ledger.active_for_server("ana")
     assert lease.server_url and lease.server_url.endswith("/user/ana/")
     # Her dead kernel's memory stays held: no process, no SM activity, not work.
     gpus(hub).set_memory_used(lease.mig_uuid, 15000)
@@ -98,7 +86,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     stopped = time.monotonic() - touched
     # Stopped within one sweep of the limit (plus the stop itself on a loaded machine).
     assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + SWEEP + 6, stopped
-    wait_for(lambda: lease_of(ledger, "ana") is None, 15, "ana's lease released", service)
+    wait_for(lambda: ledger.active_for_server("ana") is None, 15, "ana's lease released", service)
     assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
     # Warned warn_before ahead of the stop (within a sweep), once.
     [warned] = [e for e in ledger.events(lease.id) if e.kind == "warned"]
@@ -123,10 +111,7 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 800})
-            page.goto(f"{hub.url}/hub/login?next=/user/mia/lab")
-            page.get_by_label("Username").fill("mia")
-            page.get_by_label("Password").fill("any password")
-            page.get_by_role("button", name="Sign in").click()
+            sign_in(page, hub.url, "mia", "/user/mia/lab")
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
                 timeout=120_000)
             began = time.monotonic()
@@ -141,13 +126,13 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
         finally:
             browser.close()
     assert hub.server_model("mia")["ready"]
-    assert lease_of(ledger, "mia") is not None
+    assert ledger.active_for_server("mia") is not None
 
 
 def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
     hub, service, ledger = env
     start(hub, "gus")
-    lease = lease_of(ledger, "gus")
+    lease = ledger.active_for_server("gus")
     # A training script started from a terminal: a process on the slice, SMs busy.
     gpus(hub).set_processes(lease.mig_uuid, [(4242, 30000)])
     gpus(hub).set_sm_activity(lease.mig_uuid, 70)
@@ -166,7 +151,7 @@ def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
 def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
     hub, service, ledger = env
     start(hub, "cy")
-    lease = lease_of(ledger, "cy")
+    lease = ledger.active_for_server("cy")
     assert lease.expires_at == lease.claimed_at + timedelta(seconds=MAX_AGE)
     hub.stop_hub()
     hub.restart_hub()

@@ -15,12 +15,12 @@ import textwrap
 
 import pytest
 import requests
-from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.service.handlers import METRICS_SCOPE, make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
+from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port, simulated_spawner
 
 pytestmark = [pytest.mark.hub, pytest.mark.postgres]
 
@@ -51,10 +51,7 @@ def world(tmp_path_factory, postgres_server):
     spawner.write_text(spawner.read_text().replace('c.MIGSettings.ledger_url = ""', line))
     (config_d / "90-test.py").write_text(textwrap.dedent(f"""
         c = get_config()  # noqa: F821
-        c.JupyterHub.spawner_class = "mig-simple"
-        c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
-        c.MIGSettings.simulate = "h200x1:layout=1g.18gb*7"
-        c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
+{textwrap.indent(simulated_spawner(workdir, "h200x1:layout=1g.18gb*7"), ' ' * 8)}
         c.JupyterHub.load_groups = {{"analysts": {{"users": ["ana", "ben"]}}}}
     """))
     hub = HubProcess.start(workdir, sorted(config_d.glob("*.py")), textwrap.dedent(f"""

@@ -17,11 +17,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
 
 pytestmark = pytest.mark.hub
 
@@ -105,6 +105,23 @@ def wait_released(ledger, user, timeout):
 def _devices(hub):
     with connect(simulate=SIM, state_file=str(hub.workdir / "sim-gpus.json")) as adapter:
         return adapter.inventory().mig_devices
+
+
+def refused_then_freed(hub, ledger, outage, r) -> float:
+    """Check that ``r``, ana's spawn while the ledger is down, was a plain 503 and left no
+    server; end the outage; seconds until ana's slice is free and its instance gone."""
+    try:
+        assert r.status_code == 503, r.text
+        assert plain(r.json()["message"]) == (
+            "The lease ledger cannot be read right now. Try again in a minute; if it "
+            "persists, tell a hub admin."
+        )
+        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    finally:
+        outage.end()
+    took = wait_released(ledger, "ana", 10)
+    assert not _devices(hub)
+    return took
 
 
 def test_instance_is_created_for_the_server_and_destroyed_after(hub, ledger):
@@ -191,19 +208,8 @@ def test_the_ledger_down_at_stop_and_at_start_gives_plain_503s_and_heals(
     hub.spawn("ana", {"profile": "small"})
     hub.wait_ready("ana")
     outage.start()
-    try:
-        hub.stop_server("ana")  # the server stops; its slice cannot be given back yet
-        r = hub.spawn("ana", {"profile": "small"})
-        assert r.status_code == 503, r.text
-        assert plain(r.json()["message"]) == (
-            "The lease ledger cannot be read right now. Try again in a minute; if it "
-            "persists, tell a hub admin."
-        )
-        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
-    finally:
-        outage.end()
-    took = wait_released(ledger, "ana", 10)
-    assert not _devices(hub)
+    hub.stop_server("ana")  # the server stops; its slice cannot be given back yet
+    took = refused_then_freed(hub, ledger, outage, hub.spawn("ana", {"profile": "small"}))
     r = hub.spawn("ana", {"profile": "small"})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ana")
@@ -211,31 +217,32 @@ def test_the_ledger_down_at_stop_and_at_start_gives_plain_503s_and_heals(
     print(f"slice free {took:.1f}s after the ledger came back")
 
 
-def test_an_instance_that_cannot_be_created_gives_a_plain_503(hub, ledger, sim):
-    sim.inject_error("nvmlDeviceCreateGpuInstanceWithPlacement", "UNKNOWN")
+def refused_by_the_driver(hub, ledger, sim, call: str, error: str) -> str:
+    """Ana's spawn while the simulated driver fails ``call`` with ``error``: checks it
+    was a 503 that left no server and no lease; returns the (plain) message."""
+    sim.inject_error(call, error)
     try:
         r = hub.spawn("ana", {"profile": "small"})
     finally:
         sim.clear_errors()
     assert r.status_code == 503, r.text
-    assert plain(r.json()["message"]).startswith("Could not create the 1g.18gb instance")
     hub.wait_until(lambda: hub.server_model("ana") is None, 30)
     assert ledger.active_for_server("ana") is None
+    return plain(r.json()["message"])
+
+
+def test_an_instance_that_cannot_be_created_gives_a_plain_503(hub, ledger, sim):
+    message = refused_by_the_driver(
+        hub, ledger, sim, "nvmlDeviceCreateGpuInstanceWithPlacement", "UNKNOWN")
+    assert message.startswith("Could not create the 1g.18gb instance")
 
 
 def test_the_gpu_unreadable_at_claim_gives_a_plain_503(hub, ledger, sim):
-    sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
-    try:
-        r = hub.spawn("ana", {"profile": "small"})
-    finally:
-        sim.clear_errors()
-    assert r.status_code == 503, r.text
-    assert plain(r.json()["message"]) == (
+    message = refused_by_the_driver(hub, ledger, sim, "nvmlDeviceGetCount_v2", "GPU_IS_LOST")
+    assert message == (
         "The GPU inventory cannot be read right now. Try again in a minute; if it persists, "
         "tell a hub admin."
     )
-    hub.wait_until(lambda: hub.server_model("ana") is None, 30)
-    assert ledger.active_for_server("ana") is None
 
 
 def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_after(
@@ -251,17 +258,7 @@ def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_afte
         finally:
             pause.unlink()
         r = posted.result(60)
-    try:
-        assert r.status_code == 503, r.text
-        assert plain(r.json()["message"]) == (
-            "The lease ledger cannot be read right now. Try again in a minute; if it "
-            "persists, tell a hub admin."
-        )
-        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
-    finally:
-        outage.end()
-    took = wait_released(ledger, "ana", 10)
-    assert not _devices(hub)
+    took = refused_then_freed(hub, ledger, outage, r)
     print(f"slice free {took:.1f}s after the ledger came back")
 
 

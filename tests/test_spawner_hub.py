@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
-from hub_harness import HubProcess, start_mig_hub
 from prometheus_client.parser import text_string_to_metric_families
 
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from tests.support.hub_harness import HubProcess, start_mig_hub
 
 pytestmark = pytest.mark.hub
 

@@ -23,24 +23,10 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.runtime import DEMAND_WINDOW
+from tests.mocking import User
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1"
-
-
-class Group:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-class User:
-    """What a Spawner reads of JupyterHub's User."""
-
-    def __init__(self, name: str, groups: list[str]) -> None:
-        self.name = name
-        self.groups = [Group(g) for g in groups]
-        self.settings: dict = {}
-        self.url = f"/user/{name}/"
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from mig_spawner.service.cull_rules import (
     Rule,
     SliceActivity,
     decide,
+    decide_server,
     find_orphans,
     gpu_facts_to_record,
     needs_probe,
@@ -117,10 +118,16 @@ def outcome(decisions):
     return [(d.rule, d.kernel_id) for d in decisions]
 
 
+def cull(now, srv, group, limits, probe, connected=False, lease=None):
+    """What the sweep culls on one server: ``decide_server``'s verdict, then ``decide``."""
+    stop = decide_server(now, srv, group, limits, probe, lease)
+    return decide(now, srv, group, limits, probe, stop, connected)
+
+
 @pytest.mark.parametrize(("case", "srv", "limits", "probe", "expected"), SERVER_TABLE,
                          ids=[row[0] for row in SERVER_TABLE])
 def test_server_decisions(case, srv, limits, probe, expected):
-    assert outcome(decide(NOW, srv, limits.name, limits, probe)) == expected
+    assert outcome(cull(NOW, srv, limits.name, limits, probe)) == expected
 
 
 @pytest.mark.parametrize(("case", "kernels", "limits", "connected", "expected"), KERNEL_TABLE,
@@ -128,12 +135,12 @@ def test_server_decisions(case, srv, limits, probe, expected):
 def test_kernel_decisions(case, kernels, limits, connected, expected):
     # The server itself is active, so only kernel rules can fire.
     probe = Probe(kernels=tuple(kernels))
-    decisions = decide(NOW, server(active_ago=1), limits.name, limits, probe, connected)
+    decisions = cull(NOW, server(active_ago=1), limits.name, limits, probe, connected)
     assert outcome(decisions) == expected
 
 
 def test_decision_carries_who_what_and_measured_idle_time():
-    [d] = decide(NOW, server(active_ago=45, name="big"), "analysts", LIMITS, None)
+    [d] = cull(NOW, server(active_ago=45, name="big"), "analysts", LIMITS, None)
     assert (d.user, d.server, d.group, d.rule) == ("ana", "big", "analysts", Rule.SERVER_IDLE)
     assert d.idle_seconds == 45 * MIN
     assert d.limit_seconds == 30 * MIN
@@ -144,14 +151,14 @@ def test_decision_carries_who_what_and_measured_idle_time():
 
 
 def test_kernel_decision_does_not_stop_the_server():
-    [d] = decide(NOW, server(), "analysts", LIMITS, Probe(kernels=(kernel("idle", 12),)))
+    [d] = cull(NOW, server(), "analysts", LIMITS, Probe(kernels=(kernel("idle", 12),)))
     assert not d.stops_server
     assert d.describe().startswith("kernel k1 of ana (group analysts): kernel_idle, idle 00:12")
 
 
 def test_server_stop_takes_precedence_over_kernel_shutdowns():
     probe = Probe(kernels=(kernel("idle", 50),))
-    assert outcome(decide(NOW, server(active_ago=50), "a", LIMITS, probe)) == [
+    assert outcome(cull(NOW, server(active_ago=50), "a", LIMITS, probe)) == [
         (Rule.SERVER_IDLE, None)
     ]
 
@@ -168,7 +175,8 @@ def test_server_stop_takes_precedence_over_kernel_shutdowns():
     ],
 )
 def test_needs_probe_only_when_a_look_inside_can_change_the_outcome(srv, limits, expected):
-    assert needs_probe(NOW, srv, limits) is expected
+    by_hub_data = decide_server(NOW, srv, limits.name, limits, None)
+    assert needs_probe(srv, limits, by_hub_data) is expected
 
 
 def lease(lid: str, user: str, server_name: str = "", claimed_ago: float = 60,
@@ -268,11 +276,11 @@ def leased(claimed_ago: float, expires_in: float | None) -> Lease:
 )
 def test_session_age_is_the_leases_expires_at(case, started_ago, lease, expected):
     srv = server(active_ago=1, started_ago=started_ago)
-    assert outcome(decide(NOW, srv, "analysts", LIMITS, Probe(), lease=lease)) == expected
+    assert outcome(cull(NOW, srv, "analysts", LIMITS, Probe(), lease=lease)) == expected
 
 
 def test_session_age_decision_measures_from_the_claim():
-    [d] = decide(NOW, server(active_ago=1), "analysts", LIMITS, Probe(),
+    [d] = cull(NOW, server(active_ago=1), "analysts", LIMITS, Probe(),
                  lease=leased(8 * 60 + 5, -5))
     assert d.rule is Rule.MAX_SESSION_AGE
     assert (d.age_seconds, d.limit_seconds) == ((8 * 60 + 5) * MIN, 8 * 60 * MIN)
@@ -314,7 +322,7 @@ def gpu_lease(gpu_active_ago: float | None) -> Lease:
 )
 def test_gpu_work_is_activity(case, lease, limits, expected):
     srv = server(active_ago=45)
-    assert outcome(decide(NOW, srv, "analysts", limits, Probe(), lease=lease)) == expected
+    assert outcome(cull(NOW, srv, "analysts", limits, Probe(), lease=lease)) == expected
 
 
 def test_gpu_facts_record_work_and_a_new_peak_only():

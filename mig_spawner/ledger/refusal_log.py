@@ -1,8 +1,9 @@
 """Refused spawns, and the request mix that leases and refusals show together.
 
-:class:`RefusalLog` is a base of :class:`~mig_spawner.ledger.store.Ledger` (it uses the
-ledger's ``_read``, ``_write`` and ``_now``). A refusal changes no lease: it is written
-outside any claim transaction and never read by claims.
+:class:`RefusalLog` is a part of :class:`~mig_spawner.ledger.store.Ledger`, built with
+the ledger's read and write transactions and its clock; the ledger's
+``record_refusal``, ``refusals`` and ``request_counts`` answer through it. A refusal
+changes no lease: it is written outside any claim transaction and never read by claims.
 """
 
 from __future__ import annotations
@@ -48,15 +49,20 @@ def once_per_window(
     return kept
 
 
+Transaction = Callable[[], AbstractContextManager[Connection]]
+
+
 class RefusalLog:
     """The ledger's record of refused spawns (see the module docstring)."""
 
-    # Provided by Ledger: a read and a write transaction, and its clock.
-    _read: Callable[[], AbstractContextManager[Connection]]
-    _write: Callable[[], AbstractContextManager[Connection]]
-    _now: Callable[[], datetime]
+    def __init__(self, read: Transaction, write: Transaction, now: Callable[[], datetime]):
+        """``read``/``write`` open a read or a write transaction on the ledger's
+        database; ``now`` is the ledger's clock."""
+        self._read = read
+        self._write = write
+        self._now = now
 
-    def record_refusal(
+    def record(
         self,
         request: LeaseRequest,
         *,
@@ -89,7 +95,7 @@ class RefusalLog:
             connection.execute(insert(refusals).values(values))
         return record
 
-    def refusals(
+    def between(
         self, since: datetime | None = None, until: datetime | None = None
     ) -> list[RefusalRecord]:
         """Refused spawns in ``[since, until]`` (both optional), oldest first."""

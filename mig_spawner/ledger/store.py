@@ -44,6 +44,7 @@ from .records import (
     LeaseEvent,
     LeaseRequest,
     LedgerView,
+    RefusalRecord,
     require_aware,
 )
 from .refusal_log import RefusalLog
@@ -80,7 +81,7 @@ def _clean_reason(reason: str) -> str:
     return reason[:_REASON_MAX]
 
 
-class Ledger(RefusalLog, WaitList):
+class Ledger(WaitList):
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
@@ -94,6 +95,7 @@ class Ledger(RefusalLog, WaitList):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._clock = clock
         self._schema_ok = False
+        self._refusal_log = RefusalLog(self._read, self._write, self._now)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -314,6 +316,29 @@ class Ledger(RefusalLog, WaitList):
             )
         except IntegrityError as e:
             raise DoubleGrant(lease.host, lease.gpu_uuid, slices) from e
+
+    # -- refused spawns (kept by the ledger's RefusalLog) ----------------------
+
+    def record_refusal(
+        self, request: LeaseRequest, *, offer: str, reason: str, message: str = "",
+        profile: str | None = None, group: str | None = None, host: str | None = None,
+    ) -> RefusalRecord:
+        """Keep a refused spawn for usage reports; it changes no lease
+        (:meth:`RefusalLog.record <mig_spawner.ledger.refusal_log.RefusalLog.record>`)."""
+        return self._refusal_log.record(request, offer=offer, reason=reason, message=message,
+                                        profile=profile, group=group, host=host)
+
+    def refusals(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[RefusalRecord]:
+        """Refused spawns in ``[since, until]`` (both optional), oldest first."""
+        return self._refusal_log.between(since, until)
+
+    def request_counts(self, since: datetime) -> dict[str, int]:
+        """How often each profile was asked for since ``since``: leases claimed plus
+        refusals, each user's once per window (see
+        :meth:`mig_spawner.ledger.refusal_log.RefusalLog.request_counts`)."""
+        return self._refusal_log.request_counts(since)
 
     # -- lifecycle --------------------------------------------------------------
 

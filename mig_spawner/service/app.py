@@ -79,6 +79,17 @@ def _duration_trait(default_value: float, help: str) -> Union:
     return Union([Float(), Unicode()], default_value=default_value, help=help).tag(config=True)
 
 
+def _environment_default(trait: str, variable: str, fallback: str = "") -> Any:
+    """A traitlets dynamic default for ``trait``: environment variable ``variable``,
+    else ``fallback``, read when the trait is first used (not at import)."""
+
+    @default(trait)
+    def from_environment(self: Any) -> str:
+        return os.environ.get(variable, fallback)
+
+    return from_environment
+
+
 class SliceServiceApp(Application):
     """Cull idle kernels and servers per group policy, so MIG slices return to the pool."""
 
@@ -235,13 +246,12 @@ class SliceServiceApp(Application):
         ),
     }
 
-    @default("hub_api_url")
-    def _default_hub_api_url(self) -> str:
-        return os.environ.get("JUPYTERHUB_API_URL", "")
-
-    @default("api_token")
-    def _default_api_token(self) -> str:
-        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+    # What JupyterHub tells a service it manages, through its environment.
+    _default_hub_api_url = _environment_default("hub_api_url", "JUPYTERHUB_API_URL")
+    _default_api_token = _environment_default("api_token", "JUPYTERHUB_API_TOKEN")
+    _default_service_url = _environment_default("service_url", "JUPYTERHUB_SERVICE_URL")
+    _default_service_prefix = _environment_default(
+        "service_prefix", "JUPYTERHUB_SERVICE_PREFIX", "/")
 
     @default("proxy_url")
     def _default_proxy_url(self) -> str:
@@ -267,14 +277,6 @@ class SliceServiceApp(Application):
         beside the hub's SQLite database (``JupyterHub.db_url``), by the same rule."""
         return self.shared.ledger_location(hub_db_url(self.config))
 
-    @default("service_url")
-    def _default_service_url(self) -> str:
-        return os.environ.get("JUPYTERHUB_SERVICE_URL", "")
-
-    @default("service_prefix")
-    def _default_service_prefix(self) -> str:
-        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
-
     @validate("cull_every", "orphan_grace", "slice_idle_after")
     def _valid_duration(self, proposal: dict[str, Any]) -> float:
         name = proposal["trait"].name
@@ -285,21 +287,16 @@ class SliceServiceApp(Application):
         # An orphan grace of "never" (or 0) means: never release, only report.
         return float("inf") if seconds is None else seconds
 
-    @validate("holder_stop_grace")
-    def _valid_grace(self, proposal: dict[str, Any]) -> float:
-        if proposal["value"] < 0:
-            raise ValueError(
-                f"SliceServiceApp.holder_stop_grace must be 0 seconds or more, "
-                f"got {proposal['value']}"
-            )
-        return proposal["value"]
+    # The least each number may be, and in what unit it is said.
+    _MINIMUM = {"holder_stop_grace": "0 seconds", "concurrency": "1", "slicemap_refresh": "1"}
 
-    @validate("concurrency", "slicemap_refresh")
-    def _valid_positive(self, proposal: dict[str, Any]) -> int:
-        if proposal["value"] < 1:
+    @validate(*_MINIMUM)
+    def _valid_minimum(self, proposal: dict[str, Any]) -> float:
+        name = proposal["trait"].name
+        least = self._MINIMUM[name]
+        if proposal["value"] < float(least.split()[0]):
             raise ValueError(
-                f"SliceServiceApp.{proposal['trait'].name} must be 1 or more, "
-                f"got {proposal['value']}"
+                f"SliceServiceApp.{name} must be {least} or more, got {proposal['value']}"
             )
         return proposal["value"]
 

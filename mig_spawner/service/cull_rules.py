@@ -189,16 +189,14 @@ def session_deadline(
     return server.started + timedelta(seconds=limits.max_session_age)
 
 
-def needs_probe(
-    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
-) -> bool:
+def needs_probe(server: HubServer, limits: CullLimits, by_hub_data: Decision | None) -> bool:
     """Whether the sweep must read the server's kernels before deciding.
 
-    Kernels are read when kernel limits apply, or when the hub's data alone
-    would stop the server for idleness (a busy kernel may prove otherwise).
-    Not when max age stops it anyway: that needs no look inside.
+    ``by_hub_data`` is :func:`decide_server`'s verdict on the hub's data alone (no
+    probe), computed once per server per sweep. Kernels are read when kernel limits
+    apply, or when that verdict stops the server for idleness (a busy kernel may prove
+    otherwise). Not when max age stops it anyway: that needs no look inside.
     """
-    by_hub_data = decide_server(now, server, "", limits, None, lease)
     if by_hub_data is not None:
         # Max age stops it whatever the kernels do; idleness by the hub's data
         # alone is what a look inside may disprove.
@@ -207,12 +205,12 @@ def needs_probe(
 
 
 def idle_by_hub_data(
-    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None = None
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None,
+    by_hub_data: Decision | None,
 ) -> bool:
-    """Whether the hub's data alone would stop the server for idleness, or warn of it;
-    only then is the server's own ``/api/status`` worth reading (it may show later
-    activity)."""
-    by_hub_data = decide_server(now, server, "", limits, None, lease)
+    """Whether the hub's data alone (``by_hub_data``, :func:`decide_server`'s verdict
+    without a probe) would stop the server for idleness, or warn of it; only then is
+    the server's own ``/api/status`` worth reading (it may show later activity)."""
     if by_hub_data is not None:
         return by_hub_data.rule is Rule.SERVER_IDLE
     warning = warning_due(now, server, limits, None, lease)
@@ -394,11 +392,12 @@ def decide(
     group: str,
     limits: CullLimits,
     probe: Probe | None,
+    stop: Decision | None,
     cull_connected_kernels: bool = False,
-    lease: Lease | None = None,
 ) -> list[Decision]:
-    """Everything to cull on one server: the server itself, or else its idle kernels."""
-    stop = decide_server(now, server, group, limits, probe, lease)
+    """Everything to cull on one server: the server itself (``stop``, the verdict of
+    :func:`decide_server` on the same ``probe``, passed in so that it runs once), or
+    else its idle kernels."""
     if stop is not None:
         return [stop]
     if probe is None or not probe.reachable:

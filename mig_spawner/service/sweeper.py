@@ -45,6 +45,7 @@ from mig_spawner.service.cull_rules import (
     StopWarning,
     activity_to_record,
     decide,
+    decide_server,
     find_orphans,
     gpu_facts_to_record,
     idle_by_hub_data,
@@ -302,14 +303,17 @@ class Sweeper:
         hub is failing: stops are left to the next sweep.
         """
         limits = self.limits_for(user, lease)
+        # The rules run once on the hub's data; again only on what a probe brought.
+        stop = decide_server(now, server, limits.name, limits, None, lease)
         probe = None
-        if self.probe_servers and needs_probe(now, server, limits, lease):
+        if self.probe_servers and needs_probe(server, limits, stop):
             probe = await self._probe(
-                server, lease, idle_by_hub_data(now, server, limits, lease)
+                server, lease, idle_by_hub_data(now, server, limits, lease, stop)
             )
+            stop = decide_server(now, server, limits.name, limits, probe, lease)
         await self._record_activity(now, server, lease, probe)
         decisions = decide(
-            now, server, limits.name, limits, probe, self.cull_connected_kernels, lease
+            now, server, limits.name, limits, probe, stop, self.cull_connected_kernels
         )
         if not any(d.stops_server for d in decisions):
             await self._warn(now, server, limits, probe, lease, report)

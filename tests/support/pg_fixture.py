@@ -2,7 +2,7 @@
 
 Import the fixtures from ``tests/conftest.py``::
 
-    from pg_fixture import postgres_server, postgres_url  # noqa: F401
+    from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
 
 ``postgres_server`` (session scope) runs ``initdb`` + ``pg_ctl start`` in a
 private temporary directory and stops the cluster at the end. It listens
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from system_deps import missing
+
+from tests.support.system_deps import missing
 
 _DB_NAMES = itertools.count()
 

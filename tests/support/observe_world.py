@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from manual_clock import Clock
-
 from mig_spawner import gpu
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, Lease, LeaseRequest, Ledger
+from tests.mocking import Clock
 
 POLICY = {
     "analysts": {"allowed": ["1g.18gb", "2g.35gb"], "quota_slices": 4,

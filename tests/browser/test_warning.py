@@ -15,20 +15,12 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
-from hub_harness import REPO, start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from test_service_e2e import (
-    METRICS_READERS,
-    SCOPES,
-    SERVICE,
-    TOKEN,
-    Service,
-    _up,
-    lease_of,
-    wait_for,
-)
 
 from mig_spawner.ledger import Ledger
+from tests.support.browser import sign_in
+from tests.support.hub_harness import REPO, start_mig_hub
+from tests.support.slice_service import SERVICE_CONFIG, Service, wait_for
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -49,10 +41,7 @@ c.MIGPolicyConfig.group_policies.update({{
     "idle-warn": {{"allowed": ["small"], "server_idle_timeout": {IDLE},
                    "warn_before": {IDLE_WARN}}},
 }})
-c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
-c.JupyterHub.load_roles.append(
-    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
-{METRICS_READERS}c.SliceServiceApp.cull_every = 1
+{SERVICE_CONFIG}c.SliceServiceApp.cull_every = 1
 """
 
 
@@ -64,7 +53,7 @@ def env(tmp_path_factory):
     hub.create_user("lena", groups=["age-warn"])
     hub.create_user("hana", groups=["idle-warn"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: _up(service), 30, "service up", service)
+    wait_for(lambda: service.up(), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
             playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -76,11 +65,7 @@ def env(tmp_path_factory):
 
 def login(browser, hub, user: str, next_url: str):
     page = browser.new_page(viewport={"width": 1100, "height": 700})
-    page.goto(f"{hub.url}/hub/login?next={next_url}")
-    page.get_by_label("Username").fill(user)
-    page.get_by_label("Password").fill("any password")
-    page.get_by_role("button", name="Sign in").click()
-    return page
+    return sign_in(page, hub.url, user, next_url)
 
 
 def seconds_until(when: datetime) -> float:
@@ -91,7 +76,7 @@ def test_jupyterlab_notification_keep_extends_then_says_why_not_then_stops(env):
     hub, service, ledger, browser = env
     assert hub.spawn("lena", {"profile": "small"}).status_code in (201, 202)
     hub.wait_ready("lena", timeout=120)
-    lease = lease_of(ledger, "lena")
+    lease = ledger.active_for_server("lena")
     original = lease.expires_at
     page = login(browser, hub, "lena", "/user/lena/lab")
     page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
@@ -134,9 +119,9 @@ def test_hub_home_notice_keeps_an_idle_server(env):
     hub, service, ledger, browser = env
     assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
     hub.wait_ready("hana", timeout=120)
-    wait_for(lambda: (lease_of(ledger, "hana").warning or "") == "server_idle",
+    wait_for(lambda: (ledger.active_for_server("hana").warning or "") == "server_idle",
              IDLE + 10, "hana warned", service)
-    deadline = lease_of(ledger, "hana").warning_deadline
+    deadline = ledger.active_for_server("hana").warning_deadline
     page = login(browser, hub, "hana", "/hub/home")
     page.goto(f"{hub.url}/hub/home")
     notice = page.locator(".mig-warning")

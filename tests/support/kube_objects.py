@@ -1,7 +1,7 @@
 """Kubernetes API objects as a cluster with NVIDIA's GPU Operator shows them.
 
 Builders for Nodes (GFD labels, device plugin allocatable) and Pods in the API's JSON,
-for tests/kube_standin.py and the tests; and a kubeconfig pointing at a stand-in.
+for tests/support/kube_standin.py and the tests; and a kubeconfig pointing at a stand-in.
 """
 
 from __future__ import annotations

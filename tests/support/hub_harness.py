@@ -36,7 +36,7 @@ from typing import Any
 import requests
 import websocket
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 ADMIN_SERVICE = "test-harness"
@@ -116,7 +116,7 @@ class HubProcess:
         port, hub_port, api_port = free_port(), free_port(), free_port()
         token = secrets.token_hex(32)
         lines = [
-            "# Written by tests/hub_harness.py",
+            "# Written by tests/support/hub_harness.py",
             "c = get_config()  # noqa: F821",
             # Defaults that the config files may override: users need no Unix
             # account, servers run as the test user from the test's virtualenv.
@@ -457,7 +457,17 @@ def start_mig_hub(
     keeps its state in ``workdir/sim-gpus.json`` so tests can see and change it.
     ``extra_config`` is appended last; other keywords go to :meth:`HubProcess.start`.
     """
-    mig = textwrap.dedent(
+    kw.setdefault("timeout", 120)
+    return HubProcess.start(
+        workdir, MIG_SNIPPETS, simulated_spawner(workdir, sim, spawner)
+        + textwrap.dedent(extra_config), **kw,
+    )
+
+
+def simulated_spawner(workdir: Path, sim: str, spawner: str = "mig-simple") -> str:
+    """Config lines for ``spawner`` running servers as the test user, with homes under
+    ``workdir``, on simulated GPUs ``sim`` whose state is ``workdir/sim-gpus.json``."""
+    return textwrap.dedent(
         f"""
         c.JupyterHub.spawner_class = "{spawner}"
         c.SimpleLocalMIGSpawner.home_dir_template = "{workdir}/home/{{username}}"
@@ -466,5 +476,3 @@ def start_mig_hub(
         c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"
         """
     )
-    kw.setdefault("timeout", 120)
-    return HubProcess.start(workdir, MIG_SNIPPETS, mig + textwrap.dedent(extra_config), **kw)

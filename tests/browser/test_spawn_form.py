@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from hub_harness import PAUSE_BEFORE_SPAWN, REPO, start_mig_hub
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
+from tests.support.browser import sign_in
+from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, REPO, start_mig_hub
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -55,10 +57,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 900, "height": 1000})
-            page.goto(f"{hub.url}/hub/login")
-            page.get_by_label("Username").fill("mia")
-            page.get_by_label("Password").fill("any password")
-            page.get_by_role("button", name="Sign in").click()
+            sign_in(page, hub.url, "mia")
             page.goto(f"{hub.url}/hub/spawn")
 
             radios = page.get_by_role("radio")

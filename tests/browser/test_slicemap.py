@@ -17,13 +17,13 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
-from observe_world import POLICY, make_world
-from system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
 from mig_spawner.service.handlers import METRICS_SCOPE
+from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
+from tests.support.observe_world import POLICY, make_world
+from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 

@@ -5,7 +5,7 @@ Real HTTP (tornado, on a free port) and the real JSON shapes of ``GET /api/v1/no
 ``PodList`` envelopes, ``limit`` / ``continue`` paging, the ``status.phase`` and
 ``spec.nodeName`` field selectors and equality label selectors the API server
 implements, and ``Status`` errors. It counts requests so that tests can see caching.
-Objects are built with tests/kube_objects.py. A ``kubelet`` (optional) runs the
+Objects are built with tests/support/kube_objects.py. A ``kubelet`` (optional) runs the
 containers of scheduled pods, for end-to-end tests with real servers.
 """
 
@@ -20,10 +20,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kube_objects import CREATED
 from tornado.httpserver import HTTPServer
 from tornado.iostream import StreamClosedError
 from tornado.web import Application, RequestHandler
+
+from tests.support.kube_objects import CREATED
 
 
 def _field(obj: Mapping[str, Any], path: str) -> str:

@@ -10,7 +10,7 @@ and ``.../servers/<name>`` (204); and, for single-user servers behind the proxy,
 
 Used by tests that need thousands of users or injected faults (a real hub is
 used where behaviour matters), and by ``benchmarks/culler.py`` in a subprocess:
-``python tests/hub_standin.py --users 5000 --kernels 4`` prints the port.
+``python -m tests.support.hub_standin --users 5000 --kernels 4`` prints the port.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The test suite (a package, so that tests and benchmarks import ``tests.support``)."""

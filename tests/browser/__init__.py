@@ -1,0 +1,1 @@
+"""Tests that drive headless Chromium through Playwright against a real hub."""

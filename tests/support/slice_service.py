@@ -1,0 +1,100 @@
+"""The slice service (``mig-spawner-service``) in a process of its own next to a real hub
+started by :mod:`tests.support.hub_harness`: the token and scopes it runs with, the config
+lines that let the harness read its metrics, and waiting on what it does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from mig_spawner.service.app import REQUIRED_SCOPES
+from mig_spawner.service.handlers import METRICS_SCOPE
+from tests.support.hub_harness import ADMIN_SERVICE, HubProcess, free_port
+
+SERVICE = "mig-slices"
+TOKEN = "slice-service-e2e-token-" + "0" * 16
+#: Config lines that let the harness's admin token read the services' metrics (private
+#: by default): every hub that runs the service under test adds them.
+METRICS_READERS = f"""\
+c.JupyterHub.custom_scopes = {{"{METRICS_SCOPE}": {{"description": "metrics"}}}}
+c.JupyterHub.load_roles.append({{"name": "metrics-readers",
+    "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
+"""
+SCOPES = list(REQUIRED_SCOPES)
+#: Config lines that register the service under test (its token and the scopes it needs)
+#: and let the harness read its metrics.
+SERVICE_CONFIG = f"""\
+c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
+{METRICS_READERS}"""
+
+
+class Service:
+    """``mig-spawner-service`` as a process of its own, as the hub would run it."""
+
+    def __init__(self, hub: HubProcess, config_d: Path) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = hub.workdir / "service.log"
+        self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
+        env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
+               "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
+               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mig-spawner-service"),
+             f"--config-dir={config_d}", f"--proxy-url={hub.url}",
+             f"--ledger-url=sqlite:///{hub.workdir}/mig_spawner_ledger.sqlite",
+             "--log-level=DEBUG"],
+            env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def up(self) -> bool:
+        """Whether it answers its health check (fails the test if it has exited)."""
+        try:
+            return self.get("/health").status_code == 200
+        except requests.ConnectionError:
+            assert self.proc.poll() is None, self.log()
+            return False
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, headers=self.auth, timeout=10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        total = 0.0
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith((name + "{", name + " ")) and all(
+                f'{k}="{v}"' in line for k, v in labels.items()
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
+
+
+def new_kernel(hub: HubProcess, user: str) -> str:
+    r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
+                         timeout=60)
+    r.raise_for_status()
+    return r.json()["id"]
