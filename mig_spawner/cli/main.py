@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import catalog, demo, doctor, report, status
 from .settings import hub_config
@@ -98,6 +98,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
 
 
+def _read_only_command(
+    sub: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int],
+    help_text: str, json_help: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that only reads the GPUs (and the hub's config): GPU options, --json."""
+    p = sub.add_parser(name, help=help_text)
+    _add_gpu_options(p)
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mig-spawner",
@@ -105,31 +117,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("status", help="show each GPU's MIG layout and its MIG devices")
-    _add_gpu_options(p)
-    p.add_argument("--json", action="store_true", help="print the inventory as JSON")
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser(
-        "doctor",
-        help="check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
+    _read_only_command(sub, "status", cmd_status,
+                       "show each GPU's MIG layout and its MIG devices",
+                       "print the inventory as JSON")
+    p = _read_only_command(
+        sub, "doctor", cmd_doctor,
+        "check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
+        "print the checks as JSON",
     )
-    _add_gpu_options(p)
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
-    p.set_defaults(func=cmd_doctor)
-
-    p = sub.add_parser(
-        "catalog",
-        help="print the MIG profile table: the catalog's, or the live driver's (read-only)",
+    p = _read_only_command(
+        sub, "catalog", cmd_catalog,
+        "print the MIG profile table: the catalog's, or the live driver's (read-only)",
+        "print JSON",
     )
-    _add_gpu_options(p)
     p.add_argument("--from-driver", action="store_true",
                    help="read each GPU's profiles from the driver and show where the "
                         "catalog differs (never changes anything)")
     p.add_argument("--model", metavar="KEY", help="only this catalog model (e.g. h200)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_catalog)
 
     report.add_parser(sub, _add_gpu_options)
     demo.add_parser(sub)

@@ -53,20 +53,13 @@ class WaitRequest:
 
 
 @dataclass(frozen=True)
-class WaitEntry:
-    """One row of the wait list. ``lease_id`` is set once ``granted``; ``reason`` says
-    why a wait ended otherwise."""
+class WaitEntry(Waiter):
+    """One row of the wait list: the waiter as the order rule knows it, and the row's
+    own state. ``lease_id`` is set once ``granted``; ``reason`` says why a wait ended
+    otherwise."""
 
-    id: int
-    user: str
-    server_name: str
-    group: str
-    priority: int
-    offer: str
-    state: WaitState
-    joined_at: datetime
-    deadline: datetime | None
-    bypassed: int
+    state: WaitState = "waiting"
+    deadline: datetime | None = None
     closed_at: datetime | None = None
     lease_id: str | None = None
     reason: str | None = None
@@ -78,8 +71,7 @@ class WaitEntry:
     @property
     def waiter(self) -> Waiter:
         """The entry as the order rule sees it."""
-        return Waiter(self.id, self.user, self.server_name, self.group, self.priority,
-                      self.offer, self.joined_at, self.bypassed)
+        return Waiter(**{f.name: getattr(self, f.name) for f in fields(Waiter)})
 
     @property
     def request(self) -> LeaseRequest:

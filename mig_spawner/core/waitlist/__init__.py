@@ -8,7 +8,7 @@ documentation: docs/policies.md, "Waiting".
 from .estimate import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
 from .order import (
     FIT_REASONS,
-    Grant,
+    Served,
     StarvationGuard,
     Waiter,
     first_served,
@@ -21,8 +21,8 @@ __all__ = [
     "FIT_REASONS",
     "MIN_HISTORY",
     "Estimate",
-    "Grant",
     "Holder",
+    "Served",
     "StarvationGuard",
     "Waiter",
     "estimate_wait",

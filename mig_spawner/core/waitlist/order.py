@@ -76,7 +76,7 @@ class StarvationGuard:
 
 
 @dataclass(frozen=True)
-class Grant(Generic[T]):
+class Served(Generic[T]):
     """The waiter served, what the callback returned for it, and the waiters ahead of
     it that did not fit (each is now passed over once more)."""
 
@@ -115,7 +115,7 @@ def first_served(
     shares: Mapping[str, float],
     now: datetime,
     guard: StarvationGuard | None = None,
-) -> Grant[T] | None:
+) -> Served[T] | None:
     """The grant for the first waiter, in :func:`order`, that ``serve`` serves.
 
     ``serve(waiter)`` returns what the waiter gets or raises :class:`Refused`; it must be
@@ -134,7 +134,7 @@ def first_served(
                 return None
             passed.append(waiter)
             continue
-        return Grant(waiter, result, tuple(passed))
+        return Served(waiter, result, tuple(passed))
     return None
 
 
