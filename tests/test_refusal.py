@@ -20,7 +20,7 @@ STATUS = {
     "no_gpu_for_profile": 503,
     "lease_ended": 409,
     "mig_create": 503,
-    "mig_backend": 500,
+    "mig_backend": 503,
     "mig_config": 500,
     "policy_config": 500,
     "isolation": 500,

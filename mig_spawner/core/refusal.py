@@ -45,7 +45,7 @@ class Reason(StrEnum):
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503
-    MIG_BACKEND = "mig_backend", 500
+    MIG_BACKEND = "mig_backend", 503
     MIG_CONFIG = "mig_config", 500
     POLICY_CONFIG = "policy_config", 500
     ISOLATION = "isolation", 500

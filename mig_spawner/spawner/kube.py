@@ -228,7 +228,6 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
                 "The hub lost track of the reserved slice; try again.",
                 reason=Reason.MIG_CONFIG,
                 log_message=f"lease {lease.id}: claim granted without a target",
-                status_code=500,
             )
         try:
             return slice_request(

@@ -156,7 +156,6 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 "try again, or tell a hub admin if it keeps failing.",
                 reason=Reason.MIG_CREATE,
                 log_message=str(e),
-                status_code=503,
             ) from None
         except LeaseStateError as e:
             raise spawn_error(
@@ -164,7 +163,6 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 f"({e.lease.release_reason}); start it again.",
                 reason=Reason.LEASE_ENDED,
                 log_message=str(e),
-                status_code=409,
             ) from None
         except LedgerError as e:
             raise self._backend_error(e) from None

@@ -167,7 +167,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """503 (try again later) with the plain message; the details go to the hub log."""
         self.log.error("Spawn of %s: %s", self._log_name, _log_detail(e))
         return spawn_error(
-            self.backend_problem(e), Reason.MIG_BACKEND, 503, log_message=_log_detail(e)
+            self.backend_problem(e), Reason.MIG_BACKEND, log_message=_log_detail(e)
         )
 
     def _backend_name(self, e: Exception) -> str:
@@ -378,7 +378,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting; "
                 "start it again.",
-                reason=Reason.LEASE_ENDED, log_message=str(e), status_code=409,
+                reason=Reason.LEASE_ENDED, log_message=str(e),
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
