@@ -2,7 +2,6 @@
 
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
-Create Date: ${create_date}
 """
 
 from __future__ import annotations
@@ -13,8 +12,13 @@ ${imports if imports else ""}
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
+## Alembic reads branch_labels and depends_on as None when a revision leaves them out.
+% if branch_labels:
 branch_labels = ${repr(branch_labels)}
+% endif
+% if depends_on:
 depends_on = ${repr(depends_on)}
+% endif
 
 
 def upgrade() -> None:

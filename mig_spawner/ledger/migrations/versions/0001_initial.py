@@ -2,7 +2,6 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-02
 
 Written by hand and frozen: migrations never import ``mig_spawner.ledger.models``,
 because the models move on and a migration must keep meaning what it meant.
@@ -16,8 +15,6 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -2,7 +2,6 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-12-02
 
 JupyterHub accepts user and server names longer than 255 characters, and PostgreSQL
 refused them in ``varchar(255)`` (every spawn of such a user failed). The name columns
@@ -18,8 +17,6 @@ from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 _NAME_COLUMNS = (
     ("leases", "user_name"),

@@ -2,7 +2,6 @@
 
 Revision ID: 0004
 Revises: 0003
-Create Date: 2026-12-02
 
 Frozen like 0001: written by hand, never importing the models. A lease is released
 only once its holder is provably gone; these columns say which process to check.
@@ -15,8 +14,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 def _columns() -> tuple[sa.Column, ...]:
     return (

@@ -4,7 +4,6 @@ before a stop with what the user answered (kept, extended).
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-02
 
 Frozen like 0001: written by hand, never importing the models.
 """
@@ -16,8 +15,6 @@ from alembic import op
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 COLUMNS = (
     ("server_url", sa.String(1000), "internal URL of the server, read without the proxy"),

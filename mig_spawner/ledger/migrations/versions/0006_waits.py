@@ -2,7 +2,6 @@
 
 Revision ID: 0006
 Revises: 0005
-Create Date: 2026-12-02
 
 Frozen like 0001: written by hand, never importing the models.
 """
@@ -14,8 +13,6 @@ from alembic import op
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

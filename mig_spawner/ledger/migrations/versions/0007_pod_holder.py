@@ -2,7 +2,6 @@
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-12-02
 
 Frozen like 0001: written by hand, never importing the models. A pod deleted and
 recreated under the same name has another UID: it is not the lease's holder.
@@ -15,8 +14,6 @@ from alembic import op
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
