@@ -43,14 +43,16 @@ class LeaseRequest:
             raise ValueError("a lease request needs a user name")
 
 
-@dataclass(frozen=True)
-class Grant:
-    """What the ``decide`` callback grants: one slice, where it is, and whom it is charged to.
+@dataclass(frozen=True, kw_only=True)
+class GrantedSlice:
+    """What a grant and the lease made from it share: the slice, where it lies, and whom
+    it is charged to. Keyword-only, so the two records cannot drift apart in order.
 
     ``start``/``size`` are memory slices on the GPU; they are what the ledger's
     uniqueness guarantee covers. In dynamic mode ``mig_uuid``, ``gi_id`` and
     ``ci_id`` are ``None`` until the instance exists (see ``Ledger.activate``).
-    In kube mode the device plugin picks the device, so the GPU fields may be ``None``.
+    In kube mode the device plugin picks the device, so the GPU fields may be ``None``
+    and ``node``/``pod`` say where the server runs.
     """
 
     group: str
@@ -65,9 +67,22 @@ class Grant:
     mig_uuid: str | None = None
     gi_id: int | None = None
     ci_id: int | None = None
-    expires_at: datetime | None = None
     node: str | None = None
     pod: str | None = None
+    #: When the server is stopped whatever it does (max session age); None: never.
+    expires_at: datetime | None = None
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices this slice covers (empty when the placement is unknown)."""
+        if self.start is None or self.size is None:
+            return range(0)
+        return range(self.start, self.start + self.size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grant(GrantedSlice):
+    """What the ``decide`` callback grants: one slice, checked before the ledger stores it."""
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -108,40 +123,18 @@ class Grant:
             problems.append("expires_at must be timezone-aware")
         return problems
 
-    @property
-    def memory_slices(self) -> range:
-        """The memory slices this grant covers (empty when the placement is unknown)."""
-        if self.start is None or self.size is None:
-            return range(0)
-        return range(self.start, self.start + self.size)
 
-
-@dataclass(frozen=True)
-class Lease:
+@dataclass(frozen=True, kw_only=True)
+class Lease(GrantedSlice):
     """One row of the ledger: a server bound to a slice, from claim to release."""
 
     id: str
     user: str
     server_name: str
-    group: str
-    profile: str
-    compute_slices: int
-    mode: Mode
     state: State
     claimed_at: datetime
-    host: str | None = None
-    gpu_uuid: str | None = None
-    gpu_index: int | None = None
-    start: int | None = None
-    size: int | None = None
-    mig_uuid: str | None = None
-    gi_id: int | None = None
-    ci_id: int | None = None
-    node: str | None = None
-    pod: str | None = None
     started_at: datetime | None = None
     last_activity_at: datetime | None = None
-    expires_at: datetime | None = None
     released_at: datetime | None = None
     release_reason: str | None = None
     #: The server process, recorded as soon as it exists (local hosts): where it runs,
@@ -170,13 +163,6 @@ class Lease:
     def held(self) -> bool:
         """True until the lease is released: its slice is not free for anyone else."""
         return self.state != "released"
-
-    @property
-    def memory_slices(self) -> range:
-        """The memory slices this lease covers (empty when the placement is unknown)."""
-        if self.start is None or self.size is None:
-            return range(0)
-        return range(self.start, self.start + self.size)
 
     @property
     def server(self) -> str:

@@ -39,6 +39,7 @@ from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
     Grant,
+    GrantedSlice,
     KeepResult,
     Lease,
     LeaseEvent,
@@ -273,7 +274,7 @@ class Ledger(WaitList):
 
     @staticmethod
     def _new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:
-        granted = {f.name: getattr(decision, f.name) for f in fields(Grant)}
+        granted = {f.name: getattr(decision, f.name) for f in fields(GrantedSlice)}
         return Lease(
             id=uuid4().hex,
             user=request.user,
