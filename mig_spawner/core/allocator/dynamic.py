@@ -27,10 +27,9 @@ from .request import (
     Placement,
     PlacementStrategy,
     Wanted,
-    check_strategy,
     key_of,
     mig_state,
-    resolve,
+    prepare,
 )
 from .tables import ModelTable, table
 
@@ -181,8 +180,7 @@ class Occupancy:
         demand: Mapping[str, float] | None = None,
     ) -> Placement | Refused:
         """Where a new instance of ``wanted`` should go; see :func:`pick_dynamic`."""
-        check_strategy(strategy)
-        wants = resolve(wanted)
+        wants = prepare(wanted, strategy)
         shares = _shares(demand)
         spread = strategy == "spread"
         slots = {key: table(key).by_name[name] for key, name in wants.items()}

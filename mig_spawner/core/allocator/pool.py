@@ -9,17 +9,8 @@ from dataclasses import dataclass
 from mig_spawner.core.inventory import Inventory, MigDevice
 from mig_spawner.core.refusal import Refused
 
-from .refusals import GpuView, none_free, precheck
-from .request import (
-    KNOWN_KEYS,
-    Placement,
-    PlacementStrategy,
-    Wanted,
-    check_strategy,
-    key_of,
-    mig_state,
-    resolve,
-)
+from .refusals import none_free, precheck
+from .request import Placement, PlacementStrategy, Wanted, gpu_view, key_of, prepare
 
 
 @dataclass(frozen=True)
@@ -62,8 +53,7 @@ def pick_pool(
     the most memory slices in use, ``spread`` the fewest; ties go to the lowest GPU
     index, then the lowest start.
     """
-    check_strategy(strategy)
-    wants = resolve(wanted)
+    wants = prepare(wanted, strategy)
     held = held_mig_uuids if isinstance(held_mig_uuids, (set, frozenset)) else set(held_mig_uuids)
     spread = strategy == "spread"
     best: tuple[tuple[int, int], MigDevice] | None = None
@@ -91,10 +81,7 @@ def pick_pool(
 
 def _refuse_pool(inventory: Inventory, held: Collection[str], wants: Mapping[str, str]) -> Refused:
     free = pool_free(inventory, held)
-    views = [
-        GpuView(g.index, g.model_key if g.model_key in KNOWN_KEYS else None, mig_state(g))
-        for g in inventory.gpus
-    ]
+    views = [gpu_view(g) for g in inventory.gpus]
     usable, refusal = precheck(views, wants, free)
     if refusal is not None:
         return refusal

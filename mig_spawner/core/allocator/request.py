@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 from mig_spawner.core.catalog import MODELS, CatalogError, model, normalize_profile_name
 from mig_spawner.core.inventory import Gpu
 
-from .refusals import MigState
+from .refusals import GpuView, MigState
 
 PlacementStrategy = Literal["pack", "spread"]
 # A profile name for every model that has it ("2g.35gb"), or one per model key
@@ -55,10 +55,18 @@ def mig_state(gpu: Gpu) -> MigState:
     return ("on" if cur else "off") if cur == gpu.mig_pending else "pending"
 
 
-def check_strategy(strategy: str) -> None:
-    """Raise a clear error for a strategy other than ``pack`` or ``spread``."""
+def gpu_view(gpu: Gpu) -> GpuView:
+    """What a refusal needs of one GPU: its index, catalog model (None: unknown), MIG state."""
+    return GpuView(gpu.index, gpu.model_key if gpu.model_key in KNOWN_KEYS else None,
+                   mig_state(gpu))
+
+
+def prepare(wanted: Wanted, strategy: str) -> dict[str, str]:
+    """What both pickers do first: refuse a strategy other than ``pack`` or ``spread``
+    (``ValueError``), then :func:`resolve` ``wanted``."""
     if strategy not in ("pack", "spread"):
         raise ValueError(f"strategy must be 'pack' or 'spread', not {strategy!r}")
+    return resolve(wanted)
 
 
 def resolve(wanted: Wanted) -> dict[str, str]:
