@@ -153,6 +153,32 @@ def test_doctor_reports_a_broken_hub_config(tmp_path):
     assert "idle_timout" in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "files", "says"),
+    [
+        (("doctor", "--sim-state", "/nonexistent/x"), {},
+         "sim_state_file '/nonexistent/x': its folder does not exist"),
+        (("status", "--simulate", "h9000x1"), {}, "unknown GPU model 'h9000'"),
+        (("doctor", "-f", "/nonexistent"), {}, "config path '/nonexistent' does not exist"),
+        (("status", "-f", "{dir}"), {"10-a.py": "c.MIGSettings.simulate = (\n"},
+         "10-a.py, line 1: '(' was never closed"),
+        (("status", "-f", "{dir}"), {"10-a.py": "c.MIGSettings.simulate = 3\n"},
+         "'simulate' trait of a MIGSettings instance expected a unicode string"),
+        (("report", "--ledger-url", "postgresql+pg9000://u@localhost/hub"), {},
+         "driver 'postgresql+pg9000'"),
+    ],
+    ids=["sim-state-folder", "simulate-model", "config-path", "config-syntax",
+         "config-type", "ledger-driver"],
+)
+def test_a_mistake_in_what_a_command_is_given_is_one_error_line(tmp_path, args, files, says):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    out = run_cli(*(a.format(dir=tmp_path) for a in args), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+
+
 def test_report_and_status_in_an_empty_folder_create_no_file(tmp_path):
     out = run_cli("report", cwd=tmp_path)
     assert out.returncode == 1, out.stdout

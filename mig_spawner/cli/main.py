@@ -142,8 +142,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; a mistake in what it was given is one ``error:`` line, exit 2.
+
+    The mistakes are the hub's own config (a file that does not parse, a setting of the
+    wrong type or value, a config path that is not there) and the command line's
+    settings over it (``--simulate``, ``--sim-state``, ``--ledger-url``): the admin who
+    typed them reads the line, so it names the file or the setting.
+    """
+    from traitlets import TraitError
+
+    from ..ledger import LedgerConfigError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except SyntaxError as e:  # a config file that is not Python
+        print(f"error: {e.filename}, line {e.lineno}: {e.msg}", file=sys.stderr)
+    except (TraitError, LedgerConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

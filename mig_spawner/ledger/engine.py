@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .errors import LedgerConfigError
 from .models import ledger_lock
@@ -98,8 +98,21 @@ def create_ledger_engine(url: str, *, echo: bool = False) -> Engine:
     """Create a thread-safe engine for ``url`` (see the module docstring for SQLite)."""
     parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite":
-        # pre_ping: a hub runs for months; PostgreSQL restarts must not break claims.
-        return create_engine(parsed, echo=echo, pool_pre_ping=True)
+        try:
+            # pre_ping: a hub runs for months; PostgreSQL restarts must not break claims.
+            return create_engine(parsed, echo=echo, pool_pre_ping=True)
+        except NoSuchModuleError as e:  # SQLAlchemy has no such dialect or driver
+            raise LedgerConfigError(
+                f"the ledger URL names the database driver {parsed.drivername!r}, which "
+                f"SQLAlchemy does not know; use e.g. {DEFAULT_URL} or "
+                "postgresql+psycopg2://user:password@host/dbname"
+            ) from e
+        except ImportError as e:  # SQLAlchemy imports the URL's driver here
+            raise LedgerConfigError(
+                f"the ledger URL's database driver {parsed.drivername!r} needs the Python "
+                f"module {e.name or e}, which is not installed in this environment: install "
+                "it, or name an installed driver in the URL (e.g. postgresql+psycopg2://)"
+            ) from e
     _create_private(parsed)
     engine = create_engine(
         parsed,
