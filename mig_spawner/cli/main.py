@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from . import catalog, demo, doctor, report, status
 from .settings import hub_config
+
+if TYPE_CHECKING:
+    from ..gpu.errors import GpuError
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
@@ -50,10 +54,14 @@ def _read_inventory(args: argparse.Namespace):
         finally:
             adapter.close()
     except GpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if e.hint:
-            print(f"hint: {e.hint}", file=sys.stderr)
+        _print_gpu_error(e)
         return None
+
+
+def _print_gpu_error(e: GpuError) -> None:
+    print(f"error: {e}", file=sys.stderr)
+    if e.hint:
+        print(f"hint: {e.hint}", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -151,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from traitlets import TraitError
 
+    from ..gpu.errors import GpuError
     from ..ledger import LedgerConfigError
 
     args = build_parser().parse_args(argv)
@@ -160,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e.filename}, line {e.lineno}: {e.msg}", file=sys.stderr)
     except (TraitError, LedgerConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+    except GpuError as e:  # e.g. ``demo`` without --simulate on a host with no driver
+        _print_gpu_error(e)
+        return 1
     return 2
 
 
