@@ -5,13 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from . import catalog, demo, doctor, report, status
 from .settings import hub_config
-
-if TYPE_CHECKING:
-    from ..gpu.errors import GpuError
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
@@ -44,30 +40,16 @@ def _add_gpu_options(p: argparse.ArgumentParser) -> None:
 
 
 def _read_inventory(args: argparse.Namespace):
-    """The inventory (read-only), or None after printing the error and its hint."""
-    from ..gpu.errors import GpuError
-
+    """The inventory (read-only); a GpuError reaches :func:`main`, which prints it."""
+    adapter = _connect(args)
     try:
-        adapter = _connect(args)
-        try:
-            return adapter.inventory()
-        finally:
-            adapter.close()
-    except GpuError as e:
-        _print_gpu_error(e)
-        return None
-
-
-def _print_gpu_error(e: GpuError) -> None:
-    print(f"error: {e}", file=sys.stderr)
-    if e.hint:
-        print(f"hint: {e.hint}", file=sys.stderr)
+        return adapter.inventory()
+    finally:
+        adapter.close()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     inv = _read_inventory(args)
-    if inv is None:
-        return 1
     print(status.render_json(inv) if args.json else status.render_text(inv))
     return 0
 
@@ -78,8 +60,6 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     inv = None
     if args.from_driver:
         inv = _read_inventory(args)
-        if inv is None:
-            return 1
     try:
         print(catalog.render(inv, args.model, args.json))
     except CatalogError as e:
@@ -169,8 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e.filename}, line {e.lineno}: {e.msg}", file=sys.stderr)
     except (TraitError, LedgerConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-    except GpuError as e:  # e.g. ``demo`` without --simulate on a host with no driver
-        _print_gpu_error(e)
+    except GpuError as e:  # no driver, MIG off, ...: the error and what to do, exit 1
+        print(f"error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
         return 1
     return 2
 
