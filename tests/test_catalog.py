@@ -201,17 +201,18 @@ def profile_table(model: catalog.GpuModel) -> str:
     lines = [
         f"### {model.display_name} (`{model.key}`)",
         "",
-        "| profile | ID | enum | compute slices | memory slices | GiB | SMs | copy engines "
-        "| max instances | placement starts | source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| profile | ID | enum | compute slices | memory slices | MiB | GiB | SMs "
+        "| copy engines | DEC | ENC | JPEG | OFA | max instances | placement starts | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in model.profiles:
         starts = ", ".join(map(str, p.placement_starts))
         source = p.source if p.verified else f"**unverified**: {p.source}"
+        media = " | ".join(map(str, p.media))
         lines.append(
             f"| {p.name} | {p.profile_id} | {p.enum_index} | {p.compute_slices} "
-            f"| {p.memory_slices} | {p.memory_gib:.2f} | {p.sm_count} | {p.copy_engines} "
-            f"| {p.max_instances} | {starts} | {source} |"
+            f"| {p.memory_slices} | {p.memory_mib} | {p.memory_gib:.2f} | {p.sm_count} "
+            f"| {p.copy_engines} | {media} | {p.max_instances} | {starts} | {source} |"
         )
     return "\n".join(lines)
 

@@ -12,6 +12,7 @@ import pytest
 from mig_spawner.cli import doctor
 from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 
 
@@ -198,7 +199,16 @@ def test_doctor_on_an_unprivileged_hub_passes_for_pool_mode():
                   "pool")
     assert out.returncode == 0, out.stdout
     assert "[FAIL]" not in out.stdout
-    assert "[WARN] process listing" in out.stdout  # unknown processes: counted as busy
+    assert "[PASS] process listing" in out.stdout  # each slice's own list is readable
+
+
+def test_doctor_names_what_the_hub_does_without_the_monitor_capability():
+    out = run_cli("doctor", "--simulate", "h200x1:perm=config:monitor=root:layout=1g.18gb")
+    assert out.returncode == 1
+    line = next(x for x in out.stdout.splitlines() if x.startswith("[FAIL]"))
+    assert "MIG monitor capability" in line and "the spawn form offers none" in line
+    assert "every spawn is refused" in line
+    assert "/dev/nvidia-caps/nvidia-cap2" in out.stdout
 
 
 def test_doctor_on_an_unprivileged_hub_fails_dynamic_mode_naming_the_capability():
@@ -221,6 +231,10 @@ def test_catalog_from_driver_reproduces_the_h200_table():
     assert gpu["profiles"] == expected
     assert [r["memory_mib"] for r in gpu["profiles"]] == [
         16384, 16384, 33024, 33024, 71168, 71168, 143104]
+    assert [(r["decoders"], r["jpeg"], r["ofa"]) for r in gpu["profiles"]] == [
+        (1, 1, 0), (1, 1, 1), (1, 1, 0), (2, 2, 0), (3, 3, 0), (4, 4, 0), (7, 7, 1)]
+    text = run_cli("catalog", "--model", "h200").stdout.splitlines()
+    assert text[1].split()[8:12] == ["dec", "enc", "jpeg", "ofa"]
 
 
 def test_catalog_from_driver_is_read_only_and_says_when_mig_is_off(tmp_path):
@@ -251,8 +265,11 @@ def test_doctor_json_and_the_garbling_driver_warning():
     assert "535.54.03" in checks["process listing"]["detail"]
 
 
-def test_status_shows_gib_and_unknown_processes():
-    out = run_cli("status", "--simulate", "h200x1:unprivileged:layout=2g.35gb")
+def test_status_shows_gib_and_unknown_processes(tmp_path):
+    state = tmp_path / "sim.json"
+    host = SimulatedHost.from_spec("h200x1:unprivileged:layout=2g.35gb", state)
+    host.inject_error("nvmlDeviceGetComputeRunningProcesses_v3", "UNKNOWN")
+    out = run_cli("status", "--sim-state", str(state))
     assert out.returncode == 0, out.stderr
     assert "0.0 GiB / 32.2 GiB" in out.stdout and "unknown" in out.stdout
     assert "2g.35gb?" in out.stdout

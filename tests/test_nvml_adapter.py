@@ -106,11 +106,12 @@ def test_hidden_processes_do_not_break_the_inventory(adapters, caplog):
 
 
 def test_listing_instances_without_the_monitor_capability_names_it(adapters):
-    adapter = adapters("h100x1:layout=7g.80gb")
-    pynvml.nvmlLib.host.inject_error("nvmlDeviceGetGpuInstances", "NO_PERMISSION")
-    with pytest.raises(errors.NoPermission, match="listing the GPU instances of GPU 0") as exc:
+    adapter = adapters("h100x1:perm=config:monitor=root:layout=7g.80gb")
+    with pytest.raises(errors.MonitorCapabilityMissing,
+                       match="listing the GPU instances of GPU 0") as exc:
         adapter.inventory()
     assert "/proc/driver/nvidia/capabilities/mig/monitor" in exc.value.hint
+    assert isinstance(exc.value, errors.NoPermission)
 
 
 def test_drivers_without_the_versioned_profile_call_still_work(adapters):
@@ -270,15 +271,30 @@ def test_two_simulated_adapters_in_one_process_stay_apart(adapters):
 # --- unprivileged hubs, process-list fallbacks, GI IDs as the driver gives them -----------
 
 
-def test_unprivileged_hub_keeps_the_inventory_working(adapters):
-    adapter = adapters("h200x2:unprivileged:layout=1g.18gb*2,3g.71gb")
+def test_unprivileged_hub_keeps_the_inventory_working(shared):
+    adapter, host = shared("h200x2:unprivileged:layout=1g.18gb*2,3g.71gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100)])
     inv = adapter.inventory()
     assert [g.memory_total_mib for g in inv.gpus] == [143770, 143770]  # the catalog's figure
     assert len(inv.mig_devices) == 6
-    assert all(d.processes_unknown and d.busy for d in inv.mig_devices)
+    # Each slice's own process list is anyone's to read (nvml.h); only the parent's is not.
+    assert [d.pids for d in inv.mig_devices if d.busy] == [(4242,)]
+    assert not any(d.processes_unknown for d in inv.mig_devices)
     assert not adapter.can_configure()
     with pytest.raises(errors.NoPermission, match=r"creating a 1g\.18gb"):
         adapter.create_instance(0, "1g.18gb", 0)
+
+
+def test_a_hub_with_only_the_config_capability_creates_and_destroys(adapters):
+    """Not root, but allowed to make instances: the recommended dynamic-mode hub. The
+    parent GPU's memory is refused to it, so the catalog's figure stands in."""
+    adapter = adapters("h200x1:perm=config")
+    assert adapter.can_configure()
+    device = adapter.create_instance(0, "3g.71gb", 4)
+    assert device.memory_total_mib == 71168
+    assert adapter.inventory().gpus[0].memory_total_mib == 143770
+    adapter.destroy_instance(0, device.gi_id)
+    assert adapter.inventory().mig_devices == ()
 
 
 @pytest.mark.parametrize("api", ["v3", "v2", "v1"])
@@ -334,6 +350,7 @@ def test_driver_figures_reach_the_inventory(adapters):
     gpu = inv.gpus[0]
     driver = {p.name: p for p in gpu.driver_profiles}
     assert driver["1g.35gb"].memory_mib == 33024 and driver["7g.141gb"].sm_count == 132
+    assert driver["1g.18gb"].media == (1, 0, 1, 0) and driver["7g.141gb"].media == (7, 0, 7, 1)
     assert driver["3g.71gb"].placement_starts == (0, 4)
     assert inv.model("h200").profile("7g.141gb").memory_text == "139.8 GiB"
 

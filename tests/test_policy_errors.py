@@ -79,8 +79,9 @@ def test_group_mistakes_name_the_group_and_the_key(settings: dict, problem: str)
 # fmt: off
 CLASS_MISTAKES = [
     ({"profiles": {"h2000": "1g.18gb"}},
-     "profiles: unknown GPU model 'h2000'; known: a100-40gb, a100-80gb, a30, h100, h100-96gb, "
-     "h100-nvl, h20, gh200, gh200-144gb, h200, b200, gb200, b300, rtx-pro-6000, rtx-pro-5000; "
+     "profiles: unknown GPU model 'h2000'; known: a100-40gb, a100-80gb, a30, h100, h100-pcie, "
+     "h100-96gb, h100-nvl, h20, gh200, gh200-144gb, h200, b200, gb200, b300, rtx-pro-6000, "
+     "rtx-pro-5000; "
      "did you mean 'h200'?"),
     ({"profiles": {"h200": "1g.10gb"}},
      f"profiles['h200']: '1g.10gb' is not a MIG profile of the H200 141GB; "

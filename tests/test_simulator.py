@@ -185,7 +185,7 @@ def test_processes_and_memory_are_settable_per_mig_device(nvml):
     assert pynvml.nvmlDeviceGetMemoryInfo(handle).used == 1024 * 2**20
     host.set_memory_used((0, 5, 0), 5000)
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    assert (memory.used // 2**20, memory.total // 2**20) == (5000, 20091)
+    assert (memory.used // 2**20, memory.total // 2**20) == (5000, 20096)  # 19.625 GiB
 
 
 def test_compute_instance_is_full_size_and_listed(nvml):
@@ -435,24 +435,67 @@ def test_mig_off_answers_as_nvml_h_says(nvml):
     assert count.value == 2
 
 
-def test_unprivileged_host_refuses_parent_memory_processes_and_changes(nvml):
-    host = nvml("h200x2:unprivileged:layout=1g.18gb")
-    assert not host.state.root and not host.state.mig_config
+@pytest.mark.parametrize("spec", ["h200x1:perm=config", "h200x1:perm=none",
+                                  "h200x1:unprivileged"])
+def test_a_caller_without_root_is_refused_the_parent_gpus_totals(nvml, spec):
+    """nvml.h: with MIG on, a parent handle answers memory and processes "only if the
+    caller has appropriate privileges"; per-instance figures come from the MIG device
+    handles. These are NVML's rules, on with every spec: only the caller changes."""
+    host = nvml(f"{spec}:layout=1g.18gb")
+    host.set_processes(host.device_uuids()[0], [(4242, 100)])
+    for call in (pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetComputeRunningProcesses):
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            call(gpu())
+    mig = mig_handles()[0]
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 16 * 1024 ** 3  # its own: fine
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig)] == [4242]
+    host.set_permissions(root=True)
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).total == 143770 * 2 ** 20
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu())] == [4242]
+
+
+def test_with_mig_off_the_parent_is_anyones_to_read(nvml):
+    nvml("h200x1:perm=none:mig=off")
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).total == 143770 * 2 ** 20
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(gpu()) == []
+
+
+def test_perm_uid_judges_each_caller_by_its_real_uid(nvml, monkeypatch):
+    nvml("h200x1:perm=uid:layout=1g.18gb")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(pynvml.NVMLError_NoPermission):
         pynvml.nvmlDeviceGetMemoryInfo(gpu())
-    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
-    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 16 * 1024 ** 3  # own memory: fine
-    with pytest.raises(pynvml.NVMLError_NoPermission):
-        pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
     with pytest.raises(pynvml.NVMLError_NoPermission):
         create(H100_1G, 0)
-    host.set_permissions(mig_config=True)  # granting the MIG config capability lifts it
-    assert pynvml.nvmlDeviceGetComputeRunningProcesses(mig) == []
-
-
-def test_perm_none_alone_keeps_reads_open(nvml):
-    nvml("h200x1:perm=none:layout=1g.18gb")
+    monkeypatch.setattr("os.geteuid", lambda: 0)
     assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).total > 0
+    assert create(H100_1G, 0)[1].placement.start == 0
+
+
+@pytest.mark.parametrize("perm", ["config", "none"])
+def test_the_monitor_capability_gates_listing_instances(nvml, perm):
+    """NVIDIA makes mig/monitor world-readable; monitor=root takes it away from every
+    caller but root (HAMi#1044, gpu-feature-discovery#6: "Insufficient Permissions")."""
+    host = nvml(f"h200x1:perm={perm}:monitor=root:layout=1g.18gb")
+    array = (pynvml.c_nvmlGpuInstance_t * 7)()
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetGpuInstances(gpu(), H100_1G, array, byref(c_uint(0)))
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetGpuInstanceById(gpu(), 13)
+    mig = mig_handles()[0]  # the MIG devices themselves are still there
+    assert pynvml.nvmlDeviceGetGpuInstanceId(mig) == 13
+    host.set_permissions(root=True)
+    count = c_uint(0)
+    pynvml.nvmlDeviceGetGpuInstances(gpu(), H100_1G, array, byref(count))
+    assert count.value == 1
+
+
+def test_the_monitor_capability_is_world_readable_by_default(nvml):
+    nvml("h200x1:perm=none:layout=1g.18gb")
+    count = c_uint(0)
+    pynvml.nvmlDeviceGetGpuInstances(gpu(), H100_1G, (pynvml.c_nvmlGpuInstance_t * 7)(),
+                                     byref(count))
+    assert count.value == 1
 
 
 @pytest.mark.parametrize(("ids", "expected"), [
@@ -500,3 +543,87 @@ def test_drivers_535_43_to_86_garble_v3_records_after_the_first(nvml):
     assert (first.pid, first.gpuInstanceId) == (4242, gi_id)
     assert second.pid != 4343 and second.gpuInstanceId != gi_id
     assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(mig)] == [4242, 4343]
+
+
+# --- the driver's table per corrected row: media engines, exact MiB, IDs, SMs, CEs -----------
+
+# (model, NVML profile enum) -> the profile info a real driver answers: name, ID, memory
+# MiB, SMs, copy engines, (decoders, encoders, JPEG, OFA), instances.
+DRIVER_ROWS = [
+    # H200: NVIDIA/mig-parted#120 and the guide: every plain Hopper profile has decoders
+    # and JPEG decoders, +me adds the OFA, 7g has 7/7/1.
+    ("h200", 0, "1g.18gb", 19, 16384, 16, 1, (1, 0, 1, 0), 7),
+    ("h200", 7, "1g.18gb+me", 20, 16384, 16, 1, (1, 0, 1, 1), 1),
+    ("h200", 9, "1g.35gb", 15, 33024, 26, 1, (1, 0, 1, 0), 4),
+    ("h200", 1, "2g.35gb", 14, 33024, 32, 2, (2, 0, 2, 0), 3),
+    ("h200", 2, "3g.71gb", 9, 71168, 60, 3, (3, 0, 3, 0), 2),
+    ("h200", 3, "4g.71gb", 5, 71168, 64, 4, (4, 0, 4, 0), 1),
+    ("h200", 4, "7g.141gb", 0, 143104, 132, 8, (7, 0, 7, 1), 1),
+    # H100: 19.62 GiB is 20096 MiB, not 20091; H100 NVL: 21.62 is 22144, 46.38 is 47488.
+    ("h100", 1, "2g.20gb", 14, 20096, 32, 2, (2, 0, 2, 0), 3),
+    ("h100-nvl", 9, "1g.24gb", 15, 22144, 26, 1, (1, 0, 1, 0), 4),
+    ("h100-nvl", 2, "3g.47gb", 9, 47488, 60, 3, (3, 0, 3, 0), 2),
+    # H100 PCIe: 114 SMs, not SXM's 132 (-lgip on 570.169).
+    ("h100-pcie", 0, "1g.10gb", 19, 9984, 14, 1, (1, 0, 1, 0), 7),
+    ("h100-pcie", 9, "1g.20gb", 15, 20096, 14, 1, (1, 0, 1, 0), 4),
+    ("h100-pcie", 1, "2g.20gb", 14, 20096, 30, 2, (2, 0, 2, 0), 3),
+    ("h100-pcie", 4, "7g.80gb", 0, 81152, 114, 8, (7, 0, 7, 1), 1),
+    # A100: 1g has no media engines, 7g has 5 decoders, 1 JPEG, 1 OFA (the guide).
+    ("a100-40gb", 0, "1g.5gb", 19, 4864, 14, 1, (0, 0, 0, 0), 7),
+    ("a100-40gb", 1, "2g.10gb", 14, 9856, 28, 2, (1, 0, 0, 0), 3),
+    ("a100-80gb", 4, "7g.80gb", 0, 81152, 98, 7, (5, 0, 1, 1), 1),
+    # A30: 4g has 4 decoders, 1 JPEG, 1 OFA; 5.81 GiB is 5952 MiB.
+    ("a30", 0, "1g.6gb", 14, 5952, 14, 1, (0, 0, 0, 0), 4),
+    ("a30", 8, "2g.12gb+me", 6, 11968, 28, 2, (2, 0, 1, 1), 1),
+    ("a30", 3, "4g.24gb", 0, 24000, 56, 4, (4, 0, 1, 1), 1),
+    # B200 2g.45gb: 4 copy engines and 2 decoders as the real -lgip gives (guide: 3, 1).
+    ("b200", 1, "2g.45gb", 14, 45312, 36, 4, (2, 0, 2, 0), 3),
+    # RTX PRO 6000 (real -lgip on 610.43.02): a plain 1g has a decoder, an encoder and a
+    # JPEG decoder; 2g.48gb+me.all exists (ID 64); -me IDs are 67 (1g) and 66 (2g).
+    ("rtx-pro-6000", 0, "1g.24gb", 14, 24192, 46, 1, (1, 1, 1, 0), 4),
+    ("rtx-pro-6000", 0xF, "1g.24gb+me.all", 65, 24192, 46, 1, (4, 4, 4, 1), 1),
+    ("rtx-pro-6000", 0xD, "1g.24gb-me", 67, 24192, 46, 1, (0, 0, 0, 0), 4),
+    ("rtx-pro-6000", 0x10, "2g.48gb+me.all", 64, 48512, 94, 2, (4, 4, 4, 1), 1),
+    ("rtx-pro-6000", 0xE, "2g.48gb-me", 66, 48512, 94, 2, (0, 0, 0, 0), 2),
+    ("rtx-pro-6000", 3, "4g.96gb", 0, 97408, 188, 4, (4, 4, 4, 1), 1),
+    # RTX PRO 5000 (the guide's later revision): 2g.48gb has 4 copy engines, 3/3/1/1.
+    ("rtx-pro-5000", 0xF, "1g.24gb+me.all", 65, 24192, 46, 1, (3, 3, 1, 1), 1),
+    ("rtx-pro-5000", 1, "2g.48gb", 5, 48384, 92, 4, (3, 3, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize(("model", "enum", "name", "pid", "mib", "sms", "ces", "media",
+                          "count"), DRIVER_ROWS, ids=[f"{r[0]}-{r[2]}" for r in DRIVER_ROWS])
+def test_profile_info_answers_as_the_real_driver(nvml, model, enum, name, pid, mib, sms, ces,
+                                                 media, count):
+    nvml(f"{model}x1")
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), enum)
+    assert (info.name, info.id, info.memorySizeMB, info.multiprocessorCount,
+            info.copyEngineCount, info.instanceCount) == (f"MIG {name}", pid, mib, sms, ces,
+                                                          count)
+    assert (info.decoderCount, info.encoderCount, info.jpegCount, info.ofaCount) == media
+
+
+def test_a_compute_instance_shares_its_gpu_instances_media_engines(nvml):
+    nvml("h200x1")
+    gi, _ = create(H100_3G, 4)
+    info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+    assert (info.sharedCopyEngineCount, info.sharedDecoderCount, info.sharedEncoderCount,
+            info.sharedJpegCount, info.sharedOfaCount) == (3, 3, 0, 3, 0)
+
+
+def test_rtx_pro_6000_places_on_the_drivers_12_unit_grid(nvml):
+    """-lgipp on 610.43.02: {0,3,6,9}:3, {0,6}:6, {0}:12; `-cgi 2g.48gb,1g.24gb,1g.24gb`
+    gave GI 1 at 0:6, GI 5 at 6:3 and GI 6 at 9:3."""
+    nvml("rtx-pro-6000x1")
+    count = c_uint(0)
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 14, None, byref(count))
+    slots = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 14, slots, byref(count))
+    assert [(p.start, p.size) for p in slots] == [(0, 3), (3, 3), (6, 3), (9, 3)]
+    got = [pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceCreateGpuInstance(gpu(), pid))
+           for pid in (5, 14, 14)]
+    assert [(i.id, i.placement.start, i.placement.size) for i in got] == [
+        (1, 0, 6), (5, 6, 3), (6, 9, 3)]

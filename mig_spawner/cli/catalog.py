@@ -15,17 +15,22 @@ from typing import Any
 from ..core.catalog import MODELS, Profile, compare_profiles, format_gib, model, profile_rows
 from ..core.inventory import Gpu, Inventory
 
-_COLUMNS = ("profile", "id", "compute_slices", "memory_slices", "memory", "sm_count",
-            "copy_engines", "max_instances", "placement_starts")
+# The media engines as nvidia-smi heads them: decoders, encoders, JPEG decoders, OFA.
+_COLUMNS = ("profile", "id", "compute_slices", "memory_slices", "memory", "memory_mib",
+            "sm_count", "copy_engines", "dec", "enc", "jpeg", "ofa", "max_instances",
+            "placement_starts")
 
 
 def table(profiles: Iterable[Profile]) -> str:
-    """The profiles as an aligned text table (memory in GiB, as every screen shows it)."""
+    """The profiles as an aligned text table (memory in GiB, as every screen shows it, and
+    the exact MiB the driver reports)."""
     rows = [_COLUMNS]
     for r in profile_rows(profiles):
         rows.append((str(r["profile"]), str(r["id"]), str(r["compute_slices"]),
                      str(r["memory_slices"]), format_gib(r["memory_mib"]),  # type: ignore[arg-type]
-                     str(r["sm_count"]), str(r["copy_engines"]), str(r["max_instances"]),
+                     str(r["memory_mib"]), str(r["sm_count"]), str(r["copy_engines"]),
+                     str(r["decoders"]), str(r["encoders"]), str(r["jpeg"]), str(r["ofa"]),
+                     str(r["max_instances"]),
                      ",".join(map(str, r["placement_starts"]))))  # type: ignore[call-overload]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

@@ -19,7 +19,12 @@ from traitlets.config import Config
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
 from ..gpu import GpuAdapter
-from ..gpu.errors import MIG_CONFIG_DEVICE, MIG_CONFIG_PROC, GpuError
+from ..gpu.errors import (
+    MIG_CONFIG_DEVICE,
+    MIG_CONFIG_PROC,
+    GpuError,
+    MonitorCapabilityMissing,
+)
 from ..gpu.nvml import GARBLED_PROCESS_DRIVERS, garbles_process_records
 from .catalog import driver_differences
 
@@ -252,6 +257,18 @@ def check_process_listing(inv: Inventory) -> Check:
     return Check("process listing", Status.PASS, "the processes on every MIG device are readable")
 
 
+def check_monitor(e: MonitorCapabilityMissing) -> Check:
+    """What the hub does without the MIG monitor capability, and how to grant it."""
+    return Check(
+        "MIG monitor capability", Status.FAIL,
+        f"{e}: without the MIG monitor capability this hub cannot list GPU or compute "
+        "instances, so it sees no slice: the spawn form offers none, every spawn is "
+        "refused because 'The GPU inventory' cannot be read, and the slice service's "
+        "sweeps fail the same way",
+        e.hint,
+    )
+
+
 OfferedFor = Callable[[list[GpuModel]], tuple[list[str], str]]
 
 
@@ -288,6 +305,10 @@ def run_checks(
     try:
         adapter = connect()
         inv = adapter.inventory()
+    except MonitorCapabilityMissing as e:
+        return [Check("NVML", Status.PASS, "NVML loaded"), check_monitor(e),
+                *skipped(GPU_CHECKS, "the MIG instances cannot be listed "
+                                     "(see MIG monitor capability)")]
     except GpuError as e:
         return [Check("NVML", Status.FAIL, str(e), e.hint),
                 *skipped(GPU_CHECKS, "NVML did not load (see NVML)")]

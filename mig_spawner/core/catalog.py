@@ -71,11 +71,22 @@ class Profile:
     variant: str = ""  # one of VARIANTS
     source: str = ""  # where the figures come from (docs/gpus.md shows it)
     verified: bool = True  # False: a lead that no source confirms
+    # Media engines the instance owns (NVML's decoderCount, encoderCount, jpegCount,
+    # ofaCount): NVDEC video decoders, NVENC encoders, NVJPG JPEG decoders, optical flow.
+    decoders: int = 0
+    encoders: int = 0
+    jpeg: int = 0
+    ofa: int = 0
 
     @property
     def media_extensions(self) -> bool:
         """Carries media engines of its own (at most one such instance per GPU)."""
         return self.variant in ("+me", "+me.all")
+
+    @property
+    def media(self) -> tuple[int, int, int, int]:
+        """(decoders, encoders, JPEG, OFA) in NVML's order."""
+        return (self.decoders, self.encoders, self.jpeg, self.ofa)
 
     @property
     def memory_gib(self) -> float:
@@ -144,15 +155,16 @@ class GpuModel:
         raise CatalogError(f"profile enum {enum_index} is not supported on the {self.display_name}")
 
     def with_driver_figures(self, driver: Iterable[Profile]) -> GpuModel:
-        """This model with the memory, SMs, copy engines and instance counts the driver
-        reports for its profiles (matched by name); profiles the driver did not report
-        keep the catalog's figures. The driver wins: it knows its own board."""
+        """This model with the memory, SMs, copy engines, media engines and instance counts
+        the driver reports for its profiles (matched by name); profiles the driver did not
+        report keep the catalog's figures. The driver wins: it knows its own board."""
         by_name = {p.name: p for p in driver}
         if not by_name:
             return self
         profiles = tuple(
             replace(p, memory_mib=d.memory_mib, sm_count=d.sm_count,
-                    copy_engines=d.copy_engines, max_instances=d.max_instances)
+                    copy_engines=d.copy_engines, max_instances=d.max_instances,
+                    decoders=d.decoders, encoders=d.encoders, jpeg=d.jpeg, ofa=d.ofa)
             if (d := by_name.get(p.name)) is not None else p
             for p in self.profiles
         )
@@ -213,6 +225,7 @@ def profile_rows(profiles: Iterable[Profile]) -> list[dict[str, object]]:
         {"profile": p.name, "id": p.profile_id, "compute_slices": p.compute_slices,
          "memory_slices": p.memory_slices, "memory_mib": p.memory_mib,
          "sm_count": p.sm_count, "copy_engines": p.copy_engines,
+         "decoders": p.decoders, "encoders": p.encoders, "jpeg": p.jpeg, "ofa": p.ofa,
          "max_instances": p.max_instances, "placement_starts": list(p.placement_starts)}
         for p in profiles
     ]
@@ -269,6 +282,7 @@ _EIGHT_SLICE_KINDS = {
 }
 _KINDS = tuple(_EIGHT_SLICE_KINDS)
 _ALL_KINDS = frozenset(_KINDS)
+Media = tuple[int, int, int, int]  # decoders, encoders, JPEG, OFA (NVML's order)
 
 
 def _per_kind(one: int, two_mem: int, two: int, three: int, four: int, seven: int
@@ -279,20 +293,50 @@ def _per_kind(one: int, two_mem: int, two: int, three: int, four: int, seven: in
 
 _AMPERE_SM = _per_kind(14, 14, 28, 42, 56, 98)
 _HOPPER_SM = _per_kind(16, 26, 32, 60, 64, 132)
+# H100 PCIe has 114 SMs, not SXM's 132: -lgip on driver 570.169 (a Scaleway H100 PCIe).
+_H100_PCIE_SM = _per_kind(14, 14, 30, 46, 62, 114)
 _AMPERE_CE = _per_kind(1, 1, 2, 3, 4, 7)
 _HOPPER_CE = _per_kind(1, 1, 2, 3, 4, 8)
 # B200: 1g/1g.45gb/2g from real -lgip (NVIDIA/mig-parted#166, #187, gpu-operator#1242);
 # 3g/4g/7g copy engines 6/8/16 from the same outputs; their SMs are not confirmed.
+# 2g.45gb: the real output says 4 copy engines, the guide 3; the driver's 4 is used
+# (it is what NVML answers, and 2 x the 1g's 2).
 _BLACKWELL_SM = _per_kind(18, 30, 36, 60, 72, 148)
 _BLACKWELL_CE = _per_kind(2, 2, 4, 6, 8, 16)
 # GB200 differs from B200 in its 2-slice SMs (NVIDIA/gpu-operator#1303, mig-parted#227).
 _GB200_SM = _per_kind(18, 32, 38, 60, 72, 148)
+# Media engines (decoders, encoders, JPEG, OFA) per kind. The guide's tables and the
+# real -lgip outputs agree on A100 and Hopper (H100, H100 NVL, GH200, H200: the plain 1g
+# already has a decoder and a JPEG decoder; +me adds the OFA).
+_AMPERE_MEDIA: dict[str, Media] = {
+    "1g": (0, 0, 0, 0), "1g+me": (1, 0, 1, 1), "1g2m": (1, 0, 0, 0), "2g": (1, 0, 0, 0),
+    "3g": (2, 0, 0, 0), "4g": (2, 0, 0, 0), "7g": (5, 0, 1, 1)}
+_HOPPER_MEDIA: dict[str, Media] = {
+    "1g": (1, 0, 1, 0), "1g+me": (1, 0, 1, 1), "1g2m": (1, 0, 1, 0), "2g": (2, 0, 2, 0),
+    "3g": (3, 0, 3, 0), "4g": (4, 0, 4, 0), "7g": (7, 0, 7, 1)}
+# B200: 1g, 1g+me, 1g.45gb and 2g from real -lgip (2g.45gb has 2 decoders and 2 JPEG
+# there, where the guide says 1 and 1); 3g/4g/7g from the guide (1/1/0, 1/1/0, 1/1/1):
+# leads, since the one row both give disagrees.
+_BLACKWELL_MEDIA: dict[str, Media] = {
+    "1g": (1, 0, 1, 0), "1g+me": (1, 0, 1, 1), "1g2m": (1, 0, 1, 0), "2g": (2, 0, 2, 0),
+    "3g": (1, 0, 1, 0), "4g": (1, 0, 1, 0), "7g": (1, 0, 1, 1)}
 # Seen on A100/H100 when creating without a placement.
 _EIGHT_SLICE_DRIVER_ORDER = {1: (6, 4, 5, 0, 1, 2, 3), 2: (4, 0, 2, 6), 4: (4, 0), 8: (0,)}
+# Drivers size MIG memory in 64 MiB steps (1/16 GiB): real MIG devices report 4864,
+# 9984, 19968, 24192 MiB (A100, H100 PCIe, RTX PRO 6000), so the two decimals that
+# `nvidia-smi mig -lgip` prints (MiB / 1024, rounded half to even) name one exact value.
+_MIB_STEP = 64
 
 
 def _gib(value: float) -> int:
+    """A whole GPU's memory in MiB from its GiB (no MIG rounding applies)."""
     return round(value * 1024)
+
+
+def printed_mib(gib: float) -> int:
+    """The exact MiB of a profile whose memory ``nvidia-smi mig -lgip`` prints as ``gib``:
+    19.62 is 20096 MiB (19.625 GiB), not 20091 (19.62 x 1024); 5.81 is 5952."""
+    return round(gib * 1024 / _MIB_STEP) * _MIB_STEP
 
 
 def _eight_slice_model(
@@ -308,10 +352,11 @@ def _eight_slice_model(
     *,
     sm: dict[str, int] | None = None,
     ce: dict[str, int] | None = None,
+    media: dict[str, Media] | None = None,
     confirmed: frozenset[str] = _ALL_KINDS,
     lead: str = "",
 ) -> GpuModel:
-    """An 8-slice GPU from its nominal GB and GiB at 1, 2, 4 and 8 memory slices.
+    """An 8-slice GPU from its nominal GB and printed GiB at 1, 2, 4 and 8 memory slices.
 
     ``source`` confirms the kinds in ``confirmed``; the others carry ``lead`` (where
     their names come from) and ``verified=False``.
@@ -319,6 +364,7 @@ def _eight_slice_model(
     hopper = arch in ("Hopper", "Blackwell")
     sm = sm or (_HOPPER_SM if hopper else _AMPERE_SM)
     ce = ce or (_HOPPER_CE if hopper else _AMPERE_CE)
+    media = media or (_HOPPER_MEDIA if hopper else _AMPERE_MEDIA)
     one, two, four, eight = gb
     names = {"1g": f"1g.{one}gb", "1g+me": f"1g.{one}gb+me", "1g2m": f"1g.{two}gb",
              "2g": f"2g.{two}gb", "3g": f"3g.{four}gb", "4g": f"4g.{four}gb",
@@ -332,12 +378,14 @@ def _eight_slice_model(
             # Hopper's double-memory 1g has more SMs, and its own full-size CI profile.
             ci = CI_PROFILE_1_SLICE_REV1
         ok = kind in confirmed
+        decoders, encoders, jpeg, ofa = media[kind]
         profiles.append(Profile(
             name=names[kind], enum_index=enum, profile_id=pid, compute_slices=g,
-            memory_slices=mem, memory_mib=_gib(memory[kind]), sm_count=sm[kind],
+            memory_slices=mem, memory_mib=printed_mib(memory[kind]), sm_count=sm[kind],
             copy_engines=ce[kind], max_instances=count, placement_starts=starts,
             ci_profile_index=ci, variant="+me" if kind == "1g+me" else "",
             source=source if ok else lead, verified=ok,
+            decoders=decoders, encoders=encoders, jpeg=jpeg, ofa=ofa,
         ))
     return GpuModel(
         key=key, display_name=display, product_names=products, architecture=arch,
@@ -347,76 +395,109 @@ def _eight_slice_model(
     )
 
 
-_A30_SOURCE = "guide (A30 table); -lgip in NVIDIA/DCGM#138"
-_A30 = GpuModel(
-    key="a30",
-    display_name="A30 24GB",
-    product_names=("NVIDIA A30",),
-    architecture="Ampere",
-    memory_mib=24576,
-    memory_slices=4,
-    compute_slices=4,
-    min_driver_major=460,
-    profiles=(
-        Profile("1g.6gb", GI_PROFILE_1_SLICE, 14, 1, 1, _gib(5.81), 14, 1, 4, (0, 1, 2, 3),
-                CI_PROFILE_1_SLICE, source=_A30_SOURCE),
-        Profile("1g.6gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 1, _gib(5.81), 14, 1, 1,
-                (0, 1, 2, 3), CI_PROFILE_1_SLICE, variant="+me", source=_A30_SOURCE),
-        Profile("2g.12gb", GI_PROFILE_2_SLICE, 5, 2, 2, _gib(11.69), 28, 2, 2, (0, 2),
-                CI_PROFILE_2_SLICE, source=_A30_SOURCE),
-        Profile("2g.12gb+me", GI_PROFILE_2_SLICE_REV1, 6, 2, 2, _gib(11.69), 28, 2, 1, (0, 2),
-                CI_PROFILE_2_SLICE, variant="+me", source=_A30_SOURCE),
-        Profile("4g.24gb", GI_PROFILE_4_SLICE, 0, 4, 4, _gib(23.44), 56, 4, 1, (0,),
-                CI_PROFILE_4_SLICE, source=_A30_SOURCE),
-    ),
-    # A real 535.183.01 driver put the first 1g at start 0, the next at 1, a 2g at 2.
-    driver_start_order={1: (0, 1, 2, 3), 2: (0, 2), 4: (0,)},
-)
-
-_RTX_PRO_6000_SOURCE = ("-lgip in GoogleCloudPlatform/container-engine-accelerators#564 "
-                        "and bottlerocket-os/bottlerocket-kernel-kit#300")
-_RTX_PRO_LEAD = "name from the guide and NVIDIA/gpu-operator#1573; ID and figures unverified"
+# One row of a table written out in full: name, enum, ID, compute slices, placement size,
+# printed GiB, SMs, copy engines, (decoders, encoders, JPEG, OFA), instances, starts.
+Row = tuple[str, int, int, int, int, float, int, int, Media, int, tuple[int, ...]]
+_CI_BY_SLICES = {1: CI_PROFILE_1_SLICE, 2: CI_PROFILE_2_SLICE, 4: CI_PROFILE_4_SLICE}
 
 
-def _rtx_pro_model(key: str, display: str, products: tuple[str, ...], slices: int,
-                   memory_gib: float, min_driver: int, one_gib: float, one_sm: int,
-                   source: str) -> GpuModel:
-    """RTX PRO Blackwell: 1g/2g/4g of ``slices`` memory slices, with +gfx, -me and
-    +me.all variants (each 1g already carries one decoder; -me has none)."""
-    rows = []
-    sizes = [s for s in (1, 2, 4) if s <= slices]
-    # (size, variant, enum, ID, instances, confirmed by ``source``)
-    plan = {
-        1: [("", GI_PROFILE_1_SLICE, 14, slices, True),
-            ("+me", GI_PROFILE_1_SLICE_REV1, 21, 1, True),
-            ("+gfx", GI_PROFILE_1_SLICE_GFX, 47, slices, True),
-            ("+me.all", GI_PROFILE_1_SLICE_ALL_ME, 65, 1, True),
-            ("-me", GI_PROFILE_1_SLICE_NO_ME, 66, slices, False)],
-        2: [("", GI_PROFILE_2_SLICE, 5, slices // 2, False),
-            ("+gfx", GI_PROFILE_2_SLICE_GFX, 35, slices // 2, False),
-            ("-me", GI_PROFILE_2_SLICE_NO_ME, 67, slices // 2, False)],
-        4: [("", GI_PROFILE_4_SLICE, 0, 1, False),
-            ("+gfx", GI_PROFILE_4_SLICE_GFX, 32, 1, False)],
-    }
-    ci = {1: CI_PROFILE_1_SLICE, 2: CI_PROFILE_2_SLICE, 4: CI_PROFILE_4_SLICE}
-    for size in sizes:
-        for variant, enum, pid, count, ok in plan[size]:
-            rows.append(Profile(
-                name=f"{size}g.{24 * size}gb{variant}", enum_index=enum, profile_id=pid,
-                compute_slices=size, memory_slices=size, memory_mib=_gib(one_gib * size),
-                sm_count=one_sm * size, copy_engines=size, max_instances=count,
-                placement_starts=tuple(range(0, slices, size)), ci_profile_index=ci[size],
-                variant=variant, source=source if ok and source else _RTX_PRO_LEAD,
-                verified=ok and bool(source),
-            ))
+def _table_model(key: str, display: str, products: tuple[str, ...], memory_gib: float,
+                 placement_units: int, compute_slices: int, min_driver: int,
+                 rows: Iterable[Row], source: str, lead: str = "") -> GpuModel:
+    """A GPU whose table does not follow the 8-slice pattern (A30, RTX PRO), written out
+    row by row. ``source`` confirms every row; without one, ``lead`` says where the rows
+    come from and they are unverified. The driver creates without a placement at the
+    lowest free start (seen on A30 and RTX PRO 6000)."""
+    profiles = tuple(
+        Profile(name=name, enum_index=enum, profile_id=pid, compute_slices=g,
+                memory_slices=size, memory_mib=printed_mib(gib), sm_count=sm,
+                copy_engines=ce, max_instances=count, placement_starts=starts,
+                ci_profile_index=_CI_BY_SLICES[g], variant=parse_profile_name(name)[2],
+                source=source or lead, verified=bool(source),
+                decoders=media[0], encoders=media[1], jpeg=media[2], ofa=media[3])
+        for name, enum, pid, g, size, gib, sm, ce, media, count, starts in rows
+    )
+    sizes = sorted({p.placement_size for p in profiles})
     return GpuModel(
-        key=key, display_name=display, product_names=products, architecture="Blackwell",
-        memory_mib=_gib(memory_gib), memory_slices=slices,
-        compute_slices=slices, min_driver_major=min_driver, profiles=tuple(rows),
-        verified=all(p.verified for p in rows),
-        driver_start_order={s: tuple(range(0, slices, s)) for s in sizes},
+        key=key, display_name=display, product_names=products, architecture=(
+            "Ampere" if key == "a30" else "Blackwell"),
+        memory_mib=_gib(memory_gib), memory_slices=placement_units,
+        compute_slices=compute_slices, min_driver_major=min_driver, profiles=profiles,
+        verified=bool(source),
+        driver_start_order={s: tuple(range(0, placement_units, s)) for s in sizes},
     )
 
+
+_A30 = _table_model(
+    "a30", "A30 24GB", ("NVIDIA A30",), 24, 4, 4, 460, [
+        ("1g.6gb", GI_PROFILE_1_SLICE, 14, 1, 1, 5.81, 14, 1, (0, 0, 0, 0), 4, (0, 1, 2, 3)),
+        ("1g.6gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 1, 5.81, 14, 1, (1, 0, 1, 1), 1,
+         (0, 1, 2, 3)),
+        ("2g.12gb", GI_PROFILE_2_SLICE, 5, 2, 2, 11.69, 28, 2, (2, 0, 0, 0), 2, (0, 2)),
+        ("2g.12gb+me", GI_PROFILE_2_SLICE_REV1, 6, 2, 2, 11.69, 28, 2, (2, 0, 1, 1), 1,
+         (0, 2)),
+        ("4g.24gb", GI_PROFILE_4_SLICE, 0, 4, 4, 23.44, 56, 4, (4, 0, 1, 1), 1, (0,)),
+    ], "guide (A30 table); -lgip in NVIDIA/DCGM#138",
+)
+
+# RTX PRO 6000 Blackwell: the whole table from one real `nvidia-smi mig -lgip`/`-lgipp`
+# (driver 610.43.02, in the post "Slicing GPUs in Kubernetes with NVIDIA MIG"); the 1g
+# rows agree with GoogleCloudPlatform/container-engine-accelerators#564 and
+# bottlerocket-os/bottlerocket-kernel-kit#300 (bigstack-oss/cubecos#312 saw 23.12 GiB
+# per 1g on another driver). The driver places instances on a grid of 12 units, 3 per
+# memory slice ({0,3,6,9}:3, {0,6}:6, {0}:12), and the guide's media engines match.
+_RTX_PRO_6000_SOURCE = ("-lgip/-lgipp on 610.43.02 ('Slicing GPUs in Kubernetes with "
+                        "NVIDIA MIG'); container-engine-accelerators#564; guide")
+_Q = (0, 3, 6, 9)  # the four 1g starts on the 12-unit grid
+_RTX_PRO_6000 = _table_model(
+    "rtx-pro-6000", "RTX PRO 6000 Blackwell 96GB",
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition",
+     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
+    95.59, 12, 4, 575, [
+        ("1g.24gb", GI_PROFILE_1_SLICE, 14, 1, 3, 23.62, 46, 1, (1, 1, 1, 0), 4, _Q),
+        ("1g.24gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 3, 23.62, 46, 1, (1, 1, 1, 1), 1, _Q),
+        ("1g.24gb+gfx", GI_PROFILE_1_SLICE_GFX, 47, 1, 3, 23.62, 46, 1, (1, 1, 1, 0), 4, _Q),
+        ("1g.24gb+me.all", GI_PROFILE_1_SLICE_ALL_ME, 65, 1, 3, 23.62, 46, 1, (4, 4, 4, 1), 1,
+         _Q),
+        ("1g.24gb-me", GI_PROFILE_1_SLICE_NO_ME, 67, 1, 3, 23.62, 46, 1, (0, 0, 0, 0), 4, _Q),
+        ("2g.48gb", GI_PROFILE_2_SLICE, 5, 2, 6, 47.38, 94, 2, (2, 2, 2, 0), 2, (0, 6)),
+        ("2g.48gb+gfx", GI_PROFILE_2_SLICE_GFX, 35, 2, 6, 47.38, 94, 2, (2, 2, 2, 0), 2,
+         (0, 6)),
+        ("2g.48gb+me.all", GI_PROFILE_2_SLICE_ALL_ME, 64, 2, 6, 47.38, 94, 2, (4, 4, 4, 1), 1,
+         (0, 6)),
+        ("2g.48gb-me", GI_PROFILE_2_SLICE_NO_ME, 66, 2, 6, 47.38, 94, 2, (0, 0, 0, 0), 2,
+         (0, 6)),
+        ("4g.96gb", GI_PROFILE_4_SLICE, 0, 4, 12, 95.12, 188, 4, (4, 4, 4, 1), 1, (0,)),
+        ("4g.96gb+gfx", GI_PROFILE_4_SLICE_GFX, 32, 4, 12, 95.12, 188, 4, (4, 4, 4, 1), 1,
+         (0,)),
+    ], _RTX_PRO_6000_SOURCE,
+)
+
+# RTX PRO 5000 Blackwell 48GB: two revisions of the guide disagree. The R580 page has
+# four memory slices (1g.12gb x1, 1g.12gb-me x3, 2g.24gb-me, 4g.48gb ...); the later
+# revision (the one that adds RTX PRO 4500 and Thor) has two (1g.24gb x2 ... 2g.48gb),
+# the same shape as the RTX PRO 4500 beside it. The later revision is used: it is the
+# newer statement of the same table. No real output confirms either, so every row is a
+# lead; IDs follow the RTX PRO 6000's, SMs and GiB are estimates.
+_RTX_PRO_5000_LEAD = ("guide (later revision; the R580 page has a 4-slice 1g.12gb table); "
+                      "IDs as on RTX PRO 6000; SMs and GiB estimated")
+_RTX_PRO_5000 = _table_model(
+    "rtx-pro-5000", "RTX PRO 5000 Blackwell 48GB", ("NVIDIA RTX PRO 5000 Blackwell",),
+    47.79, 2, 2, 575, [
+        ("1g.24gb", GI_PROFILE_1_SLICE, 14, 1, 1, 23.62, 46, 1, (1, 1, 0, 0), 2, (0, 1)),
+        ("1g.24gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 1, 23.62, 46, 1, (1, 1, 1, 1), 1,
+         (0, 1)),
+        ("1g.24gb+gfx", GI_PROFILE_1_SLICE_GFX, 47, 1, 1, 23.62, 46, 1, (1, 1, 0, 0), 2,
+         (0, 1)),
+        ("1g.24gb+me.all", GI_PROFILE_1_SLICE_ALL_ME, 65, 1, 1, 23.62, 46, 1, (3, 3, 1, 1), 1,
+         (0, 1)),
+        ("1g.24gb-me", GI_PROFILE_1_SLICE_NO_ME, 67, 1, 1, 23.62, 46, 1, (0, 0, 0, 0), 2,
+         (0, 1)),
+        ("2g.48gb", GI_PROFILE_2_SLICE, 5, 2, 2, 47.25, 92, 4, (3, 3, 1, 1), 1, (0,)),
+        ("2g.48gb+gfx", GI_PROFILE_2_SLICE_GFX, 35, 2, 2, 47.25, 92, 4, (3, 3, 1, 1), 1, (0,)),
+    ], "", _RTX_PRO_5000_LEAD,
+)
 
 _GH200_144_CONFIRMED = frozenset({"1g", "1g+me", "1g2m", "2g"})
 _B_CONFIRMED = frozenset({"1g", "1g+me", "1g2m", "2g"})
@@ -432,8 +513,15 @@ MODELS: tuple[GpuModel, ...] = (
     ),
     _A30,
     _eight_slice_model(
-        "h100", "H100 80GB", ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"), "Hopper",
+        "h100", "H100 80GB", ("NVIDIA H100 80GB HBM3",), "Hopper",
         79.65, (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), 525, "guide (H100 table)",
+    ),
+    # The PCIe board shares the SXM's names, memory and media engines, not its SMs.
+    _eight_slice_model(
+        "h100-pcie", "H100 PCIe 80GB", ("NVIDIA H100 PCIe",), "Hopper",
+        81559 / 1024, (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), 525,
+        "-lgip on 570.169 (a Scaleway H100 PCIe: 1g.10gb devices of 9984 MiB); guide",
+        sm=_H100_PCIE_SM,
     ),
     _eight_slice_model(
         "h100-96gb", "H100 96GB", ("NVIDIA H100 96GB HBM3",), "Hopper",
@@ -475,35 +563,26 @@ MODELS: tuple[GpuModel, ...] = (
         "b200", "B200 180GB", ("NVIDIA B200",), "Blackwell",
         179.06, (23, 45, 90, 180), (22.00, 44.25, 88.75, 178.75), 570,
         "-lgip in NVIDIA/mig-parted#166, #187, gpu-operator#1242 (R570)",
-        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, confirmed=_B_CONFIRMED,
-        lead="name from the guide; copy engines from the -lgip outputs; SMs and GiB "
-             "estimated",
+        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, media=_BLACKWELL_MEDIA, confirmed=_B_CONFIRMED,
+        lead="name and media engines from the guide; copy engines from the -lgip outputs; "
+             "SMs and GiB estimated",
     ),
     _eight_slice_model(
         "gb200", "GB200 186GB", ("NVIDIA GB200",), "Blackwell",
         184.0, (23, 47, 93, 186), (22.00, 45.50, 91.00, 182.00), 570,
         "-lgip in NVIDIA/mig-parted#227 (production GB200)",
-        sm=_GB200_SM, ce=_BLACKWELL_CE, confirmed=_B_CONFIRMED,
+        sm=_GB200_SM, ce=_BLACKWELL_CE, media=_BLACKWELL_MEDIA, confirmed=_B_CONFIRMED,
         lead="3g/4g/7g names and figures estimated from the 2-slice row",
     ),
     _eight_slice_model(
         "b300", "B300 288GB", ("NVIDIA B300 SXM6 AC", "NVIDIA B300"), "Blackwell",
         269.0, (34, 67, 135, 269), (33.00, 65.50, 131.50, 263.50), 580, "",
-        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, confirmed=frozenset(),
+        sm=_BLACKWELL_SM, ce=_BLACKWELL_CE, media=_BLACKWELL_MEDIA, confirmed=frozenset(),
         lead="names from the GPU Operator config quoted in aws/sagemaker-hyperpod-cli#403 "
              "and NVIDIA/gpu-operator#1759; figures estimated",
     ),
-    _rtx_pro_model(
-        "rtx-pro-6000", "RTX PRO 6000 Blackwell 96GB",
-        ("NVIDIA RTX PRO 6000 Blackwell Server Edition",
-         "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-         "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
-        4, 95.59, 575, 23.62, 46, _RTX_PRO_6000_SOURCE,
-    ),
-    _rtx_pro_model(
-        "rtx-pro-5000", "RTX PRO 5000 Blackwell 48GB", ("NVIDIA RTX PRO 5000 Blackwell",),
-        2, 47.79, 575, 23.62, 46, "",
-    ),
+    _RTX_PRO_6000,
+    _RTX_PRO_5000,
 )
 
 _BY_KEY = {m.key: m for m in MODELS}

@@ -38,7 +38,7 @@ def connect(simulate: str | None = None, state_file: str | os.PathLike | None = 
 
     host = SimulatedHost.from_spec(simulate, state_file)
     return GpuAdapter(library=SimulatedNvmlLibrary(host),
-                      privilege_probe=lambda: host.refresh().mig_config)
+                      privilege_probe=lambda: host.refresh().caller_config)
 
 
 def _drop_simulated_library() -> None:

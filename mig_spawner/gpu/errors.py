@@ -72,6 +72,18 @@ class NoPermission(GpuError):
     )
 
 
+class MonitorCapabilityMissing(NoPermission):
+    """The MIG monitor capability is not readable: GPU and compute instances cannot be
+    listed, so no slice can be seen, offered or spawned on."""
+
+    default_hint = (
+        f"run as root, or give this user read access to the MIG monitor capability "
+        f"{MIG_MONITOR_DEVICE} (see {MIG_MONITOR_PROC}); NVIDIA makes it world-readable "
+        "(0444), so something on this host restricted it; in a container set "
+        "NVIDIA_MIG_MONITOR_DEVICES=all"
+    )
+
+
 class UnknownProfile(GpuError):
     default_hint = "use one of the profiles this GPU lists (nvidia-smi mig -lgip)"
 

@@ -271,10 +271,8 @@ class GpuAdapter:
                 gis = self._gpu_instances(handle, uuid, gi_handles)
             except pynvml.NVMLError_NoPermission:
                 # Reading needs the monitor capability, not config: say which one.
-                raise errors.NoPermission(
+                raise errors.MonitorCapabilityMissing(
                     f"listing the GPU instances of GPU {index} is not permitted",
-                    f"run as root, or give this user read access to the MIG monitor "
-                    f"capability {errors.MIG_MONITOR_DEVICE} (see {errors.MIG_MONITOR_PROC})",
                     code=pynvml.NVML_ERROR_NO_PERMISSION,
                 ) from None
             devices = self._mig_devices(handle, index, gis, uuid)
@@ -393,7 +391,8 @@ class GpuAdapter:
 
     def _gpu_profiles(self, handle: Any, uuid: str) -> tuple[catalog.Profile, ...]:
         """The GI profiles this GPU supports, with the driver's own figures (memory, SMs,
-        copy engines, instances, placements). Cached once read: fixed per driver."""
+        copy and media engines, instances, placements). Cached once read: fixed per
+        driver."""
         cached = self._profiles.get(uuid)
         if cached is not None:
             return cached
@@ -417,6 +416,10 @@ class GpuAdapter:
                 memory_mib=info.memorySizeMB,
                 sm_count=info.multiprocessorCount,
                 copy_engines=info.copyEngineCount,
+                decoders=info.decoderCount,
+                encoders=info.encoderCount,
+                jpeg=info.jpegCount,
+                ofa=info.ofaCount,
                 max_instances=info.instanceCount,
                 placement_starts=tuple(p.start for p in placements),
                 ci_profile_index=-1,  # found by slice count when creating

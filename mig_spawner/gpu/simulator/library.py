@@ -161,20 +161,26 @@ class SimulatedNvmlLibrary(GpmFunctions):
         _, gpu, gi, ci = self._gpu(state, handle, (_CI,))
         return gpu, gi, ci  # type: ignore[return-value]
 
-    def _require(self, permission: str) -> None:
-        if not getattr(self.host.state, permission):
+    def _require_root(self) -> None:
+        """Switching MIG mode, and (with MIG on) the parent GPU's memory and process list:
+        nvml.h gives aggregate figures "only if the caller has appropriate privileges"."""
+        if not self.host.state.caller_root:
+            raise SimError(NVML_ERROR_NO_PERMISSION)
+
+    def _require_config(self) -> None:
+        """Creating and destroying instances: root or the MIG config capability."""
+        if not self.host.state.caller_config:
+            raise SimError(NVML_ERROR_NO_PERMISSION)
+
+    def _require_monitor(self) -> None:
+        """Listing GPU and compute instances: root or the MIG monitor capability (which
+        NVIDIA makes world-readable; spec monitor=root restricts it)."""
+        if not self.host.state.caller_monitor:
             raise SimError(NVML_ERROR_NO_PERMISSION)
 
     def _reported(self, gpu: SimGpu, profile: Any) -> Any:
         return rules.as_driver_reports(profile, gpu.model_key or "",
                                        self.host.state.driver_version)
-
-    def _require_privilege(self) -> None:
-        """Under NVML's privilege rules only root or the MIG config capability may read
-        parent-GPU memory (MIG on) and process lists."""
-        state = self.host.state
-        if state.privilege_rules and not (state.root or state.mig_config):
-            raise SimError(NVML_ERROR_NO_PERMISSION)
 
     # --- library and system -------------------------------------------------------
 
@@ -245,7 +251,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def _nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> None:
         _, gpu, gi, ci = self._gpu(self.host.state, handle, (_DEVICE, _MIG))
         if ci is None and gpu.mig_current:
-            self._require_privilege()
+            self._require_root()  # a MIG device's own memory is anyone's to read
         if ci is None:
             total = gpu.memory_mib
             used = sum(_used_mib(c) for _, c in rules.mig_devices(gpu))
@@ -280,8 +286,9 @@ class SimulatedNvmlLibrary(GpmFunctions):
 
     def _processes(self, handle: Any, count_ref: Any, infos: Any, garble: bool = False
                    ) -> int | None:
-        self._require_privilege()
         _, gpu, gi, ci = self._gpu(self.host.state, handle, (_DEVICE, _MIG))
+        if ci is None and gpu.mig_current:
+            self._require_root()  # per-instance lists come from the MIG device handles
         pairs = rules.mig_devices(gpu) if ci is None else [(gi, ci)]
         procs = [(pid, mib, g.gi_id, c.ci_id) for g, c in pairs for pid, mib in c.processes]
         count = _out(count_ref)
@@ -308,7 +315,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
         _out(current).value, _out(pending).value = gpu.mig_current, gpu.mig_pending
 
     def _nvmlDeviceSetMigMode(self, handle: Any, mode: Any, status: Any) -> None:
-        self._require("root")
+        self._require_root()
         with self.host.mutate() as state:
             _out(status).value = rules.set_mig_mode(self._gpu(state, handle)[1], _num(mode))
 
@@ -364,9 +371,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
         info.id, info.isP2pSupported, info.sliceCount = p.profile_id, 0, p.compute_slices
         info.instanceCount, info.multiprocessorCount = p.max_instances, p.sm_count
         info.copyEngineCount, info.memorySizeMB = p.copy_engines, p.memory_mib
-        media = 1 if p.media_extensions or p.compute_slices == 7 else 0
-        info.decoderCount = info.jpegCount = info.ofaCount = media
-        info.encoderCount = 0
+        info.decoderCount, info.encoderCount, info.jpegCount, info.ofaCount = p.media
         return None
 
     _nvmlDeviceGetGpuInstanceProfileInfoV = _nvmlDeviceGetGpuInstanceProfileInfo
@@ -402,7 +407,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
         self._create_gi(handle, profile_id, _out(placement), ref)
 
     def _create_gi(self, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
-        self._require("mig_config")
+        self._require_config()
         with self.host.mutate() as state:
             gpu = self._gpu(state, handle)[1]
             start, size = (None, None) if placement is None else (placement.start, placement.size)
@@ -410,7 +415,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
             _set_handle(_out(ref), _GI, gpu.index, gi.gi_id)
 
     def _nvmlGpuInstanceDestroy(self, handle: Any) -> None:
-        self._require("mig_config")
+        self._require_config()
         with self.host.mutate() as state:
             gpu, gi = self._gi(state, handle)
             rules.destroy_gpu_instance(gpu, gi.gi_id)
@@ -418,6 +423,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def _nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: Any, instances: Any,
                                    count_ref: Any) -> int | None:
         gpu = self._gpu(self.host.state, handle)[1]
+        self._require_monitor()
         pid = rules.profile_by_id(gpu, _num(profile_id)).profile_id
         if instances is None:
             raise SimError(NVML_ERROR_INVALID_ARGUMENT)
@@ -433,6 +439,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def _nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> None:
         gpu = self._gpu(self.host.state, handle)[1]
         rules.require_mig_on(gpu)
+        self._require_monitor()
         if _num(gi_id) not in gpu.gis:
             raise SimError(NVML_ERROR_NOT_FOUND)
         _set_handle(_out(ref), _GI, gpu.index, _num(gi_id))
@@ -462,7 +469,10 @@ class SimulatedNvmlLibrary(GpmFunctions):
         info.id, info.sliceCount = _num(profile), slices
         info.instanceCount = gi_profile.compute_slices // slices
         info.multiprocessorCount = gi_profile.sm_count * slices // gi_profile.compute_slices
+        # A CI shares its GI's engines (the full-size CI is the only one simulated).
         info.sharedCopyEngineCount = gi_profile.copy_engines
+        (info.sharedDecoderCount, info.sharedEncoderCount, info.sharedJpegCount,
+         info.sharedOfaCount) = gi_profile.media
         return None
 
     _nvmlGpuInstanceGetComputeInstanceProfileInfoV = _nvmlGpuInstanceGetComputeInstanceProfileInfo
@@ -476,7 +486,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
 
     def _nvmlGpuInstanceCreateComputeInstance(self, handle: Any, profile: Any, ref: Any
                                               ) -> None:
-        self._require("mig_config")
+        self._require_config()
         with self.host.mutate() as state:
             gpu, gi = self._gi(state, handle)
             ci = rules.create_compute_instance(gpu, gi, _num(profile))
@@ -485,6 +495,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def _nvmlGpuInstanceGetComputeInstances(self, handle: Any, profile: Any, instances: Any,
                                             count_ref: Any) -> int | None:
         gpu, gi = self._gi(self.host.state, handle)
+        self._require_monitor()
         rules.ci_profile_slices(gpu, gi, _num(profile))
         if instances is None:
             raise SimError(NVML_ERROR_INVALID_ARGUMENT)
@@ -500,6 +511,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def _nvmlGpuInstanceGetComputeInstanceById(self, handle: Any, ci_id: Any, ref: Any
                                                ) -> None:
         gpu, gi = self._gi(self.host.state, handle)
+        self._require_monitor()
         if _num(ci_id) not in gi.cis:
             raise SimError(NVML_ERROR_NOT_FOUND)
         _set_handle(_out(ref), _CI, gpu.index, gi.gi_id, _num(ci_id))
@@ -513,7 +525,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
         info.placement.start, info.placement.size = 0, ci.slice_count
 
     def _nvmlComputeInstanceDestroy(self, handle: Any) -> None:
-        self._require("mig_config")
+        self._require_config()
         with self.host.mutate() as state:
             _, gi, ci = self._ci(state, handle)
             rules.destroy_compute_instance(gi, ci.ci_id)

@@ -66,7 +66,7 @@ def as_driver_reports(profile: catalog.Profile, model_key: str, driver_version: 
         return profile
     for (key, first), table in _DRIVER_GIB.items():
         if key == model_key and branch >= first and profile.name in table:
-            return replace(profile, memory_mib=round(table[profile.name] * 1024))
+            return replace(profile, memory_mib=catalog.printed_mib(table[profile.name]))
     return profile
 
 

@@ -8,9 +8,11 @@ Grammar of a spec string::
             | "layout=" profile ["*" n] ("," profile ["*" n])*
             | "ids=forward" | "ids=reverse" | "ids=sequential"   (GI ID numbering)
             | "driver=" version            (host-wide)
-            | "perm=root" | "perm=config" | "perm=none"   (host-wide)
-            | "unprivileged"               (host-wide: perm=none plus NVML's privilege
-                                            rules on parent memory and process lists)
+            | "perm=root" | "perm=config" | "perm=none" | "perm=uid"   (host-wide: who
+                                            the caller is; uid: whoever runs the process)
+            | "unprivileged"               (host-wide: the same as perm=none)
+            | "monitor=world" | "monitor=root"   (host-wide: who may read the MIG
+                                            monitor capability; NVIDIA's default: world)
             | "procs=v3" | "procs=v2" | "procs=v1"   (host-wide: newest process-list
                                             call the library has)
 
@@ -30,7 +32,8 @@ from mig_spawner.core import catalog
 from ..errors import GpuError
 
 DEFAULT_DRIVER = "570.133.20"
-PERMISSIONS = ("root", "config", "none")
+PERMISSIONS = ("root", "config", "none", "uid")
+MONITOR_ACCESS = ("world", "root")  # mode of /dev/nvidia-caps/nvidia-cap2: 0444 or 0400
 MIG_MODES = ("on", "off", "pending")
 ID_SCHEMES = ("forward", "reverse", "sequential")  # see rules.gi_id_for
 PROCESS_APIS = ("v3", "v2", "v1")
@@ -72,9 +75,12 @@ class HostSpec:
 
     groups: tuple[GroupSpec, ...]
     driver_version: str = DEFAULT_DRIVER
+    # The caller: root, config (holds the MIG config capability), none, or uid (root
+    # exactly when the calling process's euid is 0).
     permission: str = "root"
-    unprivileged: bool = False
+    unprivileged: bool = False  # the spec said 'unprivileged' (perm=none)
     process_api: str = "v3"
+    monitor: str = "world"  # who may read the MIG monitor capability (list instances)
 
 
 def is_fleet_file(spec: str) -> bool:
@@ -105,7 +111,8 @@ def parse_spec(spec: str) -> HostSpec:
                 )
             host_opts[key] = value
     return _host(tuple(groups), host_opts.get("driver"), host_opts.get("perm"), text,
-                 unprivileged="unprivileged" in host_opts, process_api=host_opts.get("procs"))
+                 unprivileged="unprivileged" in host_opts, process_api=host_opts.get("procs"),
+                 monitor=host_opts.get("monitor"))
 
 
 def _parse_group_text(part: str, whole: str) -> tuple[GroupSpec, dict[str, str]]:
@@ -132,13 +139,13 @@ def _parse_group_text(part: str, whole: str) -> tuple[GroupSpec, dict[str, str]]
             fields["layout"] = _expand_layout(value.split(","), whole)
         elif key == "ids":
             fields["ids"] = value.lower()
-        elif key in ("driver", "perm", "procs"):
+        elif key in ("driver", "perm", "procs", "monitor"):
             host_opts[key] = value.lower()
         else:
             raise SpecError(
                 f"unknown option {key!r} in simulator spec {whole!r}; known: "
                 "mig=on|off|pending, layout=..., ids=forward|reverse|sequential, driver=..., "
-                "perm=root|config|none, unprivileged, procs=v3|v2|v1"
+                "perm=root|config|none|uid, unprivileged, procs=v3|v2|v1, monitor=world|root"
             )
     count = int(m["count"]) if m["count"] else 1
     return _group(m["model"], count, whole, **fields), host_opts
@@ -187,8 +194,8 @@ def _group(model_key: str, count: int, where: str, mig: str = "on",
 
 
 def _host(groups: tuple[GroupSpec, ...], driver: str | None, perm: str | None,
-          where: str, *, unprivileged: bool = False, process_api: str | None = None
-          ) -> HostSpec:
+          where: str, *, unprivileged: bool = False, process_api: str | None = None,
+          monitor: str | None = None) -> HostSpec:
     driver = driver or DEFAULT_DRIVER
     if unprivileged and perm not in (None, "none"):
         raise SpecError(f"{where!r}: 'unprivileged' already means perm=none; drop perm={perm}")
@@ -201,9 +208,13 @@ def _host(groups: tuple[GroupSpec, ...], driver: str | None, perm: str | None,
         raise SpecError(f"driver={driver} in {where!r} is not a driver version like 550.54.15")
     if perm not in PERMISSIONS:
         raise SpecError(f"perm={perm} in {where!r} is not one of {', '.join(PERMISSIONS)}")
+    monitor = monitor or "world"
+    if monitor not in MONITOR_ACCESS:
+        raise SpecError(f"monitor={monitor} in {where!r} is not one of "
+                        f"{', '.join(MONITOR_ACCESS)}")
     # A driver older than a model needs is allowed on purpose: `mig-spawner doctor`
     # must be able to show that problem on a simulated host.
-    return HostSpec(groups, driver, perm, unprivileged, process_api)
+    return HostSpec(groups, driver, perm, unprivileged, process_api, monitor)
 
 
 def _parse_fleet_file(path: str) -> HostSpec:
@@ -227,10 +238,10 @@ def _parse_fleet_file(path: str) -> HostSpec:
         raise SpecError(
             f"fleet file {path!r} needs a 'gpus' list, e.g. gpus: [{{model: h200, count: 2}}]"
         )
-    unknown = set(data) - {"gpus", "driver", "perm", "unprivileged", "procs"}
+    unknown = set(data) - {"gpus", "driver", "perm", "unprivileged", "procs", "monitor"}
     if unknown:
         raise SpecError(f"fleet file {path!r}: unknown keys {sorted(unknown)}; "
-                        "known: gpus, driver, perm, unprivileged, procs")
+                        "known: gpus, driver, perm, unprivileged, procs, monitor")
     groups = []
     for i, entry in enumerate(data["gpus"]):
         where = f"{path} gpus[{i}]"
@@ -252,9 +263,11 @@ def _parse_fleet_file(path: str) -> HostSpec:
         )
     driver = data.get("driver")
     procs = data.get("procs")
+    monitor = data.get("monitor")
     return _host(tuple(groups), str(driver) if driver else None, data.get("perm"), path,
                  unprivileged=bool(data.get("unprivileged")),
-                 process_api=str(procs) if procs else None)
+                 process_api=str(procs) if procs else None,
+                 monitor=str(monitor) if monitor else None)
 
 
 def _model_keys() -> tuple[str, ...]:

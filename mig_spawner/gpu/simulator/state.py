@@ -7,6 +7,7 @@ The rules that change it (NVIDIA's MIG rules) are in ``rules.py``.
 from __future__ import annotations
 
 import functools
+import os
 import uuid
 from dataclasses import dataclass, field
 
@@ -74,10 +75,28 @@ class HostState:
     mig_config: bool
     gpus: list[SimGpu]
     faults: list[Fault] = field(default_factory=list)
-    # NVML's privilege rules: parent-GPU memory (with MIG on) and process lists answer
-    # NO_PERMISSION to a caller without root or the MIG config capability.
-    privilege_rules: bool = False
     process_api: str = "v3"  # newest nvmlDeviceGetComputeRunningProcesses this library has
+    # spec perm=uid: the caller is root exactly when the calling process's euid is 0, so
+    # each process sharing the state file is judged as itself.
+    follows_uid: bool = False
+    # The MIG monitor capability is world-readable (NVIDIA's default, 0444); False: root
+    # only, as on a host or container that restricted it.
+    monitor_world: bool = True
+
+    @property
+    def caller_root(self) -> bool:
+        """The caller may do what root may (switch MIG mode, read parent-GPU totals)."""
+        return self.root or (self.follows_uid and os.geteuid() == 0)
+
+    @property
+    def caller_config(self) -> bool:
+        """The caller holds the MIG config capability (create and destroy instances)."""
+        return self.caller_root or self.mig_config
+
+    @property
+    def caller_monitor(self) -> bool:
+        """The caller may read the MIG monitor capability (list GPU/compute instances)."""
+        return self.caller_root or self.monitor_world
 
     @property
     def cuda_version(self) -> int:
@@ -97,8 +116,9 @@ class HostState:
             "root": self.root,
             "mig_config": self.mig_config,
             "faults": [[f.function, f.code, f.remaining] for f in self.faults],
-            "privilege_rules": self.privilege_rules,
             "process_api": self.process_api,
+            "follows_uid": self.follows_uid,
+            "monitor_world": self.monitor_world,
             "gpus": [_gpu_json(g) for g in self.gpus],
         }
 
@@ -110,8 +130,9 @@ class HostState:
             root=data["root"],
             mig_config=data["mig_config"],
             faults=[Fault(*f) for f in data["faults"]],
-            privilege_rules=data.get("privilege_rules", False),
             process_api=data.get("process_api", "v3"),
+            follows_uid=data.get("follows_uid", False),
+            monitor_world=data.get("monitor_world", True),
             gpus=[_gpu_from_json(g) for g in data["gpus"]],
         )
 
@@ -149,8 +170,9 @@ def new_host_state(host: HostSpec, spec_text: str) -> HostState:
         root=host.permission == "root",
         mig_config=host.permission in ("root", "config"),
         gpus=gpus,
-        privilege_rules=host.unprivileged,
         process_api=host.process_api,
+        follows_uid=host.permission == "uid",
+        monitor_world=host.monitor == "world",
     )
 
 
