@@ -2,9 +2,11 @@
 # Read-only device check: "help us verify your GPU".
 #
 # Runs `mig-spawner doctor --json`, `status --json` and `catalog --from-driver --json`,
-# keeps their output in OUT_DIR, and prints where this driver's MIG profile table differs
-# from mig-spawner's catalog. It never changes MIG mode, instances or anything else:
-# every command it runs only reads NVML. Exit 0 when all three could read the GPUs.
+# keeps their output in OUT_DIR, prints each GPU's profile table as the driver gives it
+# (memory in MiB, SMs, copy engines and the media engines: decoders, encoders, JPEG,
+# OFA) and where it differs from mig-spawner's catalog. It never changes MIG mode,
+# instances or anything else: every command it runs only reads NVML. Exit 0 when all
+# three could read the GPUs.
 #
 #   scripts/device-check.sh                      # the real driver
 #   MIG_SPAWNER_SIMULATE=h200x1 scripts/device-check.sh   # the simulator, to try it
@@ -66,6 +68,15 @@ else:
     print(f"\ndriver {table['driver_version']}")
     for gpu in table["gpus"]:
         head = f"GPU {gpu['index']} {gpu['product']} (catalog key {gpu['model_key']})"
+        if gpu["profiles"]:
+            print(f"{head}: the driver's profiles")
+            print(f"  {'profile':<16} {'ID':>3} {'MiB':>7} {'SM':>4} {'CE':>3} "
+                  f"{'DEC':>4} {'ENC':>4} {'JPEG':>4} {'OFA':>4} {'inst':>4}")
+            for r in gpu["profiles"]:
+                print(f"  {r['profile']:<16} {r['id']:>3} {r['memory_mib']:>7} "
+                      f"{r['sm_count']:>4} {r['copy_engines']:>3} {r['decoders']:>4} "
+                      f"{r['encoders']:>4} {r['jpeg']:>4} {r['ofa']:>4} "
+                      f"{r['max_instances']:>4}")
         if not gpu["profiles"]:
             print(f"{head}: no MIG profiles listed (MIG off or not supported)")
         elif gpu["model_key"] is None:

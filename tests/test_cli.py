@@ -280,7 +280,11 @@ def test_device_check_script_reads_everything_and_exits_0(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).parent.parent / "scripts" / "device-check.sh"
+    state = tmp_path / "sim.json"
+    SimulatedHost.from_spec("h200x1:layout=1g.18gb*2", state)
+    before = state.read_bytes()
     env = dict(os.environ, MIG_SPAWNER_SIMULATE="h200x1:layout=1g.18gb*2",
+               MIG_SPAWNER_SIM_STATE=str(state),
                MIG_SPAWNER=f"{sys.executable} -m mig_spawner.cli.main", OUT_DIR=str(tmp_path))
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                          env=env)
@@ -288,6 +292,15 @@ def test_device_check_script_reads_everything_and_exits_0(tmp_path):
     for name in ("doctor.json", "status.json", "catalog-from-driver.json"):
         json.loads((tmp_path / name).read_text())
     assert "matches the catalog" in out.stdout
+    assert state.read_bytes() == before  # read-only: no MIG mode or instance changed
+    # The media-engine columns a real H200 confirms: ID, MiB, SM, CE, DEC, ENC, JPEG, OFA.
+    lines = out.stdout.splitlines()
+    assert lines[lines.index(next(x for x in lines if "the driver's profiles" in x)) + 1
+                 ].split() == ["profile", "ID", "MiB", "SM", "CE", "DEC", "ENC", "JPEG", "OFA",
+                               "inst"]
+    rows = {x.split()[0]: x.split()[1:] for x in lines if x.startswith("  ")}
+    assert rows["1g.18gb"] == ["19", "16384", "16", "1", "1", "0", "1", "0", "7"]
+    assert rows["7g.141gb"] == ["0", "143104", "132", "8", "7", "0", "7", "1", "1"]
 
 
 def test_doctor_lists_policy_groups_the_hub_does_not_have(tmp_path):

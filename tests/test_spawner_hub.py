@@ -2,7 +2,9 @@
 
 One hub for the whole module (pool mode, a simulated 2 x H200 with 10 small slices,
 one 2g.35gb, one 1g.35gb and no 3g.71gb), configured from the repository's own
-jupyterhub_config.d snippets. Every test stops the servers it started.
+jupyterhub_config.d snippets. Every test stops the servers it started. The hub runs
+unprivileged (perm=none: neither root nor the MIG config capability), as a pool-mode
+hub may: NVML refuses it the parent GPUs' memory and process lists.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.support.hub_harness import HubProcess, start_mig_hub
 
 pytestmark = pytest.mark.hub
 
-SIM = "h200x1:layout=1g.18gb*7+h200x1:layout=1g.18gb*3,2g.35gb,1g.35gb"
+SIM = "h200x1:layout=1g.18gb*7:perm=none+h200x1:layout=1g.18gb*3,2g.35gb,1g.35gb"
 
 
 # What the tests add to the shipped snippets besides the simulated GPUs: fast polling.

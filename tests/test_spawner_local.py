@@ -39,10 +39,10 @@ def sim(tmp_path):
     return SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
 
 
-def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",)):
+def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",), sim=SIM):
     c = Config(load_config_files(GROUPS))
     c.MIGSettings.ledger_url = ledger_url
-    c.MIGSettings.simulate = SIM
+    c.MIGSettings.simulate = sim
     c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
     c.LocalMIGSpawner.mig_mode = mode
     return LocalMIGSpawner(config=c, user=User(user, list(groups)))
@@ -63,6 +63,27 @@ def radios(html: str) -> list[dict]:
     parser = _Radios()
     parser.feed(html)
     return parser.radios
+
+
+@pytest.mark.parametrize(("spec", "mode"), [
+    ("h200x1:perm=config", "dynamic"),  # may make instances, is not root
+    ("h200x1:perm=none:layout=1g.18gb*7", "pool"),  # may only read
+])
+async def test_a_hub_without_root_offers_and_grants_slices(tmp_path, ledger_url, spec, mode):
+    """NVML refuses such a hub the parent GPU's memory and process list: the form, the
+    choice of a slice and (dynamic) making it work from what stays readable."""
+    SimulatedHost.from_spec(spec, tmp_path / "sim-gpus.json")
+    s = spawner(tmp_path, ledger_url, mode=mode, sim=spec)
+    small = next(r for r in radios(await s.render_options_form()) if r["value"] == "small")
+    assert "disabled" not in small
+    mine = s.user_policy(s.policies())
+    plan = await s.claim_decide(mine.offer("small"), mine)
+    with Ledger.open(ledger_url) as ledger:
+        lease = ledger.claim(LeaseRequest("ana"), plan.decide)
+    assert plan.granted(lease) == "GPU 0 (NVIDIA H200)"
+    lease = await s.after_claim(lease)
+    with connect(simulate=spec, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        assert gpus.inventory().device_by_uuid(lease.mig_uuid).profile == "1g.18gb"
 
 
 async def test_form_says_why_when_the_gpu_cannot_be_read(tmp_path, ledger_url, sim, caplog):
