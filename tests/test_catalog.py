@@ -114,6 +114,17 @@ def test_format_gib_rounds_half_to_even_on_the_exact_value(mib, text):
     assert catalog.format_gib(mib) == text
 
 
+@pytest.mark.parametrize(("printed", "mib"), [
+    (19.62, 20096), (21.62, 22144), (46.38, 47488), (5.81, 5952), (23.62, 24192),
+    (9.75, 9984), (19.50, 19968), (47.38, 48512), (95.12, 97408),
+])
+def test_memory_is_the_drivers_exact_mib_not_the_printed_gib_times_1024(printed, mib):
+    """Real MIG devices: 9984 MiB (H100 PCIe 1g.10gb), 19968 (A100 80GB 2g.20gb), 24192
+    (RTX PRO 6000 1g.24gb): 64 MiB steps, which nvidia-smi's two decimals pin down."""
+    assert catalog.printed_mib(printed) == mib
+    assert f"{mib / 1024:.2f}" == f"{printed:.2f}"
+
+
 def test_h200_shows_the_acceptance_figures():
     shown = [p.memory_text for p in catalog.model("h200").profiles]
     assert shown == ["16.0 GiB", "16.0 GiB", "32.2 GiB", "32.2 GiB", "69.5 GiB", "69.5 GiB",
