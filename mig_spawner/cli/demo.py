@@ -281,7 +281,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"use simulated GPUs (default spec: {DEMO_SPEC}); without it, the real driver",
     )
     p.add_argument("--ip", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (default: %(default)s)")
     p.add_argument("--dir", default=".demo",
                    help="folder for the hub's state and logs (default: %(default)s)")
     p.add_argument("--password", default=DEFAULT_PASSWORD, help="shared demo password")
