@@ -7,8 +7,11 @@ export PATH := $(CURDIR)/.venv/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 setup:
 	@scripts/bootstrap.sh
 
+# Options for the demo, e.g. make demo DEMO_ARGS="--port 8300" (mig-spawner demo --help).
+DEMO_ARGS ?=
+
 demo: setup
-	mig-spawner demo --simulate
+	mig-spawner demo --simulate $(DEMO_ARGS)
 
 # setup installs PostgreSQL and Chromium, so the tests that need them must run, never skip.
 test: export MIG_SPAWNER_REQUIRE_SYSTEM = 1

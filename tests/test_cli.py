@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mig_spawner.cli import doctor
+from mig_spawner.cli.main import main
 from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
@@ -178,6 +179,14 @@ def test_a_mistake_in_what_a_command_is_given_is_one_error_line(tmp_path, args, 
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+
+
+def test_status_says_in_words_why_a_simulated_layout_does_not_fit(capsys):
+    assert main(["status", "--simulate", "h200x1:layout=1g.18gb*9"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: simulator spec 'h200x1:layout=1g.18gb*9': layout "
+                          "1g.18gb*9 cannot be made on one H200 141GB: nine 1g.18gb "
+                          "instances do not fit, at most seven\n"), err
 
 
 def test_report_and_status_in_an_empty_folder_create_no_file(tmp_path):

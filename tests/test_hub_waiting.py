@@ -170,6 +170,12 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         hub.stop_server("u6")
         places(hub, followers, {"u5": 1, "u7": 2, "u8": 3})
         assert [e.user for e in ledger.waiting()] == ["u5", "u7", "u8"]
+        # ...and ends as a cancelled spawn: never "ready" (whose redirect would loop on a
+        # server that is not there), in its progress or in the hub's log.
+        followers["u6"].join(10)
+        assert followers["u6"].events[-1].get("failed"), followers["u6"].events
+        assert followers["u6"].last() == "Spawn cancelled"
+        assert "Server u6 is ready" not in (hub.workdir / "hub.log").read_text(errors="replace")
         no_double_grant(ledger)
         # JupyterHub's start_timeout (15 s) does not end a wait (max_wait does).
         time.sleep(max(0.0, 16 - (time.monotonic() - joined)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -231,7 +232,7 @@ def test_report_command_table_advice_yaml_and_plots(tmp_path, capsys):
                    "--plots", str(plots)])
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "3g.71gb  research" in out and "1g.18gb  analysts" in out
+    assert re.search(r"3g\.71gb +- +research", out) and re.search(r"1g\.18gb +- +analysts", out)
     assert "refused now:      3 of 6" in out
     assert "refused proposed: 0 of 6" in out
     assert "3 fewer (100% fewer)" in out
@@ -287,7 +288,34 @@ def test_ledger_keeps_refusals_and_the_report_counts_them(tmp_path, capsys):
     rows = {(r["profile"], r["group"]): r for r in json.loads(capsys.readouterr().out)["usage"]}
     assert rows[(BIG, "research")]["refused_capacity"] == 1
     assert rows[(BIG, "research")]["requests"] == 4
-    assert rows[("small", "analysts")]["refused_policy"] == 1
+    # The class "small" is no profile: its refusal (before a slice was chosen) has a row
+    # of its own, named in the class column, with no profile.
+    assert "small" not in {profile for profile, _ in rows}
+    assert rows[("", "analysts")]["classes"] == ["small"]
+    assert rows[("", "analysts")]["refused_policy"] == 1
+
+
+def test_the_report_keeps_classes_and_profiles_in_their_own_columns(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    record_history(url)
+    clock = Clock(at(10.5))
+    with Ledger.open(url, clock=clock) as ledger:
+        # A class refused before a slice was chosen, and one refused with its profile known.
+        ledger.record_refusal(LeaseRequest("a3"), offer="small", reason="user_limit",
+                              group="analysts", message="limit")
+        ledger.record_refusal(LeaseRequest("a4"), offer="small", profile=SMALL,
+                              reason="none_free", group="analysts", message="none free")
+    assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
+                 "--until", "2026-12-02"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = table[2].split()
+    assert header[:3] == ["PROFILE", "CLASS", "GROUP"]
+    cells = {tuple(line.split()[:3]): line.split() for line in table[3:] if line.strip()
+             and "analysts" in line}
+    assert set(cells) == {(SMALL, "small", "analysts"), ("-", "small", "analysts")}
+    requests = header.index("REQUESTS")
+    assert cells[(SMALL, "small", "analysts")][requests] == "4"  # 3 granted, 1 refused
+    assert cells[("-", "small", "analysts")][requests] == "1"
 
 
 # --- reading only -------------------------------------------------------------------------

@@ -346,8 +346,11 @@ def test_layout_is_packed_densely_and_deterministically(nvml):
         ("h200x2:color=red", "unknown option 'color'.*mig=on"),
         ("h200x2:mig=maybe", "mig=maybe is not one of on, off, pending"),
         ("h100x1:layout=1g.18gb", "'1g.18gb' is not a MIG profile of the H100.*1g.10gb"),
-        ("h100x1:layout=3g.40gb*3", "does not fit on one H100"),
-        ("h100x1:layout=1g.10gb+me*2", "does not fit"),
+        ("h100x1:layout=3g.40gb*3", "3g.40gb.3 cannot be made on one H100 80GB: three "
+                                    "3g.40gb instances do not fit, at most two"),
+        ("h100x1:layout=1g.10gb+me*2", "two 1g.10gb.me instances do not fit, at most one"),
+        ("h100x1:layout=4g.40gb,3g.40gb,1g.10gb", "need 8 compute slices, the GPU has 7"),
+        ("h100x1:layout=3g.40gb*2,1g.10gb", "need 9 memory slices, the GPU has 8"),
         ("h200x1:driver=banana", "not a driver version"),
         ("h200x1:driver=550.54.15+a100-80gbx1:driver=570.133.20", "sets driver twice"),
         ("t4x1:layout=1g.10gb", "has no MIG"),

@@ -6,7 +6,9 @@ banner say (users, groups, ports, limits, the slice service, the who-sees-what t
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,28 @@ def test_the_banner_gives_limits_and_the_slice_map(tmp_path):
     assert "checks every 15 s" in text
     assert re.search(r"Slice map \(log in as ada, group admins\): "
                      r"http://127.0.0.1:8123/services/mig-slices/slices", text)
+
+
+def test_the_banner_says_how_to_stop_the_demo_in_the_background_too(tmp_path):
+    text = demo.banner(_args(tmp_path), tmp_path)
+    # Ctrl-C in a terminal; SIGTERM to the demo's own PID where SIGINT is ignored.
+    assert "Ctrl-C" in text
+    assert f"'kill {os.getpid()}' (SIGTERM" in text and "in the background" in text
+
+
+def test_demo_help_shows_the_defaults_of_port_ip_and_dir(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 8000)", "(default: 127.0.0.1)", "(default: .demo)"):
+        assert default in help_text, help_text
+
+
+def test_make_demo_passes_demo_args_on():
+    dry = subprocess.run(["make", "-n", "demo", "DEMO_ARGS=--port 8300 --ip 0.0.0.0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert dry.returncode == 0, dry.stderr
+    assert "mig-spawner demo --simulate --port 8300 --ip 0.0.0.0" in dry.stdout
 
 
 def test_point_service_needs_the_service_loaded():

@@ -184,7 +184,7 @@ def test_the_next_spawn_when_all_are_taken_hears_why(hub, ledger):
         assert "free now: 1g.18gb: 10" in message  # what bob could pick instead
         # The form shows the same: medium disabled, small with its free count.
         form = hub.login("bob").get(f"{hub.url}/hub/spawn/bob").text
-        assert "all 1 in use right now" in form and "10 free now" in form
+        assert "the only medium slice is in use right now" in form and "10 free now" in form
         # ...and one slice per user: ana cannot start a second server's worth.
         assert _held(ledger) == {"ana": "2g.35gb"}
     finally:

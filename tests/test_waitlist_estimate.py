@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mig_spawner.core.waitlist import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
+from mig_spawner.core.policy import GroupPolicy
+from mig_spawner.core.waitlist import (
+    MIN_HISTORY,
+    Estimate,
+    Holder,
+    HoldLimits,
+    estimate_wait,
+    history_for,
+)
 
 MIN = 60.0
 # Past holds of one profile: 10 to 50 minutes.
@@ -14,6 +22,36 @@ HISTORY = [m * MIN for m in (10, 20, 20, 30, 30, 40, 50)]
 def test_no_history_no_estimate() -> None:
     assert estimate_wait(1, [Holder(age=0)], HISTORY[: MIN_HISTORY - 1]) is None
     assert estimate_wait(1, [], HISTORY) is None
+    # Without a session limit the group's limits bound no hold either.
+    assert estimate_wait(1, [Holder(age=0)], [], limits=HoldLimits(idle=600)) is None
+
+
+def test_before_history_exists_the_groups_limits_give_the_range_marked_as_such() -> None:
+    # Idle limit 1 h, session limit 8 h (the shipped analysts' ratio); one holder 2 h in.
+    limits = HoldLimits(idle=3600, session=8 * 3600)
+    est = estimate_wait(1, [Holder(age=2 * 3600)], HISTORY[:2], limits=limits)
+    assert est is not None and est.from_limits
+    assert (est.low, est.high) == (0, 6 * 3600)  # idle limit already past; 6 h to 8 h
+    assert est.said("usually") == "0-6 h by your group's limits (too few past sessions yet)"
+    # Second in line: after that release, a fresh hold of 1 h to 8 h.
+    second = estimate_wait(2, [Holder(age=2 * 3600)], [], limits=limits)
+    assert second is not None and (second.low, second.high) == (3600, 14 * 3600)
+    # A holder's own end (max_session_age already set on its lease) still caps it.
+    capped = estimate_wait(1, [Holder(age=0, ends_within=1800)], [], limits=limits)
+    assert capped is not None and capped.high == 1800
+    # Once history exists, it decides and says "usually".
+    known = estimate_wait(1, [Holder(age=5 * MIN)], HISTORY, limits=limits)
+    assert known is not None and not known.from_limits
+    assert known.said("usually") == f"usually {known.text}"
+
+
+def test_a_groups_limits_are_its_idle_limit_while_others_wait_and_its_session_age() -> None:
+    group = GroupPolicy("analysts", server_idle_timeout=3600, max_session_age=8 * 3600)
+    assert HoldLimits.of(group) == HoldLimits(3600, 8 * 3600)
+    waited = GroupPolicy("analysts", server_idle_timeout=3600,
+                         server_idle_timeout_when_waited=900, max_session_age=8 * 3600)
+    assert HoldLimits.of(waited) == HoldLimits(900, 8 * 3600)
+    assert HoldLimits.of(None) is None
 
 
 def test_first_in_line_waits_for_the_earliest_release() -> None:

@@ -221,7 +221,8 @@ def _human(secs: float) -> str:
 
 
 def banner(args: argparse.Namespace, workdir: Path) -> str:
-    """What to open, who logs in how, the demo's limits, and where the slice map is."""
+    """What to open, who logs in how, the demo's limits, where the slice map is, and how
+    to stop the demo (its PID for SIGTERM)."""
     url = f"http://{args.ip}:{args.port}"
     admins = ", ".join(DEMO_GROUPS["admins"])
     return "\n".join([
@@ -235,7 +236,12 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
         f"{NAMED_SERVER_LIMIT} a user), so each group's per-user limit can be tried.",
         "The CLI on the demo's GPUs, ledger and policies: "
         f"mig-spawner doctor -f {workdir_config(workdir)} (also status, report).",
-        f"State and logs: {workdir}. Stop with Ctrl-C.",
+        f"State and logs: {workdir}.",
+        # In the background (``make demo &``, nohup) SIGINT is ignored: Ctrl-C cannot
+        # reach the demo there, SIGTERM (run() passes it on to the hub) can.
+        "To stop the demo (the hub, the slice service and every server): Ctrl-C, or "
+        f"'kill {os.getpid()}' (SIGTERM to the demo's PID) from another shell, "
+        "which also works when it runs in the background, where Ctrl-C does not reach it.",
     ])
 
 
@@ -274,9 +280,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         const=DEMO_SPEC,
         help=f"use simulated GPUs (default spec: {DEMO_SPEC}); without it, the real driver",
     )
-    p.add_argument("--ip", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--dir", default=".demo", help="folder for the hub's state and logs")
+    p.add_argument("--ip", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (default: %(default)s)")
+    p.add_argument("--dir", default=".demo",
+                   help="folder for the hub's state and logs (default: %(default)s)")
     p.add_argument("--password", default=DEFAULT_PASSWORD, help="shared demo password")
     p.add_argument("--admin-password", default=DEFAULT_ADMIN_PASSWORD,
                    help="the demo admins' password (32 characters or more)")

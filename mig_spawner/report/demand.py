@@ -56,7 +56,13 @@ class Request:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """Figures for one (profile, group) pair over the report window; ``group`` "*" = all."""
+    """Figures for one (profile, group) pair over the report window; ``group`` "*" = all.
+
+    ``profile`` is empty for the spawns that asked for a slice class and were refused
+    before a slice was chosen (which profile they would have got is not known): one
+    row per class, named in ``classes``. On a profile's row ``classes`` names the
+    classes its refused spawns asked for (granted leases keep no class).
+    """
 
     profile: str
     group: str
@@ -68,6 +74,8 @@ class UsageRow:
     median_hold_minutes: float | None
     idle_share: float | None
     peak_concurrent: int
+
+    classes: tuple[str, ...] = ()
 
     @property
     def refused(self) -> int:
@@ -151,20 +159,23 @@ def usage(
     """
     if since >= until:
         raise ValueError(f"the report window is empty: since {since} is not before {until}")
-    keys: set[tuple[str, str]] = set()
-    mine: dict[tuple[str, str], list[Lease]] = {}
-    refused: dict[tuple[str, str], list[RefusalRecord]] = {}
+    # (profile, group, class): the class only where no profile is known (see UsageRow).
+    keys: set[tuple[str, str, str]] = set()
+    mine: dict[tuple[str, str, str], list[Lease]] = {}
+    refused: dict[tuple[str, str, str], list[RefusalRecord]] = {}
     for lease in leases:
         if lease_end(lease, until) >= since and lease.claimed_at <= until:
-            key = (lease.profile, lease.group if by_group else "*")
+            key = (lease.profile, lease.group if by_group else "*", "")
             mine.setdefault(key, []).append(lease)
             keys.add(key)
     for r in fair(r for r in refusals if since <= r.at <= until):
-        key = (wanted(r), (r.group or "?") if by_group else "*")
+        key = (r.profile or "", (r.group or "?") if by_group else "*",
+               "" if r.profile else r.offer)
         refused.setdefault(key, []).append(r)
         keys.add(key)
     rows = []
-    for key in sorted(keys):
+    # Profiles first; the rows of classes with no known profile after them.
+    for key in sorted(keys, key=lambda k: (not k[0], k)):
         held = mine.get(key, [])
         nos = refused.get(key, [])
         hold = [_clip(x.claimed_at, lease_end(x, until), since, until) for x in held]
@@ -187,6 +198,7 @@ def usage(
             idle_share=sum(idle) / total if total else None,
             peak_concurrent=peak_concurrency(
                 (max(x.claimed_at, since), min(lease_end(x, until), until)) for x in held),
+            classes=tuple(sorted({r.offer for r in nos if r.offer != r.profile})),
         ))
     return rows
 

@@ -72,7 +72,7 @@ def demand_figure(rows: Sequence[UsageRow], since: datetime, until: datetime) ->
     """Per profile: granted requests and refusals (layout and policy), stacked."""
     totals: dict[str, list[int]] = {}
     for row in rows:
-        t = totals.setdefault(row.profile, [0, 0, 0])
+        t = totals.setdefault(row.profile or f"class {', '.join(row.classes)}", [0, 0, 0])
         t[0] += row.granted
         t[1] += row.refused_capacity
         t[2] += row.refused_policy

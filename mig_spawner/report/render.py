@@ -13,13 +13,14 @@ from mig_spawner.report.advise import Advice, mig_parted_config
 from mig_spawner.report.demand import UsageRow
 from mig_spawner.report.sample import RESAMPLES, plural
 
-HEADER = ("PROFILE", "GROUP", "REQUESTS", "GRANTED", "REFUSED:LAYOUT", "REFUSED:POLICY",
+HEADER = ("PROFILE", "CLASS", "GROUP", "REQUESTS", "GRANTED", "REFUSED:LAYOUT", "REFUSED:POLICY",
           "HOLD H", "MEDIAN MIN", "IDLE", "PEAK")
 
 
 def _cells(row: UsageRow) -> tuple[str, ...]:
     return (
-        row.profile,
+        row.profile or "-",
+        ", ".join(row.classes) or "-",
         row.group,
         str(row.requests),
         str(row.granted),
@@ -33,11 +34,12 @@ def _cells(row: UsageRow) -> tuple[str, ...]:
 
 
 def table(rows: Sequence[UsageRow]) -> str:
-    """Aligned columns, one line per (profile, group)."""
+    """Aligned columns, one line per (profile, group), and per class where a refused
+    spawn asked for a class and no profile is known."""
     lines = [HEADER, *(_cells(r) for r in rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+        "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
                   for i, (c, w) in enumerate(zip(line, widths, strict=True))).rstrip()
         for line in lines
     )
@@ -49,6 +51,8 @@ def usage_text(rows: Sequence[UsageRow], since: datetime, until: datetime) -> st
     if not rows:
         return f"{head}\n\nno leases or refusals in this window"
     notes = [
+        "CLASS = the slice classes refused spawns asked for; PROFILE - = refused before a "
+        "slice was chosen.",
         "REFUSED:LAYOUT = no free slice of that profile (another layout could help);",
         "REFUSED:POLICY = quota, user limit or profile not allowed (a policy matter).",
         "IDLE = share of hold time after the server's last recorded activity.",

@@ -133,9 +133,9 @@ def build_choices(
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:
-                why = f"all {held} in use right now"
+                why = f"{in_use_text(offer.key, held)} right now"
             if not absent and offer.key in waits:
-                busy = f"All {held} in use" if held else "None free"
+                busy = in_use_text(offer.key, held).capitalize() if held else "None free"
                 wait = f"{busy} \u2014 join the wait list ({waits[offer.key]})"
                 why = None
         choices.append(
@@ -154,6 +154,12 @@ def build_choices(
         # keeps them, so that it says why instead of "no GPU access").
         return [c for c in choices if c.key not in absent_keys]
     return choices
+
+
+def in_use_text(key: str, held: int) -> str:
+    """``"the only large slice is in use"``, ``"all 6 in use"``: ``held`` slices of
+    offer ``key``, all of them held."""
+    return f"the only {key} slice is in use" if held == 1 else f"all {held} in use"
 
 
 def blocked_choices(policy: UserPolicy) -> list[Choice]:

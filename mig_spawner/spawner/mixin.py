@@ -351,6 +351,15 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 self.log.warning("Start of %s failed, giving its slice back", self._log_name)
                 await self._release(f"start-failed: {type(e).__name__}")
                 raise
+        except asyncio.CancelledError:
+            # JupyterHub cancels a pending spawn that it is asked to stop (Stop on the
+            # waiting page, DELETE of the server) and, unlike after a failed start, keeps
+            # the server's record until that stop runs a second later. Its progress
+            # stream would call the spawn ready in that gap, and the browser then loop
+            # on a server that is not there. Without the record it is a cancelled spawn.
+            self.log.info("Start of %s cancelled", self._log_name)
+            self.server = None
+            raise
         finally:
             self.progress_log.finish()
 

@@ -45,6 +45,7 @@ from mig_spawner.core.waitlist import (
     FIT_REASONS,
     Estimate,
     Holder,
+    HoldLimits,
     estimate_wait,
     group_shares,
     history_for,
@@ -231,7 +232,8 @@ class WaitRoom:
             holders = [_holder(lease, now) for lease in held if lease.profile in profiles]
             past = history_for(history, plan.profile or entry.offer, entry.group)
             place = places.get(entry.id, 1)
-            w.update(entry, place, estimate_wait(place, holders, past))
+            w.update(entry, place, estimate_wait(
+                place, holders, past, limits=HoldLimits.of(charged_group(w.mine, w.offer))))
         WAITERS.clear()
         for entry in line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
@@ -266,9 +268,9 @@ class WaitRoom:
             holders = [_holder(lease, now) for lease in held if _means(offer, lease.profile)]
             past = history_for([(offer.key, g, seconds) for p, g, seconds in history
                                 if _means(offer, p)], offer.key, group.name if group else "")
-            guess = estimate_wait(ahead + 1, holders, past)
+            guess = estimate_wait(ahead + 1, holders, past, limits=HoldLimits.of(group))
             texts[offer.key] = (f"{ahead} waiting, "
-                                + (f"usually {guess.text}" if guess else "no estimate yet"))
+                                + (guess.said("usually") if guess else "no estimate yet"))
         return texts
 
     async def _holds(self) -> list[tuple[str, str, float]]:
@@ -503,7 +505,7 @@ async def _place_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> tuple[st
     """What the pending page says: place, estimate, and what is free instead (text and
     HTML, the latter with a link that starts the server with the free offer)."""
     place = waiting.position or 1
-    guess = f"estimated {waiting.estimate.text}" if waiting.estimate else "no estimate yet"
+    guess = waiting.estimate.said("estimated") if waiting.estimate else "no estimate yet"
     text = f"{ordinal(place)} in line for a {waiting.offer.key} slice; {guess}"
     html = escape(text)
     free = await _free_instead(spawner, waiting)

@@ -68,7 +68,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
             assert medium.is_enabled() and medium.is_checked()
             assert large.is_disabled()
             text = page.locator("#spawn_form").inner_text()
-            assert "2 free now" in text and "all 1 in use right now" in text
+            assert "2 free now" in text and "the only large slice is in use right now" in text
             assert "2/7 of the GPU's compute" in text
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))

@@ -5,7 +5,14 @@ transaction, :mod:`.estimate` turns hold-time history into an honest range. Admi
 documentation: docs/policies.md, "Waiting".
 """
 
-from .estimate import MIN_HISTORY, Estimate, Holder, estimate_wait, history_for
+from .estimate import (
+    MIN_HISTORY,
+    Estimate,
+    Holder,
+    HoldLimits,
+    estimate_wait,
+    history_for,
+)
 from .order import (
     FIT_REASONS,
     Served,
@@ -21,6 +28,7 @@ __all__ = [
     "FIT_REASONS",
     "MIN_HISTORY",
     "Estimate",
+    "HoldLimits",
     "Holder",
     "Served",
     "StarvationGuard",

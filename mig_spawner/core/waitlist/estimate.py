@@ -8,7 +8,9 @@ that ends it (``max_session_age``, or an idle limit already running). A slice re
 to a waiter is then held for a fresh hold time before it frees again. Doing that with
 the lower and with the upper quartile of the hold times gives the range; a wider truth
 is not hidden behind one number. With fewer than :data:`MIN_HISTORY` past holds the
-answer is ``None``: "no estimate yet".
+range comes from the waiting group's own limits instead (:class:`HoldLimits`: a hold
+lasts from the idle limit to ``max_session_age``), marked as such; without a session
+limit either the answer is ``None``: "no estimate yet".
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mig_spawner.core.policy import GroupPolicy
 
 #: Past holds needed before any estimate is given.
 MIN_HISTORY = 5
@@ -35,11 +41,39 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class HoldLimits:
+    """What a group's limits say of a hold while there is too little history: a server
+    left unused is stopped after ``idle`` seconds (``server_idle_timeout``), none is
+    held beyond ``session`` seconds (``max_session_age``); ``None``: no such limit."""
+
+    idle: float | None = None
+    session: float | None = None
+
+    @classmethod
+    def of(cls, group: GroupPolicy | None) -> HoldLimits | None:
+        """The limits of ``group`` (``None`` without a group): its idle limit while
+        others wait (``server_idle_timeout_when_waited``, where set), its session limit."""
+        if group is None:
+            return None
+        idle = group.server_idle_timeout_when_waited or group.server_idle_timeout
+        return cls(idle, group.max_session_age)
+
+
+@dataclass(frozen=True)
 class Estimate:
-    """A wait of ``low`` to ``high`` seconds from now."""
+    """A wait of ``low`` to ``high`` seconds from now; ``from_limits``: from the group's
+    limits, for want of history."""
 
     low: float
     high: float
+    from_limits: bool = False
+
+    def said(self, lead: str) -> str:
+        """The estimate in a sentence: ``lead`` and the range from history (``"usually
+        5-15 min"``), or the range marked as coming from the group's limits."""
+        if self.from_limits:
+            return f"{self.text} by your group's limits (too few past sessions yet)"
+        return f"{lead} {self.text}"
 
     @property
     def text(self) -> str:
@@ -76,20 +110,26 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(ordered, n=100, method="inclusive")[round(q * 100) - 1]
 
 
+def _capped(holder: Holder, left: float) -> float:
+    """``left`` seconds, or sooner when a limit already ends the holder."""
+    return left if holder.ends_within is None else min(left, max(holder.ends_within, 0.0))
+
+
 def _remaining(holder: Holder, history: Sequence[float], q: float) -> float:
     longer = [h - holder.age for h in history if h > holder.age]
     # Older than every past hold: it may end any moment, or last as long as a median one.
     fallback = 0.0 if q <= 0.5 else statistics.median(history)
-    left = _quantile(longer, q) if longer else fallback
-    return left if holder.ends_within is None else min(left, max(holder.ends_within, 0.0))
+    return _capped(holder, _quantile(longer, q) if longer else fallback)
 
 
 def _nth_release(
-    position: int, holders: Sequence[Holder], history: Sequence[float], q: float
+    position: int, holders: Sequence[Holder], remaining: Callable[[Holder], float],
+    fresh: float,
 ) -> float:
-    releases = [_remaining(h, history, q) for h in holders]
+    """When the ``position``-th release comes: each holder releases after ``remaining``
+    of it, and a slice given to a waiter is held ``fresh`` seconds before it frees."""
+    releases = [remaining(h) for h in holders]
     heapq.heapify(releases)
-    fresh = _quantile(history, q)
     at = 0.0
     for _ in range(position):
         at = heapq.heappop(releases)
@@ -98,17 +138,28 @@ def _nth_release(
 
 
 def estimate_wait(
-    position: int, holders: Sequence[Holder], history: Sequence[float], *, slack: float = 0.0
+    position: int, holders: Sequence[Holder], history: Sequence[float], *, slack: float = 0.0,
+    limits: HoldLimits | None = None,
 ) -> Estimate | None:
-    """The wait of the ``position``-th in line (1 = next), or ``None`` without enough
-    ``history`` (seconds each past lease of this profile was held; pass the charged
-    group's own when it has :data:`MIN_HISTORY`, else the profile's) or without any
+    """The wait of the ``position``-th in line (1 = next), from ``history`` (seconds each
+    past lease of this profile was held; pass the charged group's own when it has
+    :data:`MIN_HISTORY`, else the profile's), or with less history than that from the
+    group's ``limits`` (``from_limits``); ``None`` without either, or without any
     ``holders`` whose release would serve the line. ``slack``: how late a limit is
     carried out (the slice service's sweep interval), added to the upper end."""
     if position < 1:
         raise ValueError(f"a position in line starts at 1, got {position}")
-    if len(history) < MIN_HISTORY or not holders:
+    if not holders:
         return None
-    low = _nth_release(position, holders, history, _LOW)
-    high = _nth_release(position, holders, history, _HIGH)
-    return Estimate(min(low, high), max(low, high) + slack)
+    if len(history) >= MIN_HISTORY:
+        low, high = (_nth_release(position, holders, lambda h, q=q: _remaining(h, history, q),
+                                  _quantile(history, q)) for q in (_LOW, _HIGH))
+        return Estimate(min(low, high), max(low, high) + slack)
+    if limits is None or limits.session is None:
+        return None
+    # A hold lasts from the idle limit (a server left unused from its start) to the
+    # session limit: the range's two ends.
+    shortest = min(limits.idle if limits.idle is not None else 0.0, limits.session)
+    low, high = (_nth_release(position, holders, lambda h, d=d: _capped(h, max(d - h.age, 0.0)),
+                              d) for d in (shortest, limits.session))
+    return Estimate(low, high + slack, from_limits=True)

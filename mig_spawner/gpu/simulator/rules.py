@@ -6,6 +6,7 @@ NVML return code the real driver gives in that situation (see docs/mig-facts.md)
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pynvml
@@ -250,13 +251,39 @@ def apply_layout(gpu: SimGpu, names: tuple[str, ...]) -> None:
                       key=lambda p: (-p.placement_size, len(p.placement_starts), p.name))
     starts = _pack(gpu, model, profiles, 0)
     if starts is None:
-        raise ValueError(
-            f"layout {', '.join(names)} does not fit on one {model.display_name} "
-            "(memory slices, per-profile caps or the one-+me rule)"
-        )
+        counts = Counter(names)
+        shown = ",".join(f"{n}*{k}" if k > 1 else n for n, k in counts.items())
+        raise ValueError(f"layout {shown} cannot be made on one {model.display_name}: "
+                         f"{why_not_fit(model, profiles)}")
     for profile, start in zip(profiles, starts, strict=True):
         gi = create_gpu_instance(gpu, profile.profile_id, start, profile.placement_size)
         create_compute_instance(gpu, gi, profile.ci_profile_index)
+
+
+def _in_words(n: int) -> str:
+    words = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+             "ten", "eleven", "twelve")
+    return words[n] if 0 <= n < len(words) else str(n)
+
+
+def why_not_fit(model: catalog.GpuModel, profiles: list[catalog.Profile]) -> str:
+    """Why ``profiles`` cannot all be instances on one GPU of ``model``, in words: the
+    first of NVIDIA's rules (docs/mig-facts.md) they break, else their placements."""
+    for profile, count in Counter(profiles).items():
+        if count > profile.max_instances:
+            return (f"{_in_words(count)} {profile.name} instances do not fit, at most "
+                    f"{_in_words(profile.max_instances)}")
+    media = [p.name for p in profiles if p.media_extensions]
+    if len(media) > 1:
+        return (f"{_in_words(len(media))} instances with media engines ({', '.join(media)}) "
+                "do not fit, at most one")
+    for what, need, has in (
+        ("compute", sum(p.compute_slices for p in profiles), model.compute_slices),
+        ("memory", sum(p.memory_slices for p in profiles), model.memory_slices),
+    ):
+        if need > has:
+            return f"together they need {need} {what} slices, the GPU has {has}"
+    return "no placement holds them all (each profile starts only at certain memory slices)"
 
 
 def _pack(gpu: SimGpu, model: catalog.GpuModel, profiles: list[catalog.Profile],
