@@ -20,8 +20,9 @@ What the hub's spawner, the slice service and the ``mig-spawner`` command must a
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,82 @@ def misplaced_settings(config: Config) -> list[str]:
         for name in SHARED_SETTINGS
         if name in section
     ]
+
+
+def unknown_setting(section_name: str, key: str, names: Iterable[str]) -> str:
+    """The line that refuses ``c.<section_name>.<key>``, which is none of ``names`` (the
+    settings the section has), with the nearest of them as a suggestion."""
+    match = difflib.get_close_matches(key, list(names), n=1)
+    hint = f"; did you mean {match[0]!r}?" if match else ""
+    return f"c.{section_name}.{key} is not a setting of {section_name}{hint}"
+
+
+def unknown_settings(config: Config, sections: Mapping[str, Iterable[str]]) -> list[str]:
+    """Names set in ``config`` under a section of ``sections`` (section name -> the
+    settings it has) that the section does not have, one line each. traitlets itself
+    only logs them and starts: a misspelt limit would silently keep its default."""
+    problems = []
+    for section_name, names in sections.items():
+        section = config.get(section_name)
+        if not isinstance(section, Config):
+            continue
+        known = set(names)
+        problems += [
+            unknown_setting(section_name, key, sorted(known))
+            for key, value in section.items()
+            # A nested section (c.LocalMIGSpawner.MIGSettings...) is no setting;
+            # the shared ones set here are reported by misplaced_settings.
+            if key not in known and not isinstance(value, Config) and key not in SHARED_SETTINGS
+        ]
+    return problems
+
+
+def misspelt_sections(config: Config, class_names: Iterable[str]) -> list[str]:
+    """Sections of ``config`` that name no class but nearly name one of ``class_names``
+    (``c.MIGPolicyConfg``, ``c.LocalMIGSpawnr``): nothing reads them, so everything set
+    there would be ignored. Near: the same but for case, or at most two letters
+    added, dropped or changed; a section that names any class loaded in this process
+    (``c.KubeSpawner``, three letters from ``KubeMIGSpawner``) is never one."""
+    ours = list(class_names)
+    loaded = _configurable_names()
+    problems = []
+    for section_name, section in config.items():
+        if not isinstance(section, Config) or section_name in ours or section_name in loaded:
+            continue
+        near = [name for name in ours if _near(section_name, name)]
+        if near:
+            problems.append(
+                f"c.{section_name} is not a mig-spawner class, so nothing reads its "
+                f"settings; did you mean c.{near[0]}?"
+            )
+    return problems
+
+
+def _near(written: str, name: str) -> bool:
+    """Whether ``written`` is ``name`` mistyped: at most two edits apart, or equal but
+    for case."""
+    a, b = written.lower(), name.lower()
+    if abs(len(a) - len(b)) > 2:
+        return False
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):  # Levenshtein distance, row by row
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1] <= 2
+
+
+def _configurable_names() -> set[str]:
+    """The names of every Configurable class loaded in this process."""
+    seen: set[type] = set()
+    todo: list[type] = [Configurable]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return {cls.__name__ for cls in seen}
 
 
 def setting_value(section: Config, name: str, empty: Any) -> Any:

@@ -1,10 +1,20 @@
-"""The ``mig-spawner`` command as an admin runs it: real process, simulated driver."""
+"""The ``mig-spawner`` command as an admin runs it, on a simulated driver.
+
+Its ``main()`` decides what is printed and the exit status, so each case runs it
+in-process (what a fresh process would do: arguments, working directory, output and
+status); the real process (``python -m``) is run by the device check script's test
+and by :func:`test_the_command_runs_as_a_process`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -18,13 +28,37 @@ from mig_spawner.ledger import Ledger
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mig_spawner.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-    )
+    """``mig-spawner *args`` in ``cwd``, as its process would end: the status, stdout
+    and stderr (an exception that escapes ``main`` is a traceback and status 1)."""
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    try:
+        os.chdir(cwd or here)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                status = e.code if isinstance(e.code, int) else 1
+            except Exception:  # what the interpreter does with it
+                traceback.print_exc()
+                status = 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["mig-spawner", *args], status or 0,
+                                       out.getvalue(), err.getvalue())
+
+
+def test_the_command_runs_as_a_process(tmp_path):
+    """The wiring the in-process cases skip: the module exits with ``main``'s status,
+    and a mistake in what it was given is one line, status 2 (the device check
+    script's test runs commands that pass)."""
+    wrong = subprocess.run([sys.executable, "-m", "mig_spawner.cli.main", "status",
+                            "--simulate", "h9000x1"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert wrong.returncode == 2
+    assert wrong.stderr.startswith("error: ") and wrong.stderr.count("\n") == 1, wrong.stderr
+    inside = run_cli("status", "--simulate", "h9000x1")
+    assert (inside.returncode, inside.stdout, inside.stderr) == (2, wrong.stdout, wrong.stderr)
 
 
 def test_status_draws_each_instance_on_its_memory_slices():

@@ -1,5 +1,12 @@
-"""A wrong GPU policy or setting stops the real hub at start, naming what is wrong;
-what may be on purpose (a group not created yet, ``allowed = []``) is a warning."""
+"""A wrong GPU policy or setting stops the hub at start, naming what is wrong; what may be
+on purpose (a group not created yet, ``allowed = []``) is a warning.
+
+``check_hub_config`` decides, so each mistake is checked in-process on the config the
+hub would load from its snippets. A real hub is started only for the wiring: that
+``jupyterhub_config.py`` runs the check, that a refusal stops the hub with its message
+before it makes its database, and that a config with warnings starts and keeps what
+was added after the check.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from mig_spawner.config import load_config_files
+from mig_spawner.service.app import SliceServiceApp
+from mig_spawner.spawner.startup import check_hub_config
 from tests.support.hub_harness import HubProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,25 +42,38 @@ def service(option: str) -> str:
 
 
 GROUPS = "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb']}}"
+POLICY_WRONG = "the GPU policy in jupyterhub_config.d is wrong"
+SETTING_WRONG = "the configuration in jupyterhub_config.d is wrong"
 
 
-def write_hub(tmp_path: Path, groups: str, extra: str = "") -> list[str]:
-    """The shipped jupyterhub_config.py over a config.d holding ``groups`` and ``extra``;
-    returns the command that starts the hub."""
-    shutil.copy(REPO / "jupyterhub_config.py", tmp_path / "jupyterhub_config.py")
+def write_snippets(tmp_path: Path, groups: str, extra: str = "") -> Path:
+    """A jupyterhub_config.d holding the spawner, ``groups`` and ``extra``."""
     snippets = tmp_path / "jupyterhub_config.d"
     snippets.mkdir()
     (snippets / "10-spawner.py").write_text(SPAWNER)
     (snippets / "20-groups.py").write_text("c = get_config()  # noqa: F821\n" + groups)
     (snippets / "90-extra.py").write_text(
         "c = get_config()  # noqa: F821\n" + textwrap.dedent(extra))
-    return [str(JUPYTERHUB), "-f", str(tmp_path / "jupyterhub_config.py"), "--port=0"]
+    return snippets
 
 
-def start_hub(tmp_path: Path, groups: str, extra: str = "") -> subprocess.CompletedProcess[str]:
-    """Start the hub (see :func:`write_hub`) and wait for it to exit."""
-    return subprocess.run(write_hub(tmp_path, groups, extra), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def hub_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The hub's working directory: its database and ledger would lie there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refusal(hub_dir: Path, groups: str, extra: str = "") -> str:
+    """What the start-up check stops the hub with, on the snippets of ``groups`` and
+    ``extra`` (loaded as ``jupyterhub_config.py`` loads them)."""
+    config = load_config_files(write_snippets(hub_dir, groups, extra))
+    with pytest.raises(SystemExit) as stopped:
+        check_hub_config(config)
+    return str(stopped.value.code)
+
+
+# --- what the check refuses, in-process ----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -77,18 +99,22 @@ def start_hub(tmp_path: Path, groups: str, extra: str = "") -> subprocess.Comple
             "{'analysts': {'allowed': ['1g.18gb'], 'max_slices_per_user': -1}}",
             ["analysts", "max_slices_per_user", "-1"],
         ),
+        (
+            # Each valid alone; together a member could never hold the three allowed.
+            "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'], "
+            "'quota_slices': 1, 'max_slices_per_user': 3}}",
+            ["group 'analysts': max_slices_per_user 3 can never be reached, the whole "
+             "group's quota_slices is 1; lower max_slices_per_user to 1"],
+        ),
     ],
-    ids=["unknown-key", "profile-not-on-these-gpus", "bad-duration", "negative-limit"],
+    ids=["unknown-key", "profile-not-on-these-gpus", "bad-duration", "negative-limit",
+         "quota-below-user-limit"],
 )
-def test_hub_refuses_to_start_with_a_wrong_policy(tmp_path, groups, expected):
-    result = start_hub(tmp_path, groups)
-    assert result.returncode != 0
-    err = result.stderr
-    assert "the GPU policy in jupyterhub_config.d is wrong" in err
+def test_a_wrong_policy_is_refused(hub_dir, groups, expected):
+    message = refusal(hub_dir, groups)
+    assert POLICY_WRONG in message
     for word in expected:
-        assert word in err, err[-2000:]
-    # It stopped at config time: no database was made, no port was ever bound.
-    assert not (tmp_path / "jupyterhub.sqlite").exists()
+        assert word in message, message
 
 
 @pytest.mark.parametrize(
@@ -104,6 +130,22 @@ def test_hub_refuses_to_start_with_a_wrong_policy(tmp_path, groups, expected):
          ["c.SimpleLocalMIGSpawner.mig_mod", "did you mean 'mig_mode'?"]),
         ("c.MIGSettings.ledger_ur = 'sqlite:////tmp/x.sqlite'",
          ["c.MIGSettings.ledger_ur", "did you mean 'ledger_url'?"]),
+        # A misspelt class: nothing would read the policy or the mode set there.
+        ("c.MIGPolicyConfg.group_policies = {'analysts': {'allowed': ['7g.141gb']}}",
+         ["c.MIGPolicyConfg is not a mig-spawner class", "did you mean c.MIGPolicyConfig?"]),
+        ("c.LocalMIGSpawnr.mig_mode = 'dynamic'",
+         ["c.LocalMIGSpawnr is not a mig-spawner class", "did you mean c.LocalMIGSpawner?"]),
+        # The slice service's settings, in the snippets it shares with the hub ...
+        ("c.SliceServiceApp.cul_every = '30s'",
+         ["c.SliceServiceApp.cul_every is not a setting of SliceServiceApp",
+          "did you mean 'cull_every'?"]),
+        ("c.SliceServiceApp.concurrency = 'ten'",
+         ["c.SliceServiceApp.concurrency = 'ten'", "expected an int"]),
+        # ... and on its command line, which the check runs the service's loading on.
+        (service("--SliceServiceApp.orphan_grase=10m"),
+         ["the slice service 'mig-slices' would not start",
+          "c.SliceServiceApp.orphan_grase is not a setting of SliceServiceApp",
+          "did you mean 'orphan_grace'?"]),
         # Where v1 and its docs put the ledger: refused, naming the one place now.
         ("c.LocalMIGSpawner.ledger_url = 'sqlite:////tmp/x.sqlite'",
          ["c.LocalMIGSpawner.ledger_url is not read any more", "c.MIGSettings.ledger_url"]),
@@ -117,27 +159,46 @@ def test_hub_refuses_to_start_with_a_wrong_policy(tmp_path, groups, expected):
           "but the hub uses sqlite:///", "c.MIGSettings.ledger_url"]),
     ],
     ids=["bad-mode", "bad-strategy", "misspelt-policy-trait", "misspelt-spawner-trait",
-         "misspelt-settings-trait", "ledger-on-local-spawner", "ledger-on-mixin",
-         "ledger-on-service", "service-on-another-ledger"],
+         "misspelt-settings-trait", "misspelt-policy-class", "misspelt-spawner-class",
+         "unknown-service-setting", "wrong-service-value", "unknown-service-option",
+         "ledger-on-local-spawner", "ledger-on-mixin", "ledger-on-service",
+         "service-on-another-ledger"],
 )
-def test_hub_refuses_to_start_with_a_wrong_setting(tmp_path, extra, expected):
-    began = time.monotonic()
-    result = start_hub(tmp_path, GROUPS, extra)
-    assert result.returncode != 0
-    err = result.stderr
-    assert "the configuration in jupyterhub_config.d is wrong" in err, err[-2000:]
+def test_a_wrong_setting_is_refused(hub_dir, extra, expected):
+    message = refusal(hub_dir, GROUPS, extra)
+    assert SETTING_WRONG in message, message
     for words in expected:
-        assert words in err, err[-2000:]
-    assert not (tmp_path / "jupyterhub.sqlite").exists()  # stopped before the hub began
-    assert time.monotonic() - began < 60
+        assert words in message, message
 
 
-def test_the_service_on_the_hubs_own_config_starts(tmp_path):
-    """The check's counterpart: the service reading the hub's config passes it."""
-    result = start_hub(tmp_path, GROUPS + "\nc.MIGPolicyConfig.group_polices = {}",
-                       service("--dry-run"))
-    assert "'mig-slices' would use" not in result.stderr  # only the misspelling stops it
-    assert "group_polices" in result.stderr
+def test_sections_of_other_packages_are_not_taken_for_misspellings(hub_dir):
+    """KubeSpawner is three letters from KubeMIGSpawner, and a real class."""
+    snippets = write_snippets(hub_dir, GROUPS, """
+        c.KubeSpawner.start_timeout = 600
+        c.LocalProcessSpawner.term_timeout = 5
+        c.ConfigurableHTTPProxy.should_start = True
+    """)
+    check_hub_config(load_config_files(snippets))  # no SystemExit
+
+
+def test_the_service_on_the_hubs_own_config_passes(hub_dir):
+    """The ledger check's counterpart: the service reading the hub's config passes it."""
+    message = refusal(hub_dir, GROUPS + "\nc.MIGPolicyConfig.group_polices = {}",
+                      service("--dry-run"))
+    assert "'mig-slices' would" not in message  # only the misspelling stops it
+    assert "group_polices" in message
+
+
+def test_the_slice_service_itself_refuses_a_setting_it_does_not_have(hub_dir):
+    """Run on its own (not by the hub), the service stops as the hub would."""
+    snippets = write_snippets(hub_dir, GROUPS, "c.SliceServiceApp.cul_every = '30s'")
+    with pytest.raises(SystemExit) as stopped:
+        SliceServiceApp().initialize([f"--config-dir={snippets}"])
+    assert ("c.SliceServiceApp.cul_every is not a setting of SliceServiceApp; did you "
+            "mean 'cull_every'?") in str(stopped.value.code)
+
+
+# --- what may be on purpose: a warning, in-process -----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -155,23 +216,72 @@ def test_the_service_on_the_hubs_own_config_starts(tmp_path):
          + GROUPS,
          "the offer '1g.18gb' says '18 GB' in its display_name, but the slice has 16.0 GiB "
          "on H200 141GB: mig-spawner shows memory as GiB with one decimal; write '16.0 GiB'"),
+        ("c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'], "
+         "'quota_slices': 0}}",
+         "group 'analysts' has quota_slices = 0: no slice is ever charged to it"),
     ],
-    ids=["group-not-on-the-hub", "allowed-nothing", "offer-without-device", "memory-wording"],
+    ids=["group-not-on-the-hub", "allowed-nothing", "offer-without-device", "memory-wording",
+         "quota-zero"],
 )
-def test_policy_that_may_be_on_purpose_is_a_warning_and_the_hub_starts(tmp_path, groups,
-                                                                       warning):
-    snippets = tmp_path / "jupyterhub_config.d"
-    snippets.mkdir()
-    (snippets / "10-spawner.py").write_text(SPAWNER)
-    (snippets / "20-groups.py").write_text("c = get_config()  # noqa: F821\n" + groups)
+def test_policy_that_may_be_on_purpose_is_a_warning(hub_dir, capsys, groups, warning):
+    config = load_config_files(write_snippets(hub_dir, groups))
+    config.JupyterHub.load_groups = {"analysts": {"users": []}}
+    assert check_hub_config(config).groups  # the policy, for the hub to use
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "mig-spawner: warning: " in err and warning in err, err
+
+
+def test_a_role_or_service_added_after_the_check_is_kept(hub_dir):
+    """The check reads a copy: a role or service appended after it (a later file, Zero
+    to JupyterHub's extraConfig) reaches the hub, as does everything before it, and
+    reading a section makes none."""
+    config = load_config_files(write_snippets(hub_dir, GROUPS))
+    config.JupyterHub.load_roles.append({"name": "early", "groups": ["analysts"]})
+    config.JupyterHub.services.append({"name": "early-service"})
+    sections = set(config)
+    check_hub_config(config)
+    assert set(config) == sections
+    config.JupyterHub.load_roles.append({"name": "late", "groups": ["analysts"]})
+    config.JupyterHub.services.append({"name": "late-service"})
+
+    # What the hub's List traits are given (traitlets' Configurable._load_config).
+    roles = config.JupyterHub.load_roles.get_value([])
+    assert [r["name"] for r in roles] == ["early", "late"]
+    services = config.JupyterHub.services.get_value([])
+    assert [s["name"] for s in services] == ["early-service", "late-service"]
+
+
+# --- the wiring, on a real hub: once a refusal, once a start ---------------------------
+
+
+def test_a_refusal_stops_the_real_hub_before_it_starts(tmp_path):
+    write_snippets(tmp_path, GROUPS, "c.LocalMIGSpawnr.mig_mode = 'dynamic'")
+    shutil.copy(REPO / "jupyterhub_config.py", tmp_path / "jupyterhub_config.py")
+    result = subprocess.run(
+        [str(JUPYTERHUB), "-f", str(tmp_path / "jupyterhub_config.py"), "--port=0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert SETTING_WRONG in result.stderr, result.stderr[-2000:]
+    assert "did you mean c.LocalMIGSpawner?" in result.stderr, result.stderr[-2000:]
+    # It stopped at config time: no database was made, no port was ever bound.
+    assert not (tmp_path / "jupyterhub.sqlite").exists()
+
+
+def test_a_hub_with_a_warning_starts_with_what_came_after_the_check(tmp_path):
+    snippets = write_snippets(
+        tmp_path, "c.MIGPolicyConfig.group_policies = {'analyst': {'allowed': ['1g.18gb']}}")
     hub = HubProcess.start(tmp_path / "hub", sorted(snippets.glob("*.py")), textwrap.dedent("""
         c.JupyterHub.load_groups = {"analysts": {"users": []}}
         from mig_spawner.spawner.startup import check_hub_config
         check_hub_config(c)
+        c.JupyterHub.services.append({"name": "added-after-the-check"})
     """))
     try:
         log = hub.log_tail(100_000).replace("\n", " ")
-        assert "mig-spawner: warning: " in log and warning in log, log[-2000:]
-        assert hub.session.get(hub.api("/"), timeout=10).ok  # and it serves
+        assert ("mig-spawner: warning: c.MIGPolicyConfig.group_policies has a policy for the "
+                "group 'analyst'") in log, log[-2000:]
+        services = hub.session.get(hub.api("/services"), timeout=10)
+        assert "added-after-the-check" in services.json(), services.text
     finally:
         hub.close()
+

@@ -1,12 +1,20 @@
 """The start-up advice on a valid policy: memory stated in the wording against the
-slice's own, and offers that no MIG device of a pool serves."""
+slice's own, offers that no MIG device of a pool serves, and settings that another
+setting of the group keeps from acting."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mig_spawner.config import MIGPolicyConfig, load_config_files
-from mig_spawner.core.policy import build_policy, memory_wording_warnings, unserved_offers
+from mig_spawner.core.policy import (
+    build_policy,
+    contradiction_warnings,
+    memory_wording_warnings,
+    unserved_offers,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,3 +67,45 @@ def test_an_allowed_offer_without_a_device_is_named_with_its_groups():
     assert warning.startswith("pool mode offers 'full' (7g.141gb) to admins, research but "
                               "no such MIG device exists on this host")
     assert unserved_offers(built, ["h200"], [("h200", "1g.18gb"), ("h200", "7g.141gb")]) == []
+
+
+# Settings of a group allowing 1g.18gb -> the warning that it cannot act (may be on purpose).
+# fmt: off
+MAY_BE_ON_PURPOSE = [
+    ({"quota_slices": 0},
+     "group 'team' has quota_slices = 0: no slice is ever charged to it, so its members get "
+     "one only through another group"),
+    ({"quota_compute_slices": 0}, "group 'team' has quota_compute_slices = 0: no slice"),
+    ({"max_wait": "1h", "max_waiting_per_user": 2},
+     "group 'team' sets max_wait and max_waiting_per_user but not queue = True: its members "
+     "never wait, so these have no effect"),
+    ({"cull_busy_kernels": True},
+     "group 'team' has cull_busy_kernels = True but no server_idle_timeout or "
+     "kernel_idle_timeout: nothing is culled for idleness, busy or not"),
+    ({"server_idle_timeout": "8h", "max_session_age": "8h"},
+     "group 'team' has server_idle_timeout 8h, but no server runs longer than 8h "
+     "(max_session_age): the age limit always stops it first, so this idle limit never acts"),
+    ({"kernel_idle_timeout": "3h", "max_session_age": "1h", "extend_by": "1h",
+      "max_extensions": 2},
+     "group 'team' has kernel_idle_timeout 3h, but no server runs longer than 3h "
+     "(max_session_age with every extension)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("settings", "warning"), MAY_BE_ON_PURPOSE)
+def test_a_setting_another_keeps_from_acting_is_warned(settings, warning):
+    built = build_policy(None, None, {"team": {"allowed": ["1g.18gb"], **settings}})
+    [said] = contradiction_warnings(built)
+    assert said.startswith(warning), said
+
+
+def test_settings_that_all_act_give_no_warning():
+    groups = {"team": {"allowed": ["1g.18gb"], "queue": True, "max_wait": "1h",
+                       "cull_busy_kernels": True, "kernel_idle_timeout": "1h",
+                       "server_idle_timeout": "2h", "max_session_age": "8h",
+                       "quota_slices": 3},
+              "closed": {"allowed": [], "quota_slices": 0}}  # allowed = [] is warned alone
+    assert contradiction_warnings(build_policy(None, None, groups)) == []
+    config = load_config_files(REPO / "jupyterhub_config.d" / "20-groups.py")
+    assert contradiction_warnings(MIGPolicyConfig(config=config).build()) == []

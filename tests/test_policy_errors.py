@@ -65,6 +65,20 @@ GROUP_MISTAKES = [
                                   "got 0"),
     ({"server_idle_timeout_when_waited": "-5m"},
      "server_idle_timeout_when_waited: '-5m' is negative"),
+    # Each valid alone, contradictory together (docs/policies.md).
+    ({"max_slices_per_user": 3, "quota_slices": 1},
+     "max_slices_per_user 3 can never be reached, the whole group's quota_slices is 1; "
+     "lower max_slices_per_user to 1 or raise quota_slices"),
+    ({"allowed": ["small", "3g.71gb"], "quota_compute_slices": 2},
+     "allowed: '3g.71gb' needs more compute slices than the group's quota_compute_slices 2, "
+     "so nobody can get one; raise quota_compute_slices or remove it from allowed"),
+    ({"allowed": ["2g.35gb", "3g.71gb"], "max_slices_per_user": 3, "quota_compute_slices": 5},
+     "max_slices_per_user 3 can never be reached, the group's quota_compute_slices 5 holds "
+     "at most 2 of its smallest offer; lower max_slices_per_user to 2 or raise "
+     "quota_compute_slices"),
+    ({"server_idle_timeout": "30m", "server_idle_timeout_when_waited": "1h"},
+     "server_idle_timeout_when_waited (1h) must be shorter than server_idle_timeout (30m): "
+     "it is the shorter idle limit used while someone waits"),
 ]
 # fmt: on
 

@@ -18,7 +18,7 @@ from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.gpu import connect
 from mig_spawner.spawner import form
 from mig_spawner.spawner.decide import free_now
-from mig_spawner.spawner.options import options_from_form, requested_offer
+from mig_spawner.spawner.options import named_offer, options_from_form, requested_offer
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 
@@ -42,8 +42,21 @@ def test_form_data_becomes_one_value_per_key():
 def test_an_allowed_offer_is_granted(analyst, policies):
     assert requested_offer({"profile": "small"}, analyst, policies).key == "small"
     ml = policies.for_user(["ml-team"])
-    # Profile names are normalised the way nvidia-smi and users spell them.
-    assert requested_offer({"profile": "MIG 1G.35GB"}, ml, policies).key == "1g.35gb"
+    assert requested_offer({"profile": "1g.35gb"}, ml, policies).key == "1g.35gb"
+
+
+@pytest.mark.parametrize(
+    ("group", "sent", "name"),
+    [("analysts", " small", "small"), ("analysts", "small ", "small"),
+     ("ml-team", "MIG 1G.35GB", "1g.35gb"), ("ml-team", "1g.35gb\n", "1g.35gb")],
+)
+def test_a_name_is_matched_exactly_and_a_near_one_is_refused_with_the_name_to_send(
+        policies, group, sent, name):
+    with pytest.raises(Refused) as e:
+        requested_offer({"profile": sent}, policies.for_user([group]), policies)
+    assert e.value.reason == Reason.INVALID_OPTIONS
+    assert f"names are matched exactly; send {name!r}" in str(e.value)
+    assert named_offer({"profile": sent}, policies) is None  # it names no offer either
 
 
 @pytest.mark.parametrize(

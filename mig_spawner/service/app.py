@@ -40,6 +40,8 @@ from mig_spawner.config import (
     MIGSettings,
     load_config_files,
     misplaced_settings,
+    misspelt_sections,
+    unknown_settings,
 )
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicySet
@@ -323,9 +325,21 @@ class SliceServiceApp(Application):
         if self.config_dir:
             self.update_config(load_config_files(self.config_dir))
             self.update_config(self.cli_config)  # the command line wins
-        if misplaced := misplaced_settings(self.config):
-            # The hub refuses such a config at start too; never run on another ledger.
-            raise SystemExit("mig-spawner-service: " + "; ".join(misplaced))
+        if problems := self.setting_problems():
+            # The hub refuses such a config at start too: never run on another ledger,
+            # nor with a limit whose misspelling left it at its default.
+            raise SystemExit("mig-spawner-service: " + "; ".join(problems))
+
+    def setting_problems(self) -> list[str]:
+        """Shared settings out of their place, and names set for this service's classes
+        (in ``config_dir`` or on the command line) that those classes do not have."""
+        own = [type(self), *self.classes]
+        return (
+            misplaced_settings(self.config)
+            + misspelt_sections(self.config, [cls.__name__ for cls in own])
+            + unknown_settings(self.config, {cls.__name__: cls.class_trait_names(config=True)
+                                             for cls in own})
+        )
 
     def load_policy(self) -> PolicySet:
         """The group policies from the loaded config, checked as the hub checks them."""

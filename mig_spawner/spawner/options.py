@@ -5,6 +5,9 @@ query arguments, or as the raw JSON body of a REST spawn request, which bypasses
 the form entirely. So every spawn goes through :func:`requested_offer`, which
 accepts exactly ``{"profile": "<offer key>"}`` for an offer the user's groups
 allow and refuses anything else with a message that says what to send instead.
+The name is matched exactly as the hub writes it (the form's value): ``" small"``
+or ``"MIG 1G.18GB"`` is refused with the name to send, never trimmed or
+lower-cased into an offer, so that one name always means one offer.
 
 JupyterHub (5.3+) hands ``user_options`` to ``Spawner.apply_user_options`` before
 ``start()`` and warns "Received unhandled user_options" when none is set; the mixin
@@ -110,16 +113,22 @@ def requested_offer(user_options: Any, user_policy: UserPolicy, policies: Policy
             f"'{PROFILE}' is {len(value)} characters long; names have at most "
             f"{MAX_VALUE_LENGTH} (one of: {_example(user_policy)})"
         )
-    key = offer_key(value)
-    if user_policy.allows(key):
-        return user_policy.offer(key)
-    if key in policies.offers:
+    mine = {offer.key: offer for offer in user_policy.offers}
+    if value in mine:
+        return mine[value]
+    if value in policies.offers:
         raise Refused(
             Reason.NOT_ALLOWED,
-            f"{key!r} is not allowed for your groups ({', '.join(user_policy.group_names)}); "
+            f"{value!r} is not allowed for your groups ({', '.join(user_policy.group_names)}); "
             f"allowed: {_example(user_policy)}",
         )
-    what = "MIG profile" if is_profile_name(key) else "slice"
+    meant = offer_key(value)  # the offer a looser reading would have picked
+    if meant in policies.offers:
+        raise _invalid(
+            f"{_short(value)} is not written as this hub names the slice: names are "
+            f"matched exactly; send {meant!r} (one of: {_example(user_policy)})"
+        )
+    what = "MIG profile" if is_profile_name(value) else "slice"
     raise Refused(
         Reason.UNKNOWN_PROFILE,
         f"{_short(value)} is not a {what} offered on this hub; choose one of: "
@@ -133,4 +142,4 @@ def named_offer(user_options: Any, policies: PolicySet) -> Offer | None:
     value = user_options.get(PROFILE) if isinstance(user_options, Mapping) else None
     if not isinstance(value, str) or not value or len(value) > MAX_VALUE_LENGTH:
         return None
-    return policies.offers.get(offer_key(value))
+    return policies.offers.get(value)

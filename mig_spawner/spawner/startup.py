@@ -11,12 +11,13 @@ warnings on the hub's stderr instead.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import sys
 from collections.abc import Iterable, Iterator
 
 from sqlalchemy.engine import make_url
-from traitlets import TraitError
+from traitlets import HasTraits, TraitError
 from traitlets.config import Config, Configurable
 
 from mig_spawner.config import (
@@ -25,13 +26,16 @@ from mig_spawner.config import (
     MIGSettings,
     configured_mode,
     misplaced_settings,
+    misspelt_sections,
     setting_value,
+    unknown_setting,
 )
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import (
     PolicyError,
     PolicySet,
+    contradiction_warnings,
     memory_wording_warnings,
     unserved_offers,
 )
@@ -49,6 +53,13 @@ from .settings import MIGSpawnerSettings
 _SERVICE_COMMANDS = ("mig-spawner-service", "mig_spawner.service")
 #: True while check_hub_config runs (see there).
 _checking = False
+#: Every class whose settings mig-spawner reads, by name: a config section that nearly
+#: names one of them is a misspelling (the Kubernetes spawner and the slice service are
+#: named, not imported, so that checking a local hub needs neither).
+CLASS_NAMES = (
+    "MIGPolicyConfig", "MIGSettings", "MIGSpawnerSettings", "MIGSpawnerMixin",
+    "LocalMIGSpawner", "SimpleLocalMIGSpawner", "KubeMIGSpawner", "SliceServiceApp",
+)
 
 
 def local_inventory(config: Config) -> Inventory | None:
@@ -92,13 +103,20 @@ def _checked_classes(config: Config) -> dict[str, type[Configurable]]:
         from .kube import KubeMIGSpawner  # needs kubespawner: only where it is used
 
         classes.append(KubeMIGSpawner)
+    if "SliceServiceApp" in config:
+        # The slice service reads the same snippets: its settings are checked here, before
+        # the hub starts it, as the service checks them itself.
+        from mig_spawner.service.app import SliceServiceApp
+
+        classes.append(SliceServiceApp)
     return {cls.__name__: cls for cls in classes}
 
 
 def setting_problems(config: Config) -> list[str]:
-    """Settings of mig-spawner's classes that are misspelt, hold a value their trait
-    refuses, or sit where they are no longer read; one line each."""
-    problems = misplaced_settings(config)
+    """Settings of mig-spawner's classes that are misspelt (the setting or the class),
+    hold a value their trait refuses, or sit where they are no longer read; one line
+    each."""
+    problems = misplaced_settings(config) + misspelt_sections(config, CLASS_NAMES)
     checked = _checked_classes(config)
     for name, cls in checked.items():
         if name not in config or not isinstance(config[name], Config):
@@ -109,14 +127,13 @@ def setting_problems(config: Config) -> list[str]:
                 continue  # a nested section (c.LocalMIGSpawner.MIGSettings...)
             trait = traits.get(key)
             if trait is None:
-                if key in SHARED_SETTINGS:
-                    continue  # reported by misplaced_settings
-                match = difflib.get_close_matches(key, list(traits), n=1)
-                hint = f"; did you mean {match[0]!r}?" if match else ""
-                problems.append(f"c.{name}.{key} is not a setting of {name}{hint}")
+                if key not in SHARED_SETTINGS:  # those are reported by misplaced_settings
+                    problems.append(unknown_setting(name, key, traits))
                 continue
             try:
-                trait.validate(None, value)
+                # Some traits (a Union: the service's durations) validate against an
+                # object; any one does here, its own validators are not in question.
+                trait.validate(HasTraits(), value)
             except TraitError as e:
                 problems.append(f"c.{name}.{key} = {value!r}: {_trait_error(e)}")
     if not problems:
@@ -194,13 +211,13 @@ def policy_warnings(
     config: Config, policies: PolicySet, inventory: Inventory | None = None
 ) -> list[str]:
     """What may be on purpose but usually is a mistake: policies for groups the hub
-    does not have, groups that may use no slice at all, and wording that states another
-    memory size than the slice has. Given this host's ``inventory``, in pool mode also
-    offers that no MIG device here can serve (``mig-spawner doctor`` checks those
-    itself, as "offered profiles")."""
+    does not have, groups that may use no slice at all, settings that another keeps
+    from acting, and wording that states another memory size than the slice has.
+    Given this host's ``inventory``, in pool mode also offers that no MIG device here
+    can serve (``mig-spawner doctor`` checks those itself, as "offered profiles")."""
     fleet = fleet_of(inventory)
     model_keys = None if fleet is None else [m.key for m in fleet]
-    warnings = memory_wording_warnings(policies, model_keys)
+    warnings = memory_wording_warnings(policies, model_keys) + contradiction_warnings(policies)
     known = hub_groups(config)
     if known is not None:
         for group in sorted(set(policies.groups) - known):
@@ -238,12 +255,18 @@ def check_hub_config(config: Config) -> PolicySet:
     a local GPU host the profiles are also checked against the GPUs present; on
     Kubernetes the hub has no GPU, and the cluster's models are not known at start.
     Warned about on stderr: see :func:`policy_warnings`.
+
+    ``config`` itself is left as it was: the checks read a copy. Reading a setting that
+    snippets extended (``c.JupyterHub.load_roles.append(...)``) fixes its value in
+    traitlets, so an entry appended after this call (a later file, Zero to
+    JupyterHub's ``extraConfig``) would otherwise be lost.
     """
     global _checking
     if _checking:
         # A slice service whose --config-dir is the file that called us: loading it
         # for ledger_problems runs this again. The outer call checks everything.
         return PolicySet(offers={}, groups={})
+    config = copy.deepcopy(config)
     _checking = True
     try:
         problems = setting_problems(config) or ledger_problems(config)

@@ -7,14 +7,14 @@ This package's face is what callers import; the code lives in four modules:
 * :mod:`.build`: :func:`build_policy`, validation of the admin's dicts;
 * :mod:`.quota`: :func:`check_claim`, the quota check a claim runs;
 * :mod:`.checks`: warnings on a valid policy that misleads (memory wording, offers
-  no MIG device serves).
+  no MIG device serves, a setting another one keeps from acting).
 
 Pure: no I/O and no traitlets or JupyterHub import (``mig_spawner.config`` wraps this
 in a traitlets Configurable). Admin documentation: docs/policies.md.
 """
 
 from .build import CLASS_KEYS, GROUP_KEYS, OFFER_KEYS, build_policy
-from .checks import memory_wording_warnings, unserved_offers
+from .checks import contradiction_warnings, memory_wording_warnings, unserved_offers
 from .model import (
     DEFAULT_GROUP,
     GroupPolicy,
@@ -41,6 +41,7 @@ __all__ = [
     "UserPolicy",
     "build_policy",
     "check_claim",
+    "contradiction_warnings",
     "is_profile_name",
     "memory_wording_warnings",
     "offer_key",

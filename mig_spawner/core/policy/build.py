@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from mig_spawner.core.catalog import MODELS, CatalogError, GpuModel, model, parse_profile_name
-from mig_spawner.core.durations import DurationError, parse_duration
+from mig_spawner.core.durations import DurationError, format_duration, parse_duration
 
 from .model import (
     DEFAULT_GROUP,
@@ -286,6 +286,7 @@ class _Checker:
         self, name: str, spec: object, where: str, classes: Mapping[str, Offer]
     ) -> GroupPolicy:
         """One group's policy (also used for the default policy)."""
+        found_before = len(self.problems)
         settings = self._spec(spec, where, GROUP_KEYS)
         # Checked in GROUP_KEYS order so that the report reads like the config.
         allowed = self._allowed(settings.get("allowed", []), where, classes)
@@ -303,7 +304,7 @@ class _Checker:
                 self.problems.append(f"{where}: {key}: {exc}")
                 durations[key] = default
         gpu_counts = self._flag(settings, "gpu_activity_counts", where, True)
-        return GroupPolicy(
+        policy = GroupPolicy(
             name=name,
             allowed=allowed,
             max_slices_per_user=max_slices,
@@ -317,6 +318,60 @@ class _Checker:
             max_waiting_per_user=self._count(settings, "max_waiting_per_user", where, 1, 1),
             **durations,
         )
+        if len(self.problems) == found_before:  # each setting is right on its own
+            self._contradictions(policy, where, classes)
+        return policy
+
+    def _contradictions(self, policy: GroupPolicy, where: str,
+                        classes: Mapping[str, Offer]) -> None:
+        """Settings that are each valid but cannot all hold: one of them could never
+        take effect (docs/policies.md, "Settings that contradict each other")."""
+        most, quota = policy.max_slices_per_user, policy.quota_slices
+        if quota and quota < most:
+            self.problems.append(
+                f"{where}: max_slices_per_user {most} can never be reached, the whole "
+                f"group's quota_slices is {quota}; lower max_slices_per_user to {quota} "
+                "or raise quota_slices"
+            )
+        compute_quota = policy.quota_compute_slices
+        needs = {key: need for key in policy.allowed
+                 if (need := self._compute_slices(key, classes))}
+        if compute_quota and needs:
+            too_big = [key for key, need in needs.items() if need > compute_quota]
+            if too_big:
+                self.problems.append(
+                    f"{where}: allowed: {', '.join(map(repr, too_big))} "
+                    f"{'needs' if len(too_big) == 1 else 'need'} more compute slices than "
+                    f"the group's quota_compute_slices {compute_quota}, so nobody can get "
+                    "one; raise quota_compute_slices or remove it from allowed"
+                )
+            elif not quota or quota >= most:
+                fits = compute_quota // min(needs.values())
+                if fits < most:
+                    self.problems.append(
+                        f"{where}: max_slices_per_user {most} can never be reached, the "
+                        f"group's quota_compute_slices {compute_quota} holds at most {fits} "
+                        f"of its smallest offer; lower max_slices_per_user to {fits} or "
+                        "raise quota_compute_slices"
+                    )
+        idle, when_waited = policy.server_idle_timeout, policy.server_idle_timeout_when_waited
+        if idle is not None and when_waited is not None and when_waited >= idle:
+            self.problems.append(
+                f"{where}: server_idle_timeout_when_waited ({format_duration(when_waited)}) "
+                f"must be shorter than server_idle_timeout ({format_duration(idle)}): it is "
+                "the shorter idle limit used while someone waits"
+            )
+
+    def _compute_slices(self, key: str, classes: Mapping[str, Offer]) -> int:
+        """The fewest compute slices that offer ``key`` takes on a GPU of the fleet (on
+        any GPU model that it names, without a fleet); 0 for a class without profiles
+        (reported on its own)."""
+        if key not in classes:
+            return parse_profile_name(key)[0]
+        profiles = classes[key].profiles
+        here = [p for m, p in profiles.items()
+                if self.fleet is None or any(f.key == m for f in self.fleet)]
+        return min((parse_profile_name(p)[0] for p in here or profiles.values()), default=0)
 
     def _flag(self, settings: Mapping, key: str, where: str, default: bool = False) -> bool:
         """A True/False setting: ``default`` when missing or wrong."""

@@ -1,5 +1,5 @@
-"""Advice on a valid policy that still misleads: the start-up warnings of the wording
-and of offers a pool cannot serve.
+"""Advice on a valid policy that still misleads: the start-up warnings of the wording,
+of offers a pool cannot serve, and of settings that another one keeps from acting.
 
 Pure: the callers (the hub's start-up check, ``mig-spawner doctor``) read the GPUs and
 print the warnings. Import through :mod:`mig_spawner.core.policy`.
@@ -7,13 +7,15 @@ print the warnings. Import through :mod:`mig_spawner.core.policy`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 
 from mig_spawner.core.catalog import MODELS, model
+from mig_spawner.core.durations import format_duration
 
-from .model import Offer, PolicySet
+from .model import GroupPolicy, Offer, PolicySet
 
 #: A memory size in wording: "35 GB", "32.2 GiB", "16gb". Not the "35gb" inside a
 #: profile name such as "1g.35gb" (preceded by a dot), which names a profile, not a size.
@@ -111,3 +113,59 @@ def unserved_offers(
         )
     return warnings
 
+
+
+#: What a group's settings are when the admin leaves them out.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GroupPolicy)}
+
+
+def contradiction_warnings(policies: PolicySet) -> list[str]:
+    """Settings that another setting of the same group keeps from ever acting, where
+    that may be on purpose (a group closed for now, waiting switched off for a while).
+    Contradictions that cannot be on purpose are refused by ``build_policy`` instead;
+    docs/policies.md lists both."""
+    warnings = []
+    for group in (*policies.groups.values(), policies.default):
+        if not group.allowed:
+            continue  # nothing to get: the "allowed = []" warning says so
+        who = "default_policy" if group.is_default else f"group {group.name!r}"
+        for quota in ("quota_slices", "quota_compute_slices"):
+            if getattr(group, quota) == 0:
+                warnings.append(
+                    f"{who} has {quota} = 0: no slice is ever charged to it, so its "
+                    "members get one only through another group"
+                )
+        if not group.queue:
+            unused = [k for k in ("max_wait", "max_waiting_per_user")
+                      if getattr(group, k) != _DEFAULTS[k]]
+            if unused:
+                warnings.append(
+                    f"{who} sets {' and '.join(unused)} but not queue = True: its members "
+                    "never wait, so these have no effect"
+                )
+        if group.cull_busy_kernels and group.server_idle_timeout is None \
+                and group.kernel_idle_timeout is None:
+            warnings.append(
+                f"{who} has cull_busy_kernels = True but no server_idle_timeout or "
+                "kernel_idle_timeout: nothing is culled for idleness, busy or not"
+            )
+        warnings += _idle_beyond_age(group, who)
+    return warnings
+
+
+def _idle_beyond_age(group: GroupPolicy, who: str) -> list[str]:
+    """Idle limits no server lives long enough to reach: a server is never idle for
+    longer than it has run, and it runs at most ``max_session_age`` (plus every
+    extension)."""
+    if group.max_session_age is None:
+        return []
+    longest = group.max_session_age + (group.extend_by or 0) * group.max_extensions
+    age = "max_session_age" if longest == group.max_session_age else \
+        "max_session_age with every extension"
+    return [
+        f"{who} has {key} {format_duration(limit)}, but no server runs longer than "
+        f"{format_duration(longest)} ({age}): the age limit always stops it first, so "
+        "this idle limit never acts"
+        for key in ("server_idle_timeout", "kernel_idle_timeout")
+        if (limit := getattr(group, key)) is not None and limit >= longest
+    ]
