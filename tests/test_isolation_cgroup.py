@@ -1,0 +1,217 @@
+"""Kernel-enforced isolation, for real: a server the LocalMIGSpawner starts can open only
+its own slice's device nodes, and so can everything it starts.
+
+Needs root and a writable cgroup v1 ``devices`` controller (CI has both; without them
+the tests fail under ``MIG_SPAWNER_REQUIRE_SYSTEM=1``). The GPUs are the simulator's;
+their device nodes are stand-ins made with ``mknod`` in a temporary folder, named with
+the minors the catalog computes (``nvidia-caps/nvidia-cap<3 + 135*gpu + 9*gi>``) and
+mapped onto existing character devices (/dev/null, zero, full, random, urandom, kmsg),
+so that an allowed open really succeeds. The other user's capability nodes are mapped
+onto numbers no driver backs: outside the cgroup opening them fails with ENXIO (no
+such device); inside, with EPERM, which only the device cgroup answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jupyterhub.objects import Hub
+from traitlets.config import Config
+
+from mig_spawner import device_cgroup, holder
+from mig_spawner.config import load_config_files
+from mig_spawner.core.catalog import capability_minors
+from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import LeaseRequest, Ledger
+from mig_spawner.spawner import SimpleLocalMIGSpawner
+from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules
+from tests.mocking import User
+from tests.support.system_deps import require_device_cgroup
+
+GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
+SIM = "h200x1:layout=1g.18gb*2"  # two slices: ana's, and bob's
+# Existing devices a confined process may really open, one per allowed node.
+# (Not ptmx: a stand-in ptmx looks for a devpts beside itself.)
+REAL = [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (1, 11)]
+UNBACKED = [(1, 250), (1, 251)]
+
+# The "server": opens each node, starts a child that does the same with an empty
+# environment (only its cgroup ties it to the slice), reports, and waits to be stopped.
+PROBE = r"""
+import json, os, subprocess, sys, time
+out, paths = sys.argv[1], json.loads(os.environ["PROBE_PATHS"])
+def probe(name):
+    seen = {}
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+            seen[path] = "ok"
+        except OSError as e:
+            seen[path] = e.errno
+    report = {"pid": os.getpid(), "opens": seen}
+    with open(os.path.join(out, name + ".tmp"), "w") as f:
+        json.dump(report, f)
+    os.rename(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+if len(sys.argv) > 2 and sys.argv[2] == "child":
+    probe("child.json")
+else:
+    subprocess.Popen([sys.executable, __file__, out, "child"],
+                     env={"PROBE_PATHS": os.environ["PROBE_PATHS"]})
+    probe("server.json")
+time.sleep(120)
+"""
+
+
+def mknod(path: Path, number: tuple[int, int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(*number))
+
+
+def stand_ins(dev: Path, gpu_minor: int, mine: tuple[int, int], theirs: tuple[int, int]
+              ) -> tuple[list[str], list[str]]:
+    """Nodes for one GPU, ana's slice (``mine``: GI, CI) and bob's; returns the paths ana
+    may open and bob's capability nodes."""
+    real = iter(REAL)
+    allowed = []
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", f"nvidia{gpu_minor}"):
+        mknod(dev / name, next(real))
+        allowed.append(str(dev / name))
+    for minor in capability_minors(gpu_minor, *mine):
+        mknod(dev / "nvidia-caps" / f"nvidia-cap{minor}", next(real))
+        allowed.append(str(dev / "nvidia-caps" / f"nvidia-cap{minor}"))
+    other = []
+    for minor, number in zip(capability_minors(gpu_minor, *theirs), UNBACKED,
+                             strict=True):
+        mknod(dev / "nvidia-caps" / f"nvidia-cap{minor}", number)
+        other.append(str(dev / "nvidia-caps" / f"nvidia-cap{minor}"))
+    return allowed, other
+
+
+def opens(path: str) -> str | int:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+    except OSError as e:
+        return e.errno
+    return "ok"
+
+
+class ConfinedSpawner(SimpleLocalMIGSpawner):
+    """No pseudo devices beyond the slice: the stand-ins are pseudo devices themselves,
+    and the probe opens none of its own (:func:`test_the_pseudo_devices_stay_open`
+    covers them)."""
+
+    device_baseline = ()
+
+
+def spawner(tmp_path: Path, user: str, cls=SimpleLocalMIGSpawner):
+    c = Config(load_config_files(GROUPS))
+    c.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    c.MIGSettings.simulate = SIM
+    c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
+    c.LocalMIGSpawner.isolation = True  # off by default with simulated GPUs
+    c.LocalMIGSpawner.device_dir = str(tmp_path / "dev")
+    c.SimpleLocalMIGSpawner.home_dir_template = str(tmp_path / "home" / "{username}")
+    return cls(config=c, user=User(user, ["analysts"]), hub=Hub())
+
+
+def wait_for(path: Path, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name} from the probe"
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+async def test_a_server_opens_only_its_own_slices_nodes(tmp_path, monkeypatch):
+    hierarchy = require_device_cgroup()
+    SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+    # Bob holds one slice, so ana's server gets the other.
+    bob = spawner(tmp_path, "bob")
+    mine = bob.user_policy(bob.policies())
+    plan = await bob.claim_decide(mine.offer("small"), mine)
+    with Ledger.open(bob.ledger_url) as ledger:
+        bobs = ledger.claim(LeaseRequest("bob"), plan.decide)
+    with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        inventory = gpus.inventory()
+    gpu = inventory.gpus[0]
+    ana_device = next(d for d in inventory.mig_devices if d.uuid != bobs.mig_uuid)
+    allowed, bobs_nodes = stand_ins(tmp_path / "dev", gpu.minor,
+                                    (ana_device.gi_id, ana_device.ci_id),
+                                    (bobs.gi_id, bobs.ci_id))
+    # Outside any device cgroup: every node ana may open opens; bob's are no device.
+    assert [opens(p) for p in allowed] == ["ok"] * 6
+    assert [opens(p) for p in bobs_nodes] == [errno.ENXIO] * 2
+
+    s = spawner(tmp_path, "ana", ConfinedSpawner)
+    out = tmp_path / "out"
+    out.mkdir()
+    s.cmd = [sys.executable, str(tmp_path / "probe.py"), str(out)]
+    (tmp_path / "probe.py").write_text(PROBE)
+    s.environment = {"PROBE_PATHS": json.dumps(allowed + bobs_nodes)}
+    s.user_options = {"profile": "small"}
+    s.interrupt_timeout = s.term_timeout = 2
+    await s.start()
+    try:
+        lease = s._lease
+        assert lease.mig_uuid == ana_device.uuid
+        group = hierarchy / device_cgroup.PARENT / lease.id
+        server, child = wait_for(out / "server.json"), wait_for(out / "child.json")
+        expected = {**dict.fromkeys(allowed, "ok"),
+                    **dict.fromkeys(bobs_nodes, errno.EPERM)}
+        assert server["opens"] == expected
+        assert child["opens"] == expected  # the rule is inherited
+        assert server["pid"] == s.pid
+        # Both are in the slice's group, so both hold the slice, although the child's
+        # environment no longer names the lease.
+        assert device_cgroup.pids_in_slice_cgroup(lease) == {s.pid, child["pid"]}
+        found = holder.check(lease)
+        assert found.state == holder.RUNNING and set(found.pids) == {s.pid, child["pid"]}
+        rules = (group / "devices.list").read_text().splitlines()
+        assert rules[0] == "c 1:3 rw" and "c 1:11 r" in rules and len(rules) == 6
+    finally:
+        await s.stop()
+    # The server stopped; its child, found by its cgroup, was stopped before the slice
+    # was given back; and the group went with them.
+    assert holder.start_time(child["pid"]) is None
+    assert not group.exists()
+    with Ledger.open(s.ledger_url) as ledger:
+        assert not ledger.get(lease.id).held
+
+
+def test_the_pseudo_devices_stay_open(tmp_path):
+    """A confined server keeps /dev/null, the terminals and the random devices (what
+    systemd's DevicePolicy=closed admits), and nothing else of the host's."""
+    require_device_cgroup()
+    groups = device_cgroup.SliceCgroups(parent=f"mig-spawner-test-{os.getpid()}")
+    groups.create("pseudo", cgroup_v1_rules((), lambda rule: (0, 0), PSEUDO_DEVICES))
+    join = groups.joiner("pseudo")
+    try:
+        probe = ("import os\nfor p in ('/dev/null', '/dev/urandom', '/dev/ptmx', '/dev/kmsg'):\n"
+                 "    try: os.close(os.open(p, os.O_RDWR if p != '/dev/kmsg' else os.O_RDONLY))"
+                 "; print('ok')\n    except OSError as e: print(e.errno)")
+        done = subprocess.run([sys.executable, "-c", probe], preexec_fn=join,
+                              capture_output=True, text=True, check=True, timeout=30)
+    finally:
+        join.close()
+    assert done.stdout.split() == ["ok", "ok", "ok", str(errno.EPERM)]
+    assert groups.pids("pseudo") == set()
+    assert groups.remove("pseudo")
+    (groups.hierarchy / groups.parent).rmdir()
+
+
+@pytest.mark.parametrize("setting", [None, False])
+async def test_simulated_gpus_run_unconfined_unless_asked(tmp_path, setting):
+    """Off by default with the simulator (and whenever set False): no group, no wrapper."""
+    SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+    s = spawner(tmp_path, "ana")
+    s.isolation = setting
+    assert s.isolation_mechanism() is None
