@@ -86,6 +86,25 @@ def host_support(fs: Path = CGROUP_FS, systemd_running: Path = SYSTEMD_RUNNING,
                        "v1 devices hierarchy nor cgroup v2)")
 
 
+def isolation_plan(setting: bool | None, simulated: bool, support: HostSupport
+                   ) -> HostSupport:
+    """What a hub whose ``LocalMIGSpawner.isolation`` is ``setting`` gets on a host that
+    offers ``support`` (:func:`host_support`): the mechanism, or ``None`` and why not.
+
+    ``None`` (the default) confines servers wherever the host can, with the real
+    driver; with simulated GPUs only ``True`` does. Raises :class:`IsolationUnavailable`
+    when ``setting`` is ``True`` and the host cannot.
+    """
+    if setting is False:
+        return HostSupport(None, "LocalMIGSpawner.isolation is False")
+    if setting is None and simulated:
+        return HostSupport(None, "the GPUs are simulated (LocalMIGSpawner.isolation = True, "
+                           "or mig-spawner demo --isolation, turns it on)")
+    if support.mechanism is None and setting:
+        raise IsolationUnavailable(support.why)
+    return support
+
+
 def read_proc_devices(proc_devices: Path = PROC_DEVICES) -> str:
     """The kernel's list of device majors (``spawner.isolation.driver_majors`` reads it)."""
     return proc_devices.read_text()

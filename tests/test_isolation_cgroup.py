@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 from jupyterhub.objects import Hub
+from jupyterhub.spawner import SpawnException
 from traitlets.config import Config
 
 from mig_spawner import device_cgroup, holder
+from mig_spawner.cli import doctor
 from mig_spawner.config import load_config_files
 from mig_spawner.core.catalog import capability_minors
 from mig_spawner.gpu import connect
@@ -215,3 +217,126 @@ async def test_simulated_gpus_run_unconfined_unless_asked(tmp_path, setting):
     s = spawner(tmp_path, "ana")
     s.isolation = setting
     assert s.isolation_mechanism() is None
+
+
+@pytest.mark.parametrize(("layout", "root", "why"), [
+    (["devices/devices.allow"], False, "does not run as root"),
+    (["cgroup.controllers"], True, "cgroup v2, where device control needs systemd"),
+    (["cgroup.controllers", "systemd"], True, "'systemd-run' is not in the hub's PATH"),
+    ([], True, "neither a cgroup v1 devices hierarchy nor cgroup v2"),
+])
+def test_a_host_that_cannot_confine_says_why(tmp_path, monkeypatch, layout, root, why):
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    for name in layout:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    support = device_cgroup.host_support(tmp_path, tmp_path / "systemd", is_root=root)
+    assert support.mechanism is None and why in support.why
+
+
+def test_each_kind_of_host_gets_its_mechanism(tmp_path, monkeypatch):
+    (tmp_path / "v1" / "devices").mkdir(parents=True)
+    (tmp_path / "v1" / "devices" / "devices.allow").touch()
+    assert device_cgroup.host_support(tmp_path / "v1", is_root=True).mechanism == (
+        device_cgroup.CGROUP_V1)
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").touch()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "systemd-run").touch(mode=0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert device_cgroup.host_support(tmp_path / "v2", tmp_path / "v2", is_root=True
+                                      ).mechanism == device_cgroup.SYSTEMD
+
+
+class NoDeviceControl(SimpleLocalMIGSpawner):
+    host_support = staticmethod(lambda: device_cgroup.HostSupport(None, "no controller"))
+
+
+async def test_isolation_asked_for_on_a_host_without_it_refuses_the_spawn(tmp_path, caplog):
+    SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+    s = spawner(tmp_path, "ana", NoDeviceControl)
+    s.user_options = {"profile": "small"}
+    with pytest.raises(SpawnException) as refused:
+        await s.start()
+    assert refused.value.jupyterhub_message == (
+        "GPU isolation is on but this host cannot apply it; tell a hub admin.")
+    assert "no controller" in refused.value.log_message  # the why, for the admin's log
+    with Ledger.open(s.ledger_url) as ledger:
+        assert ledger.active() == []  # the slice was given back
+
+
+class SystemdHost(SimpleLocalMIGSpawner):
+    host_support = staticmethod(lambda: device_cgroup.HostSupport(device_cgroup.SYSTEMD))
+
+
+class SystemdHostPerUser(SystemdHost):
+    runs_as_user = True  # as LocalMIGSpawner: each server as its user's account
+
+
+@pytest.mark.parametrize("cls", [SystemdHost, SystemdHostPerUser])
+async def test_on_cgroup_v2_the_server_starts_in_a_scope_named_for_its_lease(tmp_path, cls):
+    SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+    s = spawner(tmp_path, "root", cls)
+    s.cmd = ["jupyterhub-singleuser"]
+    mine = s.user_policy(s.policies())
+    plan = await s.claim_decide(mine.offer("small"), mine)
+    with Ledger.open(s.ledger_url) as ledger:
+        lease = ledger.claim(LeaseRequest("root"), plan.decide)
+    await s.prepare_slice(lease)
+    run_as = ["--uid=root"] if cls.runs_as_user else []
+    assert s.cmd[:2] == ["systemd-run", "--scope"]
+    assert s.cmd[-4 - len(run_as):] == [
+        f"--unit=mig-spawner-{lease.id}.scope", "--slice=system.slice", *run_as, "--",
+        "jupyterhub-singleuser"]
+    assert f"DeviceAllow={tmp_path}/dev/nvidiactl rw" in s.cmd
+    # systemd-run must start as root to make the scope: it becomes the user itself, so
+    # the child only changes to the user's home (root's, here).
+    started = subprocess.run(["pwd"], preexec_fn=s.make_preexec_fn("root"), text=True,
+                             capture_output=True, check=True, timeout=30)
+    home = "/root" if cls.runs_as_user else str(tmp_path / "home" / "root")
+    assert started.stdout.strip() == home
+
+
+V1 = device_cgroup.HostSupport(device_cgroup.CGROUP_V1)
+NONE = device_cgroup.HostSupport(None, "this host runs cgroup v2, where device control "
+                                 "needs systemd (DevicePolicy=), and systemd is not running")
+
+
+@pytest.mark.parametrize(("setting", "simulated", "host", "status", "words"), [
+    (None, False, V1, "pass", "only its slice's device nodes (cgroup v1 devices); this "
+     "protects servers that do not run as root: a root process can leave its cgroup"),
+    (None, False, NONE, "warn", "servers are NOT confined to their slice: this host runs "
+     "cgroup v2, where device control needs systemd"),
+    (True, False, NONE, "fail", "LocalMIGSpawner.isolation is True but this host cannot "
+     "confine servers (this host runs cgroup v2"),
+    (True, True, NONE, "fail", "every spawn will fail"),
+    (False, False, V1, "warn", "off (LocalMIGSpawner.isolation = False)"),
+    (None, True, V1, "pass", "off: the GPUs are simulated (LocalMIGSpawner.isolation = "
+     "True, or mig-spawner demo --isolation, turns it on)"),
+    (True, True, V1, "pass", "(cgroup v1 devices)"),
+])
+def test_doctor_names_how_servers_are_confined_or_why_not(setting, simulated, host, status,
+                                                          words):
+    check = doctor.check_device_isolation(setting, simulated, host)
+    assert (check.name, check.status.value) == ("device isolation", status)
+    assert words in check.detail
+    assert bool(check.fix) == (status != "pass")
+    # The capability nodes are looked for only where servers are to be confined.
+    assert doctor.confines(setting, simulated, host) == (
+        status == "fail" or "only its slice" in check.detail)
+
+
+def test_the_processes_in_a_slices_scope_or_group_hold_it(tmp_path):
+    """Read as the holder rule reads them: the lease's cgroup v1 group, or its systemd
+    scope on cgroup v2 (here a folder standing in for /sys/fs/cgroup)."""
+    lease = type("L", (), {"id": "0123abcd"})()
+    groups = device_cgroup.SliceCgroups(tmp_path / "devices")
+    scopes = tmp_path / "system.slice"
+    assert device_cgroup.pids_in_slice_cgroup(lease, groups, scopes) == set()
+    (scopes / "mig-spawner-0123abcd.scope").mkdir(parents=True)
+    (scopes / "mig-spawner-0123abcd.scope" / "cgroup.procs").write_text("41\n42\n")
+    (tmp_path / "devices" / "mig-spawner" / "0123abcd").mkdir(parents=True)
+    (tmp_path / "devices" / "mig-spawner" / "0123abcd" / "cgroup.procs").write_text("7\n")
+    assert device_cgroup.pids_in_slice_cgroup(lease, groups, scopes) == {7, 41, 42}
+    with pytest.raises(ValueError, match="cannot name a cgroup"):
+        device_cgroup.pids_in_slice_cgroup(type("L", (), {"id": "../x"})(), groups, scopes)

@@ -115,11 +115,13 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     device_baseline: tuple[str, ...] = PSEUDO_DEVICES
     #: Where the cgroup v1 groups are made (tests may point elsewhere).
     cgroups = device_cgroup.SliceCgroups()
+    #: How this host confines servers (tests stand in other kinds of host).
+    host_support = staticmethod(device_cgroup.host_support)
 
     _configured_cmd: list[str] | None = None
     _join: device_cgroup.CgroupJoin | None = None
     _scope_user: str | None = None
-    _warned_unsupported = False
+    _warned = False
 
     # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
 
@@ -227,22 +229,20 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     def isolation_mechanism(self) -> str | None:
         """How this server is confined (``device_cgroup.CGROUP_V1`` or ``SYSTEMD``), or
-        ``None`` when isolation is off. Raises SpawnException when isolation is on
-        (``True``) and the host cannot apply it."""
-        if self.isolation is False or (self.isolation is None and self.simulated):
-            return None
-        support = device_cgroup.host_support()
-        if support.mechanism is not None:
-            return support.mechanism
-        if self.isolation:
+        ``None`` when it is not (``device_cgroup.isolation_plan``). Raises
+        SpawnException when isolation is on (``True``) and the host cannot apply it."""
+        support = self.host_support()
+        try:
+            plan = device_cgroup.isolation_plan(self.isolation, self.simulated, support)
+        except device_cgroup.IsolationUnavailable as e:
             raise admin_error("GPU isolation is on but this host cannot apply it",
-                              Reason.ISOLATION, f"{support.why} (see mig-spawner doctor; "
-                              "LocalMIGSpawner.isolation = False runs without)")
-        if not LocalMIGSpawner._warned_unsupported:
-            LocalMIGSpawner._warned_unsupported = True
+                              Reason.ISOLATION, f"{e} (see mig-spawner doctor; "
+                              "LocalMIGSpawner.isolation = False runs without)") from None
+        if plan is support and plan.mechanism is None and not LocalMIGSpawner._warned:
+            LocalMIGSpawner._warned = True  # once per hub, not once per spawn
             self.log.warning("Servers are NOT confined to their GPU slice: %s "
                              "(mig-spawner doctor, docs/admin-install.md)", support.why)
-        return None
+        return plan.mechanism
 
     def device_numbers(self) -> DeviceNumber:
         """Each rule's device number: the driver's with the real GPUs, the stand-in
