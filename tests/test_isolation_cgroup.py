@@ -25,17 +25,18 @@ from pathlib import Path
 import pytest
 from jupyterhub.objects import Hub
 from jupyterhub.spawner import SpawnException
-from traitlets.config import Config
+from traitlets.config import Config, PyFileConfigLoader
 
 from mig_spawner import device_cgroup, holder
-from mig_spawner.cli import doctor
+from mig_spawner.cli import demo, doctor
+from mig_spawner.cli.main import build_parser
 from mig_spawner.config import load_config_files
 from mig_spawner.core.catalog import capability_minors
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner import SimpleLocalMIGSpawner
-from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules
+from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
 from tests.mocking import User
 from tests.support.system_deps import require_device_cgroup
 
@@ -340,3 +341,27 @@ def test_the_processes_in_a_slices_scope_or_group_hold_it(tmp_path):
     assert device_cgroup.pids_in_slice_cgroup(lease, groups, scopes) == {7, 41, 42}
     with pytest.raises(ValueError, match="cannot name a cgroup"):
         device_cgroup.pids_in_slice_cgroup(type("L", (), {"id": "../x"})(), groups, scopes)
+
+
+def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
+    require_device_cgroup()
+    args = build_parser().parse_args(["demo", "--simulate", "--isolation",
+                                      "--dir", str(tmp_path)])
+    demo.check_isolation(args)  # this host can: no error
+    path = demo.write_config(args, tmp_path)
+    made = demo.make_stand_ins(args, tmp_path)
+    config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    assert config.LocalMIGSpawner.isolation is True
+    s = SimpleLocalMIGSpawner(config=config, user=User("ana", ["analysts"]), hub=Hub())
+    assert s.isolation_mechanism() == device_cgroup.CGROUP_V1
+    with connect(simulate=args.simulate, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        inventory = gpus.inventory()
+    numbers = set()
+    for gpu in inventory.gpus:
+        for d in gpu.mig_devices:
+            rules = device_rules(gpu.minor, d.gi_id, d.ci_id, s.device_dir)
+            assert {r.path for r in rules} <= set(made)
+            numbers |= set(cgroup_v1_rules(rules, s.device_numbers(), baseline=()))
+    # One number per node, none of them a real device of the mem driver.
+    assert {n.split()[1] for n in numbers} == {f"1:{64 + i}" for i in range(len(made))}
+    assert [opens(p) for p in made[:3]] == [errno.ENXIO] * 3
