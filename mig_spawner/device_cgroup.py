@@ -46,7 +46,7 @@ PARENT = "mig-spawner"
 PROC_DEVICES = Path("/proc/devices")
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # as sd_booted() checks
 CGROUP_V1, SYSTEMD = "cgroup v1 devices", "systemd scope (cgroup v2)"
-_LEASE_ID = re.compile(r"[A-Za-z0-9_-]+\Z")
+_LEASE_ID = re.compile(r"[A-Za-z0-9_.-]+\Z")
 
 
 class IsolationUnavailable(Exception):
@@ -126,7 +126,7 @@ def scope_unit(lease_id: str) -> str:
 
 
 def _group_name(lease_id: str) -> str:
-    if not _LEASE_ID.match(lease_id):  # it becomes a path: never "..", never "/"
+    if not _LEASE_ID.match(lease_id) or lease_id in (".", ".."):  # one path component
         raise ValueError(f"lease id {lease_id!r} cannot name a cgroup")
     return lease_id
 
@@ -218,4 +218,7 @@ def pids_in_slice_cgroup(lease: Lease, groups: SliceCgroups | None = None,
     """The PIDs in ``lease``'s device cgroup on this host: its cgroup v1 group or its
     systemd scope. Each is the slice's holder, whatever its environment says."""
     groups = groups or SliceCgroups()
-    return groups.pids(lease.id) | _pids(scopes / scope_unit(lease.id) / "cgroup.procs")
+    try:
+        return groups.pids(lease.id) | _pids(scopes / scope_unit(lease.id) / "cgroup.procs")
+    except ValueError:
+        return set()  # an id no group can be named after has none

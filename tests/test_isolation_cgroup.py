@@ -339,8 +339,11 @@ def test_the_processes_in_a_slices_scope_or_group_hold_it(tmp_path):
     (tmp_path / "devices" / "mig-spawner" / "0123abcd").mkdir(parents=True)
     (tmp_path / "devices" / "mig-spawner" / "0123abcd" / "cgroup.procs").write_text("7\n")
     assert device_cgroup.pids_in_slice_cgroup(lease, groups, scopes) == {7, 41, 42}
+    # An id that cannot name a group has none (and none is ever made for it).
+    assert device_cgroup.pids_in_slice_cgroup(type("L", (), {"id": ".."})(), groups, scopes
+                                              ) == set()
     with pytest.raises(ValueError, match="cannot name a cgroup"):
-        device_cgroup.pids_in_slice_cgroup(type("L", (), {"id": "../x"})(), groups, scopes)
+        groups.create("../x", [])
 
 
 def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
