@@ -1,7 +1,7 @@
 """The kernel's device control on this host: which mechanism confines a server to its
 slice's device nodes, and the per-server cgroup v1 ``devices`` group.
 
-Three kinds of host (docs/admin-install.md, "Isolation"):
+One mechanism per kind of host (docs/admin-install.md, section 5):
 
 * **cgroup v1** with a writable ``devices`` controller (``/sys/fs/cgroup/devices``):
   each server gets its own group ``mig-spawner/<lease id>`` that denies every device
@@ -13,8 +13,14 @@ Three kinds of host (docs/admin-install.md, "Isolation"):
 * **cgroup v2 with systemd**: a transient scope (``systemd-run --scope -p
   DevicePolicy=closed -p DeviceAllow=…``); systemd applies the rules before it starts
   the server (``spawner/isolation.py`` builds the arguments).
-* anything else (cgroup v2 without systemd, a hub that is not root): no mechanism;
-  :func:`host_support` says why, and ``mig-spawner doctor`` shows it.
+* no device cgroup, but the driver's capability nodes in ``/dev/nvidia-caps``:
+  **capability-node permissions**. The slice's GI and CI capability nodes belong to
+  the server's user alone (mode 0400) while the server runs, and every other GI/CI
+  capability node to root alone (:func:`own_capabilities`); without read access to
+  them no process can use another slice. Coarser than a cgroup: per user, not per
+  server, and a file descriptor opened before stays open.
+* anything else (a hub that is not root, no device cgroup and no capability nodes):
+  no mechanism; :func:`host_support` says why, and ``mig-spawner doctor`` shows it.
 
 Only root may move a process between cgroups, and a process running as root may move
 itself out again: the group protects servers that do not run as root.
@@ -45,7 +51,13 @@ V2_SCOPES = CGROUP_FS / "system.slice"
 PARENT = "mig-spawner"
 PROC_DEVICES = Path("/proc/devices")
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # as sd_booted() checks
+CAPS_DIR = Path("/dev/nvidia-caps")
 CGROUP_V1, SYSTEMD = "cgroup v1 devices", "systemd scope (cgroup v2)"
+CAPABILITY_NODES = "capability-node permissions"
+#: Capability minors below this are the host-wide ``config`` (1) and ``monitor`` (2)
+#: capabilities, not a slice's: their permissions are the admin's.
+FIRST_SLICE_CAPABILITY = 3
+_CAP_NODE = re.compile(r"nvidia-cap(\d+)\Z")
 _LEASE_ID = re.compile(r"[A-Za-z0-9_.-]+\Z")
 
 
@@ -63,12 +75,20 @@ class HostSupport:
 
 
 def host_support(fs: Path = CGROUP_FS, systemd_running: Path = SYSTEMD_RUNNING,
-                 is_root: bool | None = None) -> HostSupport:
-    """Which mechanism this host offers (see the module doc); read-only."""
+                 is_root: bool | None = None, caps_dir: Path = CAPS_DIR) -> HostSupport:
+    """Which mechanism this host offers (see the module doc); read-only. With
+    :data:`CAPABILITY_NODES`, ``why`` says why there is no device cgroup."""
     root = os.geteuid() == 0 if is_root is None else is_root
     if not root:
         return HostSupport(None, "the hub does not run as root, and only root may place "
-                           "a server in a device cgroup")
+                           "a server in a device cgroup or give it a capability node")
+    cgroup = _cgroup_support(fs, systemd_running)
+    if cgroup.mechanism is None and caps_dir.is_dir():
+        return HostSupport(CAPABILITY_NODES, cgroup.why)
+    return cgroup
+
+
+def _cgroup_support(fs: Path, systemd_running: Path) -> HostSupport:
     if (fs / "devices" / "devices.allow").exists():
         if not os.access(fs / "devices", os.W_OK):
             return HostSupport(None, f"the cgroup v1 devices controller ({fs / 'devices'}) "
@@ -84,6 +104,34 @@ def host_support(fs: Path = CGROUP_FS, systemd_running: Path = SYSTEMD_RUNNING,
         return HostSupport(SYSTEMD)
     return HostSupport(None, f"no cgroup devices controller under {fs} (neither a cgroup "
                        "v1 devices hierarchy nor cgroup v2)")
+
+
+def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int) -> None:
+    """Give the capability nodes ``mine`` to ``uid``/``gid`` alone (0400), and every
+    other slice's node that root owns to root alone: what a node gets when
+    ``nvidia-modprobe`` makes it (0444 by default) is readable by everyone. Nodes
+    another server's user owns stay theirs."""
+    mine = {str(Path(path)) for path in mine}
+    for node in sorted(caps_dir.iterdir()):
+        match = _CAP_NODE.match(node.name)
+        if match is None or int(match[1]) < FIRST_SLICE_CAPABILITY or str(node) in mine:
+            continue
+        st = node.stat()
+        if st.st_uid == 0 and st.st_mode & 0o077:
+            os.chmod(node, 0o400)
+    for path in mine:
+        os.chown(path, uid, gid)
+        os.chmod(path, 0o400)
+
+
+def return_capabilities(paths: Iterable[str]) -> None:
+    """The capability nodes ``paths`` back to root alone, once their server is gone."""
+    for path in paths:
+        try:
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o400)
+        except FileNotFoundError:
+            continue  # a dynamic instance destroyed with its nodes
 
 
 def isolation_plan(setting: bool | None, simulated: bool, support: HostSupport

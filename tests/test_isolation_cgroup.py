@@ -16,9 +16,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,10 +37,10 @@ from mig_spawner.core.catalog import capability_minors
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import LeaseRequest, Ledger
-from mig_spawner.spawner import SimpleLocalMIGSpawner
+from mig_spawner.spawner import LocalMIGSpawner, SimpleLocalMIGSpawner
 from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
 from tests.mocking import User
-from tests.support.system_deps import require_device_cgroup
+from tests.support.system_deps import missing, require_device_cgroup
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1:layout=1g.18gb*2"  # two slices: ana's, and bob's
@@ -221,18 +223,28 @@ async def test_simulated_gpus_run_unconfined_unless_asked(tmp_path, setting):
 
 
 @pytest.mark.parametrize(("layout", "root", "why"), [
-    (["devices/devices.allow"], False, "does not run as root"),
+    (["devices/devices.allow"], False, "the hub does not run as root"),
     (["cgroup.controllers"], True, "cgroup v2, where device control needs systemd"),
     (["cgroup.controllers", "systemd"], True, "'systemd-run' is not in the hub's PATH"),
     ([], True, "neither a cgroup v1 devices hierarchy nor cgroup v2"),
 ])
-def test_a_host_that_cannot_confine_says_why(tmp_path, monkeypatch, layout, root, why):
+def test_a_host_without_a_device_cgroup_says_why(tmp_path, monkeypatch, layout, root, why):
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     for name in layout:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).touch()
-    support = device_cgroup.host_support(tmp_path, tmp_path / "systemd", is_root=root)
+    support = device_cgroup.host_support(tmp_path, tmp_path / "systemd", is_root=root,
+                                         caps_dir=tmp_path / "nvidia-caps")
     assert support.mechanism is None and why in support.why
+    # Where the driver has capability nodes, their permissions confine servers instead
+    # (when the hub is root, as only root may give them away).
+    (tmp_path / "nvidia-caps").mkdir()
+    support = device_cgroup.host_support(tmp_path, tmp_path / "systemd", is_root=root,
+                                         caps_dir=tmp_path / "nvidia-caps")
+    if root:
+        assert support.mechanism == device_cgroup.CAPABILITY_NODES and why in support.why
+    else:
+        assert support.mechanism is None
 
 
 def test_each_kind_of_host_gets_its_mechanism(tmp_path, monkeypatch):
@@ -250,7 +262,7 @@ def test_each_kind_of_host_gets_its_mechanism(tmp_path, monkeypatch):
 
 
 class NoDeviceControl(SimpleLocalMIGSpawner):
-    host_support = staticmethod(lambda: device_cgroup.HostSupport(None, "no controller"))
+    host_support = staticmethod(lambda **_: device_cgroup.HostSupport(None, "no controller"))
 
 
 async def test_isolation_asked_for_on_a_host_without_it_refuses_the_spawn(tmp_path, caplog):
@@ -267,7 +279,7 @@ async def test_isolation_asked_for_on_a_host_without_it_refuses_the_spawn(tmp_pa
 
 
 class SystemdHost(SimpleLocalMIGSpawner):
-    host_support = staticmethod(lambda: device_cgroup.HostSupport(device_cgroup.SYSTEMD))
+    host_support = staticmethod(lambda **_: device_cgroup.HostSupport(device_cgroup.SYSTEMD))
 
 
 class SystemdHostPerUser(SystemdHost):
@@ -301,6 +313,7 @@ async def test_on_cgroup_v2_the_server_starts_in_a_scope_named_for_its_lease(tmp
 V1 = device_cgroup.HostSupport(device_cgroup.CGROUP_V1)
 NONE = device_cgroup.HostSupport(None, "this host runs cgroup v2, where device control "
                                  "needs systemd (DevicePolicy=), and systemd is not running")
+CAPS = device_cgroup.HostSupport(device_cgroup.CAPABILITY_NODES, NONE.why)
 
 
 @pytest.mark.parametrize(("setting", "simulated", "host", "status", "words"), [
@@ -315,6 +328,9 @@ NONE = device_cgroup.HostSupport(None, "this host runs cgroup v2, where device c
     (None, True, V1, "pass", "off: the GPUs are simulated (LocalMIGSpawner.isolation = "
      "True, or mig-spawner demo --isolation, turns it on)"),
     (True, True, V1, "pass", "(cgroup v1 devices)"),
+    (None, False, CAPS, "pass", "each user's servers can read only their own slices' "
+     "capability nodes (capability-node permissions; no device cgroup: this host runs "
+     "cgroup v2"),
 ])
 def test_doctor_names_how_servers_are_confined_or_why_not(setting, simulated, host, status,
                                                           words):
@@ -324,7 +340,7 @@ def test_doctor_names_how_servers_are_confined_or_why_not(setting, simulated, ho
     assert bool(check.fix) == (status != "pass")
     # The capability nodes are looked for only where servers are to be confined.
     assert doctor.confines(setting, simulated, host) == (
-        status == "fail" or "only its slice" in check.detail)
+        status == "fail" or "only their own" in check.detail or "only its" in check.detail)
 
 
 def test_the_processes_in_a_slices_scope_or_group_hold_it(tmp_path):
@@ -368,3 +384,75 @@ def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
     # One number per node, none of them a real device of the mem driver.
     assert {n.split()[1] for n in numbers} == {f"1:{64 + i}" for i in range(len(made))}
     assert [opens(p) for p in made[:3]] == [errno.ENXIO] * 3
+
+
+class NoCgroupHost(LocalMIGSpawner):
+    """A host with the driver's capability nodes but no device cgroup (cgroup v2 without
+    systemd): the real decision, on a cgroup folder that has neither."""
+
+    host_support = staticmethod(lambda caps_dir: device_cgroup.host_support(
+        Path("/nonexistent"), caps_dir=caps_dir))
+
+
+async def test_without_a_cgroup_a_users_server_reads_only_its_own_capability_nodes(tmp_path):
+    """Capability-node permissions: ana's server runs as a Unix account (nobody here)
+    that may read its slice's GI and CI nodes and no other slice's."""
+    if os.geteuid() != 0:
+        missing("capability-node permissions are given by root (chown)")
+    # The probe runs as nobody: a Python that nobody may run (the test's may be in /root).
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        missing("no system python3 for the probe that runs as nobody")
+    base = Path(tempfile.mkdtemp(prefix="mig-caps-"))  # readable by nobody, unlike tmp_path
+    try:
+        base.chmod(0o755)
+        await _confined_by_capability_nodes(tmp_path, base, python)
+    finally:
+        shutil.rmtree(base)
+
+
+async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str) -> None:
+    SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
+    bob = spawner(tmp_path, "bob")
+    mine = bob.user_policy(bob.policies())
+    with Ledger.open(bob.ledger_url) as ledger:
+        bobs = ledger.claim(LeaseRequest("bob"),
+                            (await bob.claim_decide(mine.offer("small"), mine)).decide)
+    with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        ana_device = next(d for d in gpus.inventory().mig_devices if d.uuid != bobs.mig_uuid)
+    dev = base / "dev"
+    control = [dev / n for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0")]
+    anas = [dev / "nvidia-caps" / f"nvidia-cap{m}"
+            for m in capability_minors(0, ana_device.gi_id, ana_device.ci_id)]
+    bobs_nodes = [dev / "nvidia-caps" / f"nvidia-cap{m}"
+                  for m in capability_minors(0, bobs.gi_id, bobs.ci_id)]
+    for path, number in zip([*control, *anas, *bobs_nodes], [*REAL[:5], (1, 5), (1, 8), (1, 3)],
+                            strict=True):
+        mknod(path, number)
+        path.chmod(0o666 if path in control else 0o444)  # as the driver makes them
+    out = base / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    (base / "probe.py").write_text(PROBE)
+    (base / "probe.py").chmod(0o644)
+
+    s = spawner(tmp_path, "nobody", NoCgroupHost)
+    s.device_dir = str(dev)
+    s.cmd = [python, str(base / "probe.py"), str(out)]
+    paths = [str(p) for p in (*control, *anas, *bobs_nodes)]
+    s.environment = {"PROBE_PATHS": json.dumps(paths)}
+    s.user_options = {"profile": "small"}
+    s.interrupt_timeout = s.term_timeout = 2
+    assert s.isolation_mechanism() == device_cgroup.CAPABILITY_NODES
+    await s.start()
+    try:
+        server, child = wait_for(out / "server.json"), wait_for(out / "child.json")
+    finally:
+        await s.stop()
+        os.kill(wait_for(out / "child.json")["pid"], 9)  # no cgroup finds it: the weakness
+    expected = {**dict.fromkeys(paths[:6], "ok"), **dict.fromkeys(paths[6:], errno.EACCES)}
+    assert server["opens"] == expected and child["opens"] == expected
+    # Given back: ana's nodes are root's alone again, as bob's were made at her start.
+    for path in (*anas, *bobs_nodes):
+        st = path.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o400), path

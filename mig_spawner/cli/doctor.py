@@ -18,7 +18,12 @@ from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
-from ..device_cgroup import HostSupport, IsolationUnavailable, isolation_plan
+from ..device_cgroup import (
+    CAPABILITY_NODES,
+    HostSupport,
+    IsolationUnavailable,
+    isolation_plan,
+)
 from ..gpu import GpuAdapter
 from ..gpu.errors import MIG_CONFIG_DEVICE, MIG_CONFIG_PROC, GpuError
 from ..gpu.nvml import GARBLED_PROCESS_DRIVERS, garbles_process_records
@@ -198,6 +203,11 @@ def check_device_isolation(setting: bool | None, simulated: bool, support: HostS
     except IsolationUnavailable as e:
         return Check(name, Status.FAIL, "LocalMIGSpawner.isolation is True but this host "
                      f"cannot confine servers ({e}): every spawn will fail", CONFINE_FIX)
+    if plan.mechanism == CAPABILITY_NODES:
+        return Check(name, Status.PASS, "each user's servers can read only their own "
+                     "slices' capability nodes (capability-node permissions; no device "
+                     f"cgroup: {plan.why}); this protects servers that do not run as root, "
+                     "user from user, not server from server")
     if plan.mechanism is not None:
         return Check(name, Status.PASS, f"each server can open only its slice's device "
                      f"nodes ({plan.mechanism}); this protects servers that do not run as "

@@ -8,7 +8,8 @@ under a template path: for demos and tests, as JupyterHub's ``simple`` spawner.
 With isolation on (the default with the real driver, where the host can apply it)
 each server can open only its own slice's device nodes: its process joins a cgroup
 v1 ``devices`` group before it runs (``mig_spawner.device_cgroup``), or starts in a
-transient systemd scope on a cgroup v2 host (rules from isolation.py).
+transient systemd scope on a cgroup v2 host (rules from isolation.py), or, with no
+device cgroup, is the only user who may read its slice's capability nodes.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import pwd
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
 from traitlets import Bool, Enum, Unicode
 
 from mig_spawner import device_cgroup, holder
@@ -36,6 +38,7 @@ from .backend import ClaimPlan, SliceSupply
 from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
 from .isolation import (
+    CAPS,
     PSEUDO_DEVICES,
     DeviceNumber,
     DeviceRule,
@@ -85,8 +88,10 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         (which the hub creates first with ``nvidia-modprobe -f``) and the pseudo devices
         (/dev/null, terminals). On a cgroup v1 host the server joins a ``devices`` group
         of its own before it runs; on a cgroup v2 host it starts under ``systemd-run
-        --scope -p DevicePolicy=closed -p DeviceAllow=...``. Needs the hub to run as
-        root; protects servers that do not run as root (root can leave its cgroup).
+        --scope -p DevicePolicy=closed -p DeviceAllow=...``; on a host with no device
+        cgroup, its slice's capability nodes belong to its user alone while it runs.
+        Needs the hub to run as root; protects servers that do not run as root (root
+        can leave its cgroup).
         Without it, ``CUDA_VISIBLE_DEVICES`` only asks CUDA to use the slice: a user
         can change it.
 
@@ -231,7 +236,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         """How this server is confined (``device_cgroup.CGROUP_V1`` or ``SYSTEMD``), or
         ``None`` when it is not (``device_cgroup.isolation_plan``). Raises
         SpawnException when isolation is on (``True``) and the host cannot apply it."""
-        support = self.host_support()
+        support = self.host_support(caps_dir=self._caps_dir)
         try:
             plan = device_cgroup.isolation_plan(self.isolation, self.simulated, support)
         except device_cgroup.IsolationUnavailable as e:
@@ -261,6 +266,32 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         mechanism = self.isolation_mechanism()
         if mechanism is None:
             return
+        rules = await self._slice_rules(lease)
+        if not self.simulated:
+            await self.runtime.run(self._make_capability_nodes, lease, rules)
+        if mechanism == device_cgroup.SYSTEMD:
+            self._scope_user = self.user.name if self.runs_as_user else None
+            self.cmd = [*systemd_run_args(rules, device_cgroup.scope_unit(lease.id),
+                                          self._scope_user), *self._configured_cmd]
+            return
+        try:
+            if mechanism == device_cgroup.CAPABILITY_NODES:
+                uid, gid = self._server_ids()
+                await asyncio.to_thread(device_cgroup.own_capabilities, self._caps_dir,
+                                        _capability_nodes(rules), uid, gid)
+                return
+            allow = cgroup_v1_rules(rules, self.device_numbers(), self.device_baseline)
+            await self.runtime.run(self._make_cgroup, lease.id, allow)
+        except (IsolationError, OSError, ValueError, KeyError) as e:
+            raise admin_error("The hub could not confine the server to its GPU slice",
+                              Reason.ISOLATION, f"lease {lease.id}: {e!r}") from None
+
+    @property
+    def _caps_dir(self) -> Path:
+        return Path(self.device_dir) / "nvidia-caps"
+
+    async def _slice_rules(self, lease: Lease) -> tuple[DeviceRule, ...]:
+        """The device rules of the lease's slice (its GPU's minor read from the GPUs)."""
         inventory = await self.runtime.run(lambda: self.runtime.gpu().inventory())
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
@@ -270,20 +301,14 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
                 f"ci={lease.ci_id} not in the inventory",
             )
-        rules = device_rules(gpu.minor, lease.gi_id, lease.ci_id, self.device_dir)
-        if not self.simulated:
-            await self.runtime.run(self._make_capability_nodes, lease, rules)
-        if mechanism == device_cgroup.SYSTEMD:
-            self._scope_user = self.user.name if self.runs_as_user else None
-            self.cmd = [*systemd_run_args(rules, device_cgroup.scope_unit(lease.id),
-                                          self._scope_user), *self._configured_cmd]
-            return
-        try:
-            allow = cgroup_v1_rules(rules, self.device_numbers(), self.device_baseline)
-            await self.runtime.run(self._make_cgroup, lease.id, allow)
-        except (IsolationError, OSError, ValueError) as e:
-            raise admin_error("The hub could not confine the server to its GPU slice",
-                              Reason.ISOLATION, f"lease {lease.id}: {e}") from None
+        return device_rules(gpu.minor, lease.gi_id, lease.ci_id, self.device_dir)
+
+    def _server_ids(self) -> tuple[int, int]:
+        """The user and group IDs the server runs as (``KeyError``: no such account)."""
+        if not self.runs_as_user:
+            return os.geteuid(), os.getegid()
+        account = pwd.getpwnam(self.user.name)
+        return account.pw_uid, account.pw_gid
 
     def _make_cgroup(self, lease_id: str, allow: list[str]) -> None:
         """Make the lease's group and open it for the child to join; remove the empty
@@ -326,17 +351,27 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
         """The holder check (which counts the processes in the lease's cgroup); once
-        nothing holds the slice, its cgroup goes too."""
+        nothing holds the slice, its cgroup goes too, and its capability nodes go back
+        to root."""
         found = await super().stop_holder(lease)
         if found.state == holder.GONE:
             try:
                 if not await asyncio.to_thread(self.cgroups.remove, lease.id):
                     self.log.warning("Lease %s: its device cgroup is still in use",
                                      lease.id)
-            except OSError as e:
-                self.log.error("Lease %s: its device cgroup could not be removed: %s",
-                               lease.id, e)
+                if self._gave_capabilities():
+                    nodes = _capability_nodes(await self._slice_rules(lease))
+                    await asyncio.to_thread(device_cgroup.return_capabilities, nodes)
+            except (OSError, SpawnException) as e:
+                self.log.error("Lease %s: its server's confinement could not be undone: %s",
+                               lease.id, getattr(e, "log_message", None) or e)
         return found
+
+    def _gave_capabilities(self) -> bool:
+        try:
+            return self.isolation_mechanism() == device_cgroup.CAPABILITY_NODES
+        except SpawnException:
+            return False  # required but impossible: nothing was given
 
     def _make_capability_nodes(self, lease: Lease, rules: tuple[DeviceRule, ...]) -> None:
         if all(os.path.exists(rule.path) for rule in rules if rule.access == "r"):
@@ -372,6 +407,10 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
     """
 
     runs_as_user = False
+
+
+def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
+    return [rule.path for rule in rules if rule.driver == CAPS]
 
 
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:
