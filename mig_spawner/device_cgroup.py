@@ -106,18 +106,23 @@ def _cgroup_support(fs: Path, systemd_running: Path) -> HostSupport:
                        "v1 devices hierarchy nor cgroup v2)")
 
 
-def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int) -> None:
+def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int,
+                     held: Iterable[str] = ()) -> None:
     """Give the capability nodes ``mine`` to ``uid``/``gid`` alone (0400), and every
-    other slice's node that root owns to root alone: what a node gets when
-    ``nvidia-modprobe`` makes it (0444 by default) is readable by everyone. Nodes
-    another server's user owns stay theirs."""
+    other slice's node but those of slices still ``held`` by other servers to root
+    alone: a node as ``nvidia-modprobe`` makes it (0444 by default) is readable by
+    everyone, and one a finished server's user still owns (its lease released where
+    the nodes were not given back: by the slice service, or a hub that died) by
+    that user."""
     mine = {str(Path(path)) for path in mine}
+    keep = mine | {str(Path(path)) for path in held}
     for node in sorted(caps_dir.iterdir()):
         match = _CAP_NODE.match(node.name)
-        if match is None or int(match[1]) < FIRST_SLICE_CAPABILITY or str(node) in mine:
+        if match is None or int(match[1]) < FIRST_SLICE_CAPABILITY or str(node) in keep:
             continue
         st = node.stat()
-        if st.st_uid == 0 and st.st_mode & 0o077:
+        if st.st_uid or st.st_gid or stat.S_IMODE(st.st_mode) != 0o400:
+            os.chown(node, 0, 0)
             os.chmod(node, 0o400)
     for path in mine:
         os.chown(path, uid, gid)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -386,6 +387,9 @@ def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
     assert [opens(p) for p in made[:3]] == [errno.ENXIO] * 3
 
 
+NOBODY, BOBS_UID = pwd.getpwnam("nobody").pw_uid, 4242
+
+
 class NoCgroupHost(LocalMIGSpawner):
     """A host with the driver's capability nodes but no device cgroup (cgroup v2 without
     systemd): the real decision, on a cgroup folder that has neither."""
@@ -426,10 +430,17 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
             for m in capability_minors(0, ana_device.gi_id, ana_device.ci_id)]
     bobs_nodes = [dev / "nvidia-caps" / f"nvidia-cap{m}"
                   for m in capability_minors(0, bobs.gi_id, bobs.ci_id)]
-    for path, number in zip([*control, *anas, *bobs_nodes], [*REAL[:5], (1, 5), (1, 8), (1, 3)],
-                            strict=True):
+    # A node of a slice no lease holds, still nobody's since an earlier server of theirs
+    # (its lease released by the slice service, which gives no nodes back).
+    stale = dev / "nvidia-caps" / "nvidia-cap30"
+    for path, number in zip([*control, *anas, *bobs_nodes, stale],
+                            [*REAL[:5], (1, 5), (1, 8), (1, 3), (1, 7)], strict=True):
         mknod(path, number)
         path.chmod(0o666 if path in control else 0o444)  # as the driver makes them
+    for path in bobs_nodes:  # as bob's server's start left them: his alone
+        os.chown(path, BOBS_UID, BOBS_UID)
+        path.chmod(0o400)
+    os.chown(stale, NOBODY, NOBODY)
     out = base / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -439,7 +450,7 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
     s = spawner(tmp_path, "nobody", NoCgroupHost)
     s.device_dir = str(dev)
     s.cmd = [python, str(base / "probe.py"), str(out)]
-    paths = [str(p) for p in (*control, *anas, *bobs_nodes)]
+    paths = [str(p) for p in (*control, *anas, *bobs_nodes, stale)]
     s.environment = {"PROBE_PATHS": json.dumps(paths)}
     s.user_options = {"profile": "small"}
     s.interrupt_timeout = s.term_timeout = 2
@@ -452,7 +463,10 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
         os.kill(wait_for(out / "child.json")["pid"], 9)  # no cgroup finds it: the weakness
     expected = {**dict.fromkeys(paths[:6], "ok"), **dict.fromkeys(paths[6:], errno.EACCES)}
     assert server["opens"] == expected and child["opens"] == expected
-    # Given back: ana's nodes are root's alone again, as bob's were made at her start.
-    for path in (*anas, *bobs_nodes):
-        st = path.stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o400), path
+    # Given back: ana's nodes are root's alone again, as the stale one was made at her
+    # start; bob's stay his while his lease holds them.
+    def owner(path: Path) -> tuple[int, int]:
+        return path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)
+
+    assert [owner(p) for p in (*anas, stale)] == [(0, 0o400)] * 3
+    assert [owner(p) for p in bobs_nodes] == [(BOBS_UID, 0o400)] * 2

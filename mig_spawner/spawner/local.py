@@ -277,8 +277,9 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         try:
             if mechanism == device_cgroup.CAPABILITY_NODES:
                 uid, gid = self._server_ids()
+                held = await self.runtime.run(self._held_capability_nodes, lease.id)
                 await asyncio.to_thread(device_cgroup.own_capabilities, self._caps_dir,
-                                        _capability_nodes(rules), uid, gid)
+                                        _capability_nodes(rules), uid, gid, held)
                 return
             allow = cgroup_v1_rules(rules, self.device_numbers(), self.device_baseline)
             await self.runtime.run(self._make_cgroup, lease.id, allow)
@@ -302,6 +303,19 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 f"ci={lease.ci_id} not in the inventory",
             )
         return device_rules(gpu.minor, lease.gi_id, lease.ci_id, self.device_dir)
+
+    def _held_capability_nodes(self, lease_id: str) -> list[str]:
+        """The capability nodes of the slices other leases hold on this host (runtime
+        thread): their servers keep them."""
+        inventory = self.runtime.gpu().inventory()
+        nodes = []
+        for other in self.runtime.ledger().active():
+            gpu = inventory.gpu_by_uuid(other.gpu_uuid or "")
+            if other.id != lease_id and gpu and other.gi_id is not None and (
+                    other.ci_id is not None):
+                nodes += _capability_nodes(device_rules(gpu.minor, other.gi_id, other.ci_id,
+                                                        self.device_dir))
+        return nodes
 
     def _server_ids(self) -> tuple[int, int]:
         """The user and group IDs the server runs as (``KeyError``: no such account)."""
