@@ -137,7 +137,7 @@ def wait_for(path: Path, timeout: float = 15.0) -> dict:
     return json.loads(path.read_text())
 
 
-async def test_a_server_opens_only_its_own_slices_nodes(tmp_path, monkeypatch):
+async def test_a_server_opens_only_its_own_slices_nodes(tmp_path):
     hierarchy = require_device_cgroup()
     SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
     # Bob holds one slice, so ana's server gets the other.
