@@ -28,10 +28,13 @@ c.LocalMIGSpawner.strategy = "pack"
 # beside the hub database; for PostgreSQL see docs/ledger.md.
 c.MIGSettings.ledger_url = ""
 
-# CUDA_VISIBLE_DEVICES only asks CUDA to use the slice; a user can change it. With
-# isolation on, each server runs in a systemd scope whose device cgroup admits only its
-# slice's device nodes (needs systemd and nvidia-modprobe; see docs/admin-install.md).
-c.LocalMIGSpawner.isolation = False
+# CUDA_VISIBLE_DEVICES only asks CUDA to use the slice; a user can change it. The kernel
+# enforces it: with the real driver, each server (and all it starts) can open only its
+# own slice's device nodes, through a cgroup v1 devices group or, on cgroup v2, a systemd
+# scope. Needs the hub to run as root; protects servers that do not run as root.
+# Unset (the default): on wherever this host can (`mig-spawner doctor` says how, or why
+# not), off with simulated GPUs. True: on, or every spawn fails. False: off.
+# c.LocalMIGSpawner.isolation = True
 
 # No GPU on this machine? Try everything with the NVML simulator instead (shared, like
 # the ledger, by the hub, the slice service and the mig-spawner command):

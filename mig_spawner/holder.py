@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mig_spawner.device_cgroup import pids_in_slice_cgroup
 from mig_spawner.kube.availability import ClusterReadError
 from mig_spawner.kube.cluster import TERMINATED_PHASES
 from mig_spawner.kube.pods import delete_pod, pod_uid, read_pod
@@ -145,6 +146,8 @@ def check(lease: Lease, host: str | None = None) -> HolderCheck:
     if recorded_host not in (None, host):
         return HolderCheck(UNKNOWN, why=f"its server runs on host {recorded_host}, not here")
     processes = set(processes_of(lease))
+    # A process in the slice's device cgroup holds it, whatever its environment says.
+    processes |= {p for p in map(current, pids_in_slice_cgroup(lease)) if p is not None}
     if lease.holder_pid is not None and lease.holder_start is not None:
         recorded = Process(lease.holder_pid, lease.holder_start)
         if alive(recorded):

@@ -399,7 +399,7 @@ def test_doctor_with_mig_pending_skips_the_profile_checks_and_says_why():
         assert checks[name]["status"] == "skip", checks[name]
         assert "MIG is not enabled on any GPU (see MIG mode)" in checks[name]["detail"]
     assert "no profiles are offered" not in out.stdout
-    # The shipped config leaves isolation off: no device nodes to look for.
+    # Simulated GPUs leave isolation off by default: no device nodes to look for.
     assert checks["isolation device nodes"]["status"] == "skip"
     assert json.loads(out.stdout)["skipped"] == 4
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mig_spawner.spawner.isolation import (
+    PSEUDO_DEVICES,
     IsolationError,
     cap_minors,
     capability_paths,
+    cgroup_v1_rules,
     device_rules,
+    driver_majors,
+    driver_numbers,
     systemd_properties,
     systemd_run_args,
 )
@@ -70,3 +74,47 @@ def test_capability_paths_for_nvidia_modprobe():
         "/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access",
         "/proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access",
     )
+
+
+PROC_DEVICES = """Character devices:
+  1 mem
+  5 /dev/tty
+195 nvidia-frontend
+234 nvidia-uvm
+237 nvidia-caps
+
+Block devices:
+  8 sd
+238 nvidia-caps
+"""
+
+
+def test_device_numbers_come_from_the_drivers_majors():
+    majors = driver_majors(PROC_DEVICES)
+    assert majors["nvidia-caps"] == 237  # the character device, not a block one
+    rules = device_rules(1, 3, 0)
+    assert cgroup_v1_rules(rules, driver_numbers(majors), baseline=()) == [
+        "c 195:255 rw", "c 234:0 rw", "c 234:1 rw", "c 195:1 rw", "c 237:165 r", "c 237:166 r"]
+    # The pseudo devices come first, as systemd's DevicePolicy=closed admits them.
+    assert cgroup_v1_rules(rules, driver_numbers(majors))[:len(PSEUDO_DEVICES)] == list(
+        PSEUDO_DEVICES)
+    # Some driver builds register the GPUs' major as plain "nvidia".
+    plain = driver_majors(PROC_DEVICES.replace("nvidia-frontend", "nvidia"))
+    assert cgroup_v1_rules(rules[:1], driver_numbers(plain), ()) == ["c 195:255 rw"]
+
+
+def test_a_driver_without_mig_capabilities_is_named():
+    majors = driver_majors(PROC_DEVICES.replace("237 nvidia-caps\n", ""))
+    with pytest.raises(IsolationError, match="no 'nvidia-caps' device"):
+        cgroup_v1_rules(device_rules(0, 1, 0), driver_numbers(majors))
+
+
+def test_rules_name_nodes_where_the_device_dir_is():
+    assert [r.path for r in device_rules(0, 1, 0, "/tmp/dev/")][-2:] == [
+        "/tmp/dev/nvidia-caps/nvidia-cap12", "/tmp/dev/nvidia-caps/nvidia-cap13"]
+
+
+def test_a_scope_named_for_the_lease_becomes_the_user():
+    args = systemd_run_args(device_rules(0, 1, 0), "mig-spawner-abc.scope", "ana")
+    assert args[-4:] == ["--unit=mig-spawner-abc.scope", "--slice=system.slice",
+                         "--uid=ana", "--"]

@@ -8,7 +8,11 @@ limits short enough to watch it cull (``--kernel-idle``, ``--server-idle``); the
 demo admin (a hub admin) opens its slice map. With ``--simulate`` the GPUs are the NVML simulator
 (a pre-partitioned 3 x H200 by default, shared with ``mig-spawner status -f
 .demo/demo_config.py``); without it, the real driver. Servers run as the hub's own user
-(``mig-simple``): a demo, not a deployment (docs/admin-install.md).
+(``mig-simple``): a demo, not a deployment (docs/admin-install.md). ``--isolation``
+confines each server to its slice's device nodes (root and a device cgroup needed); with
+simulated GPUs the nodes are stand-ins under the demo's folder, which no driver backs:
+opening one's own gives "No such device or address", another slice's "Operation not
+permitted".
 """
 
 from __future__ import annotations
@@ -177,6 +181,10 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
             f"c.MIGSettings.simulate = {args.simulate!r}",
             f'c.MIGSettings.sim_state_file = "{workdir}/sim-gpus.json"',
         ]
+    if args.isolation:
+        lines.append("c.LocalMIGSpawner.isolation = True")
+        if args.simulate:
+            lines.append(f'c.LocalMIGSpawner.device_dir = "{stand_in_dir(workdir)}"')
     lines += [
         "# The hub's start-up check, as the shipped jupyterhub_config.py runs it.",
         "from mig_spawner.spawner.startup import check_hub_config  # noqa: E402",
@@ -184,6 +192,53 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def stand_in_dir(workdir: Path) -> Path:
+    """Where ``--isolation --simulate`` makes the simulated GPUs' device nodes."""
+    return workdir / "dev"
+
+
+def check_isolation(args: argparse.Namespace) -> None:
+    """``--isolation`` on a host that cannot confine servers: one error line, exit 2."""
+    from mig_spawner.device_cgroup import host_support
+
+    support = host_support()
+    if args.isolation and support.mechanism is None:
+        raise SystemExit(f"error: --isolation: this host cannot confine servers: "
+                         f"{support.why} (mig-spawner doctor)")
+
+
+#: Stand-in nodes get device numbers of the mem driver that it does not back (it has
+#: minors 1-11): a confined server's open of its own node fails with ENXIO, of another
+#: slice's with EPERM, and no stand-in is a real device.
+STAND_IN_MAJOR, STAND_IN_FIRST_MINOR = 1, 64
+
+
+def make_stand_ins(args: argparse.Namespace, workdir: Path) -> list[str]:
+    """The device nodes every simulated MIG device would have under
+    :func:`stand_in_dir` (control nodes, GPUs, GI and CI capabilities), made with
+    mknod; returns their paths."""
+    import stat
+
+    from mig_spawner.gpu import connect
+
+    from ..spawner.isolation import device_rules
+
+    adapter = connect(simulate=args.simulate, state_file=str(workdir / "sim-gpus.json"))
+    try:
+        inventory = adapter.inventory()
+    finally:
+        adapter.close()
+    dev = stand_in_dir(workdir)
+    shutil.rmtree(dev, ignore_errors=True)
+    paths = sorted({rule.path for g in inventory.gpus for d in g.mig_devices
+                    for rule in device_rules(g.minor, d.gi_id, d.ci_id, str(dev))})
+    for i, path in enumerate(paths):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(path, 0o666 | stat.S_IFCHR,
+                 os.makedev(STAND_IN_MAJOR, STAND_IN_FIRST_MINOR + i))
+    return paths
 
 
 def who_sees_what(args: argparse.Namespace, workdir: Path) -> str:
@@ -236,6 +291,10 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
         f"{NAMED_SERVER_LIMIT} a user), so each group's per-user limit can be tried.",
         "The CLI on the demo's GPUs, ledger and policies: "
         f"mig-spawner doctor -f {workdir_config(workdir)} (also status, report).",
+        *([f"Isolation: each server can open only its slice's device nodes "
+           f"({stand_in_dir(workdir) if args.simulate else '/dev'}/nvidia-caps/...; "
+           "servers run as the hub's user, and a root server could leave its cgroup)."]
+          if args.isolation else []),
         f"State and logs: {workdir}.",
         # In the background (``make demo &``, nohup) SIGINT is ignored: Ctrl-C cannot
         # reach the demo there, SIGTERM (run() passes it on to the hub) can.
@@ -246,12 +305,15 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_isolation(args)
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     # Each demo starts from freshly partitioned GPUs (the last run's servers are gone),
     # and may use another --simulate spec than the last run.
     (workdir / "sim-gpus.json").unlink(missing_ok=True)
     config = write_config(args, workdir)
+    if args.isolation and args.simulate:
+        make_stand_ins(args, workdir)
     print(who_sees_what(args, workdir))
     print(f"\n{banner(args, workdir)}\n", flush=True)
     hub = subprocess.Popen(
@@ -279,6 +341,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         const=DEMO_SPEC,
         help=f"use simulated GPUs (default spec: {DEMO_SPEC}); without it, the real driver",
+    )
+    p.add_argument(
+        "--isolation",
+        action="store_true",
+        help="confine each server to its slice's device nodes (needs root and a device "
+             "cgroup; with --simulate, on stand-in nodes in the demo's folder)",
     )
     p.add_argument("--ip", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000,

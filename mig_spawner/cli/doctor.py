@@ -18,6 +18,12 @@ from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
+from ..device_cgroup import (
+    CAPABILITY_NODES,
+    HostSupport,
+    IsolationUnavailable,
+    isolation_plan,
+)
 from ..gpu import GpuAdapter
 from ..gpu.errors import (
     MIG_CONFIG_DEVICE,
@@ -186,6 +192,51 @@ def check_isolation_nodes(inv: Inventory, dev_root: str = "/") -> Check:
     )
 
 
+# What an admin can do on a host that cannot confine servers.
+CONFINE_FIX = ("run the hub as root; on cgroup v2, under systemd with 'systemd-run' in its "
+               "PATH; or accept unconfined servers with LocalMIGSpawner.isolation = False "
+               "(docs/admin-install.md, section 5)")
+
+
+def check_device_isolation(setting: bool | None, simulated: bool, support: HostSupport
+                           ) -> Check:
+    """Whether the kernel confines each server to its slice's device nodes, and how
+    (``setting``: ``LocalMIGSpawner.isolation``; ``support``: what this host offers)."""
+    name = "device isolation"
+    try:
+        plan = isolation_plan(setting, simulated, support)
+    except IsolationUnavailable as e:
+        return Check(name, Status.FAIL, "LocalMIGSpawner.isolation is True but this host "
+                     f"cannot confine servers ({e}): every spawn will fail", CONFINE_FIX)
+    if plan.mechanism == CAPABILITY_NODES:
+        return Check(name, Status.PASS, "each user's servers can read only their own "
+                     "slices' capability nodes (capability-node permissions; no device "
+                     f"cgroup: {plan.why}); this protects servers that do not run as root, "
+                     "user from user, not server from server")
+    if plan.mechanism is not None:
+        return Check(name, Status.PASS, f"each server can open only its slice's device "
+                     f"nodes ({plan.mechanism}); this protects servers that do not run as "
+                     "root: a root process can leave its cgroup")
+    if setting is False:
+        return Check(name, Status.WARN, "off (LocalMIGSpawner.isolation = False): "
+                     "CUDA_VISIBLE_DEVICES only asks CUDA to use a slice; any server can "
+                     "open another server's slice",
+                     "remove the setting: servers are then confined wherever this host can "
+                     "(docs/admin-install.md, section 5)")
+    if simulated:
+        return Check(name, Status.PASS, f"off: {plan.why}")
+    return Check(name, Status.WARN, f"servers are NOT confined to their slice: {plan.why}",
+                 CONFINE_FIX)
+
+
+def confines(setting: bool | None, simulated: bool, support: HostSupport) -> bool:
+    """Whether servers are to be confined (then their capability nodes must exist)."""
+    try:
+        return isolation_plan(setting, simulated, support).mechanism is not None
+    except IsolationUnavailable:
+        return True  # required: every spawn fails, and the nodes would be needed too
+
+
 def check_privilege(can_configure: bool, mode: str) -> Check:
     if can_configure:
         return Check(
@@ -299,7 +350,8 @@ def run_checks(
 
     ``offered_for`` reads the hub's config for this host's GPU models and returns the
     profiles its groups can be given and the configured mode; ``mode`` overrides that.
-    ``isolation``: the spawner's setting (``None``: not known, the nodes are checked).
+    ``isolation``: whether servers are confined (``None``: not known, the nodes are
+    checked; :func:`check_device_isolation` says why not).
     A check that an earlier failure makes meaningless is SKIP, naming that failure.
     """
     try:
@@ -352,7 +404,7 @@ def run_checks(
             checks.append(check_offered_profiles(inv, offered, mode))
         if isolation is False:
             checks += skipped(["isolation device nodes"],
-                              "isolation is off in the hub's config (LocalMIGSpawner.isolation)")
+                              "servers are not confined to their slice (see device isolation)")
         elif mig_off:
             checks += skipped(["isolation device nodes"], off_reason)
         else:
@@ -387,10 +439,11 @@ def render_json(checks: list[Check]) -> str:
                        "skipped": sum(c.status is Status.SKIP for c in checks)}, indent=2)
 
 
-def configured_isolation(config: Config) -> bool:
-    """Whether the hub's config turns the local spawner's isolation on (off by default)."""
-    return any(bool(section["isolation"]) for section in config.values()
-               if isinstance(section, Config) and "isolation" in section)
+def configured_isolation(config: Config) -> bool | None:
+    """The hub's ``LocalMIGSpawner.isolation`` (``None``, the default: where the host can)."""
+    values = [section["isolation"] for section in config.values()
+              if isinstance(section, Config) and "isolation" in section]
+    return None if not values or values[-1] is None else bool(values[-1])
 
 
 def config_checks(config: Config) -> list[Check]:

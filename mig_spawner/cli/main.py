@@ -76,10 +76,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         def offered_for(models):
             return offered_profiles_from_config(args.config_dir, models)
 
+    from ..config import MIGSettings
+    from ..device_cgroup import host_support
+
     config = hub_config(args) if args.config_dir else None
-    isolation = None if config is None else doctor.configured_isolation(config)
+    setting = None if config is None else doctor.configured_isolation(config)
+    simulated = bool(MIGSettings(config=hub_config(args)).simulate)
+    support = host_support()
     checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode,
-                               isolation=isolation)
+                               isolation=doctor.confines(setting, simulated, support))
+    checks.append(doctor.check_device_isolation(setting, simulated, support))
     if config is not None:
         checks += doctor.config_checks(config)
     print(doctor.render_json(checks) if args.json else doctor.render(checks))

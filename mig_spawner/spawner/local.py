@@ -5,18 +5,28 @@ JupyterHub's default ``LocalProcessSpawner``. ``SimpleLocalMIGSpawner``
 (``mig-simple``) runs every server as the hub's own user with a per-user home
 under a template path: for demos and tests, as JupyterHub's ``simple`` spawner.
 
-With ``isolation = True`` each server starts inside a transient systemd scope
-whose device cgroup admits only its own slice's device nodes (isolation.py).
+With isolation on (the default with the real driver, where the host can apply it)
+each server can open only its own slice's device nodes: its process joins a cgroup
+v1 ``devices`` group before it runs (``mig_spawner.device_cgroup``), or starts in a
+transient systemd scope on a cgroup v2 host (rules from isolation.py), or, with no
+device cgroup, is the only user who may read its slice's capability nodes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import pwd
 import shutil
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
 from traitlets import Bool, Enum, Unicode
 
+from mig_spawner import device_cgroup, holder
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
@@ -27,7 +37,19 @@ from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 from .backend import ClaimPlan, SliceSupply
 from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
-from .isolation import capability_paths, device_rules, systemd_run_args
+from .isolation import (
+    CAPS,
+    PSEUDO_DEVICES,
+    DeviceNumber,
+    DeviceRule,
+    IsolationError,
+    capability_paths,
+    cgroup_v1_rules,
+    device_rules,
+    driver_majors,
+    driver_numbers,
+    systemd_run_args,
+)
 from .mixin import MIGSpawnerMixin
 
 
@@ -57,15 +79,35 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     ).tag(config=True)
 
     isolation = Bool(
-        False,
-        help="""Confine each server to its slice with the device cgroup (needs systemd).
+        None,
+        allow_none=True,
+        help="""Confine each server to its slice with the kernel's device cgroup.
 
-        The server starts under ``systemd-run --scope -p DevicePolicy=closed
-        -p DeviceAllow=...`` allowing only /dev/nvidiactl, /dev/nvidia-uvm(-tools), its
-        GPU's /dev/nvidia<N> and its GI/CI capability nodes, which the hub creates first
-        with ``nvidia-modprobe -f``. Without it, ``CUDA_VISIBLE_DEVICES`` only asks CUDA
-        to use the slice: a user can change it. See docs/admin-install.md.
+        The server and everything it starts can open only /dev/nvidiactl,
+        /dev/nvidia-uvm(-tools), its GPU's /dev/nvidia<N>, its GI/CI capability nodes
+        (which the hub creates first with ``nvidia-modprobe -f``) and the pseudo devices
+        (/dev/null, terminals). On a cgroup v1 host the server joins a ``devices`` group
+        of its own before it runs; on a cgroup v2 host it starts under ``systemd-run
+        --scope -p DevicePolicy=closed -p DeviceAllow=...``; on a host with no device
+        cgroup, its slice's capability nodes belong to its user alone while it runs.
+        Needs the hub to run as root; protects servers that do not run as root (root
+        can leave its cgroup).
+        Without it, ``CUDA_VISIBLE_DEVICES`` only asks CUDA to use the slice: a user
+        can change it.
+
+        ``None`` (default): on with the real driver where this host can apply it (else
+        off, with a warning in the log; ``mig-spawner doctor`` says why), off with
+        simulated GPUs. ``True``: on; a spawn fails when the host cannot apply it.
+        ``False``: off. See docs/admin-install.md.
         """,
+    ).tag(config=True)
+
+    device_dir = Unicode(
+        "/dev",
+        help="""Where the NVIDIA device nodes are (with isolation on). With the real
+        driver the rules' device numbers come from the driver (/proc/devices); with
+        simulated GPUs, from the nodes here: stand-ins, as ``mig-spawner demo
+        --simulate --isolation`` makes them.""",
     ).tag(config=True)
 
     nvidia_modprobe = Unicode(
@@ -73,7 +115,18 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         help="Command that creates the MIG capability device nodes (with isolation on).",
     ).tag(config=True)
 
+    #: What a confined server may open besides its slice: the pseudo devices, as
+    #: systemd's ``DevicePolicy=closed`` admits them (cgroup v1 only; tests narrow it).
+    device_baseline: tuple[str, ...] = PSEUDO_DEVICES
+    #: Where the cgroup v1 groups are made (tests may point elsewhere).
+    cgroups = device_cgroup.SliceCgroups()
+    #: How this host confines servers (tests stand in other kinds of host).
+    host_support = staticmethod(device_cgroup.host_support)
+
     _configured_cmd: list[str] | None = None
+    _join: device_cgroup.CgroupJoin | None = None
+    _scope_user: str | None = None
+    _warned = False
 
     # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
 
@@ -172,13 +225,74 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         return lease
 
 
+    # --- isolation ---------------------------------------------------------------
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the GPUs are the NVML simulator's (``c.MIGSettings.simulate``)."""
+        return bool(self.runtime.key.simulate)
+
+    def isolation_mechanism(self) -> str | None:
+        """How this server is confined (``device_cgroup.CGROUP_V1`` or ``SYSTEMD``), or
+        ``None`` when it is not (``device_cgroup.isolation_plan``). Raises
+        SpawnException when isolation is on (``True``) and the host cannot apply it."""
+        support = self.host_support(caps_dir=self._caps_dir)
+        try:
+            plan = device_cgroup.isolation_plan(self.isolation, self.simulated, support)
+        except device_cgroup.IsolationUnavailable as e:
+            raise admin_error("GPU isolation is on but this host cannot apply it",
+                              Reason.ISOLATION, f"{e} (see mig-spawner doctor; "
+                              "LocalMIGSpawner.isolation = False runs without)") from None
+        if plan is support and plan.mechanism is None and not LocalMIGSpawner._warned:
+            LocalMIGSpawner._warned = True  # once per hub, not once per spawn
+            self.log.warning("Servers are NOT confined to their GPU slice: %s "
+                             "(mig-spawner doctor, docs/admin-install.md)", support.why)
+        return plan.mechanism
+
+    def device_numbers(self) -> DeviceNumber:
+        """Each rule's device number: the driver's with the real GPUs, the stand-in
+        node's with simulated ones (:attr:`device_dir`)."""
+        if self.simulated:
+            return lambda rule: device_cgroup.node_number(rule.path)
+        return driver_numbers(driver_majors(device_cgroup.read_proc_devices()))
+
     async def prepare_slice(self, lease: Lease) -> None:
-        """With isolation on: create the slice's capability nodes, wrap the command."""
+        """With isolation on: create the slice's capability nodes, then its device cgroup
+        (v1) or the ``systemd-run`` command around the server's (v2)."""
         if self._configured_cmd is None:
             self._configured_cmd = list(self.cmd)
-        if not self.isolation:
-            self.cmd = list(self._configured_cmd)
+        self.cmd = list(self._configured_cmd)
+        self._scope_user = None
+        mechanism = self.isolation_mechanism()
+        if mechanism is None:
             return
+        rules = await self._slice_rules(lease)
+        if not self.simulated:
+            await self.runtime.run(self._make_capability_nodes, lease, rules)
+        if mechanism == device_cgroup.SYSTEMD:
+            self._scope_user = self.user.name if self.runs_as_user else None
+            self.cmd = [*systemd_run_args(rules, device_cgroup.scope_unit(lease.id),
+                                          self._scope_user), *self._configured_cmd]
+            return
+        try:
+            if mechanism == device_cgroup.CAPABILITY_NODES:
+                uid, gid = self._server_ids()
+                held = await self.runtime.run(self._held_capability_nodes, lease.id)
+                await asyncio.to_thread(device_cgroup.own_capabilities, self._caps_dir,
+                                        _capability_nodes(rules), uid, gid, held)
+                return
+            allow = cgroup_v1_rules(rules, self.device_numbers(), self.device_baseline)
+            await self.runtime.run(self._make_cgroup, lease.id, allow)
+        except (IsolationError, OSError, ValueError, KeyError) as e:
+            raise admin_error("The hub could not confine the server to its GPU slice",
+                              Reason.ISOLATION, f"lease {lease.id}: {e!r}") from None
+
+    @property
+    def _caps_dir(self) -> Path:
+        return Path(self.device_dir) / "nvidia-caps"
+
+    async def _slice_rules(self, lease: Lease) -> tuple[DeviceRule, ...]:
+        """The device rules of the lease's slice (its GPU's minor read from the GPUs)."""
         inventory = await self.runtime.run(lambda: self.runtime.gpu().inventory())
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
@@ -188,18 +302,102 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
                 f"ci={lease.ci_id} not in the inventory",
             )
-        await self.runtime.run(self._make_capability_nodes, lease)
-        rules = device_rules(gpu.minor, lease.gi_id, lease.ci_id)
-        self.cmd = [*systemd_run_args(rules), *self._configured_cmd]
+        return device_rules(gpu.minor, lease.gi_id, lease.ci_id, self.device_dir)
 
-    def _make_capability_nodes(self, lease: Lease) -> None:
+    def _held_capability_nodes(self, lease_id: str) -> list[str]:
+        """The capability nodes of the slices other leases hold on this host (runtime
+        thread): their servers keep them."""
+        inventory = self.runtime.gpu().inventory()
+        nodes = []
+        for other in self.runtime.ledger().active():
+            gpu = inventory.gpu_by_uuid(other.gpu_uuid or "")
+            if other.id != lease_id and gpu and other.gi_id is not None and (
+                    other.ci_id is not None):
+                nodes += _capability_nodes(device_rules(gpu.minor, other.gi_id, other.ci_id,
+                                                        self.device_dir))
+        return nodes
+
+    def _server_ids(self) -> tuple[int, int]:
+        """The user and group IDs the server runs as (``KeyError``: no such account)."""
+        if not self.runs_as_user:
+            return os.geteuid(), os.getegid()
+        account = pwd.getpwnam(self.user.name)
+        return account.pw_uid, account.pw_gid
+
+    def _make_cgroup(self, lease_id: str, allow: list[str]) -> None:
+        """Make the lease's group and open it for the child to join; remove the empty
+        groups of leases this ledger knows ended (released by the slice service, or
+        by a hub that died before it removed them). On the runtime's thread."""
+        for old in self.cgroups.leftovers():
+            ended = self.runtime.ledger().get(old) if old != lease_id else None
+            if ended is not None and not ended.held:
+                self.cgroups.remove(old)
+        self.cgroups.create(lease_id, allow)
+        self._join = self.cgroups.joiner(lease_id)
+
+    #: Whether servers run as their user's Unix account (``SimpleLocalMIGSpawner``: no).
+    runs_as_user = True
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        """Join the slice's cgroup first (still root), then become the user. In a
+        systemd scope, systemd-run becomes the user itself (it must start as root)."""
+        if self._scope_user is not None:
+            home = pwd.getpwnam(name).pw_dir
+            return lambda: os.chdir(home) if os.path.isdir(home) else None
+        then = super().make_preexec_fn(name)
+        join = self._join
+        if join is None:
+            return then
+
+        def preexec() -> None:
+            join()
+            then()
+
+        return preexec
+
+    async def start(self) -> Any:
+        try:
+            return await super().start()
+        finally:
+            if self._join is not None:
+                self._join.close()  # the child has joined (or was never started)
+                self._join = None
+
+    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
+        """The holder check (which counts the processes in the lease's cgroup); once
+        nothing holds the slice, its cgroup goes too, and its capability nodes go back
+        to root."""
+        found = await super().stop_holder(lease)
+        if found.state == holder.GONE:
+            try:
+                if not await asyncio.to_thread(self.cgroups.remove, lease.id):
+                    self.log.warning("Lease %s: its device cgroup is still in use",
+                                     lease.id)
+                if self._gave_capabilities():
+                    nodes = _capability_nodes(await self._slice_rules(lease))
+                    await asyncio.to_thread(device_cgroup.return_capabilities, nodes)
+            except (OSError, SpawnException) as e:
+                self.log.error("Lease %s: its server's confinement could not be undone: %s",
+                               lease.id, getattr(e, "log_message", None) or e)
+        return found
+
+    def _gave_capabilities(self) -> bool:
+        try:
+            return self.isolation_mechanism() == device_cgroup.CAPABILITY_NODES
+        except SpawnException:
+            return False  # required but impossible: nothing was given
+
+    def _make_capability_nodes(self, lease: Lease, rules: tuple[DeviceRule, ...]) -> None:
+        if all(os.path.exists(rule.path) for rule in rules if rule.access == "r"):
+            return  # made already (by an earlier server on this slice, or at boot)
         tool = shutil.which(self.nvidia_modprobe)
-        if tool is None or shutil.which("systemd-run") is None:
+        if tool is None:
             raise admin_error(
                 "GPU isolation is on but this host cannot apply it",
                 Reason.ISOLATION,
-                f"isolation needs {self.nvidia_modprobe!r} and 'systemd-run' "
-                "in the hub's PATH (set LocalMIGSpawner.isolation = False to run without)",
+                f"isolation needs {self.nvidia_modprobe!r} in the hub's PATH to create "
+                "the slice's capability nodes (LocalMIGSpawner.isolation = False runs "
+                "without)",
             )
         args = [tool]
         for path in capability_paths(lease.gpu_index or 0, lease.gi_id or 0, lease.ci_id or 0):
@@ -217,8 +415,16 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
     """Like ``LocalMIGSpawner`` but every server runs as the hub's user (demos, tests).
 
     Provides no isolation between users beyond the MIG slice itself, exactly like
-    JupyterHub's ``SimpleLocalProcessSpawner``; never use it on a shared host.
+    JupyterHub's ``SimpleLocalProcessSpawner``; never use it on a shared host. (A
+    server confined to its slice's device cgroup is confined only while it does not
+    run as root.)
     """
+
+    runs_as_user = False
+
+
+def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
+    return [rule.path for rule in rules if rule.driver == CAPS]
 
 
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:

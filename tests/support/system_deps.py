@@ -38,3 +38,15 @@ def require_chromium() -> str:
     if not Path(CHROMIUM).exists():
         missing(f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
     return CHROMIUM
+
+
+def require_device_cgroup() -> Path:
+    """The cgroup v1 ``devices`` hierarchy, writable, and ``mknod`` allowed: what the
+    kernel-enforced isolation tests need (root on a cgroup v1 host, as in CI)."""
+    from mig_spawner import device_cgroup
+
+    support = device_cgroup.host_support()
+    if support.mechanism != device_cgroup.CGROUP_V1:
+        missing("the kernel-enforced isolation tests need root and a writable cgroup v1 "
+                f"devices controller: {support.why or support.mechanism}")
+    return device_cgroup.V1_DEVICES
