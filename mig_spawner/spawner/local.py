@@ -159,8 +159,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             ) from None
         except LeaseStateError as e:
             raise spawn_error(
-                "The slice reserved for this server was given back while it was starting "
-                f"({e.lease.release_reason}); start it again.",
+                "The slice reserved for this server was given back while it was starting"
+                f"{_why_ended(e.lease)}; start it again.",
                 reason=Reason.LEASE_ENDED,
                 log_message=str(e),
             ) from None
@@ -224,3 +224,9 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:
     gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
     return gpu.product if gpu else "unknown GPU"
+
+
+def _why_ended(lease: Lease | None) -> str:
+    """`` (its server was stopped)``: why a lease ended, for the user; "" if unknown."""
+    code = lease.release_code if lease is not None else None
+    return f" ({code.words})" if code is not None else ""
