@@ -282,6 +282,42 @@ def test_a_server_killed_from_outside_frees_its_slice(hub, ledger):
     hub.wait_until(lambda: hub.server_model("bob") is None, 30)
 
 
+# Started from a kernel: a process that escapes the server (``setsid``), keeps the slice's
+# CUDA_VISIBLE_DEVICES and names another lease. It prints its PID (setsid execs in place:
+# the child of Popen is not a process-group leader).
+ESCAPE = (
+    "import os, subprocess, sys\n"
+    "p = subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+    "    env={**os.environ, 'MIG_SPAWNER_LEASE_ID': 'not-this-lease'},\n"
+    "    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "print(p.pid)"
+)
+
+
+def test_a_process_left_behind_on_the_slice_is_stopped_before_the_slice_is_free(hub, ledger):
+    _start(hub, "ana", "small")
+    lease = ledger.active_for_server("ana")
+    pid = int(hub.run_in_kernel("ana", ESCAPE).strip())
+    try:
+        hub.stop_server("ana")
+        hub.wait_until(lambda: not ledger.get(lease.id).held or not _alive(pid), 30)
+        # Never: the slice free for another server while that process still uses it.
+        hub.wait_until(lambda: not ledger.get(lease.id).held, 30)
+        assert not _alive(pid), "the slice was released while a process still used it"
+        assert ledger.get(lease.id).release_code == "stopped"
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
 def test_hub_restart_keeps_live_leases_and_frees_dead_ones(hub, ledger):
     _start(hub, "ana", "small")
     _start(hub, "bob", "small")
