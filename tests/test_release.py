@@ -23,8 +23,8 @@ from mig_spawner.release import (
     GiveBack,
     HolderProbes,
     LocalProcesses,
-    Releaser,
     ReleaseEvents,
+    Releaser,
 )
 
 SIM = "h200x1:layout=1g.18gb*2"

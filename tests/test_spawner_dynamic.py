@@ -160,8 +160,10 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
         "The slice of this server's last run is not given back yet: processes still run on "
         "its GPU instance (PIDs 4242). Try again in a minute; if it persists, tell a hub admin."
     )
-    # Once the process is gone, the slice service (or an admin) finishes the release.
+    # Once the process is gone, the hub's retry finishes the release within seconds.
     sim.set_processes(device.uuid, [])
+    hub.wait_until(lambda: not ledger.get(lease.id).held, 30)
+    assert device.uuid not in {d.uuid for d in _devices(hub)}
 
 
 def test_a_failed_start_destroys_the_instance_it_created(hub, ledger):
