@@ -1,13 +1,28 @@
-"""The process that holds a lease's slice, found, checked and stopped through /proc.
+"""The processes that hold a lease's slice, found, checked and stopped through /proc.
 
 A lease may be released only when its holder is provably gone (docs/ledger.md,
-"The holder"). The holder is the server process the spawner recorded in the lease
-(host, PID and start time, so that a reused PID is not mistaken for it) plus every
-process on this host whose environment names the lease (``MIG_SPAWNER_LEASE_ID``,
-which the spawner sets and kernels inherit), or, for a server started without that
-variable, whose ``CUDA_VISIBLE_DEVICES`` is the lease's MIG device. The scan covers
-the window between the spawn and the record: a hub killed right after starting a
-server leaves a process that only its environment names.
+"The holder"). The device is the truth: a process on this host holds the slice when
+
+* its environment's ``CUDA_VISIBLE_DEVICES`` names the slice's MIG device (any of its
+  comma-separated entries, ``MIG-<uuid>`` or the bare uuid), whatever else it sets;
+* or NVML lists it among the processes of that MIG device (``on_device``, read by the
+  caller from the GPU adapter);
+* or its environment names the lease (``MIG_SPAWNER_LEASE_ID``, which the spawner sets
+  and kernels inherit: the only name a dynamic lease has before its instance exists);
+* or it is in the slice's device cgroup (``members``: the hook kernel-enforced isolation
+  fills in);
+* or it is the server process the spawner recorded in the lease (host, PID and start
+  time, so that a reused PID is not mistaken for it).
+
+The scan covers the window between the spawn and the record: a hub killed right after
+starting a server leaves a process that only its environment names. What it cannot see
+without isolation: a process that points CUDA at the slice only after it started (its
+``/proc/<pid>/environ`` is what it was started with) and has not opened the GPU yet, so
+NVML does not list it either.
+
+A PID that only NVML lists is never signalled: NVML's PIDs may be of another PID
+namespace (a hub in a container), where the number names another process. Such a slice
+stays held, its PIDs reported, until NVML lists nothing.
 
 Only this host can be checked. A lease recorded on another host, or a process that
 cannot be signalled, is :data:`UNKNOWN`: such a lease is reported, never released.
@@ -27,12 +42,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mig_spawner.device_cgroup import pids_in_slice_cgroup
 from mig_spawner.kube.availability import ClusterReadError
 from mig_spawner.kube.cluster import TERMINATED_PHASES
 from mig_spawner.kube.pods import delete_pod, pod_uid, read_pod
@@ -60,12 +74,15 @@ class Process:
 @dataclass(frozen=True)
 class HolderCheck:
     """What holds a lease now: :data:`GONE`, :data:`RUNNING` (``processes``, or on
-    Kubernetes the ``pod``) or :data:`UNKNOWN` (``why`` says what could not be checked)."""
+    Kubernetes the ``pod``) or :data:`UNKNOWN` (``why`` says what could not be checked).
+    ``on_device``: PIDs NVML lists on the slice's MIG device that no process here was
+    found for (never signalled; see the module doc)."""
 
     state: str
     processes: tuple[Process, ...] = ()
     why: str = ""
     pod: str = ""
+    on_device: tuple[int, ...] = ()
 
     @property
     def pids(self) -> list[int]:
@@ -112,32 +129,45 @@ def _environ(pid: int) -> dict[str, str] | None:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
-def _names_lease(env: dict[str, str], lease: Lease) -> bool:
-    named = env.get(LEASE_VARIABLE)
-    if named is not None:
-        return named == lease.id
-    uuid = lease.mig_uuid
-    return bool(uuid) and env.get("CUDA_VISIBLE_DEVICES") in (uuid, f"MIG-{uuid}")
+def _bare(uuid: str) -> str:
+    uuid = uuid.strip()
+    return uuid[4:] if uuid.startswith("MIG-") else uuid
+
+
+def names_slice(env: Mapping[str, str], lease: Lease) -> bool:
+    """Whether an environment names ``lease``: its MIG device in any entry of
+    ``CUDA_VISIBLE_DEVICES``, or the lease id in ``MIG_SPAWNER_LEASE_ID``. Either is
+    enough; neither variable can hide the other."""
+    if env.get(LEASE_VARIABLE) == lease.id:
+        return True
+    if not lease.mig_uuid:
+        return False
+    device = _bare(lease.mig_uuid)
+    return any(_bare(entry) == device
+               for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(","))
 
 
 def processes_of(lease: Lease) -> list[Process]:
-    """Processes on this host whose environment names ``lease`` (see the module doc)."""
+    """Processes on this host whose environment names ``lease`` (:func:`names_slice`)."""
     found = []
     me = os.getpid()
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         env = _environ(int(entry.name))
-        if env is not None and _names_lease(env, lease):
+        if env is not None and names_slice(env, lease):
             process = current(int(entry.name))
             if process is not None:
                 found.append(process)
     return found
 
 
-def check(lease: Lease, host: str | None = None) -> HolderCheck:
-    """Whether anything still runs for ``lease`` (this host only). A Kubernetes lease
-    is :data:`UNKNOWN` here: only :func:`check_pod`, with the API, can tell."""
+def check(lease: Lease, host: str | None = None, *, on_device: Iterable[int] = (),
+          members: Iterable[int] = ()) -> HolderCheck:
+    """Whether anything still holds ``lease``'s slice (this host only; see the module
+    doc for the rule). ``on_device``: the PIDs NVML lists on its MIG device;
+    ``members``: the PIDs in its device cgroup. A Kubernetes lease is :data:`UNKNOWN`
+    here: only :func:`check_pod`, with the API, can tell."""
     if lease.mode == "kube":
         return HolderCheck(UNKNOWN, why=f"its server is pod {lease.pod}, which only the "
                            "Kubernetes API can check")
@@ -146,15 +176,20 @@ def check(lease: Lease, host: str | None = None) -> HolderCheck:
     if recorded_host not in (None, host):
         return HolderCheck(UNKNOWN, why=f"its server runs on host {recorded_host}, not here")
     processes = set(processes_of(lease))
-    # A process in the slice's device cgroup holds it, whatever its environment says.
-    processes |= {p for p in map(current, pids_in_slice_cgroup(lease)) if p is not None}
+    processes.update(p for p in map(current, members) if p is not None)
     if lease.holder_pid is not None and lease.holder_start is not None:
         recorded = Process(lease.holder_pid, lease.holder_start)
         if alive(recorded):
             processes.add(recorded)
-    if not processes:
-        return HolderCheck(GONE)
-    return HolderCheck(RUNNING, tuple(sorted(processes, key=lambda p: p.pid)))
+    found = {p.pid for p in processes}
+    unaccounted = tuple(sorted(set(on_device) - found))
+    if processes:
+        return HolderCheck(RUNNING, tuple(sorted(processes, key=lambda p: p.pid)),
+                           on_device=unaccounted)
+    if unaccounted:
+        return HolderCheck(UNKNOWN, why=f"NVML lists PIDs {list(unaccounted)} on its MIG "
+                           "device, which no process here was found for", on_device=unaccounted)
+    return HolderCheck(GONE)
 
 
 def stop(held: HolderCheck, grace: float = STOP_GRACE) -> HolderCheck:

@@ -70,6 +70,35 @@ def test_a_holder_never_recorded_is_found_by_the_lease_in_its_environment(spawn)
     assert sorted(found.pids) == sorted([mine.pid, old.pid])
 
 
+def test_the_device_in_its_environment_makes_a_holder_whatever_lease_id_it_claims(spawn):
+    """A process escaped from a server (``setsid``) that keeps the slice's device but
+    names another lease: it uses the slice, so it holds it."""
+    lying = spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder", MIG_SPAWNER_LEASE_ID="another")
+    listed = spawn(CUDA_VISIBLE_DEVICES="0, test-holder")  # one entry of several, bare uuid
+    spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder-2")  # another slice: not a holder
+    found = holder.check(lease())
+    assert found.state == holder.RUNNING
+    assert sorted(found.pids) == sorted([lying.pid, listed.pid])
+    # A dynamic lease before its instance exists is named by its lease id only.
+    early = spawn(MIG_SPAWNER_LEASE_ID="lease0002")
+    assert holder.check(lease(id="lease0002", mig_uuid=None)).pids == [early.pid]
+
+
+def test_what_the_gpu_lists_on_the_slice_holds_it_and_is_never_signalled(spawn):
+    quiet = spawn()  # its environment names nothing
+    # In the slice's device cgroup (the isolation hook): a holder, stopped like any.
+    assert holder.check(lease(), members=[quiet.pid]).pids == [quiet.pid]
+    # Listed by NVML on the slice: it holds it, but a PID from NVML may be of another
+    # PID namespace, so it is reported, never signalled.
+    seen = holder.check(lease(), on_device=[quiet.pid])
+    assert (seen.state, seen.on_device, seen.processes) == (holder.UNKNOWN, (quiet.pid,), ())
+    assert holder.stop(seen).state == holder.UNKNOWN and quiet.poll() is None
+    # Listed beside a holder its environment names: that one is stopped, this reported.
+    named = spawn(MIG_SPAWNER_LEASE_ID="lease0001")
+    both = holder.check(lease(), on_device=[quiet.pid, named.pid])
+    assert (both.state, both.pids, both.on_device) == (holder.RUNNING, [named.pid], (quiet.pid,))
+
+
 def test_a_holder_that_ignores_term_is_killed_after_the_grace(spawn):
     proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID="lease0001")
     started = time.monotonic()

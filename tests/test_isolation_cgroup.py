@@ -179,7 +179,7 @@ async def test_a_server_opens_only_its_own_slices_nodes(tmp_path):
         # Both are in the slice's group, so both hold the slice, although the child's
         # environment no longer names the lease.
         assert device_cgroup.pids_in_slice_cgroup(lease) == {s.pid, child["pid"]}
-        found = holder.check(lease)
+        found = holder.check(lease, members=device_cgroup.pids_in_slice_cgroup(lease))
         assert found.state == holder.RUNNING and set(found.pids) == {s.pid, child["pid"]}
         rules = (group / "devices.list").read_text().splitlines()
         assert rules[0] == "c 1:3 rw" and "c 1:11 r" in rules and len(rules) == 6

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from jupyterhub.spawner import SpawnException
 
+from mig_spawner import release
 from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.hub.client import HubClient
 from mig_spawner.kube.pods import connect_api
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
-from mig_spawner.spawner import mixin
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
 from tests.support.hub_standin import StandinState
 from tests.support.kube_objects import pod
@@ -128,7 +128,7 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
     await again.start()
     assert standin.deletes[0][2]["preconditions"] == {"uid": lease.holder_pod_uid}
     with Ledger.open(ledger_url) as led:
-        assert led.get(lease.id).release_reason.startswith("stale")
+        assert led.get(lease.id).release_code == "stale"
     await again.stop()
 
 
@@ -147,7 +147,7 @@ async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
         with pytest.raises(SpawnException, match="not given back yet"):
             await again.start()
     finally:
-        for retry in list(mixin._RETRIES):
+        for retry in list(release._RETRIES.values()):
             retry.cancel()
     assert [x.id for x in held(ledger_url)] == [lease.id]
     assert RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get() == held_back + 1

@@ -161,7 +161,7 @@ def test_spawn_gets_a_pod_with_one_slice_and_stop_gives_it_back(hub, cluster, le
     hub.stop_server("ana")
     assert pod_of(cluster, "ana") is None
     assert ledger.active() == []
-    assert ledger.get(lease.id).release_reason == "stopped"
+    assert ledger.get(lease.id).release_code == "stopped"
 
 
 def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):

@@ -338,4 +338,4 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
     assert await after.poll() is not None
     assert held(ledger_url) == []
     with Ledger.open(ledger_url) as ledger:
-        assert ledger.get(lease.id).release_reason.startswith("server-exited")
+        assert ledger.get(lease.id).release_code == "server_exited"

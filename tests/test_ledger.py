@@ -27,6 +27,7 @@ from mig_spawner.ledger import (
     LedgerConfigError,
     LedgerUnavailable,
     LedgerView,
+    ReleaseCode,
     SchemaError,
     ServerHasLease,
 )
@@ -119,9 +120,9 @@ def test_claim_activate_release_keeps_history(ledger: Ledger, clock: Clock) -> N
     clock.advance(minutes=1)
     released = ledger.release(lease.id, "stopped")
     assert released is not None
-    assert (released.state, released.release_reason) == ("released", "stopped")
+    assert (released.state, released.release_code) == ("released", ReleaseCode.STOPPED)
     assert released.released_at == T0 + timedelta(minutes=1, seconds=5)
-    assert ledger.release(lease.id, "stopped again") is None  # idempotent
+    assert ledger.release(lease.id, ReleaseCode.ORPHAN) is None  # idempotent
     assert ledger.active() == [] and ledger.active_for_server("alice", "gpu") is None
     assert ledger.history() == [released]
     # The slice is free again.
@@ -147,7 +148,7 @@ def test_full_gpus_refuse_and_a_release_frees_exactly_that_slice(ledger: Ledger)
     assert {(g.gpu_uuid, g.start) for g in granted} == {(g, s) for g in GPUS for s in range(7)}
     with pytest.raises(NoFreeSlot):
         ledger.claim(LeaseRequest("late"), first_free)
-    ledger.release(granted[9].id, "idle")
+    ledger.release(granted[9].id, ReleaseCode.STOPPED, "idle")
     again = ledger.claim(LeaseRequest("late"), first_free)
     assert (again.gpu_uuid, again.start) == (granted[9].gpu_uuid, granted[9].start)
 
@@ -181,19 +182,22 @@ def test_one_server_never_holds_two_leases(ledger: Ledger) -> None:
 
 def test_releasing_keeps_the_slice_until_released(ledger: Ledger, clock: Clock) -> None:
     lease = ledger.claim(LeaseRequest("alice"), first_free)
-    releasing = ledger.begin_release(lease.id, "max-age")
+    releasing = ledger.begin_release(lease.id, ReleaseCode.STOPPED, "max-age")
     assert releasing is not None and releasing.state == "releasing"
-    assert ledger.begin_release(lease.id, "max-age") == releasing
+    assert ledger.begin_release(lease.id, ReleaseCode.STOPPED, "max-age") == releasing
     # A retry says what holds the slice now; the newest word is what users and the map see.
-    again = ledger.begin_release(lease.id, "max-age; instance busy")
-    assert again is not None and again.release_reason == "max-age; instance busy"
+    again = ledger.begin_release(lease.id, ReleaseCode.ORPHAN, held_by="instance busy")
+    assert again is not None and again.held_by == "instance busy"
+    assert (again.release_code, again.release_detail) == (ReleaseCode.STOPPED, "max-age")
     # Still held: the instance is being destroyed, nobody else may take it yet.
     assert ledger.active() == [again]
     assert ledger.claim(LeaseRequest("bob"), first_free).start == 1
     with pytest.raises(LeaseStateError, match=r"is releasing .*Stop the server"):
         ledger.activate(lease.id, mig_uuid="MIG-x")
-    done = ledger.release(lease.id, "destroyed")
-    assert done is not None and done.release_reason == "max-age; instance busy"
+    done = ledger.release(lease.id, ReleaseCode.ORPHAN, "destroyed")
+    assert done is not None  # the first code and detail are kept; nothing holds it now
+    assert (done.release_code, done.release_detail, done.held_by) == (
+        ReleaseCode.STOPPED, "max-age", None)
     assert ledger.claim(LeaseRequest("carol"), first_free).start == 0
 
 
@@ -217,7 +221,7 @@ def test_a_created_instance_is_recorded_before_the_server_starts(ledger: Ledger)
     assert ledger.active_for_server("alice") == noted
     assert ledger.activate(lease.id, mig_uuid="MIG-9").state == "active"
     culled = ledger.claim(LeaseRequest("bob"), first_free)
-    ledger.release(culled.id, "max-age")
+    ledger.release(culled.id, ReleaseCode.STOPPED, "max-age")
     with pytest.raises(LeaseStateError, match=r"is released .*cannot record an instance"):
         ledger.record_instance(culled.id, mig_uuid="MIG-10", gi_id=8, ci_id=0)
 
@@ -281,7 +285,7 @@ def test_expired_and_history_since(ledger: Ledger, clock: Clock) -> None:
         "late",
     ]
     assert [lease.user for lease in ledger.history(T0 + timedelta(hours=1, seconds=1))] == ["late"]
-    assert ledger.history(user="early", group="physics")[0].release_reason == "stopped"
+    assert ledger.history(user="early", group="physics")[0].release_code == "stopped"
     assert ledger.history(group="chemistry") == []
 
 
@@ -330,7 +334,7 @@ def test_leases_survive_reopening_and_another_process(backend_url: str, clock: C
         first.release(gone.id, "stopped")
     with Ledger.open(backend_url) as reopened:  # a new engine: the hub restarted
         assert reopened.active() == [kept]
-        assert reopened.get(gone.id).release_reason == "stopped"
+        assert reopened.get(gone.id).release_code == ReleaseCode.STOPPED
         with pytest.raises(DoubleGrant):  # the slot is still held after the restart
             reopened.claim(LeaseRequest("carol"), fixed(start=0))
     script = (

@@ -145,7 +145,7 @@ def _worker(backend_url: str, worker: int, barrier, results) -> None:
                 elif kind == "cancel" and mine:
                     ended = ledger.cancel_wait(rng.choice(mine), "user cancelled")
                     if ended is not None and ended.state == "granted" and rng.random() < 0.5:
-                        ledger.release(ended.lease_id, "cancelled after grant")
+                        ledger.release(ended.lease_id, "cancelled", "after grant")
                         drain(ledger)
                 elif kind == "release" and (held := ledger.active()):
                     ledger.release(rng.choice(held).id, "stopped")

@@ -151,7 +151,7 @@ async def test_orphan_lease_released_after_grace_but_running_servers_keep_theirs
     report = await sweeper.sweep()
     assert [lease.id for lease in report.orphans_released] == [orphan]
     assert ledger.get(orphan).state == "released"
-    assert "orphan" in ledger.get(orphan).release_reason
+    assert ledger.get(orphan).release_code == "orphan"
     assert ledger.get(running).held
     assert sample(sweeper.metrics, "mig_spawner_service_slices_reclaimed_total",
                   reason="orphan", group="analysts") == 1

@@ -113,7 +113,7 @@ def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus
         hub.stop_server("mia")
     assert _held(ledger) == {}
     released = [lease for lease in ledger.history(user="ana")]
-    assert released[-1].release_reason == "stopped"
+    assert released[-1].release_code == "stopped"
 
 
 @pytest.mark.parametrize(
@@ -252,7 +252,7 @@ def test_a_start_that_fails_gives_the_slice_back(hub, ledger):
     hub.wait_until(lambda: hub.server_model("broken") is None, 60)
     last = ledger.history(user="broken")[-1]
     assert not last.held
-    assert last.release_reason.startswith("start-failed")
+    assert last.release_code == "start_failed"
 
 
 def test_thirty_concurrent_spawns_for_ten_slices_give_ten_servers(hub, ledger):
@@ -280,8 +280,44 @@ def test_a_server_killed_from_outside_frees_its_slice(hub, ledger):
     pid = hub.server_state("bob")["pid"]
     os.kill(pid, signal.SIGKILL)
     hub.wait_until(lambda: not ledger.active(), 30)
-    assert ledger.history(user="bob")[-1].release_reason.startswith("server-exited")
+    assert ledger.history(user="bob")[-1].release_code == "server_exited"
     hub.wait_until(lambda: hub.server_model("bob") is None, 30)
+
+
+# Started from a kernel: a process that escapes the server (``setsid``), keeps the slice's
+# CUDA_VISIBLE_DEVICES and names another lease. It prints its PID (setsid execs in place:
+# the child of Popen is not a process-group leader).
+ESCAPE = (
+    "import os, subprocess, sys\n"
+    "p = subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+    "    env={**os.environ, 'MIG_SPAWNER_LEASE_ID': 'not-this-lease'},\n"
+    "    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "print(p.pid)"
+)
+
+
+def test_a_process_left_behind_on_the_slice_is_stopped_before_the_slice_is_free(hub, ledger):
+    _start(hub, "ana", "small")
+    lease = ledger.active_for_server("ana")
+    pid = int(hub.run_in_kernel("ana", ESCAPE).strip())
+    try:
+        hub.stop_server("ana")
+        hub.wait_until(lambda: not ledger.get(lease.id).held or not _alive(pid), 30)
+        # Never: the slice free for another server while that process still uses it.
+        hub.wait_until(lambda: not ledger.get(lease.id).held, 30)
+        assert not _alive(pid), "the slice was released while a process still used it"
+        assert ledger.get(lease.id).release_code == "stopped"
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 def test_hub_restart_keeps_live_leases_and_frees_dead_ones(hub, ledger):

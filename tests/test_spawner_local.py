@@ -188,7 +188,7 @@ class ReleasedWhileStarting(LocalMIGSpawner):
 
         def granted(lease):
             with Ledger.open(self.ledger_url) as ledger:
-                ledger.release(lease.id, "released by an admin")
+                ledger.release(lease.id, "stopped", "by an admin")
             return plan.granted(lease)
 
         return replace(plan, granted=granted)
@@ -203,7 +203,7 @@ async def test_an_instance_made_for_a_lease_that_ended_meanwhile_is_destroyed(
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.status_code == 409
-    assert "given back while it was starting (released by an admin)" in (
+    assert "given back while it was starting (its server was stopped)" in (
         info.value.jupyterhub_message)
     with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
         assert gpus.inventory().mig_devices == ()  # created, then destroyed: nothing leaks

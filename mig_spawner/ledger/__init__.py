@@ -7,6 +7,7 @@ from .engine import DEFAULT_URL, LEDGER_FILE, url_beside_hub_db
 from .errors import (
     Conflict,
     DoubleGrant,
+    IllegalTransition,
     InvalidDecision,
     LeaseNotFound,
     LeaseStateError,
@@ -26,11 +27,13 @@ from .records import (
     Lease,
     LeaseEvent,
     LeaseRequest,
+    LeaseState,
     LedgerView,
     RefusalRecord,
+    ReleaseCode,
 )
 from .store import Decide, Ledger
-from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest
+from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest, WaitState
 
 __all__ = [
     "DEFAULT_URL",
@@ -44,12 +47,14 @@ __all__ = [
     "DoubleGrant",
     "Grant",
     "GrantDecide",
+    "IllegalTransition",
     "InvalidDecision",
     "KeepResult",
     "Lease",
     "LeaseEvent",
     "LeaseNotFound",
     "LeaseRequest",
+    "LeaseState",
     "LeaseStateError",
     "Ledger",
     "LedgerConfigError",
@@ -58,9 +63,11 @@ __all__ = [
     "LedgerUnavailable",
     "LedgerView",
     "RefusalRecord",
+    "ReleaseCode",
     "SchemaError",
     "ServerHasLease",
     "WaitEntry",
     "WaitRequest",
+    "WaitState",
     "url_beside_hub_db",
 ]

@@ -52,9 +52,25 @@ class LeaseNotFound(LedgerError, LookupError):
 class LeaseStateError(LedgerError):
     """The lease is not in a state that allows the operation."""
 
-    def __init__(self, message: str, lease: Lease) -> None:
+    def __init__(self, message: str, lease: Lease | None) -> None:
         super().__init__(message)
         self.lease = lease
+
+
+class IllegalTransition(LeaseStateError):
+    """A write would move a lease or a wait-list entry between two states that the
+    transition table (:mod:`mig_spawner.core.lifecycle`) does not link; nothing was
+    written. ``lease`` is set for a lease, ``None`` for a wait-list entry."""
+
+    def __init__(self, what: str, old: str, new: str, lease: Lease | None = None) -> None:
+        super().__init__(
+            f"{what} is {old}; it cannot become {new} (not a move the ledger allows). "
+            "Nothing was written: this is a bug in the caller, please report it.",
+            lease,
+        )
+        self.what = what
+        self.old = old
+        self.new = new
 
 
 class Conflict(LedgerError):

@@ -11,15 +11,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+# Re-exported: the ledger's callers name the states and codes through it.
+from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
+from mig_spawner.core.lifecycle import LeaseState as LeaseState
+from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
+
 from .errors import InvalidDecision
 
 Mode = Literal["pool", "dynamic", "kube"]
-State = Literal["claimed", "active", "releasing", "released"]
 
 MODES: tuple[Mode, ...] = ("pool", "dynamic", "kube")
-#: States in which a lease still holds its slice (its slot rows exist).
-HELD_STATES: tuple[State, ...] = ("claimed", "active", "releasing")
-STATES: tuple[State, ...] = (*HELD_STATES, "released")
+#: Every lease state, held ones first (:data:`HELD_STATES` re-exported from the core).
+STATES: tuple[LeaseState, ...] = tuple(LeaseState)
 
 
 def require_aware(name: str, value: datetime | None) -> None:
@@ -131,12 +134,17 @@ class Lease(GrantedSlice):
     id: str
     user: str
     server_name: str
-    state: State
+    state: LeaseState
     claimed_at: datetime
     started_at: datetime | None = None
     last_activity_at: datetime | None = None
     released_at: datetime | None = None
-    release_reason: str | None = None
+    #: Why it ends (set from ``releasing`` on; the first code given is kept).
+    release_code: ReleaseCode | None = None
+    #: What is particular to this end, in free text (an exit status, an error's name).
+    release_detail: str | None = None
+    #: While ``releasing``: what still holds its slice, in plain words for its user.
+    held_by: str | None = None
     #: The server process, recorded as soon as it exists (local hosts): where it runs,
     #: its PID and its start time in clock ticks since boot (tells a reused PID apart).
     holder_host: str | None = None
@@ -162,7 +170,7 @@ class Lease(GrantedSlice):
     @property
     def held(self) -> bool:
         """True until the lease is released: its slice is not free for anyone else."""
-        return self.state != "released"
+        return self.state != LeaseState.RELEASED
 
     @property
     def server(self) -> str:

@@ -7,6 +7,7 @@ Callers get frozen ``Lease`` records back, never live ORM rows.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields, replace
@@ -20,12 +21,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
+from mig_spawner.core.lifecycle import lease_move_allowed
 
 from . import migrate
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
 from .errors import (
     Conflict,
     DoubleGrant,
+    IllegalTransition,
     InvalidDecision,
     LeaseNotFound,
     LeaseStateError,
@@ -44,8 +47,10 @@ from .records import (
     Lease,
     LeaseEvent,
     LeaseRequest,
+    LeaseState,
     LedgerView,
     RefusalRecord,
+    ReleaseCode,
     require_aware,
 )
 from .refusal_log import RefusalLog
@@ -63,23 +68,36 @@ _COLUMN_FOR = {
     "size": "placement_size",
 }
 _FIELDS = tuple(f.name for f in fields(Lease))
-_REASON_MAX = leases.c.release_reason.type.length or 255
+_DETAIL_MAX = leases.c.release_detail.type.length or 255
+log = logging.getLogger(__name__)
 
 
 def _to_lease(row: Row[Any]) -> Lease:
     mapping = row._mapping
-    return Lease(**{name: mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS})
+    values = {name: mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS}
+    values["state"] = LeaseState(values["state"])
+    if values["release_code"] is not None:
+        values["release_code"] = ReleaseCode(values["release_code"])
+    return Lease(**values)
 
 
 def _to_columns(**values: Any) -> dict[str, Any]:
     return {_COLUMN_FOR.get(name, name): value for name, value in values.items()}
 
 
-def _clean_reason(reason: str) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValueError("say why the lease ends (e.g. 'stopped', 'idle', 'start-failed')")
-    return reason[:_REASON_MAX]
+def _release_code(code: ReleaseCode | str) -> ReleaseCode:
+    try:
+        return ReleaseCode(code)
+    except ValueError:
+        raise ValueError(
+            f"{code!r} is not a release code; say why the lease ends with one of "
+            f"{', '.join(ReleaseCode)} (the particulars go in the detail)"
+        ) from None
+
+
+def _clean_text(text: str | None) -> str | None:
+    text = (text or "").strip()
+    return text[:_DETAIL_MAX] or None
 
 
 class Ledger(WaitList):
@@ -236,10 +254,29 @@ class Ledger(WaitList):
 
     @staticmethod
     def _update(connection: Connection, lease: Lease, **changes: Any) -> Lease:
+        if "state" in changes:
+            raise TypeError("a lease's state is written by _move, which checks the move")
         connection.execute(
             update(leases).where(leases.c.id == lease.id).values(_to_columns(**changes))
         )
         return replace(lease, **changes)
+
+    @staticmethod
+    def _move(connection: Connection, lease: Lease, state: LeaseState, **changes: Any) -> Lease:
+        """Write ``lease`` (locked in this transaction by :meth:`_lock_lease`) with
+        ``state`` and ``changes``: the one place a lease's state is written. A move the
+        transition table (:data:`~mig_spawner.core.lifecycle.LEASE_MOVES`) does not
+        allow is logged and refused with :class:`IllegalTransition`; nothing is written."""
+        if not lease_move_allowed(lease.state, state):
+            error = IllegalTransition(f"lease {lease.id} of server {lease.server}",
+                                      lease.state, state, lease)
+            log.error("refused: %s", error)
+            raise error
+        values = {**changes, "state": state}
+        connection.execute(
+            update(leases).where(leases.c.id == lease.id).values(_to_columns(**values))
+        )
+        return replace(lease, **values)
 
     # -- claiming ---------------------------------------------------------------
 
@@ -279,7 +316,7 @@ class Ledger(WaitList):
             id=uuid4().hex,
             user=request.user,
             server_name=request.server_name,
-            state="claimed",
+            state=LeaseState.CLAIMED,
             claimed_at=now,
             **granted,
         )
@@ -397,10 +434,10 @@ class Ledger(WaitList):
                   "server_url": server_url, "holder_pod_uid": pod_uid}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "become active")
-            return self._update(
+            return self._move(
                 connection,
                 lease,
-                state="active",
+                LeaseState.ACTIVE,
                 started_at=lease.started_at or now,
                 last_activity_at=lease.last_activity_at or now,
                 **self._new_facts(lease, learnt),
@@ -410,10 +447,10 @@ class Ledger(WaitList):
         lease = self._lock_lease(connection, lease_id)
         if lease is None:
             raise LeaseNotFound(lease_id)
-        if lease.state not in ("claimed", "active"):
+        if lease.state not in (LeaseState.CLAIMED, LeaseState.ACTIVE):
             raise LeaseStateError(
                 f"lease {lease.id} of server {lease.server} is {lease.state} "
-                f"(reason: {lease.release_reason}); it cannot {doing}. Stop the server: "
+                f"({lease.release_code}); it cannot {doing}. Stop the server: "
                 "its slice is being or has been given back.",
                 lease,
             )
@@ -543,31 +580,40 @@ class Ledger(WaitList):
         connection.execute(insert(lease_events).values(
             lease_id=lease_id, at=at, kind=kind, rule=rule, detail=detail[:255]))
 
-    def begin_release(self, lease_id: str, reason: str) -> Lease | None:
+    def begin_release(
+        self, lease_id: str, code: ReleaseCode | str, detail: str | None = None, *,
+        held_by: str | None = None,
+    ) -> Lease | None:
         """Mark a lease ``releasing``: it keeps its slice until ``release`` (e.g. while a
-        dynamic instance is destroyed, or a give-back failed and is being retried).
+        dynamic instance is destroyed, or a holder is in the way and the give-back is
+        retried).
 
-        ``reason`` says why it ends and what still holds it; a lease already
-        releasing gets the newer reason. ``None`` if released or unknown.
+        ``code`` (and the free-text ``detail``) say why it ends; the first code given is
+        kept. ``held_by`` says in plain words what still holds the slice (for the user
+        who starts that server again); a lease already releasing gets the newer one.
+        ``None`` if released or unknown.
         """
-        reason = _clean_reason(reason)
+        code, detail, held_by = _release_code(code), _clean_text(detail), _clean_text(held_by)
         with self._write() as connection:
             lease = self._lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            if (lease.state, lease.release_reason) == ("releasing", reason):
+            why = self._first_why(lease, code, detail)
+            if (lease.state, lease.held_by) == (LeaseState.RELEASING, held_by) and why == {
+                    "release_code": lease.release_code, "release_detail": lease.release_detail}:
                 return lease
-            return self._update(connection, lease, state="releasing", release_reason=reason)
+            return self._move(connection, lease, LeaseState.RELEASING, held_by=held_by, **why)
 
-    def release(self, lease_id: str, reason: str) -> Lease | None:
+    def release(self, lease_id: str, code: ReleaseCode | str,
+                detail: str | None = None) -> Lease | None:
         """Free the lease's slice; the row stays as history.
 
         Returns the released lease, or ``None`` when there was nothing to do
         (already released, or an id this ledger never issued), so stop paths
-        and reconcilers can call it without checking first. The first reason
-        given (here or to ``begin_release``) is the one recorded.
+        and reconcilers can call it without checking first. The first code given
+        (here or to ``begin_release``) and its detail are the ones recorded.
         """
-        reason = _clean_reason(reason)
+        code, detail = _release_code(code), _clean_text(detail)
         now = self._now()
         with self._write() as connection:
             lease = self._lock_lease(connection, lease_id)
@@ -575,13 +621,14 @@ class Ledger(WaitList):
                 return None
             connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
             connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
-            return self._update(
-                connection,
-                lease,
-                state="released",
-                released_at=now,
-                release_reason=lease.release_reason or reason,
-            )
+            return self._move(connection, lease, LeaseState.RELEASED, released_at=now,
+                              held_by=None, **self._first_why(lease, code, detail))
+
+    @staticmethod
+    def _first_why(lease: Lease, code: ReleaseCode, detail: str | None) -> dict[str, Any]:
+        if lease.release_code is not None:
+            return {"release_code": lease.release_code, "release_detail": lease.release_detail}
+        return {"release_code": code, "release_detail": detail}
 
     # -- queries ------------------------------------------------------------------
 

@@ -11,25 +11,29 @@ granted after it was cancelled. How the spawner uses it: docs/ledger.md, "Wait l
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import Connection, Row, insert, select, update
 
+from mig_spawner.core.lifecycle import WaitState, wait_move_allowed
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard, Waiter, first_served, group_shares
 
 from .engine import lock_claims
-from .errors import InvalidDecision
+from .errors import IllegalTransition, InvalidDecision
 from .models import leases, waits
 from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
 
-WaitState = Literal["waiting", "granted", "cancelled", "expired", "abandoned"]
-WAIT_STATES: tuple[WaitState, ...] = ("waiting", "granted", "cancelled", "expired", "abandoned")
+WAIT_STATES: tuple[WaitState, ...] = tuple(WaitState)
+#: How a wait may end without a grant.
+WAIT_ENDS = (WaitState.CANCELLED, WaitState.EXPIRED, WaitState.ABANDONED)
+log = logging.getLogger(__name__)
 #: The grant step's callback: policy check plus allocator for one waiter, pure and quick.
 #: Raise ``Refused`` when it cannot be served (see ``FIT_REASONS`` for which refusals
 #: count as "does not fit now").
@@ -58,7 +62,7 @@ class WaitEntry(Waiter):
     own state. ``lease_id`` is set once ``granted``; ``reason`` says why a wait ended
     otherwise."""
 
-    state: WaitState = "waiting"
+    state: WaitState = WaitState.WAITING
     deadline: datetime | None = None
     closed_at: datetime | None = None
     lease_id: str | None = None
@@ -66,7 +70,7 @@ class WaitEntry(Waiter):
 
     @property
     def waiting(self) -> bool:
-        return self.state == "waiting"
+        return self.state == WaitState.WAITING
 
     @property
     def waiter(self) -> Waiter:
@@ -82,7 +86,8 @@ _FIELDS = tuple(f.name for f in fields(WaitEntry))
 
 
 def _to_entry(row: Row[Any]) -> WaitEntry:
-    return WaitEntry(**{name: row._mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS})
+    values = {name: row._mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS}
+    return WaitEntry(**{**values, "state": WaitState(values["state"])})
 
 
 class WaitList:
@@ -135,14 +140,14 @@ class WaitList:
             return self._entries(connection, id=new_id)[0]
 
     def cancel_wait(
-        self, entry_id: int, reason: str,
-        state: Literal["cancelled", "expired", "abandoned"] = "cancelled",
+        self, entry_id: int, reason: str, state: WaitState = WaitState.CANCELLED,
     ) -> WaitEntry | None:
         """End a wait that has not been granted; returns the entry as it now stands
         (``None``: unknown id). If a grant came first, the entry comes back ``granted``:
         the caller then owns that lease and must start or release it."""
-        if state not in ("cancelled", "expired", "abandoned"):
+        if state not in WAIT_ENDS:
             raise ValueError(f"a wait ends cancelled, expired or abandoned, not {state!r}")
+        state = WaitState(state)
         with self._write() as connection:
             lock_claims(connection)
             found = self._entries(connection, id=entry_id)
@@ -201,7 +206,8 @@ class WaitList:
             waiting = []
             for entry in entries:
                 if entry.deadline is not None and entry.deadline <= now:
-                    self._close(connection, entry, "expired", now, reason="waited max_wait")
+                    self._close(connection, entry, WaitState.EXPIRED, now,
+                                reason="waited max_wait")
                 else:
                     waiting.append(entry)
             holding = {(lease.user, lease.server_name) for lease in held}
@@ -227,7 +233,7 @@ class WaitList:
             entry = by_id[grant.waiter.id]
             lease = self._new_lease(entry.request, grant.result, now)
             self._insert(connection, lease)
-            self._close(connection, entry, "granted", now, lease_id=lease.id)
+            self._close(connection, entry, WaitState.GRANTED, now, lease_id=lease.id)
             for passed in grant.passed_over:
                 connection.execute(
                     update(waits).where(waits.c.id == passed.id)
@@ -240,6 +246,15 @@ class WaitList:
         connection: Connection, entry: WaitEntry, state: WaitState, now: datetime,
         *, reason: str | None = None, lease_id: str | None = None,
     ) -> None:
+        """End ``entry`` (read under the claim lock in this transaction) with ``state``:
+        the one place a wait-list entry's state is written. A move the transition table
+        (:data:`~mig_spawner.core.lifecycle.WAIT_MOVES`) does not allow is logged and
+        refused with :class:`IllegalTransition`; nothing is written."""
+        if not wait_move_allowed(entry.state, state):
+            error = IllegalTransition(f"wait-list entry {entry.id} of {entry.user}/"
+                                      f"{entry.server_name}", entry.state, state)
+            log.error("refused: %s", error)
+            raise error
         connection.execute(
             update(waits)
             .where(waits.c.id == entry.id, waits.c.state == "waiting")

@@ -293,7 +293,7 @@ def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: d
         state = "leased"
         note = "instance being created for a starting server"
     elif lease.state == "releasing":
-        state, note = "leased", f"being released ({lease.release_reason})"
+        state, note = "leased", f"being released ({_release_note(lease)})"
     else:
         state = "orphan"
         note = "the lease is active but its instance is gone (destroyed out of band?)"
@@ -407,3 +407,11 @@ def counts_by(rows: Iterable[SliceRow], *keys: str) -> Mapping[tuple[object, ...
         key = tuple(getattr(row, k) for k in keys)
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _release_note(lease: Lease) -> str:
+    """Why a releasing lease ends and what still holds it, for the slice map."""
+    why = lease.release_code.words if lease.release_code else "no reason recorded"
+    if lease.release_detail:
+        why += f": {lease.release_detail}"
+    return f"{why}; held by {lease.held_by}" if lease.held_by else why

@@ -30,13 +30,20 @@ from mig_spawner import holder
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
-from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
-from mig_spawner.kube import ClusterReadError
-from mig_spawner.ledger import Lease, Ledger
+from mig_spawner.ledger import Lease, Ledger, ReleaseCode
+from mig_spawner.release import (
+    GiveBack,
+    HolderProbes,
+    KubePods,
+    LocalProcesses,
+    ReleaseEvents,
+    Releaser,
+    SliceGpus,
+)
 from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Decision,
@@ -56,12 +63,23 @@ from mig_spawner.service.cull_rules import (
 from mig_spawner.service.metrics import ServiceMetrics
 
 
-class GpuSource(Protocol):
+class GpuSource(SliceGpus, Protocol):
     """What the sweeper needs from the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
 
     def inventory(self) -> Inventory: ...
 
-    def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
+
+class _ServiceEvents(ReleaseEvents):
+    """What the slice service counts of the give-backs it does (orphan repair)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def stopping(self, lease: Lease, found: holder.HolderCheck) -> None:
+        self.metrics.holders_stopped.inc()
+
+    def holder_unknown(self, lease: Lease, found: holder.HolderCheck, retry: bool) -> None:
+        self.metrics.holders_unknown.inc()
 
 
 @dataclass
@@ -114,6 +132,14 @@ class Sweeper:
         # on the first such lease: a local hub never needs it.
         self.connect_kube = connect_kube
         self._kube_api: Any = None
+        # Orphans are given back by the one release path; the next sweep is its retry.
+        self.releaser = Releaser(
+            lambda: self.ledger, lambda: self.gpus,
+            HolderProbes(local=LocalProcesses(asyncio.to_thread, lambda: self.gpus),
+                         pods=KubePods(self._kube) if connect_kube is not None else None),
+            run=asyncio.to_thread, grace=holder_grace, events=_ServiceEvents(metrics),
+            log=log or logging.getLogger(__name__),
+        )
         self.activity_resolution = activity_resolution
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
@@ -449,28 +475,26 @@ class Sweeper:
             now, leases, running, self.missing_since, self.orphan_grace
         )
         for lease in orphans:
-            # A lease left releasing keeps why it ends (what held it is said anew).
-            reason = (lease.release_reason or "").split(f"; {HOLDS_PREFIX}")[0] or (
-                f"orphan: hub has not run {lease.server} for "
-                f"{self.orphan_grace:.0f}s or more (released by the slice service)"
-            )
             if self.dry_run:
-                self.log.warning("would release lease %s (%s, dry run)", lease.id, reason)
+                self.log.warning("would release orphan lease %s of %s (dry run)", lease.id,
+                                 lease.server)
                 continue
-            if not await self._holder_gone(lease):
+            # A lease left releasing keeps the code it was given first (the ledger's rule).
+            outcome = await self.releaser.release(
+                lease, ReleaseCode.ORPHAN, f"the hub has not run its server for "
+                f"{self.orphan_grace:.0f}s or more; released by the slice service")
+            if outcome.error is not None:
+                kind = "gpu" if isinstance(outcome.error, GpuError) else "ledger"
+                self._error(kind, f"orphan lease {lease.id} of {lease.server}: "
+                            f"{outcome.error}; retrying at the next sweep", report)
                 continue
-            try:
-                outcome = await asyncio.to_thread(
-                    give_back, self.ledger, self.gpus, lease, reason
-                )
-            except GpuError as e:
-                self._error("gpu", f"orphan lease {lease.id} of {lease.server}: the GPU "
-                            f"refused to give its slice back ({e}); retrying", report)
-                continue
-            if outcome != RELEASED:
-                self.log.warning("orphan lease %s of %s: %s", lease.id, lease.server, outcome)
+            if outcome.result is GiveBack.HELD:
+                self.log.warning("orphan lease %s of %s: %s", lease.id, lease.server,
+                                 outcome.why)
                 continue
             self.missing_since.pop(lease.id, None)
+            if outcome.result is GiveBack.ALREADY_RELEASED:
+                continue
             self.log.warning(
                 "released orphan lease %s of %s (%s %s, group %s)",
                 lease.id, lease.server, lease.profile, lease.mig_uuid or "", lease.group,
@@ -479,44 +503,13 @@ class Sweeper:
             self.metrics.orphans_repaired.labels(lease.group).inc()
             self.metrics.slices_reclaimed.labels("orphan", lease.group).inc()
 
-    async def _holder_gone(self, lease: Lease) -> bool:
-        """Stop what still runs for an orphan lease (a server the hub lost track of);
-        True once nothing does. A holder that cannot be checked is reported and keeps
-        its slice: releasing it could give one slice to two servers."""
-        if lease.mode == "kube":
-            found = await self._stop_pod(lease)
-        else:
-            found = await asyncio.to_thread(holder.check, lease)
-            if found.state == holder.RUNNING:
-                self._stopping(lease, f"PIDs {found.pids}")
-                found = await asyncio.to_thread(holder.stop, found, self.holder_grace)
-        if found.state == holder.GONE:
-            return True
-        self.metrics.holders_unknown.inc()
-        self.log.error("orphan lease %s of %s NOT released: its holder cannot be checked "
-                       "(%s)", lease.id, lease.server, found.why)
-        return False
-
-    async def _stop_pod(self, lease: Lease) -> holder.HolderCheck:
-        """The Kubernetes lease's pod: checked, and deleted while it runs."""
+    async def _kube(self) -> Any:
+        """The Kubernetes API (a CoreV1Api), connected on the first Kubernetes lease: a
+        local hub never needs it. Raises ``ClusterReadError``."""
         if self._kube_api is None:
-            if self.connect_kube is None:
-                return holder.HolderCheck(holder.UNKNOWN, why="the service has no "
-                                          "Kubernetes API to check its pod with")
-            try:
-                self._kube_api = await self.connect_kube()
-            except ClusterReadError as e:
-                return holder.HolderCheck(holder.UNKNOWN, why=f"{e} ({e.hint})")
-        found = await holder.check_pod(self._kube_api, lease)
-        if found.state == holder.RUNNING:
-            self._stopping(lease, f"pod {found.pod}")
-            found = await holder.stop_pod(self._kube_api, lease, found, self.holder_grace)
-        return found
-
-    def _stopping(self, lease: Lease, what: str) -> None:
-        self.log.warning("orphan lease %s of %s: stopping %s that the hub does not track "
-                         "before releasing it", lease.id, lease.server, what)
-        self.metrics.holders_stopped.inc()
+            assert self.connect_kube is not None
+            self._kube_api = await self.connect_kube()
+        return self._kube_api
 
     async def _report_unleased(self, leases: list[Lease], report: SweepReport) -> None:
         if self.gpus is None:

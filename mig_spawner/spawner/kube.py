@@ -10,12 +10,12 @@ on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 
-from mig_spawner import holder
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
@@ -29,12 +29,12 @@ from mig_spawner.kube import (
     slice_request,
 )
 from mig_spawner.ledger import Lease
+from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpus
 
 from .backend import ClaimPlan, SliceSupply
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
 from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
-from .metrics import HOLDERS_STOPPED
 from .mixin import MIGSpawnerMixin
 
 # Environment variables that choose GPUs or MIG capabilities inside a container.
@@ -202,19 +202,22 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         }
         return {key: value for key, value in details.items() if value}
 
-    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
-        """The lease's pod, through the Kubernetes API: one the hub does not track
-        that still runs is deleted (``delete_grace_period``) and waited for; one the
-        API cannot tell about keeps the slice."""
-        if lease.mode != "kube":
-            return await super().stop_holder(lease)
-        found = await holder.check_pod(self.api, lease)
-        if found.state == holder.RUNNING:
-            self.log.warning("Lease %s of %s: deleting pod %s before releasing it",
-                             lease.id, self._log_name, found.pod)
-            HOLDERS_STOPPED.inc()
-            found = await holder.stop_pod(self.api, lease, found, self.delete_grace_period)
-        return found
+    def gpu_access(self) -> Callable[[], SliceGpus | None]:
+        """No local GPU: the device plugin gives each pod its slice."""
+        return lambda: None
+
+    def holder_probes(self) -> HolderProbes:
+        """The lease's pod, through the Kubernetes API: one the hub does not track that
+        still runs is deleted (``delete_grace_period``) and waited for; one the API
+        cannot tell about keeps the slice."""
+
+        async def api() -> Any:
+            return self.api
+
+        return HolderProbes(local=LocalProcesses(self.runtime.run), pods=KubePods(api))
+
+    def _term_grace(self) -> float:
+        return float(self.delete_grace_period)
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Compose what the pod must ask for (the mixin releases the lease if this fails)."""

@@ -26,7 +26,7 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
 from traitlets import Bool, Enum, Unicode
 
-from mig_spawner import device_cgroup, holder
+from mig_spawner import device_cgroup
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
@@ -212,8 +212,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             ) from None
         except LeaseStateError as e:
             raise spawn_error(
-                "The slice reserved for this server was given back while it was starting "
-                f"({e.lease.release_reason}); start it again.",
+                "The slice reserved for this server was given back while it was starting"
+                f"{_why_ended(e.lease)}; start it again.",
                 reason=Reason.LEASE_ENDED,
                 log_message=str(e),
             ) from None
@@ -363,23 +363,20 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 self._join.close()  # the child has joined (or was never started)
                 self._join = None
 
-    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
-        """The holder check (which counts the processes in the lease's cgroup); once
-        nothing holds the slice, its cgroup goes too, and its capability nodes go back
-        to root."""
-        found = await super().stop_holder(lease)
-        if found.state == holder.GONE:
-            try:
-                if not await asyncio.to_thread(self.cgroups.remove, lease.id):
-                    self.log.warning("Lease %s: its device cgroup is still in use",
-                                     lease.id)
-                if self._gave_capabilities():
+    async def slice_released(self, lease_id: str) -> None:
+        """Once nothing holds the slice, its cgroup goes too, and its capability nodes go
+        back to root."""
+        try:
+            if not await asyncio.to_thread(self.cgroups.remove, lease_id):
+                self.log.warning("Lease %s: its device cgroup is still in use", lease_id)
+            if self._gave_capabilities():
+                lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
+                if lease is not None:
                     nodes = _capability_nodes(await self._slice_rules(lease))
                     await asyncio.to_thread(device_cgroup.return_capabilities, nodes)
-            except (OSError, SpawnException) as e:
-                self.log.error("Lease %s: its server's confinement could not be undone: %s",
-                               lease.id, getattr(e, "log_message", None) or e)
-        return found
+        except (OSError, SpawnException, LedgerError) as e:
+            self.log.error("Lease %s: its server's confinement could not be undone: %s",
+                           lease_id, getattr(e, "log_message", None) or e)
 
     def _gave_capabilities(self) -> bool:
         try:
@@ -430,3 +427,9 @@ def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:
     gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
     return gpu.product if gpu else "unknown GPU"
+
+
+def _why_ended(lease: Lease | None) -> str:
+    """`` (its server was stopped)``: why a lease ended, for the user; "" if unknown."""
+    code = lease.release_code if lease is not None else None
+    return f" ({code.words})" if code is not None else ""

@@ -25,8 +25,8 @@ LEASES_CLAIMED = Counter(
 )
 LEASES_RELEASED = Counter(
     "mig_spawner_leases_released",
-    "Leases the hub gave back, by kind of reason (stopped, server-exited, start-failed, "
-    "stale).",
+    "Leases the hub gave back, by release code (stopped, server_exited, start_failed, "
+    "stale, cancelled).",
     ["reason"],
 )
 CLAIM_DURATION = Histogram(
@@ -36,10 +36,6 @@ CLAIM_DURATION = Histogram(
 )
 
 
-def release_kind(reason: str) -> str:
-    """The code of a release reason, without its details: ``"start-failed: OSError"`` ->
-    ``"start-failed"``, ``"server-exited (status 1)"`` -> ``"server-exited"``."""
-    return reason.split(":", 1)[0].split(" (", 1)[0].strip() or "unknown"
 RELEASES_HELD_BACK = Counter(
     "mig_spawner_releases_held_back",
     "Releases the hub did not do, by why: holder_unknown (its server process could not "

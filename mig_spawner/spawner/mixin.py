@@ -15,11 +15,12 @@ state, and progress events. Where JupyterHub calls what:
   while the hub was down frees its slice and a live one keeps it. A server whose
   state the hub never saved (killed mid-spawn) is found by its name in the ledger.
 
-Every release first checks the lease's holder (``mig_spawner.holder``): the server
-process recorded right after it was spawned, and any process whose environment names
-the lease. What still runs untracked is stopped (TERM, then KILL) before the slice is
-freed; a holder that cannot be checked keeps its slice and is reported. A give-back
-that fails is marked in the lease and retried within seconds.
+Every release goes through the one release path (``mig_spawner.release.Releaser``):
+it checks the lease's holder (``mig_spawner.holder``: the recorded server process, and
+any process whose environment names the slice's device or the lease, or that the GPU
+lists on it). What still runs untracked is stopped (TERM, then KILL) before the slice
+is freed; a holder that cannot be checked keeps its slice and is reported. A give-back
+that is held back is marked in the lease and retried within seconds.
 
 Every refusal is counted on the hub's ``/hub/metrics`` (``metrics.py``) and, when it
 names an offer, kept in the ledger for ``mig-spawner report``. A backend that cannot
@@ -31,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -43,14 +44,23 @@ from mig_spawner import holder
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
-from mig_spawner.giveback import HOLDS_PREFIX, RELEASED, give_back, still_holding
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.ledger import (
     Lease,
     LeaseRequest,
     LeaseStateError,
     LedgerError,
+    ReleaseCode,
     ServerHasLease,
+)
+from mig_spawner.release import (
+    HolderProbes,
+    LocalProcesses,
+    Outcome,
+    ReleaseEvents,
+    Releaser,
+    SliceGpus,
+    still_holding,
 )
 
 from . import form, options, progress, waiting
@@ -64,22 +74,36 @@ from .metrics import (
     LEASES_RELEASED,
     RELEASES_HELD_BACK,
     SPAWN_REFUSALS,
-    release_kind,
 )
 from .progress import ProgressLog
 from .settings import MIGSpawnerSettings
 from .warnings import warning_environment
 
 STATE_KEY = "mig_lease_id"
-#: A failed give-back is retried after this many seconds, doubling up to RETRY_MAX, so
-#: that the slice is free within seconds of the fault clearing.
-RETRY_FIRST = 0.5
-RETRY_MAX = 4.0
-#: Outcomes of a give-back after which nothing is held any more.
-DONE = (RELEASED, "already released")
-# Retry tasks, referenced so that the event loop does not lose them.
-_RETRIES: set[asyncio.Task] = set()
 
+
+class HubReleaseEvents(ReleaseEvents):
+    """What the hub counts of its give-backs (``/hub/metrics``), and the grant step it
+    wakes after each release."""
+
+
+    def stopping(self, lease: Lease, found: holder.HolderCheck) -> None:
+        HOLDERS_STOPPED.inc()
+
+    def holder_unknown(self, lease: Lease, found: holder.HolderCheck, retry: bool) -> None:
+        if not retry:
+            RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
+
+    def retrying(self, lease_id: str) -> None:
+        RELEASES_HELD_BACK.labels(why="giveback_failed").inc()
+
+    def released(self, lease: Lease, code: ReleaseCode) -> None:
+        LEASES_RELEASED.labels(reason=code).inc()
+        waiting.released()
+
+
+#: Clean-ups after a retried give-back, referenced so the event loop keeps them.
+_CLEANUPS: set[asyncio.Task[None]] = set()
 
 async def _options_form(spawner: MIGSpawnerMixin) -> str:
     """``Spawner.options_form`` as a callable: JupyterHub calls it with the spawner."""
@@ -349,7 +373,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
                 self.log.warning("Start of %s failed, giving its slice back", self._log_name)
-                await self._release(f"start-failed: {type(e).__name__}")
+                await self._release(ReleaseCode.START_FAILED, type(e).__name__)
                 raise
         except asyncio.CancelledError:
             # JupyterHub cancels a pending spawn that it is asked to stop (Stop on the
@@ -396,21 +420,20 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """A lease still recorded for this server although it is starting belongs to a
         server that is gone (e.g. the hub died mid-start): stop what still runs for it
         and release it first, or refuse in plain words when that cannot be done now."""
-        name, reason = self.name or "", "stale: server was not running when it started again"
+        name = self.name or ""
+        code, detail = ReleaseCode.STALE, "server was not running when it started again"
         try:
             stale = await self.runtime.run(
                 lambda: self.runtime.ledger().active_for_server(self.user.name, name)
             )
-            if stale is None:
-                return
-            outcome = await self._give_back(stale.id, reason)
-            if outcome in DONE:
-                return
-        except GpuError as e:
-            self.log.error("Stale lease of %s: %s", self._log_name, _log_detail(e))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
-        self._retry_later(stale.id, reason)
+        if stale is None:
+            return
+        outcome = await self.releaser().release(stale, code, detail)
+        if outcome.done:
+            return
+        self.releaser().retry_later(stale.id, code, detail)
         try:
             held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
         except tuple(self.backend_errors) as e:
@@ -511,7 +534,10 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                                  self._log_name, lost.id)
                 self.lease_id = lost.id
         if self.lease_id:
-            await self._release("stopped" if self._stopping else f"server-exited (status {status})")
+            if self._stopping:
+                await self._release(ReleaseCode.STOPPED)
+            else:
+                await self._release(ReleaseCode.SERVER_EXITED, f"status {status}")
         return status
 
     async def stop(self, now: bool = False) -> None:
@@ -521,107 +547,59 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         finally:
             self._stopping = False
         if self.lease_id:
-            await self._release("stopped")
+            await self._release(ReleaseCode.STOPPED)
 
-    async def _release(self, reason: str) -> None:
-        """Give the slice back (see :meth:`_give_back`); what fails is retried within
-        seconds in the background, and the lease id is kept for the next poll or stop."""
+    async def _release(self, code: ReleaseCode, detail: str = "") -> None:
+        """Give the slice back through the one release path; what is held back is
+        retried within seconds in the background (the releaser owns the retry), and
+        the lease id is kept for the next poll or stop until it is done."""
         lease_id, self.lease_id = self.lease_id, None
         if not lease_id:
             return
-        try:
-            outcome = await self._give_back(lease_id, reason)
-        except (GpuError, LedgerError) as e:
-            outcome = f"{type(e).__name__}"
-            self.log.error("Could not release lease %s of %s: %s", lease_id, self._log_name,
-                           _log_detail(e))
-        if outcome not in DONE:
-            self.lease_id = lease_id
-            self._retry_later(lease_id, reason)
+        outcome = await self.releaser().release(lease_id, code, detail)
+        if outcome.done:
+            await self.slice_released(lease_id)
+            return
+        self.lease_id = lease_id
 
-    async def _give_back(self, lease_id: str, reason: str, retry: bool = False) -> str:
-        """Stop what still runs for the lease, destroy a dynamic instance, release.
+        def done(outcome: Outcome) -> None:
+            if self.lease_id == lease_id:
+                self.lease_id = None
+            task = asyncio.ensure_future(self.slice_released(lease_id))
+            _CLEANUPS.add(task)
+            task.add_done_callback(_CLEANUPS.discard)
 
-        Returns an outcome (:data:`DONE`, or a sentence saying why the slice is still
-        held); raises ``GpuError``/``LedgerError``. A holder that cannot be checked
-        or stopped keeps the slice (reported, counted; on a ``retry`` in the debug log
-        only); an instance that still runs processes is not destroyed: the lease is
-        left ``releasing``.
-        """
-        lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
-        if lease is None or not lease.held:
-            return "already released"
-        found = await self.stop_holder(lease)
-        if found.state != holder.GONE:
-            if not retry:
-                RELEASES_HELD_BACK.labels(why="holder_unknown").inc()
-            log = self.log.debug if retry else self.log.error
-            log("Lease %s of %s NOT released: its holder cannot be checked (%s); it keeps "
-                "its slice", lease_id, self._log_name, found.why)
-            # Said in the lease, for the slice map and for the user's next start.
-            await self.runtime.run(
-                lambda: self.runtime.ledger().begin_release(
-                    lease_id, f"{reason}; {HOLDS_PREFIX}a process of its last run that the "
-                    "hub cannot check or stop",
-                )
+        self.releaser().retry_later(lease_id, code, detail, done)
+
+    def releaser(self) -> Releaser:
+        """This server's way to the one release path (made on first use)."""
+        releaser = getattr(self, "_releaser", None)
+        if releaser is None:
+            releaser = self._releaser = Releaser(
+                self.runtime.ledger, self.gpu_access(), self.holder_probes(),
+                run=self.runtime.run, grace=self._term_grace(), events=HubReleaseEvents(),
+                log=self.log,
             )
-            return f"its server process cannot be checked ({found.why})"
+        return releaser
 
-        def release() -> str:
-            gpus = self.runtime.gpu() if lease.mode == "dynamic" else None
-            return give_back(self.runtime.ledger(), gpus, lease, reason)
+    async def slice_released(self, lease_id: str) -> None:
+        """Backend hook: lease ``lease_id`` was given back (its holder is gone): undo what
+        :meth:`prepare_slice` set up for it. By default there is nothing to undo."""
 
-        outcome = await self.runtime.run(release)
-        if outcome == RELEASED:
-            LEASES_RELEASED.labels(reason=release_kind(reason)).inc()
-            waiting.released()
-        self.log.info("Lease %s of %s: %s (%s)", lease_id, self._log_name, outcome, reason)
-        return outcome
+    def gpu_access(self) -> Callable[[], SliceGpus | None]:
+        """Backend hook: how the releaser reaches this host's GPUs (called on the
+        runtime's worker thread), to destroy a dynamic instance and list a slice's
+        processes. Here: the runtime's adapter (``kube.py``: none)."""
+        return self.runtime.gpu
 
-    async def stop_holder(self, lease: Lease) -> holder.HolderCheck:
-        """Backend hook: check the lease's holder and stop what still runs for it that
-        the hub does not track; ``GONE`` means the slice may be released. Here: the
-        processes on this host (``kube.py``: the pod)."""
-        # Not on the runtime's worker thread: stopping may take the grace period.
-        found = await asyncio.to_thread(holder.check, lease)
-        if found.state == holder.RUNNING:
-            self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "
-                             "releasing it", lease.id, self._log_name, found.pids)
-            HOLDERS_STOPPED.inc()
-            found = await asyncio.to_thread(holder.stop, found, self._term_grace())
-        return found
+    def holder_probes(self) -> HolderProbes:
+        """Backend hook: what tells the releaser what holds a lease's slice. Here: the
+        processes on this host (``kube.py`` adds the pods)."""
+        return HolderProbes(local=LocalProcesses(self.runtime.run, self.gpu_access()))
 
     def _term_grace(self) -> float:
         """Seconds from SIGTERM to SIGKILL for a holder: the concrete spawner's own."""
         return float(getattr(self, "term_timeout", holder.STOP_GRACE))
-
-    def _retry_later(self, lease_id: str, reason: str) -> None:
-        """Retry giving ``lease_id`` back in the background until nothing holds it."""
-        retrying = self.__dict__.setdefault("_retrying", set())
-        if lease_id in retrying:
-            return
-        retrying.add(lease_id)
-        RELEASES_HELD_BACK.labels(why="giveback_failed").inc()
-        task = asyncio.ensure_future(self._retry_release(lease_id, reason))
-        _RETRIES.add(task)
-        task.add_done_callback(_RETRIES.discard)
-        task.add_done_callback(lambda _: retrying.discard(lease_id))
-
-    async def _retry_release(self, lease_id: str, reason: str) -> None:
-        delay = RETRY_FIRST
-        while True:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
-            try:
-                outcome = await self._give_back(lease_id, reason, retry=True)
-            except (GpuError, LedgerError) as e:
-                self.log.debug("Retry of lease %s failed: %s", lease_id, e)
-                continue
-            if outcome in DONE:
-                if self.lease_id == lease_id:
-                    self.lease_id = None
-                self.log.info("Lease %s of %s given back on a retry", lease_id, self._log_name)
-                return
 
 
 def _previous_lease(lease: Lease) -> str:

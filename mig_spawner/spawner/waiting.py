@@ -51,7 +51,14 @@ from mig_spawner.core.waitlist import (
     history_for,
     positions,
 )
-from mig_spawner.ledger import Lease, LeaseRequest, LedgerView, WaitEntry, WaitRequest
+from mig_spawner.ledger import (
+    Lease,
+    LeaseRequest,
+    LedgerView,
+    ReleaseCode,
+    WaitEntry,
+    WaitRequest,
+)
 
 from . import options
 from .backend import ClaimPlan
@@ -441,7 +448,7 @@ async def claim(
             lambda: runtime.ledger().cancel_wait(entry.id, "cancelled by the user")))
         if ended is not None and ended.state == "granted" and ended.lease_id:
             spawner.lease_id = ended.lease_id
-            await spawner._release("cancelled while waiting")
+            await spawner._release(ReleaseCode.CANCELLED, "while waiting")
         raise
     finally:
         room.leave(entry.id)

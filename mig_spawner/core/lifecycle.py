@@ -1,0 +1,105 @@
+"""The life of a lease and of a wait-list entry: their states, the moves allowed between
+them, and the codes that say why a lease ended.
+
+The ledger stores these values and refuses, in the same transaction as the write, any
+move the tables below do not list (docs/architecture.md, "States and transitions").
+Pure: no I/O, no JupyterHub import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+
+class LeaseState(StrEnum):
+    """Where a lease is in its life. The values never change: the ledger stores them."""
+
+    #: Granted; its server is being made or started.
+    CLAIMED = "claimed"
+    #: Its server runs.
+    ACTIVE = "active"
+    #: Being given back: it still holds its slice (a holder or an instance is in the way).
+    RELEASING = "releasing"
+    #: Given back; the row stays as history and never changes again.
+    RELEASED = "released"
+
+
+#: The moves a lease may make. Staying in a state is not a move (an active lease learns
+#: its pod, a releasing one what holds it now), except for ``released``: history is final.
+LEASE_MOVES: Mapping[LeaseState, frozenset[LeaseState]] = {
+    LeaseState.CLAIMED: frozenset(
+        {LeaseState.ACTIVE, LeaseState.RELEASING, LeaseState.RELEASED}),
+    LeaseState.ACTIVE: frozenset({LeaseState.RELEASING, LeaseState.RELEASED}),
+    LeaseState.RELEASING: frozenset({LeaseState.RELEASED}),
+    LeaseState.RELEASED: frozenset(),
+}
+
+#: States in which a lease still holds its slice (its slot rows exist).
+HELD_STATES: tuple[LeaseState, ...] = (
+    LeaseState.CLAIMED, LeaseState.ACTIVE, LeaseState.RELEASING)
+
+
+class WaitState(StrEnum):
+    """Where a wait-list entry is. The values never change: the ledger stores them.
+    The end states are also the code of why a wait ended (the row's ``reason`` is the
+    free-text detail)."""
+
+    WAITING = "waiting"
+    #: Served: the entry names the lease it got.
+    GRANTED = "granted"
+    #: The user (or the hub, for its spawner) gave up waiting.
+    CANCELLED = "cancelled"
+    #: Waited ``max_wait`` without a slice.
+    EXPIRED = "expired"
+    #: The hub restarted while it waited; nobody waits for it any more.
+    ABANDONED = "abandoned"
+
+
+#: The moves a wait-list entry may make: out of ``waiting`` once, never back.
+WAIT_MOVES: Mapping[WaitState, frozenset[WaitState]] = {
+    WaitState.WAITING: frozenset(
+        {WaitState.GRANTED, WaitState.CANCELLED, WaitState.EXPIRED, WaitState.ABANDONED}),
+    WaitState.GRANTED: frozenset(),
+    WaitState.CANCELLED: frozenset(),
+    WaitState.EXPIRED: frozenset(),
+    WaitState.ABANDONED: frozenset(),
+}
+
+
+def lease_move_allowed(old: LeaseState, new: LeaseState) -> bool:
+    """Whether a lease in ``old`` may be written with state ``new`` (see
+    :data:`LEASE_MOVES`; staying put is allowed while the lease is held)."""
+    return new in LEASE_MOVES[old] or (old == new and old is not LeaseState.RELEASED)
+
+
+def wait_move_allowed(old: WaitState, new: WaitState) -> bool:
+    """Whether a wait-list entry in ``old`` may be written with state ``new``."""
+    return new in WAIT_MOVES[old]
+
+
+class ReleaseCode(StrEnum):
+    """A stable code for why a lease ended, with what the user and the slice map say.
+
+    The values never change: the ledger stores them (``leases.release_code``), the hub's
+    metrics label with them. What is particular to one release (an exit status, an
+    exception's name) goes in the free-text detail beside it, never in the code.
+    """
+
+    words: str
+
+    def __new__(cls, value: str, words: str) -> ReleaseCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.words = words
+        return member
+
+    STOPPED = "stopped", "its server was stopped"
+    SERVER_EXITED = "server_exited", "its server exited"
+    START_FAILED = "start_failed", "its server failed to start"
+    STALE = "stale", "its server was gone when it started again"
+    CANCELLED = "cancelled", "its wait was cancelled as it was granted"
+    ORPHAN = "orphan", "the hub no longer ran its server"
+    # Reserved for the coming features (a GPU drained for maintenance, a spent budget).
+    DRAIN = "drain", "its GPU is being drained"
+    BUDGET = "budget", "its group's budget is spent"

@@ -1,0 +1,350 @@
+"""The one release path: every lease that ends is given back through :class:`Releaser`.
+
+The spawner (a start that failed, a stale lease, a poll that found the server dead, a
+stop, a wait cancelled as it was granted, and the retry of any of these) and the slice
+service (orphan repair) all call :meth:`Releaser.release`, which does the same steps in
+the same order:
+
+1. read the lease; a released one is :attr:`GiveBack.ALREADY_RELEASED`;
+2. ask the backend's holder probe (:class:`LocalProcesses`: this host's processes, by
+   the rule in :mod:`mig_spawner.holder`; :class:`KubePods`: the lease's pod by name and
+   UID) what still holds the slice, and stop what runs (TERM, then KILL after the
+   grace; a pod is deleted);
+3. anything still holding it, or a holder that cannot be checked: the lease is left
+   ``releasing`` with what holds it (``held_by``, plain words for its user) and the
+   outcome is :attr:`GiveBack.HELD`, with why;
+4. a dynamic instance is destroyed *before* the lease is released, so the ledger never
+   shows a slice free that still exists on the GPU; an instance that still runs
+   processes is never forced (held, as in 3);
+5. the lease is released with its :class:`~mig_spawner.core.lifecycle.ReleaseCode`.
+
+:meth:`Releaser.retry_later` retries a held give-back with backoff until it is done.
+Who counts what (the hub's and the service's metrics differ) is the caller's
+:class:`ReleaseEvents`. docs/architecture.md, "Who releases".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from mig_spawner import holder
+from mig_spawner.core.inventory import Gpu
+from mig_spawner.device_cgroup import pids_in_slice_cgroup
+from mig_spawner.gpu.errors import GpuError, InstanceInUse, InstanceNotFound
+from mig_spawner.kube import ClusterReadError
+from mig_spawner.ledger import Lease, LeaseState, Ledger, LedgerError, ReleaseCode
+
+T = TypeVar("T")
+#: Runs a blocking call off the event loop (the hub's worker, ``asyncio.to_thread``).
+Run = Callable[[Callable[[], T]], Awaitable[T]]
+
+#: A held give-back is retried after this many seconds, doubling up to RETRY_MAX, so
+#: that the slice is free within seconds of what held it going away.
+RETRY_FIRST = 0.5
+RETRY_MAX = 4.0
+
+#: What ``held_by`` says (users read it when they start that server again).
+UNCHECKABLE = "a process of its last run that the hub cannot check or stop"
+NO_GPU_ACCESS = "its dynamic instance must be destroyed, but there is no GPU access here"
+GPU_REFUSED = "the GPU did not let the hub destroy its instance yet; the hub keeps trying"
+LEDGER_DOWN = "the hub could not record yet that it was given back; it keeps trying"
+
+
+class SliceGpus(Protocol):
+    """What the release path needs of the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
+
+    def gpu(self, index: int) -> Gpu: ...
+
+    def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
+
+
+def on_device_words(pids: Iterable[int]) -> str:
+    """``held_by`` for processes the GPU itself lists on the slice."""
+    return f"processes still run on its GPU instance (PIDs {', '.join(map(str, pids))})"
+
+
+class GiveBack(StrEnum):
+    """What a give-back did."""
+
+    RELEASED = "released"
+    ALREADY_RELEASED = "already_released"
+    #: Something still holds the slice (or could not be checked): left ``releasing``.
+    HELD = "held"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A give-back's result; ``why`` (HELD) says in plain words what holds the slice,
+    ``error`` is the GPU or ledger error that stopped it, if one did."""
+
+    result: GiveBack
+    why: str = ""
+    error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        """Nothing is held any more: released now or before."""
+        return self.result is not GiveBack.HELD
+
+
+def still_holding(lease: Lease) -> str:
+    """In plain words, what keeps ``lease``'s slice from being free (for users)."""
+    if lease.held_by:
+        return lease.held_by
+    if lease.state == LeaseState.RELEASING:
+        return "the hub is still giving it back"
+    return LEDGER_DOWN
+
+
+class HolderProbe(Protocol):
+    """One backend's view of what holds a lease's slice (see the module doc)."""
+
+    async def check(self, lease: Lease) -> holder.HolderCheck:
+        """What holds the slice now."""
+
+    async def stop(self, lease: Lease, found: holder.HolderCheck, grace: float
+                   ) -> holder.HolderCheck:
+        """Stop what ``found`` runs (``grace`` seconds from TERM to KILL) and say what
+        holds the slice after that."""
+
+
+class LocalProcesses:
+    """The processes on this host (:func:`mig_spawner.holder.check`), with the PIDs the
+    GPU lists on the slice's MIG device (``gpus``: the adapter, read through ``run``
+    because NVML handles stay on their thread; ``None``: no GPU here).
+
+    ``cgroup_members`` is the hook for kernel-enforced isolation: lease -> the PIDs in
+    the slice's device cgroup, each a holder whatever its environment says.
+    """
+
+    def __init__(self, run: Run, gpus: Callable[[], SliceGpus | None] | None = None, *,
+                 cgroup_members: Callable[[Lease], Iterable[int]] | None = pids_in_slice_cgroup
+                 ) -> None:
+        self.run = run
+        self.gpus = gpus
+        self.cgroup_members = cgroup_members
+
+    async def check(self, lease: Lease) -> holder.HolderCheck:
+        try:
+            on_device = await self._on_device(lease)
+        except GpuError as e:
+            return holder.HolderCheck(holder.UNKNOWN, why=f"the GPU's process list of its MIG "
+                                      f"device cannot be read: {e}")
+        members = tuple(self.cgroup_members(lease)) if self.cgroup_members else ()
+        return await asyncio.to_thread(holder.check, lease, on_device=on_device,
+                                       members=members)
+
+    async def stop(self, lease: Lease, found: holder.HolderCheck, grace: float
+                   ) -> holder.HolderCheck:
+        stopped = await asyncio.to_thread(holder.stop, found, grace)
+        # What the device lists now, after the stop, is what still holds it.
+        return await self.check(lease) if stopped.state == holder.GONE else stopped
+
+    async def _on_device(self, lease: Lease) -> tuple[int, ...]:
+        if self.gpus is None or not lease.mig_uuid or lease.gpu_index is None:
+            return ()
+
+        def listed() -> tuple[int, ...]:
+            gpus = self.gpus() if self.gpus else None
+            if gpus is None:
+                return ()
+            for device in gpus.gpu(lease.gpu_index).mig_devices:
+                if device.uuid == lease.mig_uuid:
+                    # A list the driver refused or garbled adds nothing: the environment
+                    # rule still applies, and a dynamic instance is not destroyed while
+                    # processes run on it.
+                    return device.pids
+            return ()
+
+        return await self.run(listed)
+
+
+class KubePods:
+    """The lease's pod, by name and UID, through the Kubernetes API (``api``: an async
+    callable that returns a connected ``CoreV1Api``)."""
+
+    def __init__(self, api: Callable[[], Awaitable[Any]]) -> None:
+        self.api = api
+
+    async def check(self, lease: Lease) -> holder.HolderCheck:
+        try:
+            api = await self.api()
+        except ClusterReadError as e:
+            return holder.HolderCheck(holder.UNKNOWN, why=f"{e} ({e.hint})")
+        return await holder.check_pod(api, lease)
+
+    async def stop(self, lease: Lease, found: holder.HolderCheck, grace: float
+                   ) -> holder.HolderCheck:
+        return await holder.stop_pod(await self.api(), lease, found, grace)
+
+
+@dataclass(frozen=True)
+class HolderProbes:
+    """The probe for each kind of lease: pods for Kubernetes leases (``None``: this
+    process cannot reach a cluster), this host's processes for the others."""
+
+    local: HolderProbe
+    pods: HolderProbe | None = None
+
+    def for_lease(self, lease: Lease) -> HolderProbe | None:
+        return self.pods if lease.mode == "kube" else self.local
+
+
+class ReleaseEvents:
+    """What a caller counts and reports about give-backs; every hook does nothing here."""
+
+    def stopping(self, lease: Lease, found: holder.HolderCheck) -> None:
+        """A holder the hub does not track is being stopped before the release."""
+
+    def holder_unknown(self, lease: Lease, found: holder.HolderCheck, retry: bool) -> None:
+        """The holder could not be checked or stopped: the slice stays held."""
+
+    def retrying(self, lease_id: str) -> None:
+        """A held give-back will be retried in the background."""
+
+    def released(self, lease: Lease, code: ReleaseCode) -> None:
+        """The lease was released."""
+
+
+# Retry tasks by lease id: one per lease in this process, referenced so that the event
+# loop does not lose them.
+_RETRIES: dict[str, asyncio.Task[Outcome]] = {}
+
+
+class Releaser:
+    """Gives leases back (see the module doc). ``ledger``/``gpus`` return the adapters
+    (called through ``run``); ``probes`` says what holds a lease; ``grace``: seconds
+    from TERM to KILL for a holder; ``events``: the caller's counters; ``log``: where
+    it says what it did."""
+
+    def __init__(
+        self, ledger: Callable[[], Ledger], gpus: Callable[[], SliceGpus | None],
+        probes: HolderProbes, *, run: Run, grace: float = holder.STOP_GRACE,
+        events: ReleaseEvents | None = None, log: logging.Logger | logging.LoggerAdapter | None
+        = None,
+    ) -> None:
+        self.ledger = ledger
+        self.gpus = gpus
+        self.probes = probes
+        self.run = run
+        self.grace = grace
+        self.events = events or ReleaseEvents()
+        self.log = log or logging.getLogger(__name__)
+
+    async def release(self, lease: Lease | str, code: ReleaseCode, detail: str = "", *,
+                      retry: bool = False) -> Outcome:
+        """Give ``lease`` (or the lease of that id) back, or say what holds it.
+
+        Never raises for the GPU or the ledger: their errors come back in a
+        :attr:`GiveBack.HELD` outcome (``error``), to be tried again. ``retry``: a
+        background retry, which logs what is still held at debug level only.
+        """
+        try:
+            if isinstance(lease, str):
+                lease_id = lease
+                found = await self.run(lambda: self.ledger().get(lease_id))
+                if found is None:
+                    return Outcome(GiveBack.ALREADY_RELEASED)
+                lease = found
+            if not lease.held:
+                return Outcome(GiveBack.ALREADY_RELEASED)
+            held = await self._holder(lease, code, detail, retry)
+            if held is not None:
+                return held
+            outcome = await self.run(lambda: self._give_back(lease, code, detail))
+        except GpuError as e:
+            self.log.error("Lease %s of %s: the GPU refused to give its slice back (%s); "
+                           "retrying", lease if isinstance(lease, str) else lease.id,
+                           getattr(lease, "server", "?"), e)
+            return Outcome(GiveBack.HELD, GPU_REFUSED, e)
+        except LedgerError as e:
+            (self.log.debug if retry else self.log.error)(
+                "Could not release lease %s: %s", getattr(lease, "id", lease), e)
+            return Outcome(GiveBack.HELD, LEDGER_DOWN, e)
+        if outcome.result is GiveBack.RELEASED:
+            self.events.released(lease, code)
+        self.log.info("Lease %s of %s: %s (%s%s)", lease.id, lease.server, outcome.result,
+                      code, f": {detail}" if detail else "")
+        return outcome
+
+    async def _holder(self, lease: Lease, code: ReleaseCode, detail: str, retry: bool
+                      ) -> Outcome | None:
+        """Check (and stop) what holds ``lease``; an outcome when the slice stays held."""
+        probe = self.probes.for_lease(lease)
+        if probe is None:
+            found = holder.HolderCheck(holder.UNKNOWN, why=f"its server is pod {lease.pod}, "
+                                       "and there is no Kubernetes API here to check it")
+        else:
+            found = await probe.check(lease)
+            if found.state == holder.RUNNING:
+                what = f"pod {found.pod}" if found.pod else f"PIDs {found.pids}"
+                self.log.warning("Lease %s of %s: stopping %s that the hub does not track "
+                                 "before releasing it", lease.id, lease.server, what)
+                self.events.stopping(lease, found)
+                found = await probe.stop(lease, found, self.grace)
+        if found.state == holder.GONE:
+            return None
+        self.events.holder_unknown(lease, found, retry)
+        (self.log.debug if retry else self.log.error)(
+            "Lease %s of %s NOT released: its holder cannot be checked or stopped (%s); it "
+            "keeps its slice", lease.id, lease.server, found.why or found.pids)
+        why = on_device_words(found.on_device) if found.on_device else UNCHECKABLE
+        await self.run(lambda: self.ledger().begin_release(lease.id, code, detail, held_by=why))
+        return Outcome(GiveBack.HELD, why)
+
+    def _give_back(self, lease: Lease, code: ReleaseCode, detail: str) -> Outcome:
+        """Destroy ``lease``'s dynamic instance if it has one, then release it. Blocking."""
+        ledger = self.ledger()
+        if lease.mode == "dynamic" and lease.gi_id is not None and lease.gpu_index is not None:
+            gpus = self.gpus()
+            if gpus is None:
+                ledger.begin_release(lease.id, code, detail, held_by=NO_GPU_ACCESS)
+                return Outcome(GiveBack.HELD, NO_GPU_ACCESS)
+            try:
+                gpus.destroy_instance(lease.gpu_index, lease.gi_id)
+            except InstanceNotFound:
+                pass  # destroyed already (by the other party, or out of band)
+            except InstanceInUse as e:
+                why = on_device_words(e.pids)
+                ledger.begin_release(lease.id, code, detail, held_by=why)
+                return Outcome(GiveBack.HELD, why)
+            except GpuError:
+                # Said in the lease (the slice map, the user's next start), then retried.
+                ledger.begin_release(lease.id, code, detail, held_by=GPU_REFUSED)
+                raise
+        if ledger.release(lease.id, code, detail) is None:
+            return Outcome(GiveBack.ALREADY_RELEASED)
+        return Outcome(GiveBack.RELEASED)
+
+    def retry_later(self, lease_id: str, code: ReleaseCode, detail: str = "",
+                    done: Callable[[Outcome], None] | None = None) -> None:
+        """Retry giving ``lease_id`` back in the background (backoff from
+        :data:`RETRY_FIRST` to :data:`RETRY_MAX` seconds) until nothing holds it; then
+        call ``done``. One retry per lease in this process: a second call is a no-op."""
+        if lease_id in _RETRIES:
+            return
+        self.events.retrying(lease_id)
+        task = asyncio.ensure_future(self._retry(lease_id, code, detail))
+        _RETRIES[lease_id] = task
+
+        def finished(task: asyncio.Task[Outcome]) -> None:
+            _RETRIES.pop(lease_id, None)
+            if done is not None and not task.cancelled() and task.exception() is None:
+                done(task.result())
+
+        task.add_done_callback(finished)
+
+    async def _retry(self, lease_id: str, code: ReleaseCode, detail: str) -> Outcome:
+        delay = RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+            outcome = await self.release(lease_id, code, detail, retry=True)
+            if outcome.done:
+                self.log.info("Lease %s given back on a retry", lease_id)
+                return outcome

@@ -1,0 +1,201 @@
+"""Lease and wait-list states as types: every move the transition tables do not list is
+refused by the ledger, logged and never written, on SQLite and PostgreSQL; release codes
+live in their own columns, readable in plain SQL, and migration 0008 fills them in from
+the sentences older versions wrote.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, text
+
+from mig_spawner.core.lifecycle import (
+    LEASE_MOVES,
+    WAIT_MOVES,
+    LeaseState,
+    ReleaseCode,
+    WaitState,
+    lease_move_allowed,
+    wait_move_allowed,
+)
+from mig_spawner.ledger import (
+    IllegalTransition,
+    LeaseRequest,
+    LeaseStateError,
+    Ledger,
+    WaitRequest,
+)
+from mig_spawner.ledger.engine import create_ledger_engine
+from mig_spawner.ledger.migrate import alembic_config, upgrade
+from tests.test_ledger import first_free
+
+ILLEGAL_LEASE_MOVES = [(old, new) for old, new in itertools.product(LeaseState, LeaseState)
+                       if not lease_move_allowed(old, new)]
+ILLEGAL_WAIT_MOVES = [(old, new) for old, new in itertools.product(WaitState, WaitState)
+                      if not wait_move_allowed(old, new)]
+_names = itertools.count()
+
+
+def test_the_tables_name_every_state_and_end_in_final_states():
+    assert set(LEASE_MOVES) == set(LeaseState) and set(WAIT_MOVES) == set(WaitState)
+    assert LEASE_MOVES[LeaseState.RELEASED] == frozenset()
+    assert all(not WAIT_MOVES[s] for s in WaitState if s is not WaitState.WAITING)
+    # Every held state can end; nothing comes back from released or from an ended wait.
+    assert all(LeaseState.RELEASED in LEASE_MOVES[s] for s in LeaseState
+               if s is not LeaseState.RELEASED)
+    assert (LeaseState.RELEASING, LeaseState.ACTIVE) in ILLEGAL_LEASE_MOVES
+    assert len(ILLEGAL_LEASE_MOVES) == 7 and len(ILLEGAL_WAIT_MOVES) == 21
+
+
+@pytest.fixture(scope="module",
+                params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def ledger(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Ledger]:
+    """One ledger per backend for the module: each test uses its own users."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('states') / 'ledger.sqlite'}"
+    else:
+        server = request.getfixturevalue("postgres_server")
+        name = f"states_{next(_names)}"
+        server.psql(f"CREATE DATABASE {name}")
+        url = server.url(name)
+    with Ledger.open(url) as ledger:
+        yield ledger
+
+
+def lease_in(ledger: Ledger, state: LeaseState):
+    lease = ledger.claim(LeaseRequest(f"u{next(_names)}"), first_free)
+    if state is LeaseState.ACTIVE:
+        lease = ledger.activate(lease.id)
+    elif state is LeaseState.RELEASING:
+        lease = ledger.begin_release(lease.id, ReleaseCode.STOPPED, held_by="a process")
+    elif state is LeaseState.RELEASED:
+        ledger.release(lease.id, ReleaseCode.STOPPED)
+        lease = ledger.get(lease.id)
+    assert lease is not None and lease.state is state
+    return lease
+
+
+@pytest.mark.parametrize(("old", "new"), ILLEGAL_LEASE_MOVES, ids=lambda s: str(s))
+def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
+    lease = lease_in(ledger, old)
+    with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
+        IllegalTransition, match=f"is {old}; it cannot become {new}"
+    ) as refused, ledger._write() as connection:
+        ledger._move(connection, ledger._lock_lease(connection, lease.id), new)
+    assert isinstance(refused.value, LeaseStateError) and refused.value.lease == lease
+    assert ledger.get(lease.id) == lease  # nothing written
+    assert f"it cannot become {new}" in caplog.text
+
+
+def wait_in(ledger: Ledger, state: WaitState):
+    user = f"w{next(_names)}"
+    for earlier in ledger.waiting():  # left waiting by another test: not in this one's way
+        ledger.cancel_wait(earlier.id, "tidy")
+    entry = ledger.join_wait(WaitRequest(user, "", "physics", 0, "1g.10gb", None))
+    if state is WaitState.GRANTED:
+        entry = ledger.grant_next(lambda e, view: first_free(view), quotas={}, capacity=14)
+        ledger.release(entry.lease_id, ReleaseCode.STOPPED)  # leave the slots to others
+    elif state is not WaitState.WAITING:
+        entry = ledger.cancel_wait(entry.id, "gone", state=state)
+    assert entry is not None and entry.user == user and entry.state is state
+    return entry
+
+
+@pytest.mark.parametrize(("old", "new"), ILLEGAL_WAIT_MOVES, ids=lambda s: str(s))
+def test_an_illegal_wait_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
+    entry = wait_in(ledger, old)
+    with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
+        IllegalTransition, match=f"is {old}; it cannot become {new}"
+    ), ledger._write() as connection:
+        ledger._close(connection, entry, new, ledger._now(), reason="test")
+    assert ledger.wait_entry(entry.id) == entry
+    assert f"it cannot become {new}" in caplog.text
+
+
+def test_public_calls_refuse_what_the_table_refuses(ledger):
+    active = ledger.get(lease_in(ledger, LeaseState.ACTIVE).id)
+    assert type(active.state) is LeaseState  # read back as the enum
+    releasing = lease_in(ledger, LeaseState.RELEASING)
+    with pytest.raises(LeaseStateError, match="is releasing"):
+        ledger.activate(releasing.id)
+    # Ending what has ended is a no-op, never a move.
+    released = lease_in(ledger, LeaseState.RELEASED)
+    assert ledger.release(released.id, ReleaseCode.ORPHAN) is None
+    assert ledger.begin_release(released.id, ReleaseCode.ORPHAN) is None
+    assert ledger.get(released.id) == released
+    with pytest.raises(ValueError, match=r"not a release code.*stopped, server_exited"):
+        ledger.release(lease_in(ledger, LeaseState.ACTIVE).id, "went away")
+
+
+def test_release_codes_are_columns_readable_in_plain_sql(ledger):
+    held = lease_in(ledger, LeaseState.ACTIVE)
+    ledger.begin_release(held.id, ReleaseCode.SERVER_EXITED, "status 1",
+                         held_by="processes still run on its GPU instance (PIDs 7)")
+    done = ledger.claim(LeaseRequest(f"u{next(_names)}"), first_free)
+    ledger.release(done.id, ReleaseCode.START_FAILED, "FileNotFoundError")
+    engine = create_engine(ledger._engine.url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT id, state, release_code, release_detail, held_by FROM leases "
+                "WHERE id IN (:a, :b) ORDER BY state"), {"a": held.id, "b": done.id}).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [
+        (done.id, "released", "start_failed", "FileNotFoundError", None),
+        (held.id, "releasing", "server_exited", "status 1",
+         "processes still run on its GPU instance (PIDs 7)"),
+    ]
+
+
+OLD_REASONS = {
+    "stopped": ("stopped", None, None),
+    "server-exited (status 1)": ("server_exited", "status 1", None),
+    "start-failed: FileNotFoundError": ("start_failed", "FileNotFoundError", None),
+    "stale: server was not running when it started again":
+        ("stale", "server was not running when it started again", None),
+    "cancelled while waiting": ("cancelled", "while waiting", None),
+    "orphan: hub has not run ana/ for 300s or more (released by the slice service)":
+        ("orphan", "hub has not run ana/ for 300s or more (released by the slice service)",
+         None),
+    "stopped; held by: processes still run on its GPU instance (PIDs 4242)":
+        ("stopped", None, "processes still run on its GPU instance (PIDs 4242)"),
+    "released by an admin": (None, "released by an admin", None),
+}
+
+
+def test_migration_0008_reads_codes_out_of_the_old_sentences(backend_url):
+    engine = create_ledger_engine(backend_url)
+    try:
+        assert upgrade(engine, "0007") == "0007"
+        with engine.begin() as conn:
+            for n, reason in enumerate(OLD_REASONS):
+                conn.execute(text(
+                    "INSERT INTO leases (id, user_name, server_name, group_name, profile, "
+                    "compute_slices, mode, state, claimed_at, release_reason) VALUES "
+                    "(:id, :user, '', 'g', '1g.18gb', 1, 'pool', :state, :at, :reason)"),
+                    {"id": f"old{n}", "user": f"user{n}", "reason": reason,
+                     "state": "releasing" if "held by" in reason else "released",
+                     "at": "2026-01-01 00:00:00"})
+        assert upgrade(engine) == "0008"
+        with engine.connect() as conn:
+            got = conn.execute(text(
+                "SELECT id, release_code, release_detail, held_by FROM leases")).all()
+        assert {row[0]: tuple(row[1:]) for row in got} == {
+            f"old{n}": want for n, want in enumerate(OLD_REASONS.values())}
+        # And back: 0007's sentences again (what an older mig-spawner reads).
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0007")
+        with engine.connect() as conn:
+            back = dict(conn.execute(text("SELECT id, release_reason FROM leases")).all())
+        assert back["old1"] == "server-exited: status 1"
+        assert back["old6"] == (
+            "stopped; held by: processes still run on its GPU instance (PIDs 4242)")
+        assert back["old7"] == "released by an admin"
+    finally:
+        engine.dispose()

@@ -1,0 +1,162 @@
+"""The one release path, in-process: the simulator's GPU, a real SQLite ledger, real
+processes. What holds a slice is stopped or keeps it; a dynamic instance goes before
+its lease; a held give-back is retried until nothing holds it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from mig_spawner import holder
+from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Grant, LeaseRequest, LeaseState, Ledger, ReleaseCode
+from mig_spawner.release import (
+    UNCHECKABLE,
+    GiveBack,
+    HolderProbes,
+    LocalProcesses,
+    ReleaseEvents,
+    Releaser,
+)
+
+SIM = "h200x1:layout=1g.18gb*2"
+
+
+class Counted(ReleaseEvents):
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+
+    def stopping(self, lease, found) -> None:
+        self.seen["stopping"] += 1
+
+    def holder_unknown(self, lease, found, retry) -> None:
+        self.seen["holder_unknown"] += 1
+
+    def retrying(self, lease_id) -> None:
+        self.seen["retrying"] += 1
+
+    def released(self, lease, code) -> None:
+        self.seen[f"released:{code}"] += 1
+
+
+@pytest.fixture
+def world(tmp_path):
+    state = tmp_path / "sim.json"
+    gpus = connect(simulate=SIM, state_file=str(state))
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    events = Counted()
+    releaser = Releaser(
+        lambda: ledger, lambda: gpus,
+        HolderProbes(local=LocalProcesses(asyncio.to_thread, lambda: gpus)),
+        run=asyncio.to_thread, grace=0.5, events=events)
+    started: list[subprocess.Popen] = []
+
+    def spawn(**env: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env={**os.environ, **env}, start_new_session=True)
+        started.append(proc)
+        time.sleep(0.2)  # past exec: /proc/<pid>/environ is the child's own
+        return proc
+
+    yield ledger, gpus, SimulatedHost.open(state), releaser, events, spawn
+    for proc in started:
+        proc.kill()
+        proc.wait()
+    ledger.close()
+    gpus.close()
+
+
+def claim(ledger: Ledger, user: str, **grant):
+    fields = {"mode": "pool", "host": holder.this_host(), "gpu_uuid": "GPU-0", "gpu_index": 0,
+              "start": 0, "size": 1, **grant}
+    return ledger.claim(LeaseRequest(user), lambda view: Grant(
+        group="analysts", profile="1g.18gb", compute_slices=1, **fields))
+
+
+async def test_a_process_that_keeps_the_device_but_names_another_lease_is_stopped_first(
+    world,
+):
+    ledger, gpus, _, releaser, events, spawn = world
+    device = gpus.inventory().mig_devices[0]
+    lease = claim(ledger, "ana", mig_uuid=device.uuid)
+    escaped = spawn(CUDA_VISIBLE_DEVICES=device.uuid, MIG_SPAWNER_LEASE_ID="not-this-one")
+    outcome = await releaser.release(lease.id, ReleaseCode.STOPPED)
+    assert outcome.result is GiveBack.RELEASED
+    assert escaped.wait(5) == -signal.SIGTERM  # gone before the slice was free
+    done = ledger.get(lease.id)
+    assert (done.state, done.release_code) == (LeaseState.RELEASED, ReleaseCode.STOPPED)
+    assert events.seen == {"stopping": 1, "released:stopped": 1}
+    assert (await releaser.release(lease.id, ReleaseCode.ORPHAN)).result is (
+        GiveBack.ALREADY_RELEASED)
+
+
+async def test_what_the_gpu_lists_on_the_slice_keeps_it_held_until_gone_then_a_retry_frees_it(
+    world, monkeypatch,
+):
+    ledger, gpus, sim, releaser, events, _ = world
+    device = gpus.inventory().mig_devices[1]
+    lease = claim(ledger, "bob", mig_uuid=device.uuid, start=1)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a PID NVML lists that this host does not show (another namespace)
+    sim.set_processes(device.uuid, [(gone.pid, 100)])
+    outcome = await releaser.release(lease, ReleaseCode.SERVER_EXITED, "status 1")
+    assert (outcome.result, outcome.why) == (
+        GiveBack.HELD, f"processes still run on its GPU instance (PIDs {gone.pid})")
+    held = ledger.get(lease.id)
+    assert (held.state, held.held_by, held.release_code, held.release_detail) == (
+        LeaseState.RELEASING, outcome.why, ReleaseCode.SERVER_EXITED, "status 1")
+    assert ledger.claim(LeaseRequest("carol"), lambda view: Grant(
+        group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+        host=holder.this_host(), gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
+        mig_uuid="MIG-other")).start == 0  # the held slice 1 is not on offer
+
+    monkeypatch.setattr("mig_spawner.release.RETRY_FIRST", 0.05)
+    finished = asyncio.get_running_loop().create_future()
+    releaser.retry_later(lease.id, ReleaseCode.SERVER_EXITED, "status 1",
+                         finished.set_result)
+    releaser.retry_later(lease.id, ReleaseCode.SERVER_EXITED)  # one retry per lease
+    await asyncio.sleep(0.2)
+    assert ledger.get(lease.id).state == LeaseState.RELEASING
+    sim.set_processes(device.uuid, [])
+    assert (await asyncio.wait_for(finished, 5)).result is GiveBack.RELEASED
+    assert ledger.get(lease.id).release_detail == "status 1"
+    assert events.seen["retrying"] == 1 and events.seen["released:server_exited"] == 1
+
+
+async def test_a_dynamic_instance_is_destroyed_before_its_lease_is_released(world):
+    ledger, gpus, _, releaser, _, _ = world
+    gpus.destroy_instance(0, gpus.inventory().mig_devices[1].gi_id)
+    made = gpus.create_instance(0, "1g.18gb", start=1)
+    lease = claim(ledger, "dyn", mode="dynamic", start=1, mig_uuid=made.uuid,
+                  gi_id=made.gi_id, ci_id=made.ci_id)
+    assert (await releaser.release(lease, ReleaseCode.START_FAILED, "OSError")).done
+    assert gpus.inventory().device_by_uuid(made.uuid) is None
+    # Without GPU access here, the instance cannot go: the lease keeps its slice.
+    again = gpus.create_instance(0, "1g.18gb", start=1)
+    lease = claim(ledger, "dyn2", mode="dynamic", start=1, mig_uuid=again.uuid,
+                  gi_id=again.gi_id, ci_id=again.ci_id)
+    blind = Releaser(lambda: ledger, lambda: None,
+                     HolderProbes(local=LocalProcesses(asyncio.to_thread)),
+                     run=asyncio.to_thread)
+    outcome = await blind.release(lease, ReleaseCode.ORPHAN)
+    assert outcome.result is GiveBack.HELD and "no GPU access" in ledger.get(lease.id).held_by
+
+
+async def test_a_holder_that_cannot_be_checked_keeps_the_slice_and_is_counted(world):
+    ledger, _, _, releaser, events, _ = world
+    far = claim(ledger, "far", host="gpu-host-9", mig_uuid="MIG-far")
+    outcome = await releaser.release(far, ReleaseCode.ORPHAN)
+    assert (outcome.result, outcome.why) == (GiveBack.HELD, UNCHECKABLE)
+    assert ledger.get(far.id).held_by == UNCHECKABLE  # the words its user will read
+    pod = claim(ledger, "pod", mode="kube", host=None, gpu_uuid=None, gpu_index=None,
+                start=None, size=None, pod="jupyter-pod")
+    assert (await releaser.release(pod, ReleaseCode.STOPPED)).result is GiveBack.HELD
+    assert events.seen == {"holder_unknown": 2}
