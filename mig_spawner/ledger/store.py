@@ -7,21 +7,34 @@ Callers get frozen ``Lease`` records back, never live ORM rows.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields, replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    and_,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 
 from . import migrate
+from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges, announce
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
 from .errors import (
     Conflict,
@@ -34,7 +47,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .models import lease_events, lease_servers, lease_slots, leases
+from .models import lease_events, lease_servers, lease_slots, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
@@ -96,6 +109,11 @@ class Ledger(WaitList):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._clock = clock
         self._schema_ok = False
+        # SQLite has one writer at a time: this process's writers queue on a lock in
+        # turn rather than in SQLite's busy handler, which sleeps up to 100 ms between
+        # tries. Other databases serialise in the database (the claim lock) alone.
+        self._writers: AbstractContextManager[Any] = (
+            threading.Lock() if self.dialect == "sqlite" else nullcontext())
         self._refusal_log = RefusalLog(self._read, self._write, self._now)
 
     @classmethod
@@ -208,7 +226,7 @@ class Ledger(WaitList):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._database():
+        with self._database(), self._writers:
             self._check_schema()
             with self._engine.connect() as connection:
                 prepare_write(connection)
@@ -575,6 +593,7 @@ class Ledger(WaitList):
                 return None
             connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
             connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
+            announce(connection)  # the grant loops of other processes (ledger/changes.py)
             return self._update(
                 connection,
                 lease,
@@ -582,6 +601,31 @@ class Ledger(WaitList):
                 released_at=now,
                 release_reason=lease.release_reason or reason,
             )
+
+    # -- change notes for the grant loops (ledger/changes.py) ---------------------
+
+    def change_mark(self) -> tuple[int, ...]:
+        """Numbers that move when a slice is released or the wait list changes: leases
+        no longer held, the newest wait entry, entries waiting (indexed counts)."""
+        query = select(
+            select(func.count()).select_from(leases)
+            .where(leases.c.state.not_in(HELD_STATES)).scalar_subquery(),
+            select(func.coalesce(func.max(waits.c.id), 0)).scalar_subquery(),
+            select(func.count()).select_from(waits)
+            .where(waits.c.state == "waiting").scalar_subquery(),
+        )
+        with self._read() as connection:
+            return tuple(connection.execute(query).one())
+
+    def watch_changes(self) -> ChangeWatch:
+        """A watch on releases and line changes made by other processes: PostgreSQL
+        ``LISTEN`` (psycopg2), SQLite's data version, else the :meth:`change_mark`."""
+        with self._database():
+            if self.dialect == "postgresql" and self._engine.dialect.driver == "psycopg2":
+                return PostgresChanges(self._engine)
+            if self.dialect == "sqlite":
+                return SqliteChanges(self._engine, self.change_mark)
+            return MarkChanges(self.change_mark)
 
     # -- queries ------------------------------------------------------------------
 
