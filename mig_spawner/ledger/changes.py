@@ -30,17 +30,20 @@ from sqlalchemy import Connection, Engine, text
 
 #: The PostgreSQL channel of wait-list changes.
 CHANNEL = "mig_spawner_grants"
-#: This process's signature on what it announces: its own changes wake its loop
-#: directly, so it ignores their notes.
-ORIGIN = uuid4().hex
 
 
-def announce(connection: Connection) -> None:
+def new_origin() -> str:
+    """A ledger object's signature on what it announces: the changes a process makes
+    through its own ledger wake its loop directly, so its watch ignores their notes."""
+    return uuid4().hex
+
+
+def announce(connection: Connection, origin: str) -> None:
     """Tell the other processes, when this transaction commits, that slices were
     released or the line changed (PostgreSQL; SQLite's readers see the commit)."""
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_notify(:channel, :origin)"),
-                           {"channel": CHANNEL, "origin": ORIGIN})
+                           {"channel": CHANNEL, "origin": origin})
 
 
 class ChangeWatch(Protocol):
@@ -60,7 +63,8 @@ class ChangeWatch(Protocol):
 class PostgresChanges:
     """``LISTEN`` on a psycopg2 connection of its own."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, origin: str) -> None:
+        self._origin = origin
         args, params = engine.dialect.create_connect_args(engine.url)
         self._connection: Any = engine.dialect.loaded_dbapi.connect(*args, **params)
         self._connection.autocommit = True
@@ -72,7 +76,7 @@ class PostgresChanges:
 
     def changed(self) -> bool:
         self._connection.poll()
-        notes = [n for n in self._connection.notifies if n.payload != ORIGIN]
+        notes = [n for n in self._connection.notifies if n.payload != self._origin]
         self._connection.notifies.clear()
         return bool(notes)
 
@@ -104,8 +108,8 @@ class SqliteChanges(MarkChanges):
 
     def __init__(self, engine: Engine, mark: Callable[[], tuple[int, ...]]) -> None:
         raw = engine.raw_connection()
-        raw.detach()  # its own for good: the pool neither counts nor recycles it
         self._connection: Any = raw.driver_connection
+        raw.detach()  # its own for good: the pool neither counts nor recycles it
         self._version = self._data_version()
         super().__init__(mark)
 

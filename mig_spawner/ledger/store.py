@@ -34,7 +34,14 @@ from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 
 from . import migrate
-from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges, announce
+from .changes import (
+    ChangeWatch,
+    MarkChanges,
+    PostgresChanges,
+    SqliteChanges,
+    announce,
+    new_origin,
+)
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
 from .errors import (
     Conflict,
@@ -109,6 +116,7 @@ class Ledger(WaitList):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._clock = clock
         self._schema_ok = False
+        self._origin = new_origin()
         # SQLite has one writer at a time: this process's writers queue on a lock in
         # turn rather than in SQLite's busy handler, which sleeps up to 100 ms between
         # tries. Other databases serialise in the database (the claim lock) alone.
@@ -593,7 +601,7 @@ class Ledger(WaitList):
                 return None
             connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
             connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
-            announce(connection)  # the grant loops of other processes (ledger/changes.py)
+            announce(connection, self._origin)  # for the grant loops (ledger/changes.py)
             return self._update(
                 connection,
                 lease,
@@ -622,7 +630,7 @@ class Ledger(WaitList):
         ``LISTEN`` (psycopg2), SQLite's data version, else the :meth:`change_mark`."""
         with self._database():
             if self.dialect == "postgresql" and self._engine.dialect.driver == "psycopg2":
-                return PostgresChanges(self._engine)
+                return PostgresChanges(self._engine, self._origin)
             if self.dialect == "sqlite":
                 return SqliteChanges(self._engine, self.change_mark)
             return MarkChanges(self.change_mark)

@@ -109,6 +109,7 @@ class WaitList:
     _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
+    _origin: str
 
     def join_wait(self, request: WaitRequest, *, max_waiting: int = 1) -> WaitEntry:
         """Put a server on the wait list; call :meth:`grant_next` after it.
@@ -146,7 +147,7 @@ class WaitList:
                 "deadline": deadline, "bypassed": 0,
             }
             new_id = connection.execute(insert(waits).values(values)).inserted_primary_key[0]
-            announce(connection)
+            announce(connection, self._origin)
             return self._entries(connection, id=new_id)[0]
 
     def cancel_wait(
@@ -164,7 +165,7 @@ class WaitList:
             if not found or not found[0].waiting:
                 return found[0] if found else None
             self._close(connection, found[0], state, self._now(), reason=reason)
-            announce(connection)
+            announce(connection, self._origin)
             return self._entries(connection, id=entry_id)[0]
 
     def wait_entry(self, entry_id: int) -> WaitEntry | None:
@@ -274,7 +275,7 @@ class WaitList:
                         .values(bypassed=waits.c.bypassed + 1)
                     )
             if served:
-                announce(connection)
+                announce(connection, self._origin)
             ids = {*granted_ids, *watch}
             known = {e.id: e for e in self._entries(connection, ids=ids)} if ids else {}
             return GrantRound(
