@@ -17,8 +17,7 @@ from traitlets.config import Config
 from mig_spawner.gpu import GpuAdapter
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
-from mig_spawner.spawner import LocalMIGSpawner
-from mig_spawner.spawner import waiting
+from mig_spawner.spawner import LocalMIGSpawner, waiting
 from tests.mocking import User
 
 SIM = "h200x1:layout=1g.18gb*3"
