@@ -162,8 +162,6 @@ class GrantLoop:
     def __init__(self, runtime: SpawnerRuntime) -> None:
         self.runtime = runtime
         self.tickets: dict[int, Ticket] = {}
-        #: Passes run (for tests and the benchmark: each costs one fleet read).
-        self.passes = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._history: tuple[float, list[tuple[str, str, float]]] | None = None
@@ -225,7 +223,7 @@ class GrantLoop:
         none): the one timer of the loop."""
         now = datetime.now(UTC)
         due = [(t.entry.deadline - now).total_seconds() for t in self.tickets.values()
-               if t.entry.deadline is not None]
+               if t.entry.deadline is not None and not t.done]
         if self._retry_at is not None:
             due.append(self._retry_at - time.monotonic())
         return max(min(due), 0.0) + 0.01 if due else None
@@ -271,7 +269,6 @@ class GrantLoop:
         tickets = [t for t in self.tickets.values() if not t.done]
         if not tickets:
             return
-        self.passes += 1
         delegate = tickets[0].spawner
         fleet = await delegate.read_fleet()
         plans = {t.entry.id: t.spawner.plan_claim(fleet, t.offer, t.mine) for t in tickets}
