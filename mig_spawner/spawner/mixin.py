@@ -150,7 +150,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return user_options
 
     async def held_leases(self) -> list[Lease]:
-        """The ledger's held leases, read on the worker thread."""
+        """The ledger's held leases, read on a worker thread."""
         return await self.runtime.run(lambda: self.runtime.ledger().active())
 
     def backend_problem(self, e: Exception) -> str:
@@ -324,7 +324,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                     profile=profile, group=group, host=host,
                 )
 
-            # Written on the worker thread without waiting: the user hears why at once,
+            # Written on a worker thread without waiting: the user hears why at once,
             # and a ledger that cannot be written must not turn a refusal into an error.
             self.runtime.submit(record).add_done_callback(self._recorded)
         return refusal(reason, message)
@@ -597,7 +597,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """Backend hook: check the lease's holder and stop what still runs for it that
         the hub does not track; ``GONE`` means the slice may be released. Here: the
         processes on this host (``kube.py``: the pod)."""
-        # Not on the runtime's worker thread: stopping may take the grace period.
+        # Not on the runtime's worker threads: stopping may take the grace period.
         found = await asyncio.to_thread(holder.check, lease)
         if found.state == holder.RUNNING:
             self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "

@@ -1,7 +1,7 @@
 """What every MIG spawner reads from the shared settings: the runtime and the policies.
 
 A base class of :class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin`: it gives the
-runtime (ledger, GPU adapter, worker thread) and the group policies. The traits that
+runtime (ledger, GPU adapter, worker threads) and the group policies. The traits that
 act for one backend only live on that backend's spawner (``local.py``, ``kube.py``).
 The ledger and GPU settings that the slice service and the CLI share are not here but
 in ``c.MIGSettings`` (:class:`~mig_spawner.config.MIGSettings`), so that nobody can set
