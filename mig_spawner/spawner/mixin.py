@@ -597,7 +597,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """Backend hook: check the lease's holder and stop what still runs for it that
         the hub does not track; ``GONE`` means the slice may be released. Here: the
         processes on this host (``kube.py``: the pod)."""
-        # Not on the runtime's worker threads: stopping may take the grace period.
+        # Not on the runtime's worker thread: stopping may take the grace period.
         found = await asyncio.to_thread(holder.check, lease)
         if found.state == holder.RUNNING:
             self.log.warning("Lease %s of %s: stopping PIDs %s the hub does not track before "
