@@ -1,8 +1,12 @@
 """A class-start burst on a real hub: the MIG spawner against JupyterHub's plain spawner.
 
-Three cases, each on real hubs (JupyterHub, configurable-http-proxy, jupyter_server
-single-user servers) on a simulated H200 host:
+Three cases on real hubs (JupyterHub, configurable-http-proxy, jupyter_server
+single-user servers) on a simulated H200 host, and one without servers:
 
+0. **Claims alone**: N spawners of this process claim at once through the mixin's claim
+   path (validation, stale-lease check, fleet read, ledger claim), with no server
+   starting: the claim's own p95, free of the servers' start-up CPU. Goal: <= 1 s at
+   N = 100.
 1. **Burst**: N users of a queueing group press Start within one second. The plain
    ``SimpleLocalProcessSpawner`` hub runs first, then the ``SimpleLocalMIGSpawner`` hub
    (one after the other, never at once), with at least N slices. Measured: the hub's
@@ -26,6 +30,7 @@ It prints figures and ratios; it is a benchmark, not a timed test.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import re
@@ -39,8 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+from traitlets.config import Config
 
+from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from mig_spawner.spawner import LocalMIGSpawner, waiting
+from tests.mocking import User
 from tests.support.hub_harness import HubProcess, start_mig_hub
 
 SLICES_PER_GPU = 7
@@ -163,6 +172,35 @@ def claim_times(hub: HubProcess) -> list[float]:
     return [int(ms) / 1000 for ms in CLAIMED.findall(text)]
 
 
+def case_claims(n: int, tmp: Path) -> list[float]:
+    """Each of ``n`` concurrent in-process claims' duration (case 0)."""
+    sim = sim_for(n)
+    SimulatedHost.from_spec(sim, tmp / f"claims-{n}.json")
+    c = Config()
+    c.MIGSettings.ledger_url = f"sqlite:///{tmp}/claims-{n}.sqlite"
+    c.MIGSettings.simulate = sim
+    c.MIGSettings.sim_state_file = str(tmp / f"claims-{n}.json")
+    c.MIGPolicyConfig.group_policies = {"burst": {"allowed": ["1g.18gb"], "queue": True,
+                                                  "max_wait": "1h"}}
+    spawners = [LocalMIGSpawner(config=c, user=User(f"c{i:03d}", ["burst"]))
+                for i in range(n + 1)]
+
+    async def claim(spawner: LocalMIGSpawner) -> float:
+        tic = time.perf_counter()
+        spawner.user_options = {"profile": "1g.18gb"}
+        offer, mine = spawner._validate(spawner.user_options)
+        await spawner._drop_stale_lease()
+        plan = await spawner.claim_decide(offer, mine)
+        await waiting.claim(spawner, offer, mine, plan)
+        return time.perf_counter() - tic
+
+    async def burst() -> list[float]:
+        await claim(spawners[-1])  # the ledger opened and migrated first
+        return list(await asyncio.gather(*(claim(s) for s in spawners[:-1])))
+
+    return asyncio.run(burst())
+
+
 def case_burst(n: int, tmp: Path) -> dict[str, Burst | list[float]]:
     users = [f"b{i:03d}" for i in range(n)]
     out: dict[str, Burst | list[float]] = {}
@@ -241,7 +279,8 @@ def main() -> int:
                         help="users waiting while nobody spawns (case 3)")
     parser.add_argument("--quick", action="store_true",
                         help="N = 10, 4 slices for 10 users, W = 10, short windows")
-    parser.add_argument("--skip", choices=["burst", "waiting", "idle"], nargs="*", default=[])
+    parser.add_argument("--skip", choices=["claims", "burst", "waiting", "idle"], nargs="*",
+                        default=[])
     args = parser.parse_args()
     sizes, waiters, window = args.n, args.waiters, 15.0
     wait_slices, wait_users = 5, 15
@@ -249,6 +288,13 @@ def main() -> int:
         sizes, waiters, window, wait_slices, wait_users = [10], 10, 8.0, 4, 10
     with tempfile.TemporaryDirectory(prefix="mig-burst-") as name:
         tmp = Path(name)
+        if "claims" not in args.skip:
+            for n in sizes:
+                took = case_claims(n, tmp)
+                print(f"0. {n} claims at once in-process, no servers: median "
+                      f"{statistics.median(took):.3f} s, p95 {p95(took):.3f} s (goal <= "
+                      f"{GOALS['claim']} s at N = 100: {verdict(p95(took), GOALS['claim'])})",
+                      flush=True)
         if "burst" not in args.skip:
             print("1. Burst: N users press Start within 1 s (plain hub first, then MIG)")
             print(f"{'N':>5}{'api p95 plain':>15}{'api p95 mig':>13}{'ratio':>7}"
