@@ -486,15 +486,19 @@ async def claim(
     request = LeaseRequest(spawner.user.name, spawner.name or "")
     group = charged_group(mine, offer)
     queue = group is not None and group.queue
-    others = await runtime.run(lambda: runtime.ledger().waiting())
-    if not others:
-        try:
-            lease = await runtime.run(lambda: runtime.ledger().claim(request, plan.decide))
-            return lease, plan
-        except Refused as e:
-            if e.reason not in FIT_REASONS or not queue:
-                raise
+    def claim_unless_others_wait() -> Lease | None:
+        # One trip to a worker thread: a claim waits behind the hub's own work once.
+        ledger = runtime.ledger()
+        return None if ledger.waiting() else ledger.claim(request, plan.decide)
+
+    try:
+        lease = await runtime.run(claim_unless_others_wait)
+    except Refused as e:
+        if e.reason not in FIT_REASONS or not queue:
+            raise
     else:
+        if lease is not None:
+            return lease, plan
         # Others wait: join the line rather than jump it; only "nothing free" is queued.
         held = await runtime.run(lambda: runtime.ledger().active())
         try:
