@@ -230,3 +230,25 @@ def test_max_wait_none_never_expires(backend_url: str) -> None:
         drain(ledger)
         assert ledger.wait_entry(entry.id).waiting
         assert entry.deadline is None and entry.joined_at + timedelta(days=3) == clock.now
+
+
+def test_one_grant_pass_serves_every_waiter_a_release_made_room_for(backend_url: str) -> None:
+    """``grant_waiting`` grants in one transaction what ``grant_next`` grants one call at
+    a time (the same order, the same slots), and returns the line it left."""
+    with Ledger.open(backend_url, clock=Clock()) as ledger:
+        fill(ledger)
+        late = [ledger.join_wait(asks(name)) for name in ("ann", "bob", "cy", "dee")]
+        freed = ledger.active()[:3]
+        for holder in freed:
+            ledger.release(holder.id, "stopped")
+        done = ledger.grant_waiting(first_free, quotas={},
+                                    capacity=lambda held: SLOTS,
+                                    watch=[e.id for e in late])
+        assert [e.user for e in done.granted] == ["ann", "bob", "cy"]
+        assert sorted(ledger.get(e.lease_id).start for e in done.granted) == sorted(
+            h.start for h in freed)
+        assert [e.user for e in done.line] == ["dee"] and len(done.held) == SLOTS
+        assert {e.user: e.state for e in done.watched.values()} == {
+            "ann": "granted", "bob": "granted", "cy": "granted", "dee": "waiting"}
+        assert done.capacity == SLOTS
+        assert ledger.grant_waiting(first_free, quotas={}, capacity=SLOTS).granted == []

@@ -8,15 +8,27 @@ Callers get frozen ``Lease`` records back, never live ORM rows.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields, replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, delete, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    and_,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
 from mig_spawner.core.clock import utcnow
@@ -24,6 +36,14 @@ from mig_spawner.core.durations import format_duration
 from mig_spawner.core.lifecycle import lease_move_allowed
 
 from . import migrate
+from .changes import (
+    ChangeWatch,
+    MarkChanges,
+    PostgresChanges,
+    SqliteChanges,
+    announce,
+    new_origin,
+)
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
 from .errors import (
     Conflict,
@@ -37,7 +57,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .models import lease_events, lease_servers, lease_slots, leases
+from .models import lease_events, lease_servers, lease_slots, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
@@ -114,6 +134,12 @@ class Ledger(WaitList):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._clock = clock
         self._schema_ok = False
+        self._origin = new_origin()
+        # SQLite has one writer at a time: this process's writers queue on a lock in
+        # turn rather than in SQLite's busy handler, which sleeps up to 100 ms between
+        # tries. Other databases serialise in the database (the claim lock) alone.
+        self._writers: AbstractContextManager[Any] = (
+            threading.Lock() if self.dialect == "sqlite" else nullcontext())
         self._refusal_log = RefusalLog(self._read, self._write, self._now)
 
     @classmethod
@@ -226,7 +252,7 @@ class Ledger(WaitList):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._database():
+        with self._database(), self._writers:
             self._check_schema()
             with self._engine.connect() as connection:
                 prepare_write(connection)
@@ -621,6 +647,7 @@ class Ledger(WaitList):
                 return None
             connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
             connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
+            announce(connection, self._origin)  # for the grant loops (ledger/changes.py)
             return self._move(connection, lease, LeaseState.RELEASED, released_at=now,
                               held_by=None, **self._first_why(lease, code, detail))
 
@@ -629,6 +656,31 @@ class Ledger(WaitList):
         if lease.release_code is not None:
             return {"release_code": lease.release_code, "release_detail": lease.release_detail}
         return {"release_code": code, "release_detail": detail}
+
+    # -- change notes for the grant loops (ledger/changes.py) ---------------------
+
+    def change_mark(self) -> tuple[int, ...]:
+        """Numbers that move when a slice is released or the wait list changes: leases
+        no longer held, the newest wait entry, entries waiting (indexed counts)."""
+        query = select(
+            select(func.count()).select_from(leases)
+            .where(leases.c.state.not_in(HELD_STATES)).scalar_subquery(),
+            select(func.coalesce(func.max(waits.c.id), 0)).scalar_subquery(),
+            select(func.count()).select_from(waits)
+            .where(waits.c.state == "waiting").scalar_subquery(),
+        )
+        with self._read() as connection:
+            return tuple(connection.execute(query).one())
+
+    def watch_changes(self) -> ChangeWatch:
+        """A watch on releases and line changes made by other processes: PostgreSQL
+        ``LISTEN`` (psycopg2), SQLite's data version, else the :meth:`change_mark`."""
+        with self._database():
+            if self.dialect == "postgresql" and self._engine.dialect.driver == "psycopg2":
+                return PostgresChanges(self._engine, self._origin)
+            if self.dialect == "sqlite":
+                return SqliteChanges(self._engine, self.change_mark)
+            return MarkChanges(self.change_mark)
 
     # -- queries ------------------------------------------------------------------
 

@@ -4,16 +4,16 @@
 ledger's transactions and its claim's lease insertion). Joins, cancels and grants all
 take the claim lock (``lock_claims``; SQLite's ``BEGIN IMMEDIATE``), so they run one at
 a time with claims and releases: the grant step reads every waiter and every held
-lease, picks by the order rule (:mod:`mig_spawner.core.waitlist`) and claims the slice
-in ONE transaction. A slice therefore never goes to two waiters, and a waiter is never
-granted after it was cancelled. How the spawner uses it: docs/ledger.md, "Wait list".
+lease, picks by the order rule (:func:`mig_spawner.core.waitlist.next_grants`) and
+claims every slice it can give in ONE transaction. A slice therefore never goes to two
+waiters, and a waiter is never granted after it was cancelled. How the spawner uses it:
+docs/ledger.md, "Wait list".
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -23,8 +23,9 @@ from sqlalchemy import Connection, Row, insert, select, update
 
 from mig_spawner.core.lifecycle import WaitState, wait_move_allowed
 from mig_spawner.core.refusal import Reason, Refused
-from mig_spawner.core.waitlist import StarvationGuard, Waiter, first_served, group_shares
+from mig_spawner.core.waitlist import StarvationGuard, Waiter, next_grants
 
+from .changes import announce
 from .engine import lock_claims
 from .errors import IllegalTransition, InvalidDecision
 from .models import leases, waits
@@ -85,6 +86,19 @@ class WaitEntry(Waiter):
 _FIELDS = tuple(f.name for f in fields(WaitEntry))
 
 
+@dataclass(frozen=True)
+class GrantRound:
+    """What one grant transaction did and saw: the entries it ``granted``, the
+    ``line`` still waiting and the ``held`` leases after it, the ``watched`` entries
+    as they stand, and the fleet's slice count it used for shares (``capacity``)."""
+
+    granted: list[WaitEntry]
+    line: list[WaitEntry]
+    held: tuple[Lease, ...]
+    watched: dict[int, WaitEntry]
+    capacity: int
+
+
 def _to_entry(row: Row[Any]) -> WaitEntry:
     values = {name: row._mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS}
     return WaitEntry(**{**values, "state": WaitState(values["state"])})
@@ -100,6 +114,7 @@ class WaitList:
     _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
+    _origin: str
 
     def join_wait(self, request: WaitRequest, *, max_waiting: int = 1) -> WaitEntry:
         """Put a server on the wait list; call :meth:`grant_next` after it.
@@ -137,6 +152,7 @@ class WaitList:
                 "deadline": deadline, "bypassed": 0,
             }
             new_id = connection.execute(insert(waits).values(values)).inserted_primary_key[0]
+            announce(connection, self._origin)
             return self._entries(connection, id=new_id)[0]
 
     def cancel_wait(
@@ -154,6 +170,7 @@ class WaitList:
             if not found or not found[0].waiting:
                 return found[0] if found else None
             self._close(connection, found[0], state, self._now(), reason=reason)
+            announce(connection, self._origin)
             return self._entries(connection, id=entry_id)[0]
 
     def wait_entry(self, entry_id: int) -> WaitEntry | None:
@@ -185,16 +202,35 @@ class WaitList:
         capacity: int,
         guard: StarvationGuard | None = None,
     ) -> WaitEntry | None:
-        """Give a free slice to the first waiter it serves, in ONE serialised transaction.
+        """Give a free slice to the first waiter it serves (:meth:`grant_waiting` with
+        one grant at most); the granted entry, or ``None``: nobody could be served."""
+        done = self.grant_waiting(decide, quotas=quotas, capacity=capacity, guard=guard,
+                                  limit=1)
+        return done.granted[0] if done.granted else None
+
+    def grant_waiting(
+        self,
+        decide: GrantDecide,
+        *,
+        quotas: Mapping[str, int | None],
+        capacity: int | Callable[[tuple[Lease, ...]], int],
+        guard: StarvationGuard | None = None,
+        limit: int | None = None,
+        watch: Collection[int] = (),
+    ) -> GrantRound:
+        """Give free slices to every waiter they serve now, in ONE serialised transaction.
 
         Waits past their deadline end ``expired`` first. Then the held leases are read,
         the groups' shares computed (``quotas``: group -> ``quota_slices``;
-        ``capacity``: slices of the fleet, for groups without a quota), and
-        ``decide(entry, view)`` is asked for each waiter in the order rule's order;
-        the first Grant is claimed as a lease and its entry becomes ``granted``
-        with the lease id, which is returned. ``None``: nobody could be served. Call it
-        after every release and join until it returns ``None``. ``guard``: dynamic
-        mode's bound on passing over a larger request.
+        ``capacity``: slices of the fleet, for groups without a quota, or a function of
+        the held leases giving it), and :func:`~mig_spawner.core.waitlist.next_grants`
+        asks ``decide(entry, view)`` for the waiters in the order rule's order, each
+        grant counted as held before the next is chosen. Each grant is claimed as a
+        lease and its entry becomes ``granted`` with the lease id. Call it after every
+        release and join. ``guard``: dynamic mode's bound on passing over a larger
+        request; ``limit``: at most this many grants. Returns what was granted and the
+        line and held leases as this transaction left them; ``watch``: entry ids whose
+        state to return too (a pass's own waiters).
         """
         with self._write() as connection:
             lock_claims(connection)
@@ -210,36 +246,51 @@ class WaitList:
                                 reason="waited max_wait")
                 else:
                     waiting.append(entry)
-            holding = {(lease.user, lease.server_name) for lease in held}
-            shares = group_shares(Counter(lease.group for lease in held), quotas, capacity)
             by_id = {entry.id: entry for entry in waiting}
 
-            def serve(waiter: Waiter) -> Grant:
+            def serve(waiter: Waiter, view: Sequence[Lease]) -> Grant:
                 entry = by_id[waiter.id]
-                if (entry.user, entry.server_name) in holding:
+                if any((lease.user, lease.server_name) == (entry.user, entry.server_name)
+                       for lease in view):
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
-                decision = decide(entry, LedgerView(request=entry.request, leases=held, now=now))
+                decision = decide(entry, LedgerView(request=entry.request, leases=tuple(view),
+                                                    now=now))
                 if not isinstance(decision, Grant):
                     raise InvalidDecision(
                         f"decide() must return a Grant, it returned {type(decision).__name__}"
                     )
                 return decision
 
-            grant = first_served(
-                [e.waiter for e in waiting], serve, shares=shares, now=now, guard=guard
+            def take(waiter: Waiter, grant: Grant) -> Lease:
+                return self._new_lease(by_id[waiter.id].request, grant, now)
+
+            fleet = capacity(held) if callable(capacity) else capacity
+            served = next_grants([e.waiter for e in waiting], held, serve, take,
+                                 quotas=quotas, capacity=fleet, now=now, guard=guard,
+                                 limit=limit)
+            granted_ids = []
+            for grant in served:
+                entry = by_id[grant.waiter.id]
+                lease = self._new_lease(entry.request, grant.result, now)
+                self._insert(connection, lease)
+                self._close(connection, entry, WaitState.GRANTED, now, lease_id=lease.id)
+                granted_ids.append(entry.id)
+                for passed in grant.passed_over:
+                    connection.execute(
+                        update(waits).where(waits.c.id == passed.id)
+                        .values(bypassed=waits.c.bypassed + 1)
+                    )
+            if served:
+                announce(connection, self._origin)
+            ids = {*granted_ids, *watch}
+            known = {e.id: e for e in self._entries(connection, ids=ids)} if ids else {}
+            return GrantRound(
+                granted=[known[i] for i in granted_ids],
+                line=self._entries(connection, state="waiting"),
+                held=tuple(self._select(connection, leases.c.state.in_(HELD_STATES))),
+                watched={i: known[i] for i in watch if i in known},
+                capacity=fleet,
             )
-            if grant is None:
-                return None
-            entry = by_id[grant.waiter.id]
-            lease = self._new_lease(entry.request, grant.result, now)
-            self._insert(connection, lease)
-            self._close(connection, entry, WaitState.GRANTED, now, lease_id=lease.id)
-            for passed in grant.passed_over:
-                connection.execute(
-                    update(waits).where(waits.c.id == passed.id)
-                    .values(bypassed=waits.c.bypassed + 1)
-                )
-            return self._entries(connection, id=entry.id)[0]
 
     @staticmethod
     def _close(
@@ -266,5 +317,8 @@ class WaitList:
     def _entries(connection: Connection, **where: Any) -> list[WaitEntry]:
         query = select(waits).order_by(waits.c.id)
         for name, value in where.items():
-            query = query.where(waits.c[name] == value)
+            if name == "ids":
+                query = query.where(waits.c.id.in_(value))
+            else:
+                query = query.where(waits.c[name] == value)
         return [_to_entry(row) for row in connection.execute(query)]

@@ -10,7 +10,7 @@ on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from kubespawner import KubeSpawner
@@ -22,6 +22,7 @@ from mig_spawner.core.refusal import Reason
 from mig_spawner.kube import (
     ClusterAvailability,
     ClusterReadError,
+    ClusterSlices,
     KubeConfigError,
     SliceRequest,
     apply_to_pod,
@@ -170,13 +171,21 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     async def slice_supply(self) -> SliceSupply:
         """The cluster's free slices (cached), less the leases whose pods are not there yet."""
         slices = await self.availability.slices()
-        held = tuple(await self.held_leases())
-        free = free_by_model(slices, held)
-        return SliceSupply(tuple(model(key) for key in slices.model_keys()), free, held)
+        return self.supply_from(slices, await self.held_leases())
 
-    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
-        """Decide on a fresh read of the cluster; the decision picks the nodes' target."""
-        slices = await self.availability.slices(max_age=self.claim_max_age)
+    async def read_fleet(self) -> ClusterSlices:
+        """A read of the cluster no older than :attr:`claim_max_age`."""
+        return await self.availability.slices(max_age=self.claim_max_age)
+
+    def supply_from(self, fleet: ClusterSlices, held: Sequence[Lease]) -> SliceSupply:
+        """The cluster's free slices in ``fleet``, less the leases whose pods are not
+        there yet."""
+        held = tuple(held)
+        free = free_by_model(fleet, held)
+        return SliceSupply(tuple(model(key) for key in fleet.model_keys()), free, held)
+
+    def plan_claim(self, fleet: ClusterSlices, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """Decide on ``fleet``; the decision picks the nodes' target."""
         choice = self._kube_choice = ClaimTarget()
 
         def granted(lease: Lease) -> str:
@@ -185,8 +194,8 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
             target = choice.target
             return model(target.model_key).display_name if target else "an unknown GPU"
 
-        decide = make_kube_decide(mine, offer, slices, self.pod_ref, choice)
-        return ClaimPlan(decide, granted, wanted_on_cluster(offer, slices))
+        decide = make_kube_decide(mine, offer, fleet, self.pod_ref, choice)
+        return ClaimPlan(decide, granted, wanted_on_cluster(offer, fleet))
 
     def slice_environment(self, lease: Lease) -> dict[str, str]:
         """The profile and lease id: the device plugin gives the container its slice."""

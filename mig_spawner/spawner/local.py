@@ -19,7 +19,8 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,14 @@ from .isolation import (
     systemd_run_args,
 )
 from .mixin import MIGSpawnerMixin
+
+
+@dataclass(frozen=True)
+class LocalFleet:
+    """One read of this host: its GPUs, and the request mix dynamic placement weighs."""
+
+    inventory: Inventory
+    demand: dict[str, int] | None
 
 
 class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
@@ -130,34 +139,28 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
 
-    async def slice_supply(self) -> SliceSupply:
-        """The GPU models present, the free slices per model and profile, the held leases.
+    async def read_fleet(self) -> LocalFleet:
+        """One read of this host's GPUs (shared with the reads under way; see
+        ``SpawnerRuntime.inventory``), and in dynamic mode the recent request mix."""
+        inventory = await self.runtime.inventory()
+        # Dynamic placement keeps room for the sizes users ask for most.
+        demand = (await self.runtime.run(self.runtime.demand)
+                  if self.mig_mode == "dynamic" else None)
+        return LocalFleet(inventory, demand)
 
-        May raise any error in :attr:`backend_errors`; the form then says so.
-        """
-
-        def read() -> tuple[Inventory, list[Lease]]:
-            return self.runtime.gpu().inventory(), self.runtime.ledger().active()
-
-        inventory, held = await self.runtime.run(read)
+    def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
+        """The GPU models present, the free slices per model and profile, the held leases."""
+        inventory = fleet.inventory
         free = free_now(inventory, held, self.mig_mode)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
                            fixed_layout=self.mig_mode == "pool")
 
-    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
-        """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
-
-        May raise any error in :attr:`backend_errors`.
-        """
-        dynamic = self.mig_mode == "dynamic"
-
-        def read() -> tuple[Inventory, dict[str, int] | None]:
-            # Dynamic placement keeps room for the sizes users ask for most.
-            return self.runtime.gpu().inventory(), self.runtime.demand() if dynamic else None
-
-        inventory, demand = await self.runtime.run(read)
-        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy, demand)
+    def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""
+        inventory = fleet.inventory
+        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy,
+                             fleet.demand)
 
         def granted(lease: Lease) -> str:
             return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
@@ -293,7 +296,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     async def _slice_rules(self, lease: Lease) -> tuple[DeviceRule, ...]:
         """The device rules of the lease's slice (its GPU's minor read from the GPUs)."""
-        inventory = await self.runtime.run(lambda: self.runtime.gpu().inventory())
+        inventory = await self.runtime.inventory()
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
         if gpu is None or lease.gi_id is None or lease.ci_id is None:
             raise admin_error(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -119,8 +119,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     Each backend (``local.py``: this host's GPUs; ``kube.py``: a cluster) answers what
     only it knows through these hooks, in the order ``start`` calls them:
 
-    * :meth:`slice_supply` (required): the models and free slices, for the form.
-    * :meth:`claim_decide` (required): how the ledger claims a slice now.
+    * :meth:`read_fleet` (required): one read of the GPUs or nodes, from which
+      :meth:`supply_from` (required) gives the models and free slices for the form, and
+      :meth:`plan_claim` (required) how the ledger claims a slice now.
     * :meth:`after_claim`: make the claimed slice (local dynamic mode creates it).
     * :meth:`prepare_slice`: make it usable by the server (device cgroup, pod request).
     * :meth:`slice_environment`: the variables that point the server at its slice.
@@ -173,7 +174,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return user_options
 
     async def held_leases(self) -> list[Lease]:
-        """The ledger's held leases, read on the worker thread."""
+        """The ledger's held leases, read on a worker thread."""
         return await self.runtime.run(lambda: self.runtime.ledger().active())
 
     def backend_problem(self, e: Exception) -> str:
@@ -202,19 +203,36 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     # --- the backend hooks (local.py answers them for this host, kube.py for a cluster) --
 
+    async def read_fleet(self) -> Any:
+        """One read of what this backend has (this host's GPUs, the cluster's nodes):
+        :meth:`plan_claim` and :meth:`supply_from` answer from it without reading again,
+        so that a wait-list pass reads the fleet once for all its waiters.
+
+        May raise any error in :attr:`backend_errors`.
+        """
+        raise NotImplementedError
+
+    def plan_claim(self, fleet: Any, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """How to claim one slice of ``offer`` for a user with policy ``mine`` on
+        ``fleet`` (a :meth:`read_fleet`); no I/O."""
+        raise NotImplementedError
+
+    def supply_from(self, fleet: Any, held: Sequence[Lease]) -> SliceSupply:
+        """What the form shows of ``fleet`` with ``held`` leased; no I/O."""
+        raise NotImplementedError
+
     async def slice_supply(self) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases.
 
         May raise any error in :attr:`backend_errors`; the form then says so.
         """
-        raise NotImplementedError
+        fleet, held = await asyncio.gather(self.read_fleet(), self.held_leases())
+        return self.supply_from(fleet, held)
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
-        """How to claim one slice of ``offer`` for a user with policy ``mine`` now.
-
-        May raise any error in :attr:`backend_errors`.
-        """
-        raise NotImplementedError
+        """How to claim one slice of ``offer`` for a user with policy ``mine`` now, on a
+        fresh read of the fleet. May raise any error in :attr:`backend_errors`."""
+        return self.plan_claim(await self.read_fleet(), offer, mine)
 
     async def after_claim(self, lease: Lease) -> Lease:
         """Make the claimed slice (e.g. create the instance) and return the lease as
@@ -281,15 +299,21 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     async def current_choices(
         self, mine: UserPolicy, supply: SliceSupply | None = None
     ) -> list[form.Choice]:
-        """The form's choices for a user with policy ``mine`` now (also what a waiting
-        spawn offers instead). May raise any error in :attr:`backend_errors`."""
+        """The form's choices for a user with policy ``mine`` now. May raise any error
+        in :attr:`backend_errors`."""
         supply = supply or await self.slice_supply()
+        return self.choices_from(mine, supply, await waiting.form_lines(self, mine))
+
+    def choices_from(
+        self, mine: UserPolicy, supply: SliceSupply, lines: dict[str, str] | None = None
+    ) -> list[form.Choice]:
+        """The form's choices for a user with policy ``mine`` on ``supply`` (also what a
+        waiting spawn offers instead); ``lines``: the wait list's state per offer."""
 
         def quota(offer: Offer, compute: int) -> str | None:
             refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
             return None if refusal is None else refusal.message
 
-        lines = await waiting.form_lines(self, mine)
         return form.build_choices(
             mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
             in_use=Counter(lease.profile for lease in supply.held),
@@ -324,7 +348,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                     profile=profile, group=group, host=host,
                 )
 
-            # Written on the worker thread without waiting: the user hears why at once,
+            # Written on a worker thread without waiting: the user hears why at once,
             # and a ledger that cannot be written must not turn a refusal into an error.
             self.runtime.submit(record).add_done_callback(self._recorded)
         return refusal(reason, message)

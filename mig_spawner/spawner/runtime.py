@@ -1,10 +1,15 @@
-"""What every MIG spawner of one hub process shares: the ledger, the GPU adapter, a thread.
+"""What every MIG spawner of one hub process shares: the ledger, the GPU adapter, threads.
 
 JupyterHub makes one Spawner object per server, but there is one ledger and one
 GPU per host, so spawners get them from :func:`runtime_for`, keyed by their
-configuration. All blocking calls (SQL, NVML) run on ONE worker thread: that
-keeps them off the hub's event loop, and NVML handles and the simulator's
-state file are only ever touched from that thread.
+configuration. Blocking calls (SQL, NVML) run on a small pool of threads, off the
+hub's event loop: claims, activations and releases of different servers do not wait
+behind each other (each thread takes its own database connection from SQLAlchemy's
+pool; the claim's serialised transaction is the database's business). The GPU
+adapter (NVML handles, the simulator's state file) is used by one thread at a time
+(:class:`_OneAtATime`), and ledger work never waits for it. Inventory reads that
+arrive while one is under way share the next one (:meth:`SpawnerRuntime.inventory`):
+a burst of claims costs two reads of the driver, not one per claim.
 """
 
 from __future__ import annotations
@@ -17,13 +22,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from mig_spawner.core.inventory import Inventory
 from mig_spawner.gpu import GpuAdapter, connect
 from mig_spawner.ledger import Ledger
 
 T = TypeVar("T")
 
+#: Threads for ledger (and GPU) calls: enough that a slow one (a release that waits for
+#: a holder) does not hold up the others, few enough for SQLAlchemy's pool (5 + 10).
+THREADS = 8
 #: The request history dynamic placement weighs (docs/allocator.md: "demand")...
 DEMAND_WINDOW = timedelta(days=7)
 #: ...re-read at most this often: a week's mix hardly moves in a minute, and a claim
@@ -40,50 +49,99 @@ class RuntimeKey:
     sim_state_file: str | None
 
 
+class _OneAtATime:
+    """The GPU adapter, its calls made one at a time from whichever thread calls."""
+
+    def __init__(self, adapter: GpuAdapter) -> None:
+        self._adapter = adapter
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._adapter, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attribute(*args, **kwargs)
+
+        return call
+
+
 @dataclass
 class SpawnerRuntime:
-    """The ledger, the GPU adapter and the worker thread for one :class:`RuntimeKey`."""
+    """The ledger, the GPU adapter and the worker threads for one :class:`RuntimeKey`."""
 
     key: RuntimeKey
     executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="mig-spawner")
+        default_factory=lambda: ThreadPoolExecutor(THREADS, thread_name_prefix="mig-spawner")
     )
     _ledger: Ledger | None = None
     _gpu: GpuAdapter | None = None
     _demand: tuple[float, dict[str, int]] | None = None
+    _opening: threading.Lock = field(default_factory=threading.Lock)
+    # The inventory read under way and the one queued after it (see inventory()).
+    _reading: asyncio.Future | None = None
+    _queued: asyncio.Future | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn`` on the worker thread and await its result."""
+        """Run ``fn`` on a worker thread and await its result."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, *args, **kwargs))
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Queue ``fn`` on the worker thread without waiting for it (after what is queued
-        already, before what comes next)."""
+        """Run ``fn`` on a worker thread without waiting for it."""
         return self.executor.submit(fn, *args)
 
-    # The accessors below run on the worker thread (called from inside ``run``).
+    async def inventory(self) -> Inventory:
+        """A read of the GPUs that started after this call: callers that arrive while
+        one read is under way all share the one queued after it."""
+        queued = self._queued
+        if queued is None or queued.get_loop() is not asyncio.get_running_loop():
+            queued = self._queued = asyncio.ensure_future(self._read_after(self._reading))
+        return await asyncio.shield(queued)
+
+    async def _read_after(self, before: asyncio.Future | None) -> Inventory:
+        if before is not None and before.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([before])
+        this = asyncio.current_task()
+        self._reading, self._queued = this, None
+        try:
+            return await self.run(lambda: self.gpu().inventory())
+        finally:
+            if self._reading is this:
+                self._reading = None
+
+    # The accessors below run on a worker thread (called from inside ``run``).
 
     def ledger(self) -> Ledger:
         """The ledger, opened (and its schema migrated) on first use."""
         if self._ledger is None:
-            self._ledger = Ledger.open(self.key.ledger_url)
+            with self._opening:
+                if self._ledger is None:
+                    self._ledger = Ledger.open(self.key.ledger_url)
         return self._ledger
 
     def gpu(self) -> GpuAdapter:
-        """The GPU adapter: real NVML, or the simulator when ``simulate`` is set."""
+        """The GPU adapter: real NVML, or the simulator when ``simulate`` is set; its
+        calls are made one at a time."""
         if self._gpu is None:
-            self._gpu = connect(simulate=self.key.simulate, state_file=self.key.sim_state_file)
+            with self._opening:
+                if self._gpu is None:
+                    adapter = connect(simulate=self.key.simulate,
+                                      state_file=self.key.sim_state_file)
+                    self._gpu = cast(GpuAdapter, _OneAtATime(adapter))
         return self._gpu
 
     def demand(self) -> dict[str, int]:
         """Requests per profile over the last :data:`DEMAND_WINDOW` (leases claimed and
         refusals recorded), from one ledger query at most every :data:`DEMAND_TTL_SECONDS`."""
         now = time.monotonic()
-        if self._demand is None or now - self._demand[0] > DEMAND_TTL_SECONDS:
+        cached = self._demand
+        if cached is None or now - cached[0] > DEMAND_TTL_SECONDS:
             since = datetime.now(UTC) - DEMAND_WINDOW
-            self._demand = (now, self.ledger().request_counts(since))
-        return self._demand[1]
+            cached = self._demand = (now, self.ledger().request_counts(since))
+        return cached[1]
 
 
 _RUNTIMES: dict[RuntimeKey, SpawnerRuntime] = {}

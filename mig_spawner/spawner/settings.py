@@ -1,7 +1,7 @@
 """What every MIG spawner reads from the shared settings: the runtime and the policies.
 
 A base class of :class:`~mig_spawner.spawner.mixin.MIGSpawnerMixin`: it gives the
-runtime (ledger, GPU adapter, worker thread) and the group policies. The traits that
+runtime (ledger, GPU adapter, worker threads) and the group policies. The traits that
 act for one backend only live on that backend's spawner (``local.py``, ``kube.py``).
 The ledger and GPU settings that the slice service and the CLI share are not here but
 in ``c.MIGSettings`` (:class:`~mig_spawner.config.MIGSettings`), so that nobody can set
@@ -9,6 +9,9 @@ them twice.
 """
 
 from __future__ import annotations
+
+import copy
+from typing import Any
 
 from traitlets.config import Configurable
 
@@ -38,23 +41,33 @@ class MIGSpawnerSettings(Configurable):
             self._shared = MIGSettings(parent=self)
         return self._shared
 
+    _ledger_url: str | None = None
+    _runtime: SpawnerRuntime | None = None
+
     @property
     def ledger_url(self) -> str:
         """The ledger this spawner uses (``c.MIGSettings.ledger_url``, else beside the
-        hub's SQLite database)."""
-        hub = getattr(self.user, "settings", {}).get("app")
-        return self.shared.ledger_location(hub.db_url if hub is not None else None)
+        hub's SQLite database), resolved once per spawner."""
+        if self._ledger_url is None:
+            hub = getattr(self.user, "settings", {}).get("app")
+            self._ledger_url = self.shared.ledger_location(
+                hub.db_url if hub is not None else None)
+        return self._ledger_url
 
     @property
     def runtime(self) -> SpawnerRuntime:
-        """The ledger, GPU adapter and worker thread shared by this hub's spawners."""
-        shared = self.shared
-        return runtime_for(RuntimeKey(self.ledger_url, shared.simulate, shared.state_file()))
+        """The ledger, GPU adapter and worker threads shared by this hub's spawners."""
+        if self._runtime is None:
+            shared = self.shared
+            self._runtime = runtime_for(
+                RuntimeKey(self.ledger_url, shared.simulate, shared.state_file()))
+        return self._runtime
 
     def policies(self) -> PolicySet:
-        """The hub's group policies, checked; an admin's mistake stops the spawn."""
+        """The hub's group policies, checked; an admin's mistake stops the spawn. Built
+        again only when ``c.MIGPolicyConfig`` changed (:func:`_built_policies`)."""
         try:
-            return MIGPolicyConfig(parent=self).build()
+            return _built_policies(self)
         except PolicyError as e:
             raise admin_error(
                 "The hub's GPU policy configuration is wrong",
@@ -64,3 +77,27 @@ class MIGSpawnerSettings(Configurable):
 
     def user_policy(self, policies: PolicySet) -> UserPolicy:
         return policies.for_user([g.name for g in self.user.groups])
+
+
+#: Config section object id -> (the section, a copy of it then, what it built).
+_POLICIES: dict[int, tuple[Any, Any, PolicySet]] = {}
+
+
+def _built_policies(spawner: Configurable) -> PolicySet:
+    """``c.MIGPolicyConfig`` built into a :class:`PolicySet`, rebuilt only when the
+    section changed: every spawn, form and grant pass asks for the policies, and
+    building them (checking every group, class and profile) takes milliseconds."""
+    section = spawner.config.get("MIGPolicyConfig")
+    cached = _POLICIES.get(id(section))
+    if cached is not None and cached[0] is section and cached[1] == _values(section):
+        return cached[2]
+    policies = MIGPolicyConfig(parent=spawner).build()
+    if len(_POLICIES) > 8:  # config objects of tests or reloads: keep the last few
+        _POLICIES.clear()
+    _POLICIES[id(section)] = (section, copy.deepcopy(_values(section)), policies)
+    return policies
+
+
+def _values(section: Any) -> dict[str, Any]:
+    """The section's settings as a plain dict (a Config's own copy is shallow)."""
+    return dict(section or {})

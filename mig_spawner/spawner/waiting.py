@@ -4,14 +4,21 @@ The mixin's claim goes through :func:`claim`. With nobody waiting it is a plain 
 When no slice is free and the charged group has ``queue`` on, or when others already
 wait (a plain claim would jump their line), the spawn joins the ledger's wait list and
 stays *pending*: its progress events say its place in line, an estimate and what is
-free instead, and it goes on by itself once the grant step gives it a slice.
+free instead, and it goes on by itself once the grant loop gives it a slice.
 
-One :class:`WaitRoom` per hub process (per ledger) runs the grant step
-(``Ledger.grant_next``, until nobody more can be served) right after every release
-made in this process (:func:`released`), after every join, and at least every
-:data:`POLL_SECONDS` for releases made elsewhere (the slice service). Each waiter's
-own backend hook (``claim_decide``) decides for it, so local pool, local dynamic and
-Kubernetes waiters are granted by the same allocator their claim uses.
+One :class:`GrantLoop` per hub process (per ledger) grants. Each waiting spawn holds a
+:class:`Ticket` (an awaitable) that the loop resolves. The loop runs a *pass* when
+something happened: a release made in this process (:func:`released`), a join or a
+cancel here, a release, join or cancel by another process (``Ledger.watch_changes``:
+PostgreSQL ``NOTIFY``, SQLite's data version checked every
+:data:`CHANGE_CHECK_SECONDS`, a cheap read that does not grow with the line), or the
+nearest wait's deadline. A pass reads the fleet ONCE (the backend's ``read_fleet``),
+plans each waiter's claim from that read without I/O (``plan_claim``), grants in ONE
+ledger transaction (``Ledger.grant_waiting``, the order rule's
+``core.waitlist.next_grants`` inside the claim lock, which is what keeps several hub
+processes on one PostgreSQL ledger from granting one slice twice), and tells every
+waiter of this process its place, estimate and what is free instead from that same
+read. Nothing runs per waiter while nothing happens. docs/architecture.md, "Grant loop".
 
 Timeouts (docs/operations.md, "Waiting and start_timeout"): JupyterHub reads
 ``spawner.start_timeout`` once, when it wraps ``start()`` in ``asyncio.wait_for``, after
@@ -33,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
@@ -61,7 +68,7 @@ from mig_spawner.ledger import (
 )
 
 from . import options
-from .backend import ClaimPlan
+from .backend import ClaimPlan, SliceSupply
 from .metrics import ABANDONED_WAITS, CLAIM_DURATION, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
 
 if TYPE_CHECKING:
@@ -70,9 +77,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: How often the grant step runs while anyone waits, for releases made by another
-#: process (the slice service's culls): a release is seen within this.
-POLL_SECONDS = 0.5
+#: How often, while anyone of this process waits on a SQLite ledger, the loop reads the
+#: database's data version for changes made by other processes (the slice service's
+#: culls): one cheap read, whatever the length of the line. PostgreSQL notifies instead.
+CHANGE_CHECK_SECONDS = 0.1
+#: A pass that failed (ledger or GPU not readable) is tried again after this.
+RETRY_SECONDS = 1.0
+#: Added to ``start_timeout`` beyond ``max_wait``: the loop ends an expired wait at once.
+DEADLINE_SLACK_SECONDS = 1.0
 #: Past holds are re-read for estimates at most this often.
 HISTORY_TTL_SECONDS = 60.0
 HISTORY_WINDOW = timedelta(days=30)
@@ -100,45 +112,69 @@ def ordinal(n: int) -> str:
 
 
 def released() -> None:
-    """A lease was released in this process: run the grant step now."""
-    for room in _ROOMS.values():
-        room.wake()
+    """A lease was released in this process: run a grant pass now."""
+    for grant_loop in _LOOPS.values():
+        grant_loop.wake()
 
 
-@dataclass
-class Waiting:
-    """One spawn in line, as the room sees it."""
+@dataclass(eq=False)
+class Ticket:
+    """One spawn in line: awaited, it gives the entry once the wait ended (``granted``,
+    ``expired``, ...); until then each pass tells it its place, estimate and what is
+    free instead (:meth:`news`)."""
 
     spawner: MIGSpawnerMixin
     offer: Offer
     mine: UserPolicy
     entry: WaitEntry
-    #: The backend's plan of the latest grant step: the one that grants is what the
-    #: spawn goes on with (Kubernetes: it knows the nodes chosen).
+    #: The backend's plan of the latest pass: the one that grants is what the spawn
+    #: goes on with (Kubernetes: it knows the nodes chosen).
     plan: ClaimPlan
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     position: int | None = None
     estimate: Estimate | None = None
-    drained: bool = False
+    #: Keys of the user's other offers free to take now.
+    free: tuple[str, ...] = ()
+    _ended: asyncio.Future[WaitEntry] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    _news: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def update(self, entry: WaitEntry | None = None, position: int | None = None,
-               estimate: Estimate | None = None) -> None:
-        if entry is not None:
-            self.entry = entry
-        self.position, self.estimate, self.drained = position, estimate, True
-        self.changed.set()
+    def __await__(self) -> Generator[Any, None, WaitEntry]:
+        return asyncio.shield(self._ended).__await__()
+
+    @property
+    def done(self) -> bool:
+        return self._ended.done()
+
+    def tell(self, entry: WaitEntry, position: int, estimate: Estimate | None,
+             free: tuple[str, ...]) -> None:
+        """A pass's word: still waiting, at ``position``."""
+        self.entry, self.position, self.estimate, self.free = entry, position, estimate, free
+        self._news.set()
+
+    def end(self, entry: WaitEntry, plan: ClaimPlan, free: tuple[str, ...]) -> None:
+        """The wait ended (granted, expired, cancelled): resolve the ticket."""
+        self.entry, self.plan, self.free = entry, plan, free
+        if not self._ended.done():
+            self._ended.set_result(entry)
+        self._news.set()
+
+    async def news(self) -> None:
+        """Until the next pass told this ticket something."""
+        await self._news.wait()
+        self._news.clear()
 
 
-@dataclass
-class WaitRoom:
-    """The waits of one hub process on one ledger, and the loop that grants them."""
+class GrantLoop:
+    """The waits of one hub process on one ledger, and the one loop that grants them."""
 
-    runtime: SpawnerRuntime
-    waiters: dict[int, Waiting] = field(default_factory=dict)
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _task: asyncio.Task | None = None
-    _history: tuple[float, list[tuple[str, str, float]]] | None = None
-    _ghosts_cleared: bool = False
+    def __init__(self, runtime: SpawnerRuntime) -> None:
+        self.runtime = runtime
+        self.tickets: dict[int, Ticket] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._history: tuple[float, list[tuple[str, str, float]]] | None = None
+        self._ghosts_cleared = False
+        self._retry_at: float | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -151,7 +187,7 @@ class WaitRoom:
 
         def clear() -> int:
             ledger = self.runtime.ledger()
-            ghosts = [e for e in ledger.waiting() if e.id not in self.waiters]
+            ghosts = [e for e in ledger.waiting() if e.id not in self.tickets]
             for entry in ghosts:
                 ledger.cancel_wait(entry.id, ABANDONED_REASON, state="abandoned")
                 ABANDONED_WAITS.labels(profile=entry.offer, group=entry.group).inc()
@@ -160,89 +196,133 @@ class WaitRoom:
         if count := await self.runtime.run(clear):
             log.warning("Ended %d wait(s) left by an earlier hub process as abandoned", count)
 
-    def join(self, waiting: Waiting) -> None:
-        self.waiters[waiting.entry.id] = waiting
+    def join(self, ticket: Ticket) -> None:
+        self.tickets[ticket.entry.id] = ticket
         if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._loop())
+            self._wake = asyncio.Event()  # of this event loop
+            self._task = asyncio.ensure_future(self._run())
         self.wake()
 
     def leave(self, entry_id: int) -> None:
-        self.waiters.pop(entry_id, None)
+        self.tickets.pop(entry_id, None)
         # Its place frees a position: the others hear their new one.
         self.wake()
 
-    async def _loop(self) -> None:
-        while self.waiters:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
-            self._wake.clear()
-            try:
-                await self.drain()
-            except Exception:
-                log.exception("The wait list's grant step failed; retrying")
-        WAITERS.clear()  # nobody of this process waits any more
+    async def _run(self) -> None:
+        watch = asyncio.ensure_future(self._watch())
+        try:
+            while self.tickets:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._until_due())
+                self._wake.clear()
+                self._retry_at = None
+                try:
+                    await self.grant_pass()
+                except Exception:
+                    log.exception("The wait list's grant pass failed; retrying in %.0f s",
+                                  RETRY_SECONDS)
+                    self._retry_at = time.monotonic() + RETRY_SECONDS
+        finally:
+            watch.cancel()
+            WAITERS.clear()  # nobody of this process waits any more
 
-    async def drain(self) -> None:
-        """Grant what can be granted, then tell every waiter of this process where it is."""
-        if not self.waiters:
+    def _until_due(self) -> float | None:
+        """Seconds to the nearest deadline of this process's waits or retry (``None``:
+        none): the one timer of the loop."""
+        now = datetime.now(UTC)
+        due = [(t.entry.deadline - now).total_seconds() for t in self.tickets.values()
+               if t.entry.deadline is not None and not t.done]
+        if self._retry_at is not None:
+            due.append(self._retry_at - time.monotonic())
+        return max(min(due), 0.0) + 0.01 if due else None
+
+    async def _watch(self) -> None:
+        """Wake the loop when another process released a slice or changed the line."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                watch = await self.runtime.run(lambda: self.runtime.ledger().watch_changes())
+            except Exception as e:
+                log.warning("Cannot watch the ledger for releases by other processes (%s); "
+                            "trying again in %.0f s", e, RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            try:
+                fd = watch.fileno()
+                if fd is None:
+                    while True:
+                        await asyncio.sleep(CHANGE_CHECK_SECONDS)
+                        if await self.runtime.run(watch.changed):
+                            self.wake()
+                readable = asyncio.Event()
+                loop.add_reader(fd, readable.set)
+                try:
+                    while True:
+                        await readable.wait()
+                        readable.clear()
+                        if watch.changed():
+                            self.wake()
+                finally:
+                    loop.remove_reader(fd)
+            except Exception as e:
+                log.warning("Lost the ledger's change notes (%s); reopening", e)
+                self.wake()  # a change may have been missed
+            finally:
+                watch.close()
+            await asyncio.sleep(RETRY_SECONDS)
+
+    async def grant_pass(self) -> None:
+        """Grant what can be granted, then tell every waiter of this process where it
+        stands: one read of the fleet, one ledger transaction, whatever the line."""
+        tickets = [t for t in self.tickets.values() if not t.done]
+        if not tickets:
             return
-        waiters = [w for w in self.waiters.values() if w.entry.waiting]
-        if not waiters:
-            return
-        delegate = waiters[0].spawner
-        plans: dict[int, ClaimPlan] = {}
-        for w in waiters:
-            # A fresh read of the GPUs or nodes, as a claim makes.
-            plans[w.entry.id] = w.plan = await w.spawner.claim_decide(w.offer, w.mine)
-        supply = await delegate.slice_supply()
-        capacity = len(supply.held) + sum(
-            max(counts.values(), default=0) for counts in supply.free.values()
-        )
+        delegate = tickets[0].spawner
+        fleet = await delegate.read_fleet()
+        plans = {t.entry.id: t.spawner.plan_claim(fleet, t.offer, t.mine) for t in tickets}
         quotas = {name: g.quota_slices for name, g in delegate.policies().groups.items()}
         guard = delegate.wait_guard()
+
+        def capacity(held: tuple[Lease, ...]) -> int:
+            supply = delegate.supply_from(fleet, held)
+            return len(supply.held) + sum(
+                max(counts.values(), default=0) for counts in supply.free.values())
 
         def decide(entry: WaitEntry, view: LedgerView) -> Any:
             plan = plans.get(entry.id)
             if plan is None:
-                # Joined after this drain began (or by another process): next round.
-                raise Refused(Reason.PREVIOUS_LEASE, "not known to this drain")
+                # Another process's waiter (its own loop serves it), or one that joined
+                # after this pass began (the join woke the loop): skipped.
+                raise Refused(Reason.PREVIOUS_LEASE, "not known to this pass")
             return plan.decide(view)
 
-        def grant_all() -> tuple[list[WaitEntry], list[WaitEntry], list[WaitEntry], list[Lease]]:
-            ledger = self.runtime.ledger()
-            granted = []
-            while (entry := ledger.grant_next(decide, quotas=quotas, capacity=capacity,
-                                              guard=guard)) is not None:
-                granted.append(entry)
-            line = ledger.waiting()
-            open_ids = {e.id for e in line} | {e.id for e in granted}
-            ended = [e for w in waiters if w.entry.id not in open_ids
-                     and (e := ledger.wait_entry(w.entry.id)) is not None]
-            return granted, line, ended, ledger.active()
-
-        granted, line, ended, held = await self.runtime.run(grant_all)
-        if granted:
-            await self._observe_grants(granted)
+        done = await self.runtime.run(lambda: self.runtime.ledger().grant_waiting(
+            decide, quotas=quotas, capacity=capacity, guard=guard, watch=list(plans)))
+        if done.granted:
+            await self._observe_grants(done.granted)
+        supply = delegate.supply_from(fleet, done.held)
         history = await self._holds()
-        for entry in [*granted, *ended]:
-            if (w := self.waiters.get(entry.id)) is not None:
-                w.update(entry)
-        shares = group_shares(_held_by_group(held), quotas, capacity)
-        skipped = [w.entry.user for w in waiters if _at_user_limit(w.mine, w.entry.user, held)]
-        places = positions([e.waiter for e in line], shares, skipped)
+        shares = group_shares(_held_by_group(done.held), quotas, done.capacity)
+        skipped = [t.entry.user for t in tickets if _at_user_limit(t.mine, t.entry.user,
+                                                                   done.held)]
+        places = positions([e.waiter for e in done.line], shares, skipped)
         now = datetime.now(UTC)
-        for entry in line:
-            if (w := self.waiters.get(entry.id)) is None:
-                continue
+        for ticket in tickets:
+            entry = done.watched.get(ticket.entry.id, ticket.entry)
             plan = plans[entry.id]
+            free = _free_instead(ticket, supply)
+            if not entry.waiting:
+                ticket.end(entry, plan, free)
+                continue
+            ticket.plan = plan
             profiles = set(plan.wants.values())
-            holders = [_holder(lease, now) for lease in held if lease.profile in profiles]
+            holders = [_holder(lease, now) for lease in done.held if lease.profile in profiles]
             past = history_for(history, plan.profile or entry.offer, entry.group)
             place = places.get(entry.id, 1)
-            w.update(entry, place, estimate_wait(
-                place, holders, past, limits=HoldLimits.of(charged_group(w.mine, w.offer))))
+            limits = HoldLimits.of(charged_group(ticket.mine, ticket.offer))
+            ticket.tell(entry, place, estimate_wait(place, holders, past, limits=limits), free)
         WAITERS.clear()
-        for entry in line:
+        for entry in done.line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
 
     async def _observe_grants(self, granted: list[WaitEntry]) -> None:
@@ -300,9 +380,9 @@ def _means(offer: Offer, profile: str) -> bool:
 
 async def form_lines(spawner: MIGSpawnerMixin, mine: UserPolicy) -> dict[str, str]:
     """The wait list's state per offer ``mine`` may wait for, for the spawn form."""
-    room = room_for(spawner.runtime)
-    await room.clear_ghosts()
-    return await room.line_texts(spawner, mine)
+    grant_loop = loop_for(spawner.runtime)
+    await grant_loop.clear_ghosts()
+    return await grant_loop.line_texts(spawner, mine)
 
 
 #: How long the form tells of a wait that ended without the user there.
@@ -338,15 +418,15 @@ def _holder(lease: Lease, now: datetime) -> Holder:
     return Holder((now - lease.claimed_at).total_seconds(), ends)
 
 
-_ROOMS: dict[int, WaitRoom] = {}
+_LOOPS: dict[int, GrantLoop] = {}
 
 
-def room_for(runtime: SpawnerRuntime) -> WaitRoom:
-    """The one room of this process for ``runtime``'s ledger."""
-    room = _ROOMS.get(id(runtime))
-    if room is None:
-        room = _ROOMS[id(runtime)] = WaitRoom(runtime)
-    return room
+def loop_for(runtime: SpawnerRuntime) -> GrantLoop:
+    """The one grant loop of this process for ``runtime``'s ledger."""
+    grant_loop = _LOOPS.get(id(runtime))
+    if grant_loop is None:
+        grant_loop = _LOOPS[id(runtime)] = GrantLoop(runtime)
+    return grant_loop
 
 
 # --- the spawner's side ---------------------------------------------------------------
@@ -366,7 +446,8 @@ def allow_wait(spawner: MIGSpawnerMixin) -> None:
         return  # start() refuses it with the reason (and records the refusal once)
     group = charged_group(mine, offer)
     if group is not None and group.queue:
-        spawner.start_timeout = int(configured + (group.max_wait or 24 * 3600) + 2 * POLL_SECONDS)
+        spawner.start_timeout = int(configured + (group.max_wait or 24 * 3600)
+                                    + DEADLINE_SLACK_SECONDS)
 
 
 async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
@@ -409,20 +490,24 @@ async def claim(
     with what is free instead.
     """
     runtime = spawner.runtime
-    room = room_for(runtime)
-    await room.clear_ghosts()
+    grant_loop = loop_for(runtime)
+    await grant_loop.clear_ghosts()
     request = LeaseRequest(spawner.user.name, spawner.name or "")
     group = charged_group(mine, offer)
     queue = group is not None and group.queue
-    others = await runtime.run(lambda: runtime.ledger().waiting())
-    if not others:
-        try:
-            lease = await runtime.run(lambda: runtime.ledger().claim(request, plan.decide))
-            return lease, plan
-        except Refused as e:
-            if e.reason not in FIT_REASONS or not queue:
-                raise
+    def claim_unless_others_wait() -> Lease | None:
+        # One trip to a worker thread: a claim waits behind the hub's own work once.
+        ledger = runtime.ledger()
+        return None if ledger.waiting() else ledger.claim(request, plan.decide)
+
+    try:
+        lease = await runtime.run(claim_unless_others_wait)
+    except Refused as e:
+        if e.reason not in FIT_REASONS or not queue:
+            raise
     else:
+        if lease is not None:
+            return lease, plan
         # Others wait: join the line rather than jump it; only "nothing free" is queued.
         held = await runtime.run(lambda: runtime.ledger().active())
         try:
@@ -436,11 +521,11 @@ async def claim(
                     group.max_wait if queue else None),
         max_waiting=group.max_waiting_per_user,
     ))
-    waiting = Waiting(spawner, offer, mine, entry, plan)
-    room.join(waiting)
+    ticket = Ticket(spawner, offer, mine, entry, plan)
+    grant_loop.join(ticket)
     joined = time.perf_counter()
     try:
-        return await _wait(spawner, waiting, queue), waiting.plan
+        return await _wait(spawner, ticket, queue), ticket.plan
     except BaseException:
         # Cancelled by JupyterHub (stop, start_timeout) or refused: end the entry; a
         # grant that won the race is this server's to give back.
@@ -451,73 +536,67 @@ async def claim(
             await spawner._release(ReleaseCode.CANCELLED, "while waiting")
         raise
     finally:
-        room.leave(entry.id)
+        grant_loop.leave(entry.id)
         spawner._in_line = time.perf_counter() - joined
 
 
-async def _wait(spawner: MIGSpawnerMixin, waiting: Waiting, queue: bool) -> Lease:
+async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
     runtime = spawner.runtime
-    offer = waiting.offer
+    offer = ticket.offer
     joined = time.monotonic()
     last = None
     while True:
-        await waiting.changed.wait()
-        waiting.changed.clear()
-        entry = waiting.entry
-        if entry.state == "granted" and (lease_id := entry.lease_id):
-            lease = await runtime.run(lambda: runtime.ledger().get(lease_id))
-            if lease is None or not lease.held:
-                raise Refused(Reason.LEASE_ENDED,
-                              "The slice given to this server ended before it started; "
-                              "start it again")
-            spawner._granted_at = time.monotonic()
-            WAIT_SECONDS.labels(profile=offer.key, group=entry.group).observe(
-                spawner._granted_at - joined)
-            if last is not None:
-                spawner.progress_log.add(WAIT_PROGRESS + 5,
-                                         f"Your turn: a {offer.key} slice was released")
-            return lease
-        if entry.state == "expired":
-            raise Refused(Reason.NONE_FREE, await _expired_message(spawner, waiting))
-        if entry.state != "waiting":
+        await ticket.news()
+        if ticket.done:
+            entry = await ticket
+            if entry.state == "granted" and (lease_id := entry.lease_id):
+                lease = await runtime.run(lambda: runtime.ledger().get(lease_id))
+                if lease is None or not lease.held:
+                    raise Refused(Reason.LEASE_ENDED,
+                                  "The slice given to this server ended before it started; "
+                                  "start it again")
+                spawner._granted_at = time.monotonic()
+                WAIT_SECONDS.labels(profile=offer.key, group=entry.group).observe(
+                    spawner._granted_at - joined)
+                if last is not None:
+                    spawner.progress_log.add(WAIT_PROGRESS + 5,
+                                             f"Your turn: a {offer.key} slice was released")
+                return lease
+            if entry.state == "expired":
+                raise Refused(Reason.NONE_FREE, _expired_message(ticket))
             raise Refused(Reason.NONE_FREE, f"Your wait for a {offer.key} slice ended "
                           f"({entry.reason or entry.state}); start it again")
-        if not waiting.drained:
-            continue
         if not queue:
-            others = (waiting.position or 1) - 1
+            others = (ticket.position or 1) - 1
             raise Refused(Reason.NONE_FREE,
                           f"No {offer.key} slice is free right now"
                           + (f" and {others} spawn(s) wait for one" if others > 0 else "")
                           + "; your group cannot wait for one: try again later")
-        message = await _place_message(spawner, waiting)
+        message = _place_message(spawner, ticket)
         if message != last:
             if last is None:
                 log.info("%s waits for a %s slice (entry %d)", spawner._log_name, offer.key,
-                         entry.id)
+                         ticket.entry.id)
             spawner.progress_log.add(WAIT_PROGRESS, message[0], html=message[1])
             last = message
 
 
-async def _free_instead(spawner: MIGSpawnerMixin, waiting: Waiting) -> list[str]:
-    """Keys of the user's other offers that are free to take right now."""
-    try:
-        choices = await spawner.current_choices(waiting.mine)
-    except tuple(spawner.backend_errors):
-        return []
-    return [c.key for c in choices if c.key != waiting.offer.key and c.available and c.free]
+def _free_instead(ticket: Ticket, supply: SliceSupply) -> tuple[str, ...]:
+    """Keys of the user's other offers that are free to take on ``supply``."""
+    choices = ticket.spawner.choices_from(ticket.mine, supply)
+    return tuple(c.key for c in choices
+                 if c.key != ticket.offer.key and c.available and c.free)
 
 
-async def _place_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> tuple[str, str]:
+def _place_message(spawner: MIGSpawnerMixin, ticket: Ticket) -> tuple[str, str]:
     """What the pending page says: place, estimate, and what is free instead (text and
     HTML, the latter with a link that starts the server with the free offer)."""
-    place = waiting.position or 1
-    guess = waiting.estimate.said("estimated") if waiting.estimate else "no estimate yet"
-    text = f"{ordinal(place)} in line for a {waiting.offer.key} slice; {guess}"
+    place = ticket.position or 1
+    guess = ticket.estimate.said("estimated") if ticket.estimate else "no estimate yet"
+    text = f"{ordinal(place)} in line for a {ticket.offer.key} slice; {guess}"
     html = escape(text)
-    free = await _free_instead(spawner, waiting)
-    if free:
-        other = free[0]
+    if ticket.free:
+        other = ticket.free[0]
         text += f". {other} is free now: stop this wait and start with {other} instead"
         html += (f". {escape(other)} is free now: stop this wait, then "
                  f'<a href="{escape(spawner.switch_url(other))}">start with {escape(other)} '
@@ -525,13 +604,11 @@ async def _place_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> tuple[st
     return text, html
 
 
-async def _expired_message(spawner: MIGSpawnerMixin, waiting: Waiting) -> str:
-    entry = waiting.entry
+def _expired_message(ticket: Ticket) -> str:
+    entry = ticket.entry
     seconds = (entry.deadline - entry.joined_at).total_seconds() if entry.deadline else 0
     waited = f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
-    free = await _free_instead(spawner, waiting)
-    instead = (f"{free[0]} is free now: start with it instead" if free
+    instead = (f"{ticket.free[0]} is free now: start with it instead" if ticket.free
                else "try again later")
     return (f"Waited {waited} (the longest your group may wait) and no "
-            f"{waiting.offer.key} slice was released; {instead}")
-
+            f"{ticket.offer.key} slice was released; {instead}")

@@ -1,8 +1,9 @@
 """The wait list's rules: who a free slice goes to, and how long a wait will be.
 
-Pure (no I/O): :mod:`.order` is the order rule the ledger's grant step runs inside its
-transaction, :mod:`.estimate` turns hold-time history into an honest range. Admin
-documentation: docs/policies.md, "Waiting".
+Pure (no I/O): :mod:`.order` is the order rule, :mod:`.grants` every grant one pass
+makes by it (what the ledger's grant transaction runs), :mod:`.estimate` turns
+hold-time history into an honest range. Admin documentation: docs/policies.md,
+"Waiting".
 """
 
 from .estimate import (
@@ -13,6 +14,7 @@ from .estimate import (
     estimate_wait,
     history_for,
 )
+from .grants import Charged, next_grants
 from .order import (
     FIT_REASONS,
     Served,
@@ -27,6 +29,7 @@ from .order import (
 __all__ = [
     "FIT_REASONS",
     "MIN_HISTORY",
+    "Charged",
     "Estimate",
     "HoldLimits",
     "Holder",
@@ -37,6 +40,7 @@ __all__ = [
     "first_served",
     "group_shares",
     "history_for",
+    "next_grants",
     "order",
     "positions",
 ]

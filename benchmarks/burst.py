@@ -1,0 +1,334 @@
+"""A class-start burst on a real hub: the MIG spawner against JupyterHub's plain spawner.
+
+Three cases on real hubs (JupyterHub, configurable-http-proxy, jupyter_server
+single-user servers) on a simulated H200 host, and one without servers:
+
+0. **Claims alone**: N spawners of this process claim at once through the mixin's claim
+   path (validation, stale-lease check, fleet read, ledger claim), with no server
+   starting: the claim's own p95, free of the servers' start-up CPU. Goal: <= 1 s at
+   N = 100.
+1. **Burst**: N users of a queueing group press Start within one second. The plain
+   ``SimpleLocalProcessSpawner`` hub runs first, then the ``SimpleLocalMIGSpawner`` hub
+   (one after the other, never at once), with at least N slices. Measured: the hub's
+   own API (``GET /hub/api/``, probed every 0.1 s) p95 during the burst, time from
+   Start to ready, and (MIG) the claim's duration from the hub log. Goals: API p95 <=
+   1.2x plain, time to ready <= 1.0x plain, claim p95 <= 1 s at N = 100.
+2. **Fewer slices than users**: S slices, N users; the S servers are stopped one by
+   one and each release's time to the next waiter's grant is read from the ledger
+   (release ``released_at`` -> grant ``claimed_at``). Goal: <= 0.2 s.
+3. **Waiting costs nothing**: one slice held, W users waiting, nobody spawning: the hub
+   process's CPU above its idle CPU. Goal: <= 0.05 core at W = 40.
+
+Run from the repository root (it imports the test harness as ``tests.support``)::
+
+    .venv/bin/python -m benchmarks.burst --quick          # N = 10, W = 10: a few minutes
+    .venv/bin/python -m benchmarks.burst --n 20 50 100 --waiters 40
+
+It prints figures and ratios; it is a benchmark, not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from traitlets.config import Config
+
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Ledger
+from mig_spawner.spawner import LocalMIGSpawner, waiting
+from tests.mocking import User
+from tests.support.hub_harness import HubProcess, start_mig_hub
+
+SLICES_PER_GPU = 7
+GOALS = {"api": 1.2, "ready": 1.0, "claim": 1.0, "grant": 0.2, "cpu": 0.05}
+EXTRA = """
+c.JupyterHub.concurrent_spawn_limit = 0
+c.JupyterHub.active_server_limit = 0
+c.Spawner.start_timeout = 900
+c.Spawner.http_timeout = 900
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}
+c.MIGPolicyConfig.group_policies["burst"] = {
+    "allowed": ["small"], "queue": True, "max_wait": "1h"}
+"""
+PROBE_EVERY = 0.1
+CLAIMED = re.compile(r"Lease \w+: .* claimed in (\d+) ms")
+
+
+def sim_for(slices: int) -> str:
+    """A simulated host of H200s cut into 1g.18gb with at least ``slices`` slices (all of
+    them on one GPU when fewer than 7)."""
+    if slices < SLICES_PER_GPU:
+        return f"h200x1:layout=1g.18gb*{slices}"
+    gpus = -(-slices // SLICES_PER_GPU)
+    return f"h200x{gpus}:layout=1g.18gb*{SLICES_PER_GPU}"
+
+
+def p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def start_hub(workdir: Path, spawner: str, slices: int, users: list[str]) -> HubProcess:
+    hub = start_mig_hub(workdir, sim_for(slices), EXTRA, spawner=spawner)
+    hub.create_users(users, groups=["burst"])
+    return hub
+
+
+def hub_cpu_seconds(hub: HubProcess) -> float:
+    """User + system CPU seconds of the hub process itself (not proxy, not servers)."""
+    assert hub.proc is not None
+    fields = Path(f"/proc/{hub.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def session(hub: HubProcess) -> requests.Session:
+    s = requests.Session()
+    s.headers["Authorization"] = f"token {hub.token}"
+    return s
+
+
+@dataclass
+class Burst:
+    """What one burst measured."""
+
+    api: list[float] = field(default_factory=list)
+    ready: dict[str, float] = field(default_factory=dict)
+    pressed: dict[str, float] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+
+    def to_ready(self) -> list[float]:
+        return [self.ready[n] - self.pressed[n] for n in self.ready]
+
+
+def press_start(hub: HubProcess, names: list[str], options: dict | None, spread: float = 1.0,
+                until_ready: int | None = None, timeout: float = 900) -> Burst:
+    """``names`` press Start within ``spread`` seconds; the hub's API is probed meanwhile;
+    returns once ``until_ready`` (default: all) servers are ready."""
+    result = Burst()
+    done = threading.Event()
+    want = len(names) if until_ready is None else until_ready
+
+    def probe() -> None:
+        s = requests.Session()
+        while not done.is_set():
+            tic = time.perf_counter()
+            with contextlib.suppress(requests.RequestException):
+                s.get(f"{hub.url}/hub/api/", timeout=120)
+            result.api.append(time.perf_counter() - tic)
+            time.sleep(PROBE_EVERY)
+
+    def press(i: int, name: str) -> None:
+        time.sleep(spread * i / len(names))
+        result.pressed[name] = time.monotonic()
+        body = None if options is None else options
+        r = session(hub).post(f"{hub.url}/hub/api/users/{name}/server", json=body,
+                              timeout=900)
+        if r.status_code not in (201, 202):
+            result.refused.append(f"{name}: {r.status_code} {r.text[:200]}")
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    pressers = [threading.Thread(target=press, args=(i, n), daemon=True)
+                for i, n in enumerate(names)]
+    for t in pressers:
+        t.start()
+    watcher = session(hub)
+    deadline = time.monotonic() + timeout
+    while len(result.ready) < want and time.monotonic() < deadline:
+        users = watcher.get(f"{hub.url}/hub/api/users", timeout=120).json()
+        now = time.monotonic()
+        for user in users:
+            server = (user.get("servers") or {}).get("")
+            if server and server.get("ready") and user["name"] in result.pressed:
+                result.ready.setdefault(user["name"], now)
+        if result.refused:
+            break
+        time.sleep(0.25)
+    done.set()
+    for t in pressers:
+        t.join(5)
+    prober.join(5)
+    if result.refused:
+        raise SystemExit("spawns refused: " + "; ".join(result.refused[:3]))
+    return result
+
+
+def claim_times(hub: HubProcess) -> list[float]:
+    """Each claim's duration (leaving out time in line), from the MIG hub's log."""
+    text = (hub.workdir / "hub.log").read_text(errors="replace")
+    return [int(ms) / 1000 for ms in CLAIMED.findall(text)]
+
+
+def case_claims(n: int, tmp: Path) -> list[float]:
+    """Each of ``n`` concurrent in-process claims' duration (case 0)."""
+    sim = sim_for(n)
+    SimulatedHost.from_spec(sim, tmp / f"claims-{n}.json")
+    c = Config()
+    c.MIGSettings.ledger_url = f"sqlite:///{tmp}/claims-{n}.sqlite"
+    c.MIGSettings.simulate = sim
+    c.MIGSettings.sim_state_file = str(tmp / f"claims-{n}.json")
+    c.MIGPolicyConfig.group_policies = {"burst": {"allowed": ["1g.18gb"], "queue": True,
+                                                  "max_wait": "1h"}}
+    spawners = [LocalMIGSpawner(config=c, user=User(f"c{i:03d}", ["burst"]))
+                for i in range(n + 1)]
+
+    async def claim(spawner: LocalMIGSpawner) -> float:
+        tic = time.perf_counter()
+        spawner.user_options = {"profile": "1g.18gb"}
+        offer, mine = spawner._validate(spawner.user_options)
+        await spawner._drop_stale_lease()
+        plan = await spawner.claim_decide(offer, mine)
+        await waiting.claim(spawner, offer, mine, plan)
+        return time.perf_counter() - tic
+
+    async def burst() -> list[float]:
+        await claim(spawners[-1])  # the ledger opened and migrated first
+        return list(await asyncio.gather(*(claim(s) for s in spawners[:-1])))
+
+    return asyncio.run(burst())
+
+
+def case_burst(n: int, tmp: Path) -> dict[str, Burst | list[float]]:
+    users = [f"b{i:03d}" for i in range(n)]
+    out: dict[str, Burst | list[float]] = {}
+    for label, spawner, options in (("plain", "simple", None),
+                                    ("mig", "mig-simple", {"profile": "small"})):
+        hub = start_hub(tmp / f"burst-{n}-{label}", spawner, n, users)
+        try:
+            out[label] = press_start(hub, users, options)
+            if label == "mig":
+                out["claims"] = claim_times(hub)
+        finally:
+            hub.close()
+    return out
+
+
+def case_waiting(slices: int, users: int, tmp: Path) -> list[float]:
+    """Release -> the next waiter's grant, for each of the ``slices`` servers stopped."""
+    names = [f"w{i:03d}" for i in range(users)]
+    workdir = tmp / f"wait-{slices}-{users}"
+    hub = start_hub(workdir, "mig-simple", slices, names)
+    gaps = []
+    try:
+        burst = press_start(hub, names, {"profile": "small"}, until_ready=slices)
+        with Ledger.open(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
+            deadline = time.monotonic() + 60
+            while len(ledger.waiting()) < users - slices and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for name in list(burst.ready)[:slices]:
+                before = {lease.id for lease in ledger.active()}
+                hub.stop_server(name)
+                hub.wait_until(lambda before=before: any(
+                    lease.id not in before for lease in ledger.active()), 30)
+                released = max((lease for lease in ledger.history(user=name)
+                                if lease.released_at), key=lambda lease: lease.released_at)
+                granted = next(lease for lease in ledger.active() if lease.id not in before)
+                gaps.append((granted.claimed_at - released.released_at).total_seconds())
+    finally:
+        hub.close()
+    return gaps
+
+
+def case_idle_waiters(waiters: int, tmp: Path, window: float) -> tuple[float, float]:
+    """Hub CPU (cores) with one server and nobody waiting, then with ``waiters`` waiting."""
+    names = ["holder", *(f"q{i:03d}" for i in range(waiters))]
+    workdir = tmp / f"idle-{waiters}"
+    hub = start_hub(workdir, "mig-simple", 1, names)
+    try:
+        press_start(hub, names[:1], {"profile": "small"})
+        time.sleep(3)
+        tic, cpu = time.monotonic(), hub_cpu_seconds(hub)
+        time.sleep(window)
+        idle = (hub_cpu_seconds(hub) - cpu) / (time.monotonic() - tic)
+        with Ledger.open(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
+            press_start(hub, names[1:], {"profile": "small"}, until_ready=0)
+            deadline = time.monotonic() + 120
+            while len(ledger.waiting()) < waiters and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(3)  # the joins' own passes are over
+            tic, cpu = time.monotonic(), hub_cpu_seconds(hub)
+            time.sleep(window)
+            busy = (hub_cpu_seconds(hub) - cpu) / (time.monotonic() - tic)
+    finally:
+        hub.close()
+    return idle, busy
+
+
+def verdict(value: float, goal: float) -> str:
+    return "met" if value <= goal else "NOT met"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[20, 50, 100],
+                        help="burst sizes (users pressing Start at once)")
+    parser.add_argument("--waiters", type=int, default=40,
+                        help="users waiting while nobody spawns (case 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="N = 10, 4 slices for 10 users, W = 10, short windows")
+    parser.add_argument("--skip", choices=["claims", "burst", "waiting", "idle"], nargs="*",
+                        default=[])
+    args = parser.parse_args()
+    sizes, waiters, window = args.n, args.waiters, 15.0
+    wait_slices, wait_users = 5, 15
+    if args.quick:
+        sizes, waiters, window, wait_slices, wait_users = [10], 10, 8.0, 4, 10
+    with tempfile.TemporaryDirectory(prefix="mig-burst-") as name:
+        tmp = Path(name)
+        if "claims" not in args.skip:
+            for n in sizes:
+                took = case_claims(n, tmp)
+                print(f"0. {n} claims at once in-process, no servers: median "
+                      f"{statistics.median(took):.3f} s, p95 {p95(took):.3f} s (goal <= "
+                      f"{GOALS['claim']} s at N = 100: {verdict(p95(took), GOALS['claim'])})",
+                      flush=True)
+        if "burst" not in args.skip:
+            print("1. Burst: N users press Start within 1 s (plain hub first, then MIG)")
+            print(f"{'N':>5}{'api p95 plain':>15}{'api p95 mig':>13}{'ratio':>7}"
+                  f"{'ready med plain':>17}{'ready med mig':>15}{'ratio':>7}"
+                  f"{'claim p95':>11}")
+            for n in sizes:
+                got = case_burst(n, tmp)
+                plain, mig, claims = got["plain"], got["mig"], got["claims"]
+                assert isinstance(plain, Burst) and isinstance(mig, Burst)
+                assert isinstance(claims, list)
+                api = p95(mig.api) / p95(plain.api)
+                ready = (statistics.median(mig.to_ready())
+                         / statistics.median(plain.to_ready()))
+                print(f"{n:>5}{p95(plain.api):>15.3f}{p95(mig.api):>13.3f}{api:>7.2f}"
+                      f"{statistics.median(plain.to_ready()):>17.2f}"
+                      f"{statistics.median(mig.to_ready()):>15.2f}{ready:>7.2f}"
+                      f"{p95(claims):>11.3f}", flush=True)
+                print(f"      goals: api <= {GOALS['api']}x plain ({verdict(api, GOALS['api'])}),"
+                      f" ready <= {GOALS['ready']}x ({verdict(ready, GOALS['ready'])}), claim "
+                      f"p95 <= {GOALS['claim']} s ({verdict(p95(claims), GOALS['claim'])})",
+                      flush=True)
+        if "waiting" not in args.skip:
+            gaps = case_waiting(wait_slices, wait_users, tmp)
+            print(f"2. {wait_users} users, {wait_slices} slices: release -> next grant "
+                  f"p95 {p95(gaps):.3f} s, max {max(gaps):.3f} s over {len(gaps)} releases "
+                  f"(goal <= {GOALS['grant']} s: {verdict(p95(gaps), GOALS['grant'])})",
+                  flush=True)
+        if "idle" not in args.skip:
+            idle, busy = case_idle_waiters(waiters, tmp, window)
+            print(f"3. {waiters} waiting, nobody spawning: hub CPU {busy:.3f} core, idle "
+                  f"{idle:.3f}: {busy - idle:+.3f} core (goal <= {GOALS['cpu']}: "
+                  f"{verdict(busy - idle, GOALS['cpu'])})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The wait list's grant loop in-process: waiting costs nothing per waiter, and a release
+by another process (a second Ledger, as the slice service releases) wakes it at once.
+
+Real LocalMIGSpawners on a simulated H200 cut into 3 x 1g.18gb, a real ledger (SQLite
+file, and PostgreSQL), no hub: the spawns go through ``waiting.claim`` exactly as
+``start()`` does, so all three slices are held and W more spawns wait in line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from traitlets.config import Config
+
+from mig_spawner.gpu import GpuAdapter
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Ledger, ReleaseCode
+from mig_spawner.spawner import LocalMIGSpawner, waiting
+from tests.mocking import User
+
+SIM = "h200x1:layout=1g.18gb*3"
+WAITERS = 12
+#: The old loop re-read every waiter's GPUs every 0.5 s; over this the count must not move.
+IDLE = 1.5
+#: A release by another process reaches the first waiter's grant within this.
+WAKE_WITHIN = 0.5
+
+
+def make_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
+    c = Config()
+    c.MIGSettings.ledger_url = url
+    c.MIGSettings.simulate = SIM
+    c.MIGSettings.sim_state_file = str(tmp_path / "sim.json")
+    c.MIGPolicyConfig.group_policies = {"crowd": {"allowed": ["1g.18gb"], "queue": True,
+                                                  "max_wait": "1h"}}
+    return LocalMIGSpawner(config=c, user=User(name, ["crowd"]))
+
+
+async def start_claim(spawner: LocalMIGSpawner):
+    mine = spawner.user_policy(spawner.policies())
+    offer = mine.offer("1g.18gb")
+    plan = await spawner.claim_decide(offer, mine)
+    lease, _plan = await waiting.claim(spawner, offer, mine, plan)
+    return lease
+
+
+async def until(check, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def inventory_reads(monkeypatch) -> list[float]:
+    """When the GPUs were read (each read of the driver or simulator)."""
+    reads: list[float] = []
+    real = GpuAdapter.inventory
+
+    def counted(self):
+        reads.append(time.monotonic())
+        return real(self)
+
+    monkeypatch.setattr(GpuAdapter, "inventory", counted)
+    return reads
+
+
+async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_the_loop(
+    tmp_path, backend_url, inventory_reads
+) -> None:
+    SimulatedHost.from_spec(SIM, tmp_path / "sim.json")
+    holders = [make_spawner(tmp_path, backend_url, f"h{i}") for i in range(3)]
+    leases = [await start_claim(s) for s in holders]
+    crowd = [make_spawner(tmp_path, backend_url, f"w{i:02d}") for i in range(WAITERS)]
+    tasks = []
+    for s in crowd:
+        tasks.append(asyncio.ensure_future(start_claim(s)))
+        await asyncio.sleep(0.01)  # join in this order
+    with Ledger.open(backend_url) as ledger:
+        await until(lambda: len(ledger.waiting()) == WAITERS, 20)
+        # Every waiter hears its place.
+        await until(lambda: all(s.progress_log.events and "in line" in
+                                s.progress_log.events[-1]["message"] for s in crowd), 10)
+        line = [e.user for e in ledger.waiting()]  # in the order they joined
+        by_name = {s.user.name: s for s in crowd}
+        assert [by_name[u].progress_log.events[-1]["message"].split(" in line")[0]
+                for u in line] == [waiting.ordinal(n) for n in range(1, WAITERS + 1)]
+
+        # Nobody releases, nobody joins: nothing reads the GPUs, however many wait.
+        await asyncio.sleep(0.3)
+        before = len(inventory_reads)
+        await asyncio.sleep(IDLE)
+        assert len(inventory_reads) == before, "the GPUs were read while nothing happened"
+
+        # The slice service (another process: another Ledger) releases one lease.
+        released = ledger.release(leases[0].id, ReleaseCode.STOPPED, "idle")
+        tic = time.monotonic()
+        first = await asyncio.wait_for(tasks[crowd.index(by_name[line[0]])], 5)
+        woke = time.monotonic() - tic
+        gap = (first.claimed_at - released.released_at).total_seconds()
+        print(f"release elsewhere -> grant: {gap:.3f} s (seen after {woke:.3f} s)")
+        assert gap <= WAKE_WITHIN
+        # ...and that pass read the GPUs once, not once per waiter.
+        assert len(inventory_reads) - before <= 2
+        await until(lambda: by_name[line[1]].progress_log.events[-1]["message"].startswith(
+            "1st in line"), 5)
+        assert by_name[line[-1]].progress_log.events[-1]["message"].startswith(
+            f"{waiting.ordinal(WAITERS - 1)} in line")
+        ledger.release(first.id, ReleaseCode.STOPPED)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
