@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus

@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
-from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.service.cull_rules import HUB_DATA_ONLY, Probe, activity_to_record
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper

@@ -331,18 +331,18 @@ def idle_limit(limits: CullLimits, waited: bool) -> float | None:
 
 def idle_deadline(
     now: datetime, active_at: datetime, limit: float, warn_before: float | None,
-    lease: Lease | None,
+    warned: datetime | None,
 ) -> datetime:
     """When an idle server is stopped: ``limit`` after it was last active; where it
-    can be warned (a ``lease``, and ``warn_before`` set) never before a warning with
-    that time. A pending idle warning's deadline holds (a shorter limit since, such as
-    someone starting to wait, does not bring it forward); without one the stop is at
-    least ``warn_before`` away, so the warning comes first."""
+    is warned (``warn_before`` set) never before a warning with that time. A pending
+    idle warning's deadline (``warned``) holds: a shorter limit since, such as someone
+    starting to wait, does not bring it forward. Without one the stop is at least
+    ``warn_before`` away, so the warning comes first."""
     due = active_at + timedelta(seconds=limit)
-    if warn_before is None or lease is None:
+    if warn_before is None:
         return due
-    if lease.warning == Rule.SERVER_IDLE.value and lease.warning_deadline is not None:
-        return max(due, lease.warning_deadline)
+    if warned is not None:
+        return max(due, warned)
     return max(due, now + timedelta(seconds=warn_before))
 
 
@@ -388,7 +388,10 @@ def _idle_deadline(
     active = server_active_at(now, server, limits, probe, lease)
     if active is None:
         return None
-    return idle_deadline(now, active, limit, limits.warn_before if warns else None, lease)
+    if not warns or lease is None:  # no warning to wait for: none is recorded
+        return idle_deadline(now, active, limit, None, None)
+    warned = lease.warning_deadline if lease.warning == Rule.SERVER_IDLE.value else None
+    return idle_deadline(now, active, limit, limits.warn_before, warned)
 
 
 def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
