@@ -153,6 +153,18 @@ def test_doctor_reports_a_broken_hub_config(tmp_path):
     assert "idle_timout" in out.stdout
 
 
+def test_doctor_names_a_warning_as_long_as_the_limit(tmp_path):
+    (tmp_path / "20-groups.py").write_text(
+        "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'],"
+        " 'server_idle_timeout': '10m'}}\n"
+    )
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert "[FAIL] hub config" in out.stdout
+    assert "'analysts': warn_before 10m is not shorter than server_idle_timeout 10m" in (
+        out.stdout), out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "files", "says"),
     [
