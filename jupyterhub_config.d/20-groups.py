@@ -85,7 +85,15 @@ c.MIGPolicyConfig.offers = {
 #   max_slices_per_user   how many slices (GPU servers) one member may hold at once
 #   quota_slices          how many slices the whole group may hold at once (None: no cap)
 #   quota_compute_slices  same, counted in compute slices (a 3g counts 3; None: no cap)
-#   server_idle_timeout   stop a server with no activity for this long   ("30m", "1h30m")
+#   server_idle_timeout   stop a server with no activity for this long   ("30m", "1h30m").
+#                         Activity is what people do (typing, running cells, saving,
+#                         terminal input) and GPU work, not an open browser tab
+#   server_idle_timeout_when_unwaited  a longer idle limit while nobody waits for the
+#                         server's size (default: server_idle_timeout)
+#   server_idle_timeout_when_waited    a shorter one while someone does, applied after
+#                         a warning (default: server_idle_timeout)
+#   open_tab_counts       True: an open tab's polling counts as activity, as with
+#                         jupyterhub-idle-culler (default False)
 #   kernel_idle_timeout   shut down a kernel idle for this long; the server keeps its slice
 #   max_session_age       stop a server this long after it got its slice, busy or not
 #   cull_busy_kernels     True: a kernel running with no output for kernel_idle_timeout
@@ -94,7 +102,8 @@ c.MIGPolicyConfig.offers = {
 #   gpu_activity_counts   True (default): GPU work on the slice (processes with SM
 #                         activity) counts as activity; held memory alone does not
 #   warn_before           warn the user this long before a stop, with a "Keep my
-#                         server" button (default "10m"; None: no warning)
+#                         server" button (default "10m"; None: no warning); shorter
+#                         than every limit above
 #   extend_by             what Keep adds to max_session_age (default None: no extension)
 #   max_extensions        how often Keep may extend one session (default 0)
 #   priority              a member of several groups is charged to the group with the
@@ -108,6 +117,8 @@ c.MIGPolicyConfig.group_policies = {
         "max_slices_per_user": 1,
         "quota_slices": 6,
         "server_idle_timeout": "30m",
+        "server_idle_timeout_when_unwaited": "45m",
+        "server_idle_timeout_when_waited": "25m",
         "kernel_idle_timeout": "15m",
         "max_session_age": "8h",
         "cull_busy_kernels": False,

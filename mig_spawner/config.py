@@ -70,7 +70,10 @@ class MIGPolicyConfig(Configurable):
         charged to first, and whose waiters go first), and for the wait list ``queue``
         (bool, default False: members may wait when nothing is free), ``max_wait``
         (duration, default "30m"), ``max_waiting_per_user`` (default 1) and
-        ``server_idle_timeout_when_waited`` (a shorter idle limit while anyone waits).
+        ``server_idle_timeout_when_waited`` (a shorter idle limit while anyone waits for
+        the size), ``server_idle_timeout_when_unwaited`` (a longer one while nobody does),
+        ``open_tab_counts`` (bool, default False: an open tab's polling is not activity)
+        and ``warn_before`` (default "10m", shorter than each limit it warns of).
         A user in several groups gets the union of their offers; see docs/policies.md.
         """,
     ).tag(config=True)

@@ -18,9 +18,13 @@ def test_a_day_runs_and_the_table_adds_up(capsys) -> None:
     rows = day.main(["--days", "1", "--seed", "7"])
     sessions = len(day.trace(7))
     assert list(rows) == ["(a) static+culler 1h", "(b) pool", "(c) pool+wait",
-                          "(d) dynamic+wait"]
+                          "(d) dynamic+wait", "(d) 25% answer"]
     for values in rows.values():
         # Every session is served or given up on (reuse of a running server included).
         assert values["served"] + values["gave up"] == sessions
         assert 0 < values["util %"] <= 100
-    assert "ratio to (a)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ratio to (a)" in out and "int/served" in out
+    assert "goals against (a)" in out
+    # The product warns before its idle stops; the culler of (a) never does.
+    assert rows["(a) static+culler 1h"]["warned"] == 0 < rows["(c) pool+wait"]["warned"]

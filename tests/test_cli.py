@@ -177,16 +177,26 @@ def test_doctor_reads_the_offered_profiles_from_the_hub_config():
     assert "1g.10gb" not in line
 
 
-def test_doctor_reports_a_broken_hub_config(tmp_path):
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ("'idle_timout': '30m'", "idle_timout"),
+        # The demo once shipped this: every server warned as soon as it started.
+        ("'server_idle_timeout': '10m'",
+         "'analysts': warn_before 10m is not shorter than server_idle_timeout 10m"),
+    ],
+    ids=["misspelt-key", "warn-as-long-as-limit"],
+)
+def test_doctor_reports_a_broken_hub_config(tmp_path, settings, says):
     (tmp_path / "20-groups.py").write_text(
-        "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'],"
-        " 'idle_timout': '30m'}}\n"
+        "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb'], "
+        f"{settings}}}}}\n"
     )
     out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "--config-dir", str(tmp_path))
     assert out.returncode == 1
     assert "[FAIL] hub config" in out.stdout
     assert "analysts" in out.stdout
-    assert "idle_timout" in out.stdout
+    assert says in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,11 @@ def test_an_idle_kernel_is_shut_down_at_the_demo_limit_and_the_server_keeps_its_
     assert f"culling kernel {kernel_id} of ana (group analysts): kernel_idle" in demo.log(
         chars=10**7)
     assert ready()  # the server, and so its slice, stay
+    # A fresh server in use is not warned of a stop, with the demo's own limits (it was
+    # warned "stops in about 9m" seconds after it started, its warn_before being as
+    # long as its idle limit).
+    assert demo.api(ana, "GET", "/mig-spawner/warnings").json() == {"warnings": []}
+    assert "warned ana" not in demo.log(chars=10**7)
 
 
 def test_the_admin_sees_the_analysts_slice_on_the_map_and_an_analyst_may_not(demo):

@@ -468,6 +468,18 @@ def test_keep_counts_as_activity_or_extends_up_to_the_limit_and_is_recorded(tmp_
         assert ledger.get(lease.id).expires_at == extended.lease.expires_at
         assert [e.kind for e in ledger.events(lease.id)] == [
             "warned", "kept", "warned", "extended", "warned", "refused"]
+        # Pressing again and again (818 rows from one user in 150 s, once): one row per
+        # change of state, and a warning moved in time is not a new one.
+        for _ in range(20):
+            assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "refused"
+        ledger.warn(lease.id, "max_session_age", extended.lease.expires_at, "age, again")
+        assert len(ledger.events(lease.id)) == 6
+        ledger.clear_warning(lease.id)
+        now[0] += td(seconds=61)
+        for _ in range(20):
+            assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "kept"
+        assert len(ledger.events(lease.id)) == 6
+        assert ledger.get(lease.id).kept_at == now[0]  # activity, once
         ledger.release(lease.id, "stopped")
         assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "gone"
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel
 from mig_spawner.ledger import Grant, LeaseRequest
 from mig_spawner.observe.slice_state import activity_resolution, slice_map
@@ -80,7 +81,8 @@ def test_a_busy_servers_tile_stays_leased_sweep_after_sweep(world, idle_after):
     for _ in range(40):
         world.clock.advance(seconds=sweep)
         recorded = world.ledger.get(lease.id).last_activity_at
-        active = activity_to_record(world.clock.now, server, busy, recorded,
+        active = activity_to_record(world.clock.now, server, GroupPolicy("analysts"), busy,
+                                    recorded,
                                     activity_resolution(idle_after))
         if active is not None:
             world.ledger.touch(lease.id, active)

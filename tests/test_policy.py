@@ -176,10 +176,12 @@ def test_group_settings_and_defaults() -> None:
 
 def test_wait_list_keys() -> None:
     waits = {"allowed": ["1g.18gb"], "queue": True, "max_wait": "45m",
-             "max_waiting_per_user": 2, "server_idle_timeout_when_waited": "10m"}
+             "max_waiting_per_user": 2, "server_idle_timeout_when_waited": "15m",
+             "server_idle_timeout_when_unwaited": "2h"}
     group = policy(groups={"w": waits}).group("w")
     assert (group.queue, group.max_wait, group.max_waiting_per_user) == (True, 2700, 2)
-    assert group.server_idle_timeout_when_waited == 600
+    assert group.server_idle_timeout_when_waited == 900
+    assert group.server_idle_timeout_when_unwaited == 7200
     assert policy(groups={"f": {**waits, "max_wait": "never"}}).group("f").max_wait is None
 
 

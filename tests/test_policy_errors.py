@@ -15,7 +15,8 @@ KNOWN_KEYS = (
     "allowed, max_slices_per_user, quota_slices, quota_compute_slices, server_idle_timeout, "
     "kernel_idle_timeout, max_session_age, cull_busy_kernels, gpu_activity_counts, "
     "warn_before, extend_by, max_extensions, priority, queue, max_wait, "
-    "max_waiting_per_user, server_idle_timeout_when_waited"
+    "max_waiting_per_user, server_idle_timeout_when_waited, "
+    "server_idle_timeout_when_unwaited, open_tab_counts"
 )
 LISTED = "MIG profiles such as '1g.18gb' may be listed directly"
 NO_LIMIT = "(or None for no limit)"
@@ -79,6 +80,17 @@ GROUP_MISTAKES = [
     ({"server_idle_timeout": "30m", "server_idle_timeout_when_waited": "1h"},
      "server_idle_timeout_when_waited (1h) must be shorter than server_idle_timeout (30m): "
      "it is the shorter idle limit used while someone waits"),
+    # What the demo shipped (a 10 min limit, warn_before's default 10 min): every server
+    # was warned as it started.
+    ({"server_idle_timeout": "10m"},
+     "warn_before 10m is not shorter than server_idle_timeout 10m: every server would "
+     "be warned as soon as it starts; make warn_before shorter than 10m"),
+    ({"server_idle_timeout": "1h", "server_idle_timeout_when_waited": "5m",
+      "warn_before": "5m"},
+     "warn_before 5m is not shorter than server_idle_timeout_when_waited 5m"),
+    ({"max_session_age": "8h", "warn_before": "9h"},
+     "warn_before 9h is not shorter than max_session_age 8h"),
+    ({"open_tab_counts": "no"}, "open_tab_counts must be True or False, got 'no'"),
 ]
 # fmt: on
 

@@ -466,13 +466,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def test_a_profile_with_waiters_gets_the_shorter_idle_limit(tmp_path):
+async def test_the_idle_limit_follows_the_wait_list(tmp_path):
     from mig_spawner.hub.models import HubUser
     from mig_spawner.ledger import WaitRequest
 
     policy = MIGPolicyConfig(group_policies={"analysts": {
         "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "queue": True,
-        "server_idle_timeout_when_waited": "10m"}}).build()
+        "server_idle_timeout_when_waited": "15m",
+        "server_idle_timeout_when_unwaited": "2h"}}).build()
     ledger = Ledger.open(f"sqlite:///{tmp_path}/l.sqlite")
     client = HubClient("http://127.0.0.1:9/hub/api", "t")
     sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=False)
@@ -480,8 +481,8 @@ async def test_a_profile_with_waiters_gets_the_shorter_idle_limit(tmp_path):
     lease = ledger.active()[0]
     user = HubUser(name="ana", groups=("analysts",), servers=())
     await sweeper._leases()
-    assert sweeper.limits_for(user, lease).server_idle_timeout == 3600
+    assert sweeper.limits_for(user, lease).server_idle_timeout == 7200  # nobody waits
     ledger.join_wait(WaitRequest("bob", "", "analysts", 0, "1g.18gb", 600))
     await sweeper._leases()
-    assert sweeper.limits_for(user, lease).server_idle_timeout == 600
+    assert sweeper.limits_for(user, lease).server_idle_timeout == 900
     ledger.close()

@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
-from mig_spawner.service.cull_rules import Probe, activity_to_record
+from mig_spawner.service.cull_rules import HUB_DATA_ONLY, Probe, activity_to_record
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from tests.support.hub_standin import StandinState
@@ -38,12 +39,15 @@ def kernel(state: str, active_ago: float) -> Kernel:
 
 # (case, server, probe, recorded on the lease, expected write)
 TABLE = [
-    ("hub activity newer than the lease's: written", server(5), None, ago(30), ago(5)),
-    ("moved on by less than the resolution: nothing written", server(5), None, ago(5.5),
-     None),
-    ("older than the lease's: nothing written (touch only moves forward)", server(50), None,
-     ago(30), None),
-    ("nothing recorded yet: written", server(5), None, None, ago(5)),
+    ("hub activity newer than the lease's: written", server(5), HUB_DATA_ONLY, ago(30),
+     ago(5)),
+    ("moved on by less than the resolution: nothing written", server(5), HUB_DATA_ONLY,
+     ago(5.5), None),
+    ("older than the lease's: nothing written (touch only moves forward)", server(50),
+     HUB_DATA_ONLY, ago(30), None),
+    ("nothing recorded yet: written", server(5), HUB_DATA_ONLY, None, ago(5)),
+    ("not looked at this sweep: nothing written (the hub's time is an open tab's)",
+     server(5), None, ago(30), None),
     ("a kernel's activity is later than the hub's", server(40),
      Probe(kernels=(kernel("idle", 3),)), ago(30), ago(3)),
     ("the server's own status is later than the hub's", server(40),
@@ -51,14 +55,15 @@ TABLE = [
                                kernels=0)), ago(30), ago(2)),
     ("a busy kernel is activity now, however long its output is silent", server(90),
      Probe(kernels=(kernel("busy", 90),)), ago(30), NOW),
-    ("never active: its start counts", server(None), None, None, ago(120)),
+    ("never active: its start counts", server(None), HUB_DATA_ONLY, None, ago(120)),
 ]
 
 
 @pytest.mark.parametrize(("case", "srv", "probe", "recorded", "expected"), TABLE,
                          ids=[row[0] for row in TABLE])
 def test_what_activity_is_written_on_the_lease(case, srv, probe, recorded, expected):
-    assert activity_to_record(NOW, srv, probe, recorded, resolution=60) == expected
+    limits = GroupPolicy("analysts")
+    assert activity_to_record(NOW, srv, limits, probe, recorded, resolution=60) == expected
 
 
 POLICY = MIGPolicyConfig(group_policies={
@@ -115,7 +120,8 @@ async def test_a_dry_run_writes_nothing(world):
 async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
     base, ledger, leases, _ = world
     # Warn 59.5 min ahead of a 1 h limit: user00001, active a minute ago, is due one;
-    # user00000, idle for 2 h, is stopped instead.
+    # user00000, idle for 2 h, is warned too (never stopped unannounced; a dry run,
+    # which records no warning, says it would be stopped).
     policy = MIGPolicyConfig(group_policies={"analysts": {
         "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "warn_before": "59m30s"}}).build()
     client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
@@ -123,7 +129,10 @@ async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
                       dry_run=dry_run)
     report = await sweeper.sweep()
     warned = {who: w.rule.value for who, w in report.warnings}
-    assert warned.get("user00001") == "server_idle" and "user00000" not in warned
+    assert warned.get("user00001") == "server_idle"
+    assert ("user00000" in warned) is not dry_run
+    stopped = {d.user for d in report.decisions}
+    assert stopped == ({"user00000"} if dry_run else set())
     events = ledger.events(leases["user00001"])
     assert [e.kind for e in events] == ([] if dry_run else ["warned"])
     if not dry_run:  # once per coming stop, not every sweep

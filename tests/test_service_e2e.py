@@ -34,9 +34,10 @@ MANAGED = "mig-slices-managed"
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
     "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
-    "bob": ("server-short", {"server_idle_timeout": 4}),
+    # Limits of seconds, unwarned: a warn_before (default 10 min) must be shorter.
+    "bob": ("server-short", {"server_idle_timeout": 4, "warn_before": None}),
     # Long enough to start a server and a busy kernel on a loaded test machine.
-    "cy": ("age-capped", {"max_session_age": 25}),
+    "cy": ("age-capped", {"max_session_age": 25, "warn_before": None}),
     "ghost": ("analysts", {}),
 }
 

@@ -46,7 +46,7 @@ def test_config_has_the_demo_users_in_three_groups_and_the_simulated_gpus(tmp_pa
     # The shipped policies are loaded, not a copy of them.
     assert "analysts" in config.MIGPolicyConfig.group_policies
     # Every demo group may wait for a full size instead of being refused.
-    assert all(p["queue"] and p["max_wait"] == "15m"
+    assert all(p["queue"] and p["max_wait"] == 900
                for p in config.MIGPolicyConfig.group_policies.values())
     # And checked as the shipped jupyterhub_config.py checks them, last.
     assert path.read_text().rstrip().endswith("check_hub_config(c)")
@@ -106,6 +106,12 @@ def test_the_slice_service_runs_beside_the_demo_hub_on_its_config_and_short_limi
     policy = app.load_policy()
     assert policy.group("analysts").kernel_idle_timeout == 20
     assert policy.group("admins").server_idle_timeout == 600
+    # The snippet's longer limit while nobody waits is the demo's too, and every group
+    # warns well before its stops (the demo once warned every server as it started).
+    analysts = policy.group("analysts")
+    assert analysts.server_idle_timeout_when_unwaited == 600
+    assert analysts.server_idle_timeout_when_waited == 300
+    assert analysts.warn_before == 180 and analysts.max_wait == 900
 
 
 def test_bad_limit_says_what_to_write(tmp_path, capsys):
@@ -117,7 +123,11 @@ def test_bad_limit_says_what_to_write(tmp_path, capsys):
 def test_the_banner_gives_limits_and_the_slice_map(tmp_path):
     text = demo.banner(_args(tmp_path, "--port", "8123"), tmp_path)
     assert "a kernel idle 2 min is shut down, a server idle 10 min is stopped" in text
+    assert "(5 min while someone waits for its size), after a warning 3 min before" in text
+    assert "a spawn waits at most 15 min for a slice (max_wait)" in text
     assert "checks every 15 s" in text
+    other = demo.banner(_args(tmp_path, "--warn-before", "1m", "--max-wait", "5m"), tmp_path)
+    assert "after a warning 1 min before; a spawn waits at most 5 min" in other
     assert re.search(r"Slice map \(log in as ada, group admins\): "
                      r"http://127.0.0.1:8123/services/mig-slices/slices", text)
 

@@ -176,7 +176,7 @@ def test_server_stop_takes_precedence_over_kernel_shutdowns():
 )
 def test_needs_probe_only_when_a_look_inside_can_change_the_outcome(srv, limits, expected):
     by_hub_data = decide_server(NOW, srv, limits.name, limits, None)
-    assert needs_probe(srv, limits, by_hub_data) is expected
+    assert needs_probe(NOW, srv, limits, None, by_hub_data) is expected
 
 
 def lease(lid: str, user: str, server_name: str = "", claimed_ago: float = 60,
@@ -304,8 +304,9 @@ def test_what_counts_as_gpu_work(case, activity, working):
 
 
 def gpu_lease(gpu_active_ago: float | None) -> Lease:
+    # Warned of the idle stop, whose time has come: only activity can keep it now.
     return replace(leased(60, None), gpu_active_at=None if gpu_active_ago is None
-                   else ago(gpu_active_ago))
+                   else ago(gpu_active_ago), warning="server_idle", warning_deadline=ago(1))
 
 
 @pytest.mark.parametrize(

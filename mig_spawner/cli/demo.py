@@ -54,7 +54,10 @@ SNIPPETS = ("10-spawner.py", "20-groups.py", "30-slice-service.py")
 SLICE_SERVICE = "mig-slices"
 SLICEMAP_PATH = f"/services/{SLICE_SERVICE}/slices"
 #: The demo's limits, in every group: short enough to watch the slice service work.
-DEMO_LIMITS = {"kernel_idle": "2m", "server_idle": "10m", "sweep_every": "15s"}
+#: ``warn_before`` must stay shorter than the idle limit while someone waits (half of
+#: ``server_idle``); the hub's start-up check refuses it otherwise.
+DEMO_LIMITS = {"kernel_idle": "2m", "server_idle": "10m", "warn_before": "3m",
+               "max_wait": "15m", "sweep_every": "15s"}
 
 
 def config_dir() -> Path:
@@ -158,12 +161,16 @@ def write_config(args: argparse.Namespace, workdir: Path) -> Path:
         # Users land in JupyterLab (the 'demo' extra installs it).
         'c.Spawner.default_url = "/lab"',
         "# Short limits in every group, to see the slice service cull within minutes;",
-        "# a full GPU puts a spawn on the wait list (queue) instead of refusing it.",
+        "# a full GPU puts a spawn on the wait list (queue) instead of refusing it, and",
+        "# while someone waits for a size, its idle servers go after half the idle limit.",
         "c.MIGPolicyConfig.group_policies = {",
         "    name: {**policy, "
         f'"kernel_idle_timeout": {short["kernel_idle"]}, '
-        f'"server_idle_timeout": {short["server_idle"]}, "queue": True, '
-        '"max_wait": "15m"}',
+        f'"server_idle_timeout": {short["server_idle"]}, '
+        f'"server_idle_timeout_when_unwaited": {short["server_idle"]}, '
+        f'"server_idle_timeout_when_waited": {short["server_idle"] / 2}, '
+        f'"warn_before": {short["warn_before"]}, "queue": True, '
+        f'"max_wait": {short["max_wait"]}}}',
         "    for name, policy in c.MIGPolicyConfig.group_policies.items()",
         "}",
         f"c.SliceServiceApp.cull_every = {short['sweep_every']}",
@@ -284,8 +291,11 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
         f"Open {url} and log in as any user above with the password {args.password!r} "
         f"({admins}: {args.admin_password!r}).",
         f"Limits (every group, demo only): a kernel idle {_human(args.kernel_idle)} is shut "
-        f"down, a server idle {_human(args.server_idle)} is stopped; the slice service "
-        f"checks every {_human(args.sweep_every)}.",
+        f"down, a server idle {_human(args.server_idle)} is stopped "
+        f"({_human(args.server_idle / 2)} while someone waits for its size), after a "
+        f"warning {_human(args.warn_before)} before; a spawn waits at most "
+        f"{_human(args.max_wait)} for a slice (max_wait); the slice service checks every "
+        f"{_human(args.sweep_every)}.",
         f"Slice map (log in as {admins}, group admins): {url}{SLICEMAP_PATH}",
         f"Hub admin page ({admins}): {url}/hub/admin. Named servers are on (up to "
         f"{NAMED_SERVER_LIMIT} a user), so each group's per-user limit can be tried.",
@@ -357,7 +367,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-password", default=DEFAULT_ADMIN_PASSWORD,
                    help="the demo admins' password (32 characters or more)")
     for key, what in (("kernel_idle", "shut down a kernel idle this long"),
-                      ("server_idle", "stop a server idle this long"),
+                      ("server_idle", "stop a server idle this long (half of it while "
+                                      "someone waits for its size)"),
+                      ("warn_before", "warn the user this long before a stop (shorter "
+                                      "than half of --server-idle)"),
+                      ("max_wait", "how long a spawn may wait for a slice"),
                       ("sweep_every", "how often the slice service checks")):
         p.add_argument(f"--{key.replace('_', '-')}", type=seconds, default=DEMO_LIMITS[key],
                        metavar="DURATION",

@@ -7,8 +7,9 @@ one retry policy for every call the slice service makes:
   (``Accept: application/jupyterhub-pagination+json``, follow ``_pagination.next``);
   the next page is requested while the current one is being consumed;
 - ``DELETE /hub/api/users/<user>/server[s/<name>]`` to stop a server;
-- ``GET <server>/api/kernels?no_track_activity=1`` and ``<server>/api/status``
-  (which Jupyter Server never counts as activity), and
+- ``GET <server>/api/kernels?no_track_activity=1``, ``<server>/api/status``
+  (which Jupyter Server never counts as activity) and ``<server>/mig-spawner/activity``
+  (what people did there, from mig-spawner's single-user extension), and
   ``DELETE <server>/api/kernels/<id>?no_track_activity=1``, with the service's token (it needs the
   ``access:servers`` scope), at the server's *internal* URL that the spawner
   recorded in the lease. Not through the proxy: configurable-http-proxy marks a
@@ -35,8 +36,10 @@ from mig_spawner.hub.models import (
     HubServer,
     HubUser,
     Kernel,
+    PeopleActivity,
     ServerStatus,
     kernel_from_model,
+    people_activity_from_model,
     status_from_model,
     user_from_model,
 )
@@ -266,6 +269,19 @@ class HubClient:
         """The server's own view of its activity (``/api/status`` is never tracked)."""
         url = self.server_url(server, internal) + "api/status"
         return status_from_model(await self._get_json(url, retries=retries))
+
+    async def people_activity(
+        self, server: HubServer, *, internal: str | None = None, retries: int = 1
+    ) -> PeopleActivity | None:
+        """What mig-spawner's single-user extension saw people do on the server (never
+        counted as activity itself); ``None`` for a server without the extension."""
+        url = self.server_url(server, internal) + "mig-spawner/activity"
+        try:
+            return people_activity_from_model(await self._get_json(url, retries=retries))
+        except HubError as e:
+            if e.code == 404:
+                return None
+            raise
 
     async def shutdown_kernel(
         self, server: HubServer, kernel_id: str, *, internal: str | None = None

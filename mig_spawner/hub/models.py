@@ -127,3 +127,25 @@ def status_from_model(model: Mapping[str, Any]) -> ServerStatus:
         connections=int(model.get("connections") or 0),
         kernels=int(model.get("kernels") or 0),
     )
+
+
+@dataclass(frozen=True)
+class PeopleActivity:
+    """What mig-spawner's single-user extension saw of the people using a server
+    (``GET <server>/mig-spawner/activity``; see :mod:`mig_spawner.singleuser`)."""
+
+    #: When a JupyterLab page of this server last reported; ``None``: none ever did.
+    page_seen: datetime | None
+    #: The latest typing, click or scroll in such a page (opening it counts).
+    interaction: datetime | None
+    #: The latest terminal input or output.
+    terminal: datetime | None
+
+
+def people_activity_from_model(model: Mapping[str, Any]) -> PeopleActivity:
+    """Build a :class:`PeopleActivity` from ``GET <server>/mig-spawner/activity``."""
+    return PeopleActivity(
+        page_seen=parse_timestamp(model.get("page_seen")),
+        interaction=parse_timestamp(model.get("interaction")),
+        terminal=parse_timestamp(model.get("terminal")),
+    )

@@ -90,6 +90,9 @@ _COLUMN_FOR = {
 _FIELDS = tuple(f.name for f in fields(Lease))
 _DETAIL_MAX = leases.c.release_detail.type.length or 255
 log = logging.getLogger(__name__)
+#: Seconds within which another "Keep my server" with no warning pending writes nothing:
+#: a user pressing it again and again is one activity, not a row per press.
+KEEP_RESOLUTION = 60.0
 
 
 def _to_lease(row: Row[Any]) -> Lease:
@@ -531,7 +534,8 @@ class Ledger(WaitList):
     # -- warnings before a stop, and "Keep my server" ----------------------------------
 
     def warn(self, lease_id: str, rule: str, deadline: datetime, detail: str) -> Lease | None:
-        """Record that the user was warned of a stop (``rule``) due at ``deadline``.
+        """Record that the user was warned of a stop (``rule``) due at ``deadline``; the
+        same pending warning at another time only moves its deadline (no new event).
         ``None`` if the lease is released or unknown."""
         require_aware("deadline", deadline)
         now = self._now()
@@ -539,6 +543,8 @@ class Ledger(WaitList):
             lease = self._lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
+            if lease.warning == rule:
+                return self._update(connection, lease, warning_deadline=deadline)
             self._event(connection, lease.id, now, "warned", rule, detail)
             return self._update(connection, lease, warning=rule, warned_at=now,
                                 warning_deadline=deadline)
@@ -556,7 +562,11 @@ class Ledger(WaitList):
     ) -> KeepResult:
         """The user pressed "Keep my server". Against an idle stop it counts as activity
         (``kept_at``); against max session age it moves ``expires_at`` by ``extend_by``
-        while fewer than ``max_extensions`` were granted, else says why not."""
+        while fewer than ``max_extensions`` were granted, else says why not.
+
+        At most one event row per change of state: a Keep with no warning pending
+        writes none (and ``kept_at`` at most once per :data:`KEEP_RESOLUTION`), a
+        refusal repeated for the same warning none either."""
         now = self._now()
         with self._write() as connection:
             lease = self._lock_lease(connection, lease_id)
@@ -564,9 +574,14 @@ class Ledger(WaitList):
                 return KeepResult("gone", "This server is not running any more.")
             rule = lease.warning or "server_idle"
             if rule != "max_session_age" or lease.expires_at is None:
-                kept = self._update(connection, lease, kept_at=now, warning=None,
-                                    warning_deadline=None)
-                self._event(connection, lease.id, now, "kept", rule, "counts as activity")
+                kept = lease
+                if lease.warning is not None or lease.kept_at is None or (
+                    (now - lease.kept_at).total_seconds() >= KEEP_RESOLUTION
+                ):
+                    kept = self._update(connection, lease, kept_at=now, warning=None,
+                                        warning_deadline=None)
+                if lease.warning is not None:
+                    self._event(connection, lease.id, now, "kept", rule, "counts as activity")
                 return KeepResult("kept", "Kept: your server counts as in use from now.", kept)
             used = lease.extensions or 0
             if not extend_by or used >= max_extensions:
@@ -578,7 +593,8 @@ class Ledger(WaitList):
                 )
                 message = (f"{why}: the server stops at {lease.expires_at:%H:%M} UTC. "
                            "Save your work.")
-                self._event(connection, lease.id, now, "refused", rule, why)
+                if not self._refused_since_warned(connection, lease):
+                    self._event(connection, lease.id, now, "refused", rule, why)
                 return KeepResult("refused", message, lease)
             expires = lease.expires_at + timedelta(seconds=extend_by)
             extended = self._update(connection, lease, expires_at=expires, extensions=used + 1,
@@ -590,6 +606,15 @@ class Ledger(WaitList):
                 f"Extended by {format_duration(extend_by)}: your server now stops at "
                 f"{expires:%H:%M} UTC.", extended,
             )
+
+    @staticmethod
+    def _refused_since_warned(connection: Connection, lease: Lease) -> bool:
+        """Whether the lease's latest event is already a refusal of its pending warning."""
+        last = connection.execute(
+            select(lease_events.c.kind).where(lease_events.c.lease_id == lease.id)
+            .order_by(lease_events.c.id.desc()).limit(1)
+        ).scalar()
+        return last == "refused"
 
     def events(self, lease_id: str) -> list[LeaseEvent]:
         """The warnings and answers of one lease, oldest first."""

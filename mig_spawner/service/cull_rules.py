@@ -13,10 +13,25 @@ Rules (see docs/culling.md):
   not. The spawner sets it at claim from the group's limit; the ledger keeps it
   across hub restarts, and it is the one deadline the culler, the slice map and the
   metrics read. A server without a lease is stopped at its start plus the limit.
-* ``server_idle_timeout``: a server with no activity for this long is stopped.
-  Activity is the latest of the hub's ``last_activity``, the server's own
-  ``/api/status`` and its kernels' activity; a busy kernel makes the server
-  active unless the group sets ``cull_busy_kernels``.
+* ``server_idle_timeout``: a server with no activity for this long is stopped, after
+  a warning (below). Activity is what people do, not what an open tab does: on a
+  server a JupyterLab page has reported from (mig-spawner's single-user extension), the
+  latest of its start, the page's interaction (typing, clicks, scrolling; running and
+  saving come with them), terminal input or output and its kernels' activity. A server
+  no page reported from (VS Code, API clients), and every server of a group with
+  ``open_tab_counts``, is judged as jupyterhub-idle-culler does: the hub's
+  ``last_activity``, the server's ``/api/status`` (any API request) and its kernels.
+  A busy kernel makes the server active unless the group sets ``cull_busy_kernels``.
+  Pressure: the limit is ``server_idle_timeout_when_waited`` while someone waits for
+  the server's size, ``server_idle_timeout_when_unwaited`` while nobody does (either
+  falls back to ``server_idle_timeout``); the sweeper puts the one that applies in
+  ``server_idle_timeout`` (:func:`idle_limit`).
+* Warnings (``warn_before``): a server that can be warned (it has a lease) is never
+  stopped for idleness before a warning with the time of the stop: its deadline is
+  its idle deadline, or the warned one, or ``warn_before`` from now, whichever is
+  latest (:func:`idle_deadline`). A warning is due only when a deadline that the rules
+  would apply is within ``warn_before``; activity or a Keep moves the deadline out of
+  reach and the warning is withdrawn, as is one whose stop did not come.
 * ``kernel_idle_timeout``: a kernel with no activity for this long is shut down
   (its server and slice stay). A busy kernel only with ``cull_busy_kernels``;
   a kernel with a connected client only with the service's ``cull_connected_kernels``.
@@ -38,7 +53,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
+from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 
 if TYPE_CHECKING:
     from mig_spawner.core.inventory import Inventory, MigDevice
@@ -63,6 +78,12 @@ class CullLimits(Protocol):
     def gpu_activity_counts(self) -> bool: ...
     @property
     def warn_before(self) -> float | None: ...
+    @property
+    def open_tab_counts(self) -> bool: ...
+    @property
+    def server_idle_timeout_when_waited(self) -> float | None: ...
+    @property
+    def server_idle_timeout_when_unwaited(self) -> float | None: ...
 
 
 class Rule(StrEnum):
@@ -78,15 +99,20 @@ class Probe:
     """What the service learned from the server itself this sweep.
 
     ``reachable=False`` means the server (or the proxy in front of it) did not
-    answer; ``kernels`` and ``status`` are then empty.
+    answer; ``kernels`` and ``status`` are then empty. ``people``: what mig-spawner's
+    single-user extension saw people do (``None``: the server has no such extension).
     """
 
     reachable: bool = True
     kernels: tuple[Kernel, ...] = ()
     status: ServerStatus | None = None
+    people: PeopleActivity | None = None
 
 
 UNREACHABLE = Probe(reachable=False)
+#: The service does not look inside servers (``probe_servers`` off): it judges by the
+#: hub's data alone, as jupyterhub-idle-culler does.
+HUB_DATA_ONLY = Probe()
 
 #: Share of a slice's SMs busy (NVML GPM's SM utilisation) above which its
 #: processes count as GPU work; below it, a process only holds a context and memory.
@@ -189,44 +215,67 @@ def session_deadline(
     return server.started + timedelta(seconds=limits.max_session_age)
 
 
-def needs_probe(server: HubServer, limits: CullLimits, by_hub_data: Decision | None) -> bool:
-    """Whether the sweep must read the server's kernels before deciding.
+def needs_probe(
+    now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None,
+    by_hub_data: Decision | None,
+) -> bool:
+    """Whether the sweep must look inside the server before deciding.
 
-    ``by_hub_data`` is :func:`decide_server`'s verdict on the hub's data alone (no
-    probe), computed once per server per sweep. Kernels are read when kernel limits
-    apply, or when that verdict stops the server for idleness (a busy kernel may prove
-    otherwise). Not when max age stops it anyway: that needs no look inside.
+    ``by_hub_data`` is :func:`decide_server`'s verdict without a probe, computed once
+    per server per sweep. It looks when kernel limits apply, or when what is known
+    without looking would stop the server for idleness or warn of it
+    (:func:`idle_by_hub_data`): later activity may prove otherwise. Not when max age
+    stops it anyway: that needs no look inside.
     """
-    if by_hub_data is not None:
-        # Max age stops it whatever the kernels do; idleness by the hub's data
-        # alone is what a look inside may disprove.
-        return by_hub_data.rule is Rule.SERVER_IDLE
-    return is_cullable(server) and limits.kernel_idle_timeout is not None
+    if by_hub_data is None and is_cullable(server) and limits.kernel_idle_timeout is not None:
+        return True
+    return idle_by_hub_data(now, server, limits, lease, by_hub_data)
 
 
 def idle_by_hub_data(
     now: datetime, server: HubServer, limits: CullLimits, lease: Lease | None,
     by_hub_data: Decision | None,
 ) -> bool:
-    """Whether the hub's data alone (``by_hub_data``, :func:`decide_server`'s verdict
-    without a probe) would stop the server for idleness, or warn of it; only then is
-    the server's own ``/api/status`` worth reading (it may show later activity)."""
+    """Whether what is known without looking inside (``by_hub_data``,
+    :func:`decide_server`'s verdict without a probe) would stop the server for
+    idleness, or warn of it; only then is what its people did worth reading."""
     if by_hub_data is not None:
         return by_hub_data.rule is Rule.SERVER_IDLE
     warning = warning_due(now, server, limits, None, lease)
     return warning is not None and warning.rule is Rule.SERVER_IDLE
 
 
-def last_activity(server: HubServer, probe: Probe | None) -> datetime | None:
-    """The server's latest known activity: the hub's (else its start), its own
-    ``/api/status`` and its kernels', whichever is latest; ``None`` if nothing is known."""
+def judged_by_people(probe: Probe | None, open_tab_counts: bool) -> bool:
+    """Whether the server's idleness is judged by what people did in its JupyterLab
+    pages rather than by every request: a page reported from it, and the group does
+    not let open tabs count."""
+    people = probe.people if probe is not None else None
+    return not open_tab_counts and people is not None and people.page_seen is not None
+
+
+def last_activity(
+    server: HubServer, probe: Probe | None, open_tab_counts: bool = False,
+    lease: Lease | None = None,
+) -> datetime | None:
+    """The server's latest known activity; ``None`` if nothing is known.
+
+    Judged by people (:func:`judged_by_people`): the latest of its start, their
+    interaction, terminal activity and its kernels'. Otherwise the hub's
+    ``last_activity`` (else its start), its own ``/api/status`` and its kernels'. Not
+    looked inside (``probe`` ``None``) while it holds a ``lease``: what the service last
+    recorded on it (``last_activity_at``, only what a look found), since the hub's
+    time moves with every request an open tab makes.
+    """
+    kernels = [k.last_activity for k in (probe.kernels if probe else ())]
+    if judged_by_people(probe, open_tab_counts):
+        people = probe.people
+        return _latest([server.started, people.interaction, people.terminal, *kernels])
+    if probe is None and lease is not None and not open_tab_counts:
+        return _latest([server.started, lease.started_at, lease.last_activity_at])
     status = probe.status if probe else None
     return _latest(
-        [
-            server.last_activity or server.started,
-            status.last_activity if status else None,
-            *(k.last_activity for k in (probe.kernels if probe else ())),
-        ]
+        [server.last_activity or server.started, status.last_activity if status else None,
+         *kernels]
     )
 
 
@@ -235,30 +284,35 @@ def has_busy_kernel(probe: Probe | None) -> bool:
     return probe is not None and any(k.execution_state == "busy" for k in probe.kernels)
 
 
-def server_idle_seconds(
-    now: datetime, server: HubServer, probe: Probe | None, cull_busy_kernels: bool,
-    gpu_active_at: datetime | None = None,
-) -> float | None:
-    """Seconds since the server's last known activity (``gpu_active_at``: its slice's
-    last GPU work, when that counts); 0 while a kernel is busy (unless busy kernels
-    may be culled); ``None`` when nothing is known."""
-    if not cull_busy_kernels and has_busy_kernel(probe):
-        return 0.0
-    return _since(now, _latest([last_activity(server, probe), gpu_active_at]))
+def server_active_at(
+    now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None,
+) -> datetime | None:
+    """When the server was last active: :func:`last_activity`, its lease's activity
+    (:func:`lease_activity`: a Keep, GPU work), and now while a kernel is busy (unless
+    busy kernels may be culled); ``None`` when nothing is known."""
+    if not limits.cull_busy_kernels and has_busy_kernel(probe):
+        return now
+    return _latest([last_activity(server, probe, limits.open_tab_counts, lease),
+                    lease_activity(lease, limits)])
 
 
 def activity_to_record(
-    now: datetime, server: HubServer, probe: Probe | None, recorded: datetime | None,
-    resolution: float,
+    now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
+    recorded: datetime | None, resolution: float,
 ) -> datetime | None:
     """The activity time to write on the server's lease, or ``None`` to write nothing.
 
-    A busy kernel is activity now. Nothing is written unless activity moved on by
-    ``resolution`` seconds or more since ``recorded`` (the lease's
+    Only what a look inside found (``probe``; :data:`HUB_DATA_ONLY` where the service
+    never looks): a busy kernel is activity now. Nothing is written unless activity
+    moved on by ``resolution`` seconds or more since ``recorded`` (the lease's
     ``last_activity_at``): one write per server per sweep at most, and only when it
-    changes what the slice map and the usage report show.
+    changes what the slice map, the usage report and the next sweep read.
     """
-    active = now if has_busy_kernel(probe) else last_activity(server, probe)
+    if probe is None or not probe.reachable:
+        return None
+    active = now if has_busy_kernel(probe) else last_activity(
+        server, probe, limits.open_tab_counts)
     if active is None or (
         recorded is not None and (active - recorded).total_seconds() < resolution
     ):
@@ -266,13 +320,40 @@ def activity_to_record(
     return active
 
 
+def idle_limit(limits: CullLimits, waited: bool) -> float | None:
+    """The idle limit that applies now: ``server_idle_timeout_when_waited`` while
+    someone waits for the server's size, else ``server_idle_timeout_when_unwaited``;
+    either falls back to ``server_idle_timeout``."""
+    pressured = (limits.server_idle_timeout_when_waited if waited
+                 else limits.server_idle_timeout_when_unwaited)
+    return limits.server_idle_timeout if pressured is None else pressured
+
+
+def idle_deadline(
+    now: datetime, active_at: datetime, limit: float, warn_before: float | None,
+    warned: datetime | None,
+) -> datetime:
+    """When an idle server is stopped: ``limit`` after it was last active; where it
+    is warned (``warn_before`` set) never before a warning with that time. A pending
+    idle warning's deadline (``warned``) holds: a shorter limit since, such as someone
+    starting to wait, does not bring it forward. Without one the stop is at least
+    ``warn_before`` away, so the warning comes first."""
+    due = active_at + timedelta(seconds=limit)
+    if warn_before is None:
+        return due
+    if warned is not None:
+        return max(due, warned)
+    return max(due, now + timedelta(seconds=warn_before))
+
+
 def decide_server(
     now: datetime, server: HubServer, group: str, limits: CullLimits, probe: Probe | None,
-    lease: Lease | None = None,
+    lease: Lease | None = None, warns: bool = True,
 ) -> Decision | None:
     """Whether to stop ``server``, and why. ``probe`` is ``None`` when the service
-    judges on the hub's data alone (it did not look inside the server); ``lease`` is
-    the lease it holds, whose ``expires_at`` is its session deadline."""
+    judges on what it knows without looking inside the server; ``lease`` is the lease
+    it holds, whose ``expires_at`` is its session deadline. ``warns=False`` (a dry run,
+    which records no warning): an idle stop is not held back for one."""
     if not is_cullable(server):
         return None
     age = _since(now, server.started)
@@ -284,18 +365,33 @@ def decide_server(
             idle_seconds=_since(now, server.last_activity), age_seconds=_since(now, began),
             limit_seconds=(deadline - began).total_seconds() if began else 0.0,
         )
-    if probe is not None and not probe.reachable:
-        return None
-    idle = server_idle_seconds(
-        now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
-    )
-    idle_limit = limits.server_idle_timeout
-    if idle_limit is not None and idle is not None and idle >= idle_limit:
+    deadline = _idle_deadline(now, server, limits, probe, lease, warns)
+    if deadline is not None and now >= deadline:
+        active = server_active_at(now, server, limits, probe, lease)
         return Decision(
             Rule.SERVER_IDLE, server.user, server.name, group,
-            idle_seconds=idle, age_seconds=age, limit_seconds=idle_limit,
+            idle_seconds=_since(now, active), age_seconds=age,
+            limit_seconds=limits.server_idle_timeout or 0.0,
         )
     return None
+
+
+def _idle_deadline(
+    now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
+    lease: Lease | None, warns: bool = True,
+) -> datetime | None:
+    """:func:`idle_deadline` of the server, or ``None``: no idle limit, nothing
+    known, or the server could not be reached (it may be running a busy kernel)."""
+    limit = limits.server_idle_timeout
+    if limit is None or (probe is not None and not probe.reachable):
+        return None
+    active = server_active_at(now, server, limits, probe, lease)
+    if active is None:
+        return None
+    if not warns or lease is None:  # no warning to wait for: none is recorded
+        return idle_deadline(now, active, limit, None, None)
+    warned = lease.warning_deadline if lease.warning == Rule.SERVER_IDLE.value else None
+    return idle_deadline(now, active, limit, limits.warn_before, warned)
 
 
 def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
@@ -327,8 +423,9 @@ def warning_due(
     now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
     lease: Lease | None,
 ) -> StopWarning | None:
-    """The stop to warn the user of now: one due within the group's ``warn_before``
-    (the sooner, when both are), or ``None``. Call it when ``decide_server`` stops
+    """The stop to warn the user of now: one that the rules will apply, due within the
+    group's ``warn_before`` (the sooner, when both are), or ``None``: nothing to warn
+    of, and a pending warning is withdrawn. Call it when ``decide_server`` stops
     nothing; a server that cannot be reached is warned only of its session age."""
     warn = limits.warn_before
     if warn is None or not is_cullable(server):
@@ -337,13 +434,9 @@ def warning_due(
     deadline = session_deadline(server, limits, lease)
     if deadline is not None and _until(now, deadline) <= warn:
         due.append(StopWarning(Rule.MAX_SESSION_AGE, deadline))
-    idle_limit = limits.server_idle_timeout
-    if idle_limit is not None and (probe is None or probe.reachable):
-        idle = server_idle_seconds(
-            now, server, probe, limits.cull_busy_kernels, lease_activity(lease, limits)
-        )
-        if idle is not None and idle_limit - idle <= warn:
-            due.append(StopWarning(Rule.SERVER_IDLE, now + timedelta(seconds=idle_limit - idle)))
+    idle = _idle_deadline(now, server, limits, probe, lease)
+    if idle is not None and _until(now, idle) <= warn:
+        due.append(StopWarning(Rule.SERVER_IDLE, idle))
     return min(due, key=lambda w: w.deadline, default=None)
 
 

@@ -45,6 +45,7 @@ from mig_spawner.release import (
     SliceGpus,
 )
 from mig_spawner.service.cull_rules import (
+    HUB_DATA_ONLY,
     UNREACHABLE,
     Decision,
     Probe,
@@ -56,11 +57,16 @@ from mig_spawner.service.cull_rules import (
     find_orphans,
     gpu_facts_to_record,
     idle_by_hub_data,
+    idle_limit,
     needs_probe,
     unleased_busy_devices,
     warning_due,
 )
 from mig_spawner.service.metrics import ServiceMetrics
+
+
+async def _nothing() -> None:
+    return None
 
 
 class GpuSource(SliceGpus, Protocol):
@@ -163,16 +169,16 @@ class Sweeper:
 
     def limits_for(self, user: HubUser, lease: Lease | None) -> GroupPolicy:
         """The group whose limits apply: the one the slice is charged to; for a
-        server without a lease, the user's highest-priority group (or the default)."""
+        server without a lease, the user's highest-priority group (or the default).
+        Its ``server_idle_timeout`` is the one that applies now (:func:`idle_limit`):
+        while someone waits for the lease's size, an idle holder makes room sooner."""
         if lease is not None:
             group = self.policy.group(lease.group)
-            shorter = group.server_idle_timeout_when_waited
-            if shorter is not None and lease.profile in self._waited_for:
-                # Someone waits for this size: an idle holder makes room sooner.
-                return replace(group, server_idle_timeout=shorter)
-            return group
-        groups = self.policy.for_user(user.groups).groups
-        return min(groups, key=lambda g: (-g.priority, g.name))
+            waited = lease.profile in self._waited_for
+        else:
+            groups = self.policy.for_user(user.groups).groups
+            group, waited = min(groups, key=lambda g: (-g.priority, g.name)), False
+        return replace(group, server_idle_timeout=idle_limit(group, waited))
 
     # -- one sweep ----------------------------------------------------------------
 
@@ -329,15 +335,17 @@ class Sweeper:
         hub is failing: stops are left to the next sweep.
         """
         limits = self.limits_for(user, lease)
-        # The rules run once on the hub's data; again only on what a probe brought.
-        stop = decide_server(now, server, limits.name, limits, None, lease)
-        probe = None
-        if self.probe_servers and needs_probe(server, limits, stop):
+        warns = not self.dry_run
+        # The rules run once on what is known without looking; again only on what a
+        # probe brought. Without probes, on the hub's data as the idle culler does.
+        probe = None if self.probe_servers else HUB_DATA_ONLY
+        stop = decide_server(now, server, limits.name, limits, probe, lease, warns)
+        if probe is None and needs_probe(now, server, limits, lease, stop):
             probe = await self._probe(
                 server, lease, idle_by_hub_data(now, server, limits, lease, stop)
             )
-            stop = decide_server(now, server, limits.name, limits, probe, lease)
-        await self._record_activity(now, server, lease, probe)
+            stop = decide_server(now, server, limits.name, limits, probe, lease, warns)
+        await self._record_activity(now, server, limits, lease, probe)
         decisions = decide(
             now, server, limits.name, limits, probe, stop, self.cull_connected_kernels
         )
@@ -370,8 +378,9 @@ class Sweeper:
         lease: Lease | None, report: SweepReport,
     ) -> None:
         """Warn the user of a stop due within ``warn_before`` (once per rule: the
-        ledger keeps the pending warning, which the user's pages read), or forget a
-        warning whose stop is no longer due."""
+        ledger keeps the pending warning, which the user's pages read), or withdraw a
+        warning whose stop is no longer due (activity, a Keep, or a stop that did not
+        come)."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
         warning = warning_due(now, server, limits, probe, lease)
@@ -379,7 +388,13 @@ class Sweeper:
             if lease.warning is not None and not self.dry_run:
                 await asyncio.to_thread(self.ledger.clear_warning, lease.id)
             return
+        if (lease.warning, lease.warning_deadline) == (warning.rule.value, warning.deadline):
+            return
         if lease.warning == warning.rule.value:
+            # The same stop, at another time (the limit that applies changed): the
+            # pages show the new time; no new warning.
+            await asyncio.to_thread(self.ledger.warn, lease.id, warning.rule.value,
+                                    warning.deadline, warning.describe(now))
             return
         report.warnings.append((server.label, warning))
         what = f"{server.label} (group {limits.name}): {warning.describe(now)}"
@@ -395,14 +410,16 @@ class Sweeper:
             self.metrics.warnings.labels(warning.rule.value, limits.name).inc()
 
     async def _record_activity(
-        self, now: datetime, server: HubServer, lease: Lease | None, probe: Probe | None
+        self, now: datetime, server: HubServer, limits: GroupPolicy, lease: Lease | None,
+        probe: Probe | None,
     ) -> None:
         """Write the server's latest activity on its lease, which is where the slice
-        map's idle time and the usage report's idle share come from."""
+        map's idle time, the usage report's idle share and the next sweep's look come
+        from."""
         if lease is None or self.ledger is None or self.dry_run:
             return
         active = activity_to_record(
-            now, server, probe, lease.last_activity_at, self.activity_resolution
+            now, server, limits, probe, lease.last_activity_at, self.activity_resolution
         )
         if active is not None:
             # ``touch`` only moves forward and skips released leases: safe against a
@@ -410,23 +427,22 @@ class Sweeper:
             await asyncio.to_thread(self.ledger.touch, lease.id, active)
 
     async def _probe(self, server: HubServer, lease: Lease | None, needs_status: bool) -> Probe:
-        """Read the server's kernels (and status when server idleness is at stake),
-        directly at the internal URL its lease recorded, so that looking never counts
-        as the user's activity."""
+        """Read the server's kernels, what its people did, and its status when server
+        idleness is at stake, directly at the internal URL its lease recorded, so that
+        looking never counts as the user's activity."""
         internal = self._internal_url(server, lease)
         try:
-            if needs_status:
-                kernels, status = await asyncio.gather(
-                    self.client.kernels(server, internal=internal),
-                    self.client.server_status(server, internal=internal),
-                )
-            else:
-                kernels, status = await self.client.kernels(server, internal=internal), None
+            kernels, people, status = await asyncio.gather(
+                self.client.kernels(server, internal=internal),
+                self.client.people_activity(server, internal=internal),
+                self.client.server_status(server, internal=internal) if needs_status
+                else _nothing(),
+            )
         except HubError as e:
             self.metrics.errors.labels(kind="server_unreachable").inc()
             self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
             return UNREACHABLE
-        return Probe(kernels=tuple(kernels), status=status)
+        return Probe(kernels=tuple(kernels), status=status, people=people)
 
     def _internal_url(self, server: HubServer, lease: Lease | None) -> str | None:
         url = lease.server_url if lease is not None else None

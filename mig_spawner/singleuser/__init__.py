@@ -1,13 +1,22 @@
 """A Jupyter Server extension, enabled in each single-user server by the MIG spawner,
-that shows the slice service's warning before a stop inside JupyterLab.
+that shows the slice service's warning before a stop inside JupyterLab and tells the
+service what people do there.
 
 It adds, under the server's base URL:
 
 - ``mig-spawner/warning`` (GET): this server's pending warning, asked of the hub with
   the server's own ``JUPYTERHUB_API_TOKEN`` (so it sees nothing of other users);
 - ``mig-spawner/keep`` (POST, xsrf-checked): "Keep my server", passed on to the hub;
+- ``mig-spawner/activity``: POST (xsrf-checked), the page's report that a person typed,
+  clicked or scrolled in it; GET, for the slice service, when a JupyterLab page last
+  reported (``page_seen``: its every look for a warning is one), its latest such
+  interaction, and its terminals' latest input or output (see docs/culling.md);
 - ``mig-spawner/notice.js``: the script that turns the warning into a JupyterLab 4
-  notification with a **Keep my server** button (``apputils:notify``).
+  notification with a **Keep my server** button (``apputils:notify``), and reports
+  interaction at most once per look.
+
+None of these requests counts as the server's activity (jupyter_server's
+``last_activity``): a page's background requests are not a person at work.
 
 The script is added to JupyterLab's page by an output transform, so nothing needs
 building; it also sets JupyterLab's ``exposeAppInBrowser`` page option so the
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -39,7 +49,30 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "mig_spawner.singleuser"}]
 
 
-class _HubCall(APIHandler):
+#: Where the web app's settings keep what people did. Not ending in ``_last_activity``,
+#: which jupyter_server would count as the server's activity.
+PEOPLE = "mig_spawner_people"
+
+
+def _seen(handler: APIHandler, interaction: bool) -> None:
+    """Record that a JupyterLab page reported (and that a person interacted with it)."""
+    people = handler.settings.setdefault(PEOPLE, {})
+    people["page_seen"] = now = datetime.now(UTC)
+    if interaction:
+        people["interaction"] = now
+
+
+def _iso(when: Any) -> str | None:
+    return when.isoformat() if when is not None else None
+
+
+class _Quiet(APIHandler):
+    """An API handler whose requests are not the server's activity."""
+
+    _track_activity = False
+
+
+class _HubCall(_Quiet):
     """Calls the hub's mig-spawner API with this server's token."""
 
     async def hub(self, method: str, path: str) -> Any:
@@ -69,6 +102,7 @@ class WarningHandler(_HubCall):
 
     @web.authenticated
     async def get(self) -> None:
+        _seen(self, interaction=False)
         found = await self.hub("GET", "warnings")
         mine = [w for w in found.get("warnings", []) if w.get("server") == _server_name()]
         self.finish({"warning": mine[0] if mine else None})
@@ -80,6 +114,25 @@ class KeepHandler(_HubCall):
     @web.authenticated
     async def post(self) -> None:
         self.finish(await self.hub("POST", f"keep/{quote(_server_name(), safe='')}"))
+
+
+class ActivityHandler(_Quiet):
+    """What people did here: reported by the page (POST), read by the slice service."""
+
+    @web.authenticated
+    def get(self) -> None:
+        people = self.settings.get(PEOPLE, {})
+        self.finish({
+            "page_seen": _iso(people.get("page_seen")),
+            "interaction": _iso(people.get("interaction")),
+            "terminal": _iso(self.settings.get("terminal_last_activity")),
+        })
+
+    @web.authenticated
+    def post(self) -> None:
+        _seen(self, interaction=True)
+        self.set_status(204)
+        self.finish()
 
 
 class ScriptHandler(web.StaticFileHandler):
@@ -120,6 +173,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app.add_handlers(".*$", [
         (url_path_join(base, "mig-spawner", "warning"), WarningHandler),
         (url_path_join(base, "mig-spawner", "keep"), KeepHandler),
+        (url_path_join(base, "mig-spawner", "activity"), ActivityHandler),
         (url_path_join(base, "mig-spawner", "(notice\\.js)"), ScriptHandler,
          {"path": str(STATIC)}),
     ])

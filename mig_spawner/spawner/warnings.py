@@ -12,7 +12,10 @@ Both act only on the servers of the user who calls them: a browser logged in to 
 hub (cookie, with the xsrf token JupyterHub's pages carry), or the user's single-user
 server with its own ``JUPYTERHUB_API_TOKEN`` (the extension in
 :mod:`mig_spawner.singleuser`). They need the caller to hold ``users:activity`` for
-that user, which both have and which a Keep is: activity. The hub's home page shows
+that user, which both have and which a Keep is: activity. Anyone else gets 403 (an API
+answers, it does not redirect to the login page). A warning whose stop is more than
+:data:`STALE_AFTER` overdue is not shown: the stop did not come (the slice service
+withdraws it at its next sweep). The hub's home page shows
 the notice through the template in ``templates/hub`` (:func:`configure_hub`).
 """
 
@@ -40,6 +43,9 @@ KEEPS = Counter(
     "mig_spawner_keeps", "Answers to a warning ('Keep my server'), by outcome.",
     ["outcome", "reason", "group"],
 )
+
+#: Seconds past its deadline after which a pending warning is no longer shown.
+STALE_AFTER = 60.0
 
 REASONS = {
     "server_idle": "it has not been used for a while",
@@ -70,6 +76,14 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
             f"about {_about(left)}: {REASONS.get(rule, rule)}. {keep}"
         ),
     }
+
+
+def pending(lease: Lease, now: datetime) -> bool:
+    """Whether the lease's warning is still one to show: its stop is not long overdue."""
+    if lease.warning is None:
+        return False
+    deadline = lease.warning_deadline
+    return deadline is None or (now - deadline).total_seconds() <= STALE_AFTER
 
 
 def _about(seconds: float) -> str:
@@ -108,14 +122,13 @@ class _OwnServers(APIHandler):
 class WarningsHandler(_OwnServers):
     """``GET``: the current user's warned servers (see the module docstring)."""
 
-    @web.authenticated
     async def get(self) -> None:
         user = self._user()
         now = datetime.now(UTC)
         found = []
         for name, spawner in self._mig_spawners(user).items():
             lease = await self._lease(user, name, spawner)
-            if lease is not None and lease.warning is not None:
+            if lease is not None and pending(lease, now):
                 found.append(notice(lease, now, *self._limits(spawner, lease)))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"warnings": found}))
@@ -124,7 +137,6 @@ class WarningsHandler(_OwnServers):
 class KeepHandler(_OwnServers):
     """``POST``: "Keep my server" for one of the current user's servers."""
 
-    @web.authenticated
     async def post(self, server_name: str | None = None) -> None:
         user = self._user()
         name = server_name or ""

@@ -2,9 +2,10 @@
 notification and a notice on the hub's home page, each with "Keep my server".
 
 A real hub + proxy + jupyter_server with JupyterLab, the slice service sweeping every
-second, limits shortened keeping the shipped ratio of ``warn_before`` (10 min) to a
-30 min limit: warned a third of the limit before the stop. Screenshots go to
-docs/img for the analyst guide.
+second. Idle limits are the shipped snippet's "analysts" ones (30 min, 45 min while
+nobody waits, 25 min while someone does, warned 10 min ahead) shortened 60 times
+together, seconds for minutes, the sweep (1 min) too. Screenshots go to docs/img for
+the analyst guide.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ playwright = pytest.importorskip("playwright.sync_api")
 SIM = "h200x1:layout=1g.18gb*7"
 IMG = REPO / "docs" / "img"
 MAX_AGE, AGE_WARN, EXTEND = 60, 20, 30
-IDLE, IDLE_WARN = 30, 10
+# The shipped analysts' limits, minutes as seconds.
+IDLE, UNWAITED, WAITED, IDLE_WARN = 30, 45, 25, 10
 CONFIG = f"""
 c.JupyterHub.last_activity_interval = 5
 c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "5", "MIG_SPAWNER_NOTICE_POLL": "2"}}
@@ -39,6 +41,8 @@ c.MIGPolicyConfig.group_policies.update({{
     "age-warn": {{"allowed": ["small"], "max_session_age": {MAX_AGE},
                   "warn_before": {AGE_WARN}, "extend_by": {EXTEND}, "max_extensions": 1}},
     "idle-warn": {{"allowed": ["small"], "server_idle_timeout": {IDLE},
+                   "server_idle_timeout_when_unwaited": {UNWAITED},
+                   "server_idle_timeout_when_waited": {WAITED},
                    "warn_before": {IDLE_WARN}}},
 }})
 {SERVICE_CONFIG}c.SliceServiceApp.cull_every = 1
@@ -51,7 +55,8 @@ def env(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("warnhub")
     hub = start_mig_hub(workdir, SIM, CONFIG)
     hub.create_user("lena", groups=["age-warn"])
-    hub.create_user("hana", groups=["idle-warn"])
+    for user in ("hana", "tina", "tom"):
+        hub.create_user(user, groups=["idle-warn"])
     service = Service(hub, hub.config_path)
     wait_for(lambda: service.up(), 30, "service up", service)
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
@@ -120,7 +125,7 @@ def test_hub_home_notice_keeps_an_idle_server(env):
     assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
     hub.wait_ready("hana", timeout=120)
     wait_for(lambda: (ledger.active_for_server("hana").warning or "") == "server_idle",
-             IDLE + 10, "hana warned", service)
+             UNWAITED + 10, "hana warned", service)
     deadline = ledger.active_for_server("hana").warning_deadline
     page = login(browser, hub, "hana", "/hub/home")
     page.goto(f"{hub.url}/hub/home")
@@ -131,9 +136,71 @@ def test_hub_home_notice_keeps_an_idle_server(env):
     page.screenshot(path=str(IMG / "warning-hub-home.png"))
     notice.get_by_role("button", name="Keep my server").click()
     page.locator(".mig-warning", has_text="Kept").wait_for(timeout=15_000)
+    lease = ledger.active_for_server("hana")
     time.sleep(max(0.0, seconds_until(deadline)) + 4)
     assert hub.server_model("hana")["ready"], service.log()
+    # Kept: no new warning until the next deadline comes near (warn_before ahead of
+    # the Keep plus the limit), however often the page looks.
+    quiet = (lease.kept_at - datetime.now(UTC)).total_seconds() + UNWAITED - IDLE_WARN - 2
+    time.sleep(max(0.0, quiet))
+    assert [e.kind for e in ledger.events(lease.id)] == ["warned", "kept"], service.log()
     page.close()
+    hub.stop_server("hana")
+
+
+def test_an_untouched_jupyterlab_tab_is_warned_once_and_stopped_typing_keeps_one(env):
+    hub, service, ledger, browser = env
+    for user in ("tina", "tom"):
+        assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+    for user in ("tina", "tom"):
+        hub.wait_ready(user, timeout=120)
+    leases = {user: ledger.active_for_server(user) for user in ("tina", "tom")}
+    # tina's last act: opening JupyterLab (counted when its page has loaded).
+    opened = datetime.now(UTC)
+    pages = {user: login(browser, hub, user, f"/user/{user}/lab") for user in leases}
+    pages["tom"].locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
+        timeout=120_000)
+    pages["tina"].locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
+
+    toasts = pages["tina"].locator(".Toastify__toast", has_text="has not been used")
+    stopped_at = None
+    while (datetime.now(UTC) - opened).total_seconds() < UNWAITED + 40:
+        # tom types (never running anything) every few seconds.
+        pages["tom"].locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
+        pages["tom"].keyboard.type("x = 1  ")
+        assert toasts.count() <= 1  # shown once, not again at every look
+        if stopped_at is None and hub.server_model("tina") is None:
+            stopped_at = datetime.now(UTC)
+        time.sleep(3)
+    assert stopped_at is not None, service.log()
+    # Stopped after its limit (nobody waits: the longer one) from the page's opening,
+    # which took some seconds of loading on this machine.
+    stopped_after = (stopped_at - opened).total_seconds()
+    assert UNWAITED - 1 <= stopped_after <= UNWAITED + 30, stopped_after
+    # Warned once, near the stop: warn_before ahead (within a few sweeps and polls).
+    [warned] = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
+    ahead = (stopped_at - warned.at).total_seconds()
+    assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 8, ahead
+    # Her slice is free again; tom, typing, was never warned and keeps his.
+    wait_for(lambda: ledger.active_for_server("tina") is None, 15, "tina's lease released",
+             service)
+    assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    assert hub.server_model("tom")["ready"], service.log()
+    assert ledger.events(leases["tom"].id) == [], service.log()
+
+    # Every warning endpoint answers an anonymous request with 401/403, not a redirect.
+    anonymous = [("GET", "/hub/api/mig-spawner/warnings"),
+                 ("POST", "/hub/api/mig-spawner/keep/"),
+                 ("GET", "/user/tom/mig-spawner/warning"),
+                 ("POST", "/user/tom/mig-spawner/keep"),
+                 ("GET", "/user/tom/mig-spawner/activity"),
+                 ("POST", "/user/tom/mig-spawner/activity")]
+    for method, path in anonymous:
+        r = requests.request(method, hub.url + path, allow_redirects=False, timeout=10)
+        assert r.status_code in (401, 403), (method, path, r.status_code)
+    for page in pages.values():
+        page.close()
+    hub.stop_server("tom")
 
 
 def test_only_a_user_sees_and_keeps_their_own_servers(env):

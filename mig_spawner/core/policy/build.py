@@ -44,6 +44,8 @@ GROUP_KEYS = (
     "max_wait",
     "max_waiting_per_user",
     "server_idle_timeout_when_waited",
+    "server_idle_timeout_when_unwaited",
+    "open_tab_counts",
 )
 DURATION_KEYS = (
     "server_idle_timeout",
@@ -53,6 +55,14 @@ DURATION_KEYS = (
     "extend_by",
     "max_wait",
     "server_idle_timeout_when_waited",
+    "server_idle_timeout_when_unwaited",
+)
+# The limits a warning comes ahead of: warn_before must be shorter than each.
+WARNED_LIMITS = (
+    "server_idle_timeout",
+    "server_idle_timeout_when_unwaited",
+    "server_idle_timeout_when_waited",
+    "max_session_age",
 )
 # Durations whose default is a limit, not "none": a missing key keeps the default.
 _DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0}
@@ -303,6 +313,7 @@ class _Checker:
             except DurationError as exc:
                 self.problems.append(f"{where}: {key}: {exc}")
                 durations[key] = default
+        self._warning_fits(durations, where)
         gpu_counts = self._flag(settings, "gpu_activity_counts", where, True)
         policy = GroupPolicy(
             name=name,
@@ -316,6 +327,7 @@ class _Checker:
             priority=self._count(settings, "priority", where, 0, None),
             queue=self._flag(settings, "queue", where),
             max_waiting_per_user=self._count(settings, "max_waiting_per_user", where, 1, 1),
+            open_tab_counts=self._flag(settings, "open_tab_counts", where),
             **durations,
         )
         if len(self.problems) == found_before:  # each setting is right on its own
@@ -372,6 +384,22 @@ class _Checker:
         here = [p for m, p in profiles.items()
                 if self.fleet is None or any(f.key == m for f in self.fleet)]
         return min((parse_profile_name(p)[0] for p in here or profiles.values()), default=0)
+
+    def _warning_fits(self, durations: Mapping[str, float | None], where: str) -> None:
+        """``warn_before`` must be shorter than every limit it warns of: a warning as
+        long as the limit comes the moment a server starts (or is kept)."""
+        warn = durations.get("warn_before")
+        if warn is None:
+            return
+        for key in WARNED_LIMITS:
+            limit = durations.get(key)
+            if limit is not None and warn >= limit:
+                self.problems.append(
+                    f"{where}: warn_before {format_duration(warn)} is not shorter than "
+                    f"{key} {format_duration(limit)}: every server would be warned as soon "
+                    f"as it starts; make warn_before shorter than {format_duration(limit)} "
+                    "(or None: no warning)"
+                )
 
     def _flag(self, settings: Mapping, key: str, where: str, default: bool = False) -> bool:
         """A True/False setting: ``default`` when missing or wrong."""

@@ -85,8 +85,15 @@ class GroupPolicy:
     Durations are seconds, ``None`` meaning no limit. Culling semantics (carried out by
     the slice service):
 
-    * ``server_idle_timeout``: stop a server with no activity (hub-reported activity, and
-      no busy kernel unless ``cull_busy_kernels``) for this long;
+    * ``server_idle_timeout``: stop a server with no activity for this long. Activity is
+      what a person does (typing, running cells, editing, saving in JupyterLab; terminal
+      input), a busy kernel unless ``cull_busy_kernels``, and GPU work; an open tab is
+      not, unless ``open_tab_counts`` (see docs/culling.md). The wait list refines it:
+      ``server_idle_timeout_when_unwaited`` applies while nobody waits for the server's
+      size, ``server_idle_timeout_when_waited`` while someone does (each ``None``:
+      ``server_idle_timeout``);
+    * ``open_tab_counts``: when True, any request to the server (an open JupyterLab
+      tab's polling included) counts as activity, as jupyterhub-idle-culler judges it;
     * ``kernel_idle_timeout``: shut down an idle kernel after this long (the server and
       its slice stay);
     * ``max_session_age``: stop the server once its lease is this old, busy or not;
@@ -106,7 +113,8 @@ class GroupPolicy:
     no slice free may join the wait list for up to ``max_wait`` seconds, with at most
     ``max_waiting_per_user`` waits at once; while anyone waits for a profile, its
     servers charged to this group are culled after ``server_idle_timeout_when_waited``
-    of idleness instead of ``server_idle_timeout`` (``None``: no change).
+    of idleness instead of ``server_idle_timeout`` (``None``: no change), and only after
+    a warning (``warn_before``) with the stop's time.
     """
 
     name: str
@@ -127,6 +135,8 @@ class GroupPolicy:
     max_wait: float | None = 1800.0
     max_waiting_per_user: int = 1
     server_idle_timeout_when_waited: float | None = None
+    server_idle_timeout_when_unwaited: float | None = None
+    open_tab_counts: bool = False
 
     @property
     def grants_gpu(self) -> bool:
