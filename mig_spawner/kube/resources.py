@@ -39,6 +39,8 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 NOTEBOOK_CONTAINER = "notebook"
+#: The API server refuses label values (and node selector values) longer than this.
+LABEL_VALUE_MAX = 63
 
 # GFD builds the product label from NVML's name with spaces turned into dashes, then
 # appends "-MIG-<profile>" (single strategy) and "-SHARED" (time-slicing replicas).
@@ -134,21 +136,36 @@ def model_for_label(value: str, extra: Mapping[str, str] | None = None) -> GpuMo
     """The catalog model behind a ``nvidia.com/gpu.product`` label value, or ``None``.
 
     ``extra`` maps more product names (as on the label, without ``-MIG-...``) to catalog
-    model keys, for products the catalog does not list under that name.
+    model keys, for products the catalog does not list under that name. A value of the
+    full 63 characters may carry a product name GFD cut short (see
+    :func:`single_product_label`): it means the one product whose name starts so.
     """
     product = parse_product_label(value).product
     for name, key in (extra or {}).items():
         if _product_key(name) == _product_key(product):
             return model(key)
-    return _MODEL_BY_LABEL.get(_product_key(product))
+    found = _MODEL_BY_LABEL.get(_product_key(product))
+    if found is None and len(value.strip()) == LABEL_VALUE_MAX:
+        cut = {m.key for k, m in _MODEL_BY_LABEL.items() if k.startswith(_product_key(product))}
+        found = model(cut.pop()) if len(cut) == 1 else None
+    return found
 
 
 def single_product_label(product: str, profile: str) -> str:
     """The label the device plugin's ``single`` strategy puts on a node whose slices are all
     ``profile``: ``single_product_label("NVIDIA-H200", "1g.18gb")`` ->
-    ``"NVIDIA-H200-MIG-1g.18gb"``. ``product`` may be a label value or an NVML name."""
+    ``"NVIDIA-H200-MIG-1g.18gb"``. ``product`` may be a label value or an NVML name.
+
+    A label value has at most 63 characters: ``NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-
+    Workstation-Edition-MIG-1g.24gb`` has 67, which NFD drops (k8s-device-plugin#1876).
+    GFD cuts the product name to fit and keeps ``-MIG-<profile>`` whole (#1880); so does
+    this function, so that a pod never selects a value no node can carry.
+    """
     base = parse_product_label(re.sub(r"\s+", "-", product.strip())).product
-    return f"{base}-MIG-{normalize_profile_name(profile)}"
+    suffix = f"-MIG-{normalize_profile_name(profile)}"
+    if len(base) + len(suffix) > LABEL_VALUE_MAX:
+        base = base[: LABEL_VALUE_MAX - len(suffix)].rstrip("-._")
+    return base + suffix
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,12 @@ on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from typing import Any, ClassVar
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 
@@ -28,8 +32,10 @@ from mig_spawner.kube import (
     check_toleration,
     slice_request,
 )
+from mig_spawner.kube.pods import events_version, scheduling_failures
 from mig_spawner.ledger import Lease
 
+from . import progress
 from .backend import ClaimPlan, SliceSupply
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
@@ -46,7 +52,21 @@ DEVICE_VARIABLES = (
 )
 
 
-class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
+class _PodGone(KubeSpawner):
+    """KubeSpawner's ``stop`` returns once the pod is gone (no longer Terminating), so
+    its slice is free from then on. Right there, before the mixin releases the lease
+    (and the wait list's grant step runs on that release), the cached read of the
+    cluster, which may date from while the pod was Terminating, is dropped: a start or
+    a grant right after the stop must not find the slice still taken."""
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            self.availability.invalidate()  # type: ignore[attr-defined]
+
+
+class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
     """A KubeSpawner whose pods each get one MIG slice that the user's groups allow."""
 
     mig_strategy = Enum(
@@ -107,6 +127,8 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     # dropped when start ends: nothing of one spawn survives into the next.
     _slice_request: SliceRequest | None = None
     _kube_choice: ClaimTarget | None = None
+    # This start's relay of the scheduler's FailedScheduling events to the progress page.
+    _scheduling: asyncio.Future | None = None
     # Claims re-read the cluster when the cached snapshot is older than this.
     claim_max_age: ClassVar[float] = 2.0
     # One reader (and cache) per API client and settings, shared by every spawner.
@@ -217,8 +239,33 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return found
 
     async def prepare_slice(self, lease: Lease) -> None:
-        """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
+        """Compose what the pod must ask for (the mixin releases the lease if this fails),
+        and follow what the scheduler says about the pod."""
         self._slice_request = self.slice_request_for(lease, self._kube_choice)
+        await self._follow_scheduling()
+
+    async def _follow_scheduling(self) -> None:
+        """Until the start ends, show each FailedScheduling event of the pod about to be
+        created on the progress page ("0/3 nodes are available: 3 Insufficient
+        nvidia.com/mig-1g.18gb"): the user sees why the server waits. Only the progress
+        page misses them when the Events cannot be read."""
+        try:
+            version = await events_version(self.api, self.namespace)
+        except ClusterReadError as e:
+            self.log.info("Not following the scheduling of %s: %s", self._log_name, e)
+            return
+
+        async def relay() -> None:
+            try:
+                async for message in scheduling_failures(
+                    self.api, self.namespace, self.pod_name, version, self.start_timeout
+                ):
+                    self.progress_log.add(75, progress.unschedulable(message))
+            except Exception as e:  # the API went away: the start itself will say so
+                self.log.info("Stopped following the scheduling of %s: %s",
+                              self._log_name, e)
+
+        self._scheduling = asyncio.ensure_future(relay())
 
     def slice_request_for(self, lease: Lease, choice: ClaimTarget | None) -> SliceRequest:
         """Resource, selector and tolerations for the lease's slice on the chosen nodes."""
@@ -282,12 +329,40 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return env
 
     async def start(self) -> Any:
-        """Start as the mixin does; nothing of this start's slice survives into the next."""
+        """Start as the mixin does; nothing of this start's slice survives into the next.
+        The API refusing the pod (RBAC, admission) is said in plain words to the user
+        and in full in the hub log."""
         try:
             return await super().start()
+        except ApiException as e:
+            if e.status not in (403, 422):
+                raise
+            raise self._refused_by_api(e) from None
         finally:
             self._slice_request = None
             self._kube_choice = None
+            if self._scheduling is not None:
+                self._scheduling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._scheduling
+                self._scheduling = None
+
+    def _refused_by_api(self, e: ApiException) -> Exception:
+        """A 403 (the service account may not) or 422 (the pod is invalid) from the API."""
+        try:
+            message = json.loads(e.body or b"{}").get("message", "")
+        except ValueError:
+            message = str(e.body)[:200]
+        if e.status == 403:
+            detail = (f"the Kubernetes API refused pod {self.pod_ref}: HTTP 403: {message}. "
+                      "The hub's service account needs the Role in docs/kubernetes.md "
+                      "('RBAC') in namespace " + self.namespace)
+            problem = "The cluster does not let the hub start servers"
+        else:
+            detail = f"the Kubernetes API refused pod {self.pod_ref} as invalid: {message}"
+            problem = "The cluster refused this server's settings"
+        self.log.error("Start of %s: %s", self._log_name, detail)
+        return admin_error(problem, Reason.MIG_CONFIG, detail)
 
     def _reflected_pod(self) -> dict:
         pod = self.pod_reflector.pods.get(self.pod_ref) if self.pod_reflector else None
