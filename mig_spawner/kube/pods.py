@@ -146,3 +146,27 @@ async def scheduling_failures(api: Any, namespace: str, name: str, version: str 
             event = change.get("raw_object") or {}
             if change.get("type") == "ADDED" and event.get("reason") == "FailedScheduling":
                 yield str(event.get("message", ""))
+
+
+async def ensure_claim_template(resource_api: Any, template: dict) -> None:
+    """Create the ResourceClaimTemplate ``template`` in its namespace unless one of that
+    name is there (``resource_api``: a ``ResourceV1Api``). Raises
+    :class:`ClusterReadError` when the API refuses."""
+    meta = template["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    status, body = await _call(resource_api.read_namespaced_resource_claim_template,
+                               f"read ResourceClaimTemplate {name}", name=name,
+                               namespace=namespace)
+    if status == 200:
+        return
+    if status == 404:
+        status, body = await _call(resource_api.create_namespaced_resource_claim_template,
+                                   f"create ResourceClaimTemplate {name}",
+                                   namespace=namespace, body=template)
+        if status in (200, 201, 409):  # 409: another spawn created it meanwhile
+            return
+    raise ClusterReadError(
+        f"ResourceClaimTemplate {namespace}/{name}: HTTP {status}: {body.get('message', '')}",
+        "the hub's service account needs 'get' and 'create' on 'resourceclaimtemplates' "
+        "(API group resource.k8s.io) in its namespace (docs/kubernetes.md, 'RBAC')",
+    )

@@ -39,6 +39,8 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 NOTEBOOK_CONTAINER = "notebook"
+#: The pod's DRA claim name (as :data:`mig_spawner.kube.dra.CLAIM`).
+DRA_CLAIM = "mig"
 #: The API server refuses label values (and node selector values) longer than this.
 LABEL_VALUE_MAX = 63
 
@@ -183,11 +185,14 @@ class SliceRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     products: tuple[str, ...] = ()
+    #: DRA: the ResourceClaimTemplate the pod's claim is made from (``resource`` is then
+    #: empty: the claim, not an extended resource, gives the slice).
+    claim_template: str = ""
 
     @property
     def resources(self) -> dict[str, str]:
         """Requests and limits (extended resources need both, and equal)."""
-        return {self.resource: "1"}
+        return {self.resource: "1"} if self.resource else {}
 
 
 def slice_request(
@@ -332,27 +337,39 @@ def notebook_container(pod: Any) -> Any:
 
 def apply_to_pod(pod: Any, request: SliceRequest) -> Any:
     """Give KubeSpawner's pod manifest (a ``V1Pod``) the slice: resource request and
-    limit on the notebook container, node selector, tolerations and product pinning.
+    limit on the notebook container (with DRA: a claim from the request's template in
+    ``spec.resourceClaims`` and the container's ``resources.claims``), node selector,
+    tolerations and product pinning.
 
     Each field is REPLACED by a new object made of the old content plus the slice, so the
     configured dicts that KubeSpawner put into the manifest as they are stay untouched.
     Returns ``pod``.
     """
     from kubernetes_asyncio.client.models import (
+        CoreV1ResourceClaim,
         V1Affinity,
         V1NodeAffinity,
         V1NodeSelector,
+        V1PodResourceClaim,
         V1ResourceRequirements,
     )
 
     container = notebook_container(pod)
     old = container.resources or V1ResourceRequirements()
-    container.resources = V1ResourceRequirements(
-        requests={**(old.requests or {}), **request.resources},
-        limits={**(old.limits or {}), **request.resources},
-        claims=old.claims,
-    )
+    claims = list(old.claims or [])
     spec = pod.spec
+    if request.claim_template:
+        claims.append(CoreV1ResourceClaim(name=DRA_CLAIM))
+        spec.resource_claims = [
+            *(spec.resource_claims or []),
+            V1PodResourceClaim(name=DRA_CLAIM,
+                               resource_claim_template_name=request.claim_template),
+        ]
+    container.resources = V1ResourceRequirements(
+        requests={**(old.requests or {}), **request.resources} or None,
+        limits={**(old.limits or {}), **request.resources} or None,
+        claims=claims or None,
+    )
     if request.node_selector:
         spec.node_selector = {**(spec.node_selector or {}), **request.node_selector}
     if request.tolerations:

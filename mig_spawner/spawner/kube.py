@@ -32,7 +32,8 @@ from mig_spawner.kube import (
     check_toleration,
     slice_request,
 )
-from mig_spawner.kube.pods import events_version, scheduling_failures
+from mig_spawner.kube.dra import claim_template, template_name
+from mig_spawner.kube.pods import ensure_claim_template, events_version, scheduling_failures
 from mig_spawner.ledger import Lease
 
 from . import progress
@@ -78,6 +79,22 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         Feature Discovery. ``mixed``: pods request ``nvidia.com/mig-<profile>: 1``.
         ``single``: pods request ``nvidia.com/gpu: 1`` and select the node labelled
         ``nvidia.com/gpu.product=<product>-MIG-<profile>``.
+        """,
+    ).tag(config=True)
+
+    mig_resource_api = Enum(
+        ["device-plugin", "dra"],
+        default_value="device-plugin",
+        help="""How the cluster hands out MIG devices.
+
+        ``device-plugin`` (default): NVIDIA's device plugin (GPU Operator); free slices
+        are node allocatable less pod requests, and a pod asks for
+        ``nvidia.com/mig-<profile>: 1`` (see ``mig_strategy``). ``dra``: NVIDIA's DRA
+        driver (``gpu.nvidia.com``, DeviceClass ``mig.nvidia.com``); free slices are the
+        MIG devices of ResourceSlices that no allocated ResourceClaim holds, and a pod
+        carries a ResourceClaim made from a ResourceClaimTemplate per GPU model and
+        profile, which the hub creates in its namespace when missing.
+        ``python -m mig_spawner.kube`` says which one the cluster serves.
         """,
     ).tag(config=True)
 
@@ -169,11 +186,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
             tuple(sorted(self.mig_product_models.items())),
             repr(self.mig_tolerations),
             self.mig_node_label_selector,
+            self.mig_resource_api,
         )
         reader = self._readers.get(key)
         if reader is None or reader.api is not self.api:
             reader = self._readers[key] = ClusterAvailability(
                 self.api,
+                resource_api=self.resource_api if self.mig_resource_api == "dra" else None,
                 ttl=self.mig_availability_ttl,
                 strategy=None if self.mig_strategy == "auto" else self.mig_strategy,
                 product_models=self.mig_product_models,
@@ -181,6 +200,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
                 node_selector=self.mig_node_label_selector,
             )
         return reader
+
+    @property
+    def resource_api(self) -> Any:
+        """``resource.k8s.io/v1`` on KubeSpawner's API client (DRA)."""
+        from kubernetes_asyncio.client import ResourceV1Api
+
+        return ResourceV1Api(self.api.api_client)
 
     @property
     def pod_ref(self) -> str:
@@ -242,7 +268,21 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         """Compose what the pod must ask for (the mixin releases the lease if this fails),
         and follow what the scheduler says about the pod."""
         self._slice_request = self.slice_request_for(lease, self._kube_choice)
+        if self._slice_request.claim_template:
+            await self._ensure_template(lease)
         await self._follow_scheduling()
+
+    async def _ensure_template(self, lease: Lease) -> None:
+        """The ResourceClaimTemplate the pod's claim is made from exists (DRA)."""
+        target = self._kube_choice.target if self._kube_choice else None
+        if target is None:
+            return
+        try:
+            await ensure_claim_template(self.resource_api, claim_template(
+                target.model_key, target.profile, self.namespace))
+        except ClusterReadError as e:
+            raise admin_error("The hub cannot prepare the cluster's GPU claim",
+                              Reason.MIG_CONFIG, f"lease {lease.id}: {e}; {e.hint}") from None
 
     async def _follow_scheduling(self) -> None:
         """Until the start ends, show each FailedScheduling event of the pod about to be
@@ -275,6 +315,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
                 "The hub lost track of the reserved slice; try again.",
                 reason=Reason.MIG_CONFIG,
                 log_message=f"lease {lease.id}: claim granted without a target",
+            )
+        if target.strategy == "dra":
+            return SliceRequest(
+                profile=lease.profile, strategy="mixed", resource="",
+                node_selector=dict(self.mig_node_selector),
+                tolerations=tuple(dict(t) for t in self.mig_tolerations),
+                claim_template=template_name(target.model_key, target.profile),
             )
         try:
             return slice_request(

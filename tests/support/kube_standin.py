@@ -17,6 +17,9 @@ cluster behind it:
 * **graceful deletion**: a deleted pod on a node is ``Terminating`` (``deletionTimestamp``
   set, phase still ``Running``, its resources still used) until its containers stop,
   at most its grace period (``shutdown_seconds`` stands for how long they take);
+* **DRA** (tests/support/kube_dra.py): ResourceSlices, DeviceClasses, claims made
+  from a pod's ResourceClaimTemplates and allocated by the scheduler by their CEL
+  selectors;
 * **watch expiry**: :meth:`expire_watches` compacts the history; a watch from an older
   ``resourceVersion`` gets an ``ERROR`` event with ``410 Gone``, so clients relist.
 
@@ -44,6 +47,7 @@ from tornado.web import Application, RequestHandler
 
 from tests.support import kube_admission
 from tests.support.kube_admission import Invalid, Rule, forbidden, quantity
+from tests.support.kube_dra import Dra, dra_routes
 from tests.support.kube_objects import CREATED
 
 #: Phases in which a pod holds nothing on its node.
@@ -363,6 +367,7 @@ class KubeStandin:
         self.nodes = list(nodes)
         self.pods = list(pods)
         self.events: list[dict] = []
+        self.dra = Dra()  # ResourceSlices, DeviceClasses, claims and their templates
         self.rbac = None if rbac is None else list(rbac)
         # How long a deleted pod's containers take to stop (capped by its grace period).
         self.shutdown_seconds = shutdown_seconds
@@ -458,11 +463,14 @@ class KubeStandin:
                     "status"].get("phase") not in DONE_PHASES:
                 used.update(pod_asks(other))
         free = n["status"]["allocatable"]
-        return sorted(
+        short = sorted(
             "Too many pods" if r == "pods" else f"Insufficient {r}"
             for r, count in pod_asks(pod_obj).items()
             if count and quantity(free.get(r, 0)) - used[r] < count
         )
+        if not short and spec.get("resourceClaims") and self.dra.plan(pod_obj, name) is None:
+            return ["cannot allocate all claims"]
+        return short
 
     def schedule(self, pod_obj: Mapping[str, Any]) -> tuple[str | None, str]:
         """The first node (by name) the pod fits on, or ``None`` and the scheduler's
@@ -474,7 +482,8 @@ class KubeStandin:
             if not why:
                 return n["metadata"]["name"], ""
             reasons.update(why)
-            helpless += not all(w.startswith(("Insufficient", "Too many")) for w in why)
+            helpless += not all(w.startswith(("Insufficient", "Too many", "cannot allocate"))
+                                for w in why)
         total = len(self.nodes)
         histogram = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
         preemption = ", ".join(part for part in (
@@ -486,9 +495,12 @@ class KubeStandin:
                       f"nodes are available: {preemption}.")
 
     def _bind(self, obj: dict, node_name: str) -> None:
+        if obj["spec"].get("resourceClaims"):
+            self.dra.allocate(obj, self.dra.plan(obj, node_name) or [], node_name)
         obj["spec"]["nodeName"] = node_name
         pod_ip = self.kubelet.run(obj) if self.kubelet else f"10.244.0.{len(self.pods) + 10}"
         obj["status"] = {
+            **{k: v for k, v in obj["status"].items() if k == "resourceClaimStatuses"},
             "phase": "Running",
             "podIP": pod_ip,
             "conditions": [{"type": "PodScheduled", "status": "True"}],
@@ -513,6 +525,7 @@ class KubeStandin:
                     creationTimestamp=CREATED)
         self.pods.append(obj)
         obj["status"] = {"phase": "Pending"}
+        self.dra.make_claims(obj)
         node_name, why = self.schedule(obj)
         if node_name is None:
             self._unschedulable(obj, why)
@@ -522,7 +535,9 @@ class KubeStandin:
         return obj
 
     def _unschedulable(self, obj: dict, why: str) -> None:
-        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort", "conditions": [{
+        obj["status"] = {**{k: v for k, v in obj["status"].items()
+                            if k == "resourceClaimStatuses"},
+                         "phase": "Pending", "qosClass": "BestEffort", "conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": why, "lastTransitionTime": _now()}]}
         self.event(obj, "Warning", "FailedScheduling", why)
@@ -580,6 +595,7 @@ class KubeStandin:
         for i, p in enumerate(self.pods):
             if p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace:
                 del self.pods[i]
+                self.dra.forget(p)
                 if self.kubelet and p["spec"].get("nodeName") and not p["metadata"].get(
                         "deletionGracePeriodSeconds"):
                     self.kubelet.stop(p)
@@ -598,6 +614,7 @@ class KubeStandin:
             (r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", _Pod, {"standin": self}),
             (r"/api/v1/events", _Events, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/events", _Events, {"standin": self}),
+            *dra_routes(self),
         ]
 
     def start(self) -> str:
