@@ -6,16 +6,19 @@ scheduler."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 from jupyterhub.spawner import SpawnException
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, ResourceV1Api
 
+from mig_spawner.cli.doctor import Status, check_kube_resource_api
 from mig_spawner.kube import ClusterAvailability
 from mig_spawner.kube.dra import claim_template, dra_slices, served_by
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.support.kube_dra import mig_device, resource_slice
-from tests.support.kube_objects import node, pod
+from tests.support.kube_objects import node, pod, write_kubeconfig
 from tests.test_kube_availability import run_check_command
 from tests.test_kube_spawner import held, make, standin  # noqa: F401 (a fixture)
 
@@ -156,3 +159,25 @@ async def test_the_check_command_names_dra_and_counts_its_slices(dra, tmp_path):
     code, out, _ = await run_check_command(dra, tmp_path, "--resource-api", "dra")
     assert code == 0
     assert "free on h200: 1g.18gb: 2, 3g.71gb: 1" in out
+
+
+def test_doctor_names_how_the_cluster_serves_mig_against_the_setting():
+    assert check_kube_resource_api("dra", "dra").status is Status.PASS
+    mismatch = check_kube_resource_api("dra", "device-plugin")
+    assert (mismatch.status, mismatch.fix) == (
+        Status.FAIL, 'c.KubeMIGSpawner.mig_resource_api = "dra"')
+    assert "no DRA driver publishes any" in check_kube_resource_api("none", "dra").detail
+
+
+async def test_doctor_kube_reads_the_cluster(dra, tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "40-kube.py").write_text(
+        'c.KubeMIGSpawner.mig_resource_api = "dra"\n')
+    env = {**os.environ, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", dra.url)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys; from mig_spawner.cli.main import main; "
+        "sys.exit(main(sys.argv[1:]))", "doctor", "--kube", "-f", str(tmp_path / "conf"),
+        stdout=asyncio.subprocess.PIPE, env=env)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    assert "[PASS] Kubernetes MIG devices  served by NVIDIA's DRA driver" in out.decode()

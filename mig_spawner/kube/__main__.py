@@ -93,7 +93,7 @@ def _print_table(slices: ClusterSlices) -> None:
         print(f"free on {key}: {counts}")
 
 
-async def _served(core: Any, resource: Any) -> str:
+async def served(core: Any, resource: Any) -> str:
     """How the cluster hands out MIG devices (:func:`~mig_spawner.kube.dra.served_by`); a
     cluster without the ``resource.k8s.io/v1`` API (or without RBAC for it) has no DRA."""
     try:
@@ -115,20 +115,20 @@ async def _run(args: argparse.Namespace) -> int:
         )
         try:
             slices = await availability.slices()
-            served = await _served(core, resource)
+            found = await served(core, resource)
         except ClusterReadError as e:
             print(f"error: {e}", file=sys.stderr)
             if e.hint:
                 print(f"hint: {e.hint}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps({**_as_dict(slices), "served_by": served}, indent=2,
+        print(json.dumps({**_as_dict(slices), "served_by": found}, indent=2,
                          sort_keys=True))
     else:
-        print(f"MIG through: {SERVED[served]}")
+        print(f"MIG through: {SERVED[found]}")
         _print_table(slices)
-    if served not in ("none", args.resource_api):
-        print(f"the cluster serves MIG through {served}, but --resource-api is "
+    if found not in ("none", args.resource_api):
+        print(f"the cluster serves MIG through {found}, but --resource-api is "
               f"{args.resource_api}", file=sys.stderr)
     if not slices.nodes:
         print("no GPU node offers MIG slices", file=sys.stderr)
