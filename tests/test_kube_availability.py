@@ -249,7 +249,7 @@ async def test_unreachable_api_is_a_clear_error():
 # --- the admin's check: python -m mig_spawner.kube -----------------------------------
 
 
-async def _check(standin, tmp_path, *args: str) -> tuple[int, str, str]:
+async def run_check_command(standin, tmp_path, *args: str) -> tuple[int, str, str]:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
@@ -266,19 +266,19 @@ async def test_check_command_prints_free_slices_and_left_out_nodes(standin, tmp_
              {"nvidia.com/mig-1g.10gb": "7"}),
     ]
     standin.pods = [pod("jupyter-ana", "a100-1", {"nvidia.com/mig-1g.10gb": "1"})]
-    code, out, _ = await _check(standin, tmp_path)
+    code, out, _ = await run_check_command(standin, tmp_path)
     assert code == 0
     assert "a100-1                   a100-80gb  mixed    1g.10gb          3    4" in out
     assert "a100-2                   not offered: MIG Manager is applying a layout " \
         "(nvidia.com/mig.config.state=failed)" in out
-    code, out, _ = await _check(standin, tmp_path, "--json")
+    code, out, _ = await run_check_command(standin, tmp_path, "--json")
     assert json.loads(out)["free"] == {"a100-80gb": {"1g.10gb": 3, "3g.40gb": 2}}
 
 
 async def test_check_command_explains_missing_rbac(standin, tmp_path):
     standin.fail_with = (403, 'pods is forbidden: User "system:serviceaccount:jhub:hub" '
                               'cannot list resource "pods" in API group "" at the cluster scope')
-    code, _, err = await _check(standin, tmp_path)
+    code, _, err = await run_check_command(standin, tmp_path)
     assert code == 1
     assert "HTTP 403" in err
     assert "hint: the hub's service account needs a ClusterRole" in err

@@ -4,6 +4,7 @@ and stop, pods scheduled by the stand-in's scheduler, leases in a real ledger.""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ from traitlets.config import Config
 from mig_spawner.ledger import Ledger
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.mocking import User, h200_single
+from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -49,8 +52,10 @@ def a100_node(name: str, *, state: str = "success", **kw) -> dict:
 
 @pytest.fixture
 async def standin(kube_standin, tmp_path, monkeypatch):
-    """The stand-in API server, as KubeSpawner's default kubeconfig."""
+    """The stand-in API server, as KubeSpawner's default kubeconfig; the hub may do what
+    the Roles in docs/kubernetes.md allow, no more."""
     server = kube_standin
+    server.rbac = documented_roles(DOC)
     path = write_kubeconfig(tmp_path / "kubeconfig", server.url)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
     yield server
@@ -103,6 +108,14 @@ def make(standin, ledger_url, name="ana", groups=("analysts",), profile="small",
 
 def created(standin, name: str) -> dict:
     return next(p for p in standin.pods if p["metadata"]["name"] == name)
+
+
+async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
+    """Until KubeSpawner's pod reflector no longer has the spawner's pod (5 s at most)."""
+    for _ in range(100):
+        if s.pod_reflector.pods.get(s.pod_ref) is None:
+            return
+        await asyncio.sleep(0.05)
 
 
 def held(ledger_url: str) -> list:
@@ -331,11 +344,117 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
 
     # The pod is deleted behind the hub's back (node drained, kubectl delete ...).
     standin.delete_pod("jupyterhub", after.pod_name)
-    for _ in range(50):
-        if after.pod_reflector.pods.get(after.pod_ref) is None:
-            break
-        await asyncio.sleep(0.05)
+    await hub_sees_pod_gone(after)
     assert await after.poll() is not None
     assert held(ledger_url) == []
     with Ledger.open(ledger_url) as ledger:
         assert ledger.get(lease.id).release_code == "server_exited"
+
+
+
+async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_the_slice(
+    standin, ledger_url
+):
+    """The pod Terminates for a while and holds its slice meanwhile; another user's form
+    read then sees the slice taken. Once stop returns it is free, and the same user's
+    start right after gets it (not the form's stale 'all in use')."""
+    standin.nodes = [a100_node("gpu-a1")]
+    standin.shutdown_seconds = 0.5
+    s = make(standin, ledger_url, profile="large")
+    await s.start()
+    stopping = asyncio.ensure_future(s.stop())
+    await asyncio.sleep(0.1)
+    terminating = created(standin, s.pod_name)
+    assert terminating["metadata"]["deletionTimestamp"]
+    assert len(held(ledger_url)) == 1  # released only once the pod is gone
+    other = await make(standin, ledger_url, name="ben").render_options_form()
+    assert "Unavailable: the only large slice is in use right now" in other
+    await stopping
+    assert standin.pods == [] and held(ledger_url) == []
+    await s.start()
+    assert created(standin, s.pod_name)["status"]["phase"] == "Running"
+    await s.stop()
+
+
+async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(standin, ledger_url):
+    """A pod outside the hub takes the last slice between the check and the pod: the
+    pod is Pending, the progress page shows the scheduler's reason, and the pod starts
+    when the other one goes."""
+    standin.nodes = [a100_node("gpu-a1")]
+
+    def batch_job_takes_the_slice(spawner, pod_manifest):
+        standin.pods.append(pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
+                                namespace="batch"))
+        return pod_manifest
+
+    s = make(standin, ledger_url, profile="large", modify_pod_hook=batch_job_takes_the_slice)
+    starting = asyncio.ensure_future(s.start())
+    await asyncio.sleep(0)  # JupyterHub reads the progress of a start under way
+
+    async def until_waiting() -> list[str]:
+        messages = []
+        async for event in s.progress():
+            messages.append(event["message"])
+            if messages[-1].startswith("Waiting for room"):
+                break
+        return messages
+
+    messages = await asyncio.wait_for(until_waiting(), 10)
+    assert messages[-1] == ("Waiting for room in the cluster: 0/1 nodes are available: "
+                            "1 Insufficient nvidia.com/mig-3g.40gb.")
+    assert created(standin, s.pod_name)["status"]["phase"] == "Pending"
+    standin.delete_pod("batch", "batch-train")
+    await starting
+    assert created(standin, s.pod_name)["spec"]["nodeName"] == "gpu-a1"
+    await s.stop()
+
+
+async def test_a_forbidden_pod_is_plain_words_to_the_user_and_named_in_the_log(
+    standin, ledger_url, caplog
+):
+    standin.nodes = [a100_node("gpu-a1")]
+    standin.rbac = [replace(r, verbs=r.verbs - {"create"}) if r.namespace else r
+                    for r in standin.rbac]
+    s = make(standin, ledger_url, profile="large")
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert info.value.jupyterhub_message == (
+        "The cluster does not let the hub start servers; tell a hub admin.")
+    assert info.value.status_code == 500
+    assert 'HTTP 403: pods is forbidden: User "system:serviceaccount:jhub:hub" cannot create ' \
+        'resource "pods"' in caplog.text
+    assert held(ledger_url) == []
+
+
+async def test_a_product_name_too_long_for_a_label_still_gets_its_node(standin, ledger_url):
+    """GFD cuts 'NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition-MIG-1g.24gb'
+    (67 characters, over the API's 63) to fit; the hub knows the model and selects the
+    label the node carries, which admission accepts."""
+    label = "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edi-MIG-1g.24gb"
+    standin.nodes = [node("gpu-r1", gpu_labels(label, "single"), {"nvidia.com/gpu": "4"})]
+    s = make(standin, ledger_url, profile="tiny")
+    s.config.MIGPolicyConfig.slice_classes["tiny"] = {
+        "display_name": "Tiny", "profiles": {"rtx-pro-6000": "1g.24gb"}}
+    s.config.MIGPolicyConfig.group_policies["analysts"]["allowed"].append("tiny")
+    await s.start()
+    spec = created(standin, s.pod_name)["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": label}
+    assert spec["nodeName"] == "gpu-r1"
+    await s.stop()
+
+
+async def test_after_an_expired_watch_the_hub_lists_again_and_sees_what_happened(
+    standin, ledger_url
+):
+    """The API server compacted its history: the pod watch ends with 410 Gone, and
+    KubeSpawner's reflector lists again, so a pod deleted meanwhile is noticed."""
+    standin.nodes = [a100_node("gpu-a1")]
+    s = make(standin, ledger_url)
+    await s.start()
+    lists = standin.hits["/api/v1/namespaces/jupyterhub/pods"]
+    standin.expire_watches()
+    standin.delete_pod("jupyterhub", s.pod_name)
+    await hub_sees_pod_gone(s)
+    assert await s.poll() is not None
+    assert standin.hits["/api/v1/namespaces/jupyterhub/pods"] > lists
+    assert held(ledger_url) == []

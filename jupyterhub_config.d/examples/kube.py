@@ -15,6 +15,12 @@ c = get_config()  # noqa: F821  (provided by the config loader)
 # storage, resources ...) still applies: KubeMIGSpawner is a KubeSpawner.
 c.JupyterHub.spawner_class = "mig_spawner.spawner.kube.KubeMIGSpawner"
 
+# How the cluster hands out MIG devices: "device-plugin" (NVIDIA's device plugin, the
+# GPU Operator's default) or "dra" (NVIDIA's DRA driver: ResourceSlices under DeviceClass
+# mig.nvidia.com; pods carry a ResourceClaim). `python -m mig_spawner.kube` in the hub
+# pod says which the cluster serves (docs/kubernetes.md, section 7).
+c.KubeMIGSpawner.mig_resource_api = "device-plugin"
+
 # The device plugin's MIG strategy. "auto" reads each node's nvidia.com/mig.strategy
 # label (set by GPU Feature Discovery); set "mixed" or "single" to override.
 #   mixed:  pods request nvidia.com/mig-<profile>: 1

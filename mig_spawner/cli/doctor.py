@@ -465,3 +465,26 @@ def config_checks(config: Config) -> list[Check]:
         return checks  # reported by the "hub config" check
     checks += [Check("hub policy", Status.WARN, w, fix) for w in warnings]
     return checks
+
+
+#: How a cluster hands out MIG devices (:func:`mig_spawner.kube.dra.served_by`), in words.
+KUBE_SERVED = {
+    "dra": "NVIDIA's DRA driver (ResourceSlices, DeviceClass mig.nvidia.com)",
+    "device-plugin": "NVIDIA's device plugin (node allocatable)",
+}
+
+
+def check_kube_resource_api(served: str, configured: str) -> Check:
+    """Whether the hub reads the cluster's MIG devices the way the cluster serves them
+    (``served``: detected; ``configured``: ``KubeMIGSpawner.mig_resource_api``)."""
+    name = "Kubernetes MIG devices"
+    if served not in KUBE_SERVED:
+        return Check(name, Status.FAIL, "no node advertises MIG devices and no DRA driver "
+                     "publishes any", "set up the GPU Operator or NVIDIA's DRA driver "
+                     "(docs/kubernetes.md, sections 1 and 7)")
+    if served == configured:
+        return Check(name, Status.PASS, f"served by {KUBE_SERVED[served]}; the hub reads "
+                     f"them so (KubeMIGSpawner.mig_resource_api = {configured!r})")
+    return Check(name, Status.FAIL, f"served by {KUBE_SERVED[served]}, but the hub reads "
+                 f"them as {configured} and would see no free slices",
+                 f'c.KubeMIGSpawner.mig_resource_api = "{served}"')

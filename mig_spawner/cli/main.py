@@ -68,7 +68,39 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kube_checks(args: argparse.Namespace) -> list[doctor.Check]:
+    """``doctor --kube``: how the cluster serves MIG devices against the hub's setting,
+    read with the in-cluster service account or the kubeconfig."""
+    import asyncio
+
+    from ..kube import ClusterReadError
+    from ..kube.__main__ import served
+    from ..kube.pods import connect_api
+
+    config = hub_config(args) if args.config_dir else None
+    configured = "device-plugin"
+    if config is not None and "mig_resource_api" in config.KubeMIGSpawner:
+        configured = config.KubeMIGSpawner.mig_resource_api
+
+    async def detect() -> str:
+        from kubernetes_asyncio.client import ResourceV1Api
+
+        core = await connect_api()
+        async with core.api_client:
+            return await served(core, ResourceV1Api(core.api_client))
+
+    try:
+        found = asyncio.run(detect())
+    except ClusterReadError as e:
+        return [doctor.Check("Kubernetes MIG devices", doctor.Status.FAIL, str(e), e.hint)]
+    return [doctor.check_kube_resource_api(found, configured)]
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.kube:
+        checks = _kube_checks(args)
+        print(doctor.render_json(checks) if args.json else doctor.render(checks))
+        return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
     offered_for = None
     if args.config_dir:
         from ..config import offered_profiles_from_config
@@ -120,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         "print the checks as JSON",
     )
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
+    p.add_argument("--kube", action="store_true",
+                   help="check the Kubernetes cluster instead of this host's GPUs: whether "
+                        "it serves MIG through the device plugin or the DRA driver, and "
+                        "whether KubeMIGSpawner.mig_resource_api matches")
     p = _read_only_command(
         sub, "catalog", cmd_catalog,
         "print the MIG profile table: the catalog's, or the live driver's (read-only)",

@@ -3,8 +3,9 @@
 Run it inside the hub pod (``kubectl exec deploy/hub -- python -m mig_spawner.kube``)
 to check, with the hub's own service account, that it may list nodes and pods and
 that every GPU node is offered: it prints free slices per GPU model and node, and each
-GPU node left out with the reason. Exit status 1 when the API cannot be read, 2 when
-no GPU node is offered.
+GPU node left out with the reason, and how the cluster hands out MIG devices (NVIDIA's
+device plugin or its DRA driver) next to the hub setting for it. Exit status 1 when the
+API cannot be read, 2 when no GPU node is offered.
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ import json
 import sys
 from typing import Any
 
-from .availability import ClusterAvailability, ClusterReadError
+from .availability import ClusterAvailability, ClusterReadError, _list_all
 from .cluster import ClusterSlices
+from .dra import DEVICE_CLASS, DRIVER, served_by
+
+#: What each way of handing out MIG devices is called, and the hub setting for it.
+SERVED = {
+    "dra": f"DRA (driver {DRIVER}, DeviceClass {DEVICE_CLASS}): "
+           'c.KubeMIGSpawner.mig_resource_api = "dra"',
+    "device-plugin": "NVIDIA's device plugin (node allocatable): "
+                     'c.KubeMIGSpawner.mig_resource_api = "device-plugin" (the default)',
+    "none": "nothing: no node advertises MIG devices and no DRA driver publishes any",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-selector", default="",
                         help="label selector for the nodes to read, e.g. "
                         "nvidia.com/gpu.present=true")
+    parser.add_argument("--resource-api", choices=["device-plugin", "dra"],
+                        default="device-plugin",
+                        help="how the hub reads free slices (KubeMIGSpawner.mig_resource_api)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -79,26 +93,43 @@ def _print_table(slices: ClusterSlices) -> None:
         print(f"free on {key}: {counts}")
 
 
+async def served(core: Any, resource: Any) -> str:
+    """How the cluster hands out MIG devices (:func:`~mig_spawner.kube.dra.served_by`); a
+    cluster without the ``resource.k8s.io/v1`` API (or without RBAC for it) has no DRA."""
+    try:
+        slices = await _list_all(resource.list_resource_slice, "resourceslices")
+    except ClusterReadError:
+        slices = []
+    return served_by(await _list_all(core.list_node, "nodes"), slices)
+
+
 async def _run(args: argparse.Namespace) -> int:
     from kubernetes_asyncio import client
 
     await _load_config(args.kubeconfig)
     async with client.ApiClient() as api_client:
+        core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
         availability = ClusterAvailability(
-            client.CoreV1Api(api_client), strategy=args.strategy,
-            node_selector=args.node_selector,
+            core, strategy=args.strategy, node_selector=args.node_selector,
+            resource_api=resource if args.resource_api == "dra" else None,
         )
         try:
             slices = await availability.slices()
+            found = await served(core, resource)
         except ClusterReadError as e:
             print(f"error: {e}", file=sys.stderr)
             if e.hint:
                 print(f"hint: {e.hint}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps(_as_dict(slices), indent=2, sort_keys=True))
+        print(json.dumps({**_as_dict(slices), "served_by": found}, indent=2,
+                         sort_keys=True))
     else:
+        print(f"MIG through: {SERVED[found]}")
         _print_table(slices)
+    if found not in ("none", args.resource_api):
+        print(f"the cluster serves MIG through {found}, but --resource-api is "
+              f"{args.resource_api}", file=sys.stderr)
     if not slices.nodes:
         print("no GPU node offers MIG slices", file=sys.stderr)
         return 2

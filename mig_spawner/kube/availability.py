@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .cluster import ClusterSlices, cluster_slices
+from .dra import dra_slices
 
 # Pods in these phases hold nothing; the API server filters them out for us.
 NOT_TERMINATED = "status.phase!=Succeeded,status.phase!=Failed"
@@ -32,7 +33,8 @@ class ClusterReadError(RuntimeError):
 
 _FORBIDDEN_HINT = (
     "the hub's service account needs a ClusterRole that allows 'list' on 'nodes' and "
-    "'pods' in all namespaces (see docs/kubernetes.md, 'RBAC')"
+    "'pods' in all namespaces (with DRA also 'resourceslices' and 'resourceclaims' in "
+    "API group resource.k8s.io; see docs/kubernetes.md, 'RBAC')"
 )
 
 
@@ -75,7 +77,10 @@ async def _list_all(method: Callable[..., Any], what: str, **kwargs: Any) -> lis
 class ClusterAvailability:
     """Free slices of the cluster, read at most once per ``ttl`` seconds.
 
-    ``api`` is a ``kubernetes_asyncio.client.CoreV1Api``. ``strategy``,
+    ``api`` is a ``kubernetes_asyncio.client.CoreV1Api``; ``resource_api`` (a
+    ``ResourceV1Api``) when the cluster serves MIG through DRA: slices are then read
+    from ResourceSlices and ResourceClaims (:func:`~mig_spawner.kube.dra.dra_slices`)
+    instead of node allocatable and pod requests. ``strategy``,
     ``product_models`` and ``tolerations`` are passed to
     :func:`~mig_spawner.kube.cluster.cluster_slices`; ``node_selector`` (a label
     selector string such as ``"nvidia.com/gpu.present=true"``) narrows the Node list.
@@ -91,10 +96,12 @@ class ClusterAvailability:
         tolerations: Iterable[Mapping[str, Any]] = (),
         node_selector: str = "",
         clock: Callable[[], float] = time.monotonic,
+        resource_api: Any = None,
     ) -> None:
         if ttl < 0:
             raise ValueError(f"ttl must be >= 0 seconds, got {ttl}")
         self.api = api
+        self.resource_api = resource_api
         self.ttl = ttl
         self.strategy = strategy
         self.product_models = dict(product_models or {})
@@ -127,6 +134,17 @@ class ClusterAvailability:
     async def _read(self) -> ClusterSlices:
         started = self._clock()
         selector = {"label_selector": self.node_selector} if self.node_selector else {}
+        if self.resource_api is not None:
+            nodes, devices, claims = await asyncio.gather(
+                _list_all(self.api.list_node, "nodes", **selector),
+                _list_all(self.resource_api.list_resource_slice, "resourceslices"),
+                _list_all(self.resource_api.list_resource_claim_for_all_namespaces,
+                          "resourceclaims"),
+            )
+            result = dra_slices(nodes, devices, claims, product_models=self.product_models,
+                                tolerations=self.tolerations)
+            self._cached = (started, result)
+            return result
         nodes, pods = await asyncio.gather(
             _list_all(self.api.list_node, "nodes", **selector),
             _list_all(

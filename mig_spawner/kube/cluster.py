@@ -236,6 +236,29 @@ def _capacity(
     return {}, f"MIG strategy is {strategy!r}: the device plugin advertises no MIG slices"
 
 
+def _not_schedulable(node: Mapping[str, Any]) -> str | None:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "cordoned (spec.unschedulable)"
+    return None if _ready(node) else "not Ready"
+
+
+def _untolerated(node: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]
+                 ) -> str | None:
+    tolerations = list(tolerations)
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in _BLOCKING_EFFECTS and not tolerates(tolerations, taint):
+            return (f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} "
+                    "is not tolerated (KubeMIGSpawner.mig_tolerations)")
+    return None
+
+
+def node_problem(node: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]
+                 ) -> str | None:
+    """Why a GPU pod cannot be placed on ``node`` now (cordoned, not Ready, a taint the
+    pods do not tolerate), or ``None``."""
+    return _not_schedulable(node) or _untolerated(node, tolerations)
+
+
 def _offered(
     node: Mapping[str, Any],
     forced_strategy: str | None,
@@ -249,10 +272,8 @@ def _offered(
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     if not _is_gpu_node(labels, allocatable):
         return None
-    if (node.get("spec") or {}).get("unschedulable"):
-        return SkippedNode(name, "cordoned (spec.unschedulable)")
-    if not _ready(node):
-        return SkippedNode(name, "not Ready")
+    if (problem := _not_schedulable(node)) is not None:
+        return SkippedNode(name, problem)
     state = labels.get(CONFIG_STATE_LABEL)
     if state is not None and state != "success":
         return SkippedNode(
@@ -264,14 +285,8 @@ def _offered(
             name, f"{shared}: time-slicing or MPS shares each slice between pods, and "
             "mig-spawner gives each server a slice of its own"
         )
-    tolerations = list(tolerations)
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in _BLOCKING_EFFECTS and not tolerates(tolerations, taint):
-            return SkippedNode(
-                name,
-                f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} "
-                "is not tolerated (KubeMIGSpawner.mig_tolerations)",
-            )
+    if (problem := _untolerated(node, tolerations)) is not None:
+        return SkippedNode(name, problem)
     product = labels.get(PRODUCT_LABEL, "")
     gpu = model_for_label(product, product_models) if product else None
     if gpu is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from .availability import ClusterReadError
@@ -117,3 +118,55 @@ async def connect_api(host: str = "") -> Any:
     if host:
         configuration.host = host
     return client.CoreV1Api(client.ApiClient(configuration))
+
+
+async def events_version(api: Any, namespace: str) -> str | None:
+    """The namespace's Event list version now: a watch from it sees only later Events.
+    Raises :class:`ClusterReadError` when the API cannot be read."""
+    status, body = await _call(api.list_namespaced_event, "list events",
+                               namespace=namespace, limit=1)
+    if status != 200:
+        raise _failed(f"listing events in {namespace}", status, body)
+    return (body.get("metadata") or {}).get("resourceVersion")
+
+
+async def scheduling_failures(api: Any, namespace: str, name: str, version: str | None,
+                              timeout: float) -> AsyncIterator[str]:
+    """The scheduler's ``FailedScheduling`` messages about pod ``name`` after
+    ``version`` (:func:`events_version` before the pod was created, so that earlier pods
+    of that name do not count), for up to ``timeout`` seconds."""
+    from kubernetes_asyncio import watch
+
+    selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
+    stream = watch.Watch().stream(api.list_namespaced_event, namespace=namespace,
+                                  field_selector=selector, resource_version=version,
+                                  timeout_seconds=max(1, round(timeout)))
+    async with stream:
+        async for change in stream:
+            event = change.get("raw_object") or {}
+            if change.get("type") == "ADDED" and event.get("reason") == "FailedScheduling":
+                yield str(event.get("message", ""))
+
+
+async def ensure_claim_template(resource_api: Any, template: dict) -> None:
+    """Create the ResourceClaimTemplate ``template`` in its namespace unless one of that
+    name is there (``resource_api``: a ``ResourceV1Api``). Raises
+    :class:`ClusterReadError` when the API refuses."""
+    meta = template["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    status, body = await _call(resource_api.read_namespaced_resource_claim_template,
+                               f"read ResourceClaimTemplate {name}", name=name,
+                               namespace=namespace)
+    if status == 200:
+        return
+    if status == 404:
+        status, body = await _call(resource_api.create_namespaced_resource_claim_template,
+                                   f"create ResourceClaimTemplate {name}",
+                                   namespace=namespace, body=template)
+        if status in (200, 201, 409):  # 409: another spawn created it meanwhile
+            return
+    raise ClusterReadError(
+        f"ResourceClaimTemplate {namespace}/{name}: HTTP {status}: {body.get('message', '')}",
+        "the hub's service account needs 'get' and 'create' on 'resourceclaimtemplates' "
+        "(API group resource.k8s.io) in its namespace (docs/kubernetes.md, 'RBAC')",
+    )

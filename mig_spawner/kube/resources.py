@@ -39,6 +39,10 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 NOTEBOOK_CONTAINER = "notebook"
+#: The pod's DRA claim name (as :data:`mig_spawner.kube.dra.CLAIM`).
+DRA_CLAIM = "mig"
+#: The API server refuses label values (and node selector values) longer than this.
+LABEL_VALUE_MAX = 63
 
 # GFD builds the product label from NVML's name with spaces turned into dashes, then
 # appends "-MIG-<profile>" (single strategy) and "-SHARED" (time-slicing replicas).
@@ -134,21 +138,36 @@ def model_for_label(value: str, extra: Mapping[str, str] | None = None) -> GpuMo
     """The catalog model behind a ``nvidia.com/gpu.product`` label value, or ``None``.
 
     ``extra`` maps more product names (as on the label, without ``-MIG-...``) to catalog
-    model keys, for products the catalog does not list under that name.
+    model keys, for products the catalog does not list under that name. A value of the
+    full 63 characters may carry a product name GFD cut short (see
+    :func:`single_product_label`): it means the one product whose name starts so.
     """
     product = parse_product_label(value).product
     for name, key in (extra or {}).items():
         if _product_key(name) == _product_key(product):
             return model(key)
-    return _MODEL_BY_LABEL.get(_product_key(product))
+    found = _MODEL_BY_LABEL.get(_product_key(product))
+    if found is None and len(value.strip()) == LABEL_VALUE_MAX:
+        cut = {m.key for k, m in _MODEL_BY_LABEL.items() if k.startswith(_product_key(product))}
+        found = model(cut.pop()) if len(cut) == 1 else None
+    return found
 
 
 def single_product_label(product: str, profile: str) -> str:
     """The label the device plugin's ``single`` strategy puts on a node whose slices are all
     ``profile``: ``single_product_label("NVIDIA-H200", "1g.18gb")`` ->
-    ``"NVIDIA-H200-MIG-1g.18gb"``. ``product`` may be a label value or an NVML name."""
+    ``"NVIDIA-H200-MIG-1g.18gb"``. ``product`` may be a label value or an NVML name.
+
+    A label value has at most 63 characters: ``NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-
+    Workstation-Edition-MIG-1g.24gb`` has 67, which NFD drops (k8s-device-plugin#1876).
+    GFD cuts the product name to fit and keeps ``-MIG-<profile>`` whole (#1880); so does
+    this function, so that a pod never selects a value no node can carry.
+    """
     base = parse_product_label(re.sub(r"\s+", "-", product.strip())).product
-    return f"{base}-MIG-{normalize_profile_name(profile)}"
+    suffix = f"-MIG-{normalize_profile_name(profile)}"
+    if len(base) + len(suffix) > LABEL_VALUE_MAX:
+        base = base[: LABEL_VALUE_MAX - len(suffix)].rstrip("-._")
+    return base + suffix
 
 
 @dataclass(frozen=True)
@@ -166,11 +185,14 @@ class SliceRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     products: tuple[str, ...] = ()
+    #: DRA: the ResourceClaimTemplate the pod's claim is made from (``resource`` is then
+    #: empty: the claim, not an extended resource, gives the slice).
+    claim_template: str = ""
 
     @property
     def resources(self) -> dict[str, str]:
         """Requests and limits (extended resources need both, and equal)."""
-        return {self.resource: "1"}
+        return {self.resource: "1"} if self.resource else {}
 
 
 def slice_request(
@@ -315,27 +337,39 @@ def notebook_container(pod: Any) -> Any:
 
 def apply_to_pod(pod: Any, request: SliceRequest) -> Any:
     """Give KubeSpawner's pod manifest (a ``V1Pod``) the slice: resource request and
-    limit on the notebook container, node selector, tolerations and product pinning.
+    limit on the notebook container (with DRA: a claim from the request's template in
+    ``spec.resourceClaims`` and the container's ``resources.claims``), node selector,
+    tolerations and product pinning.
 
     Each field is REPLACED by a new object made of the old content plus the slice, so the
     configured dicts that KubeSpawner put into the manifest as they are stay untouched.
     Returns ``pod``.
     """
     from kubernetes_asyncio.client.models import (
+        CoreV1ResourceClaim,
         V1Affinity,
         V1NodeAffinity,
         V1NodeSelector,
+        V1PodResourceClaim,
         V1ResourceRequirements,
     )
 
     container = notebook_container(pod)
     old = container.resources or V1ResourceRequirements()
-    container.resources = V1ResourceRequirements(
-        requests={**(old.requests or {}), **request.resources},
-        limits={**(old.limits or {}), **request.resources},
-        claims=old.claims,
-    )
+    claims = list(old.claims or [])
     spec = pod.spec
+    if request.claim_template:
+        claims.append(CoreV1ResourceClaim(name=DRA_CLAIM))
+        spec.resource_claims = [
+            *(spec.resource_claims or []),
+            V1PodResourceClaim(name=DRA_CLAIM,
+                               resource_claim_template_name=request.claim_template),
+        ]
+    container.resources = V1ResourceRequirements(
+        requests={**(old.requests or {}), **request.resources} or None,
+        limits={**(old.limits or {}), **request.resources} or None,
+        claims=claims or None,
+    )
     if request.node_selector:
         spec.node_selector = {**(spec.node_selector or {}), **request.node_selector}
     if request.tolerations:

@@ -10,9 +10,13 @@ on a ``<product>-MIG-<profile>`` node (single strategy). Guide: docs/kubernetes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
 
@@ -29,9 +33,12 @@ from mig_spawner.kube import (
     check_toleration,
     slice_request,
 )
+from mig_spawner.kube.dra import claim_template, template_name
+from mig_spawner.kube.pods import ensure_claim_template, events_version, scheduling_failures
 from mig_spawner.ledger import Lease
 from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpus
 
+from . import progress
 from .backend import ClaimPlan, SliceSupply
 from .environment import lease_environment
 from .errors import admin_error, spawn_error
@@ -47,7 +54,21 @@ DEVICE_VARIABLES = (
 )
 
 
-class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
+class _PodGone(KubeSpawner):
+    """KubeSpawner's ``stop`` returns once the pod is gone (no longer Terminating), so
+    its slice is free from then on. Right there, before the mixin releases the lease
+    (and the wait list's grant step runs on that release), the cached read of the
+    cluster, which may date from while the pod was Terminating, is dropped: a start or
+    a grant right after the stop must not find the slice still taken."""
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            self.availability.invalidate()  # type: ignore[attr-defined]
+
+
+class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
     """A KubeSpawner whose pods each get one MIG slice that the user's groups allow."""
 
     mig_strategy = Enum(
@@ -59,6 +80,22 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         Feature Discovery. ``mixed``: pods request ``nvidia.com/mig-<profile>: 1``.
         ``single``: pods request ``nvidia.com/gpu: 1`` and select the node labelled
         ``nvidia.com/gpu.product=<product>-MIG-<profile>``.
+        """,
+    ).tag(config=True)
+
+    mig_resource_api = Enum(
+        ["device-plugin", "dra"],
+        default_value="device-plugin",
+        help="""How the cluster hands out MIG devices.
+
+        ``device-plugin`` (default): NVIDIA's device plugin (GPU Operator); free slices
+        are node allocatable less pod requests, and a pod asks for
+        ``nvidia.com/mig-<profile>: 1`` (see ``mig_strategy``). ``dra``: NVIDIA's DRA
+        driver (``gpu.nvidia.com``, DeviceClass ``mig.nvidia.com``); free slices are the
+        MIG devices of ResourceSlices that no allocated ResourceClaim holds, and a pod
+        carries a ResourceClaim made from a ResourceClaimTemplate per GPU model and
+        profile, which the hub creates in its namespace when missing.
+        ``python -m mig_spawner.kube`` says which one the cluster serves.
         """,
     ).tag(config=True)
 
@@ -108,6 +145,8 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
     # dropped when start ends: nothing of one spawn survives into the next.
     _slice_request: SliceRequest | None = None
     _kube_choice: ClaimTarget | None = None
+    # This start's relay of the scheduler's FailedScheduling events to the progress page.
+    _scheduling: asyncio.Future | None = None
     # Claims re-read the cluster when the cached snapshot is older than this.
     claim_max_age: ClassVar[float] = 2.0
     # One reader (and cache) per API client and settings, shared by every spawner.
@@ -148,11 +187,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
             tuple(sorted(self.mig_product_models.items())),
             repr(self.mig_tolerations),
             self.mig_node_label_selector,
+            self.mig_resource_api,
         )
         reader = self._readers.get(key)
         if reader is None or reader.api is not self.api:
             reader = self._readers[key] = ClusterAvailability(
                 self.api,
+                resource_api=self.resource_api if self.mig_resource_api == "dra" else None,
                 ttl=self.mig_availability_ttl,
                 strategy=None if self.mig_strategy == "auto" else self.mig_strategy,
                 product_models=self.mig_product_models,
@@ -160,6 +201,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
                 node_selector=self.mig_node_label_selector,
             )
         return reader
+
+    @property
+    def resource_api(self) -> Any:
+        """``resource.k8s.io/v1`` on KubeSpawner's API client (DRA)."""
+        from kubernetes_asyncio.client import ResourceV1Api
+
+        return ResourceV1Api(self.api.api_client)
 
     @property
     def pod_ref(self) -> str:
@@ -229,8 +277,47 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return float(self.delete_grace_period)
 
     async def prepare_slice(self, lease: Lease) -> None:
-        """Compose what the pod must ask for (the mixin releases the lease if this fails)."""
+        """Compose what the pod must ask for (the mixin releases the lease if this fails),
+        and follow what the scheduler says about the pod."""
         self._slice_request = self.slice_request_for(lease, self._kube_choice)
+        if self._slice_request.claim_template:
+            await self._ensure_template(lease)
+        await self._follow_scheduling()
+
+    async def _ensure_template(self, lease: Lease) -> None:
+        """The ResourceClaimTemplate the pod's claim is made from exists (DRA)."""
+        target = self._kube_choice.target if self._kube_choice else None
+        if target is None:
+            return
+        try:
+            await ensure_claim_template(self.resource_api, claim_template(
+                target.model_key, target.profile, self.namespace))
+        except ClusterReadError as e:
+            raise admin_error("The hub cannot prepare the cluster's GPU claim",
+                              Reason.MIG_CONFIG, f"lease {lease.id}: {e}; {e.hint}") from None
+
+    async def _follow_scheduling(self) -> None:
+        """Until the start ends, show each FailedScheduling event of the pod about to be
+        created on the progress page ("0/3 nodes are available: 3 Insufficient
+        nvidia.com/mig-1g.18gb"): the user sees why the server waits. Only the progress
+        page misses them when the Events cannot be read."""
+        try:
+            version = await events_version(self.api, self.namespace)
+        except ClusterReadError as e:
+            self.log.info("Not following the scheduling of %s: %s", self._log_name, e)
+            return
+
+        async def relay() -> None:
+            try:
+                async for message in scheduling_failures(
+                    self.api, self.namespace, self.pod_name, version, self.start_timeout
+                ):
+                    self.progress_log.add(75, progress.unschedulable(message))
+            except Exception as e:  # the API went away: the start itself will say so
+                self.log.info("Stopped following the scheduling of %s: %s",
+                              self._log_name, e)
+
+        self._scheduling = asyncio.ensure_future(relay())
 
     def slice_request_for(self, lease: Lease, choice: ClaimTarget | None) -> SliceRequest:
         """Resource, selector and tolerations for the lease's slice on the chosen nodes."""
@@ -240,6 +327,13 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
                 "The hub lost track of the reserved slice; try again.",
                 reason=Reason.MIG_CONFIG,
                 log_message=f"lease {lease.id}: claim granted without a target",
+            )
+        if target.strategy == "dra":
+            return SliceRequest(
+                profile=lease.profile, strategy="mixed", resource="",
+                node_selector=dict(self.mig_node_selector),
+                tolerations=tuple(dict(t) for t in self.mig_tolerations),
+                claim_template=template_name(target.model_key, target.profile),
             )
         try:
             return slice_request(
@@ -294,12 +388,40 @@ class KubeMIGSpawner(MIGSpawnerMixin, KubeSpawner):
         return env
 
     async def start(self) -> Any:
-        """Start as the mixin does; nothing of this start's slice survives into the next."""
+        """Start as the mixin does; nothing of this start's slice survives into the next.
+        The API refusing the pod (RBAC, admission) is said in plain words to the user
+        and in full in the hub log."""
         try:
             return await super().start()
+        except ApiException as e:
+            if e.status not in (403, 422):
+                raise
+            raise self._refused_by_api(e) from None
         finally:
             self._slice_request = None
             self._kube_choice = None
+            if self._scheduling is not None:
+                self._scheduling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._scheduling
+                self._scheduling = None
+
+    def _refused_by_api(self, e: ApiException) -> Exception:
+        """A 403 (the service account may not) or 422 (the pod is invalid) from the API."""
+        try:
+            message = json.loads(e.body or b"{}").get("message", "")
+        except ValueError:
+            message = str(e.body)[:200]
+        if e.status == 403:
+            detail = (f"the Kubernetes API refused pod {self.pod_ref}: HTTP 403: {message}. "
+                      "The hub's service account needs the Role in docs/kubernetes.md "
+                      "('RBAC') in namespace " + self.namespace)
+            problem = "The cluster does not let the hub start servers"
+        else:
+            detail = f"the Kubernetes API refused pod {self.pod_ref} as invalid: {message}"
+            problem = "The cluster refused this server's settings"
+        self.log.error("Start of %s: %s", self._log_name, detail)
+        return admin_error(problem, Reason.MIG_CONFIG, detail)
 
     def _reflected_pod(self) -> dict:
         pod = self.pod_reflector.pods.get(self.pod_ref) if self.pod_reflector else None

@@ -67,3 +67,11 @@ def reserved(profile: str, memory: str | None, where: str) -> str:
     backend does not know it."""
     size = f"{profile} ({memory})" if memory else profile
     return f"Reserved {size} on {where}"
+
+
+def unschedulable(message: str) -> str:
+    """``"Waiting for room in the cluster: 0/1 nodes are available: 1 Insufficient
+    nvidia.com/mig-1g.18gb."``: the scheduler's FailedScheduling words (node counts and
+    reasons, no names), without its note on preemption."""
+    reasons = message.split(" preemption:", 1)[0].strip()
+    return f"Waiting for room in the cluster: {reasons}"

@@ -1,11 +1,29 @@
-"""A stand-in for the Kubernetes API server: serves Node and Pod lists as the API does.
+"""A stand-in for the Kubernetes API server that behaves like one where it matters.
 
-Real HTTP (tornado, on a free port) and the real JSON shapes of ``GET /api/v1/nodes``,
-``GET /api/v1/pods`` and ``GET /api/v1/namespaces/<ns>/pods``: ``NodeList`` /
-``PodList`` envelopes, ``limit`` / ``continue`` paging, the ``status.phase`` and
-``spec.nodeName`` field selectors and equality label selectors the API server
-implements, and ``Status`` errors. It counts requests so that tests can see caching.
-Objects are built with tests/support/kube_objects.py. A ``kubelet`` (optional) runs the
+Real HTTP (tornado, on a free port) and the real JSON shapes: ``NodeList`` / ``PodList``
+/ ``EventList`` envelopes, ``limit`` / ``continue`` paging, the field selectors the API
+server indexes and equality label selectors, watches as JSON lines, ``Status`` errors.
+Objects are built with tests/support/kube_objects.py. Like the API server and the
+cluster behind it:
+
+* **admission**: a created pod passes the API's OpenAPI schema and the API server's own
+  rules (tests/support/kube_admission.py), else ``422 Invalid`` with its words;
+* **RBAC** (``rbac``, optional): the documented Roles' rules; what they do not allow is
+  answered with the API server's 403 body;
+* **scheduling**: a pod is bound to the first node (by name) whose allocatable CPU,
+  memory, pod count and extended resources still hold it and whose selectors, affinity
+  and taints let it; else it stays ``Pending`` with a ``FailedScheduling`` Event in the
+  scheduler's words, and is retried whenever a pod goes (or :meth:`retry_pending`);
+* **graceful deletion**: a deleted pod on a node is ``Terminating`` (``deletionTimestamp``
+  set, phase still ``Running``, its resources still used) until its containers stop,
+  at most its grace period (``shutdown_seconds`` stands for how long they take);
+* **DRA** (tests/support/kube_dra.py): ResourceSlices, DeviceClasses, claims made
+  from a pod's ResourceClaimTemplates and allocated by the scheduler by their CEL
+  selectors;
+* **watch expiry**: :meth:`expire_watches` compacts the history; a watch from an older
+  ``resourceVersion`` gets an ``ERROR`` event with ``410 Gone``, so clients relist.
+
+It counts requests so that tests can see caching. A ``kubelet`` (optional) runs the
 containers of scheduled pods, for end-to-end tests with real servers.
 """
 
@@ -16,15 +34,28 @@ import contextlib
 import copy
 import json
 import socket
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from tornado.httpserver import HTTPServer
 from tornado.iostream import StreamClosedError
 from tornado.web import Application, RequestHandler
 
+from tests.support import kube_admission
+from tests.support.kube_admission import Invalid, Rule, forbidden, quantity
+from tests.support.kube_dra import Dra, dra_routes
 from tests.support.kube_objects import CREATED
+
+#: Phases in which a pod holds nothing on its node.
+DONE_PHASES = ("Succeeded", "Failed")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _field(obj: Mapping[str, Any], path: str) -> str:
@@ -55,20 +86,6 @@ def _matches(actual: str | None, op: str, value: str) -> bool:
     return actual != value
 
 
-# --- a scheduler just good enough for notebook pods -----------------------------------
-
-
-def _gpu_asks(pod_obj: Mapping[str, Any]) -> Counter[str]:
-    asks: Counter[str] = Counter()
-    for c in pod_obj["spec"].get("containers") or []:
-        resources = c.get("resources") or {}
-        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name, value in merged.items():
-            if name.startswith("nvidia.com/"):
-                asks[name] += int(value)
-    return asks
-
-
 def _expression_holds(labels: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
     key, op, values = expr["key"], expr["operator"], expr.get("values") or []
     if op == "In":
@@ -93,24 +110,66 @@ def _tolerated(tolerations: list[Mapping[str, Any]], taint: Mapping[str, Any]) -
     return False
 
 
+def _container_asks(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    """What one container requests; a limit without a request is the request (the API
+    server's defaulting)."""
+    resources = container.get("resources") or {}
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {name: quantity(value) for name, value in merged.items()}
+
+
+def pod_asks(pod_obj: Mapping[str, Any]) -> Counter:
+    """The pod's effective requests (containers add up, the largest init container
+    counts alone) and one of the node's ``pods``."""
+    spec = pod_obj["spec"]
+    running: Counter = Counter()
+    for c in spec.get("containers") or []:
+        running.update(_container_asks(c))
+    for c in spec.get("initContainers") or []:
+        for name, value in _container_asks(c).items():
+            running[name] = max(running[name], value)
+    running["pods"] = Decimal(1)
+    return running
+
+
 class _Unsupported(Exception):
     """A field selector on a field the API server does not index for this kind."""
 
 
 class _Base(RequestHandler):
     kind = ""
+    resource = ""  # the RBAC resource ("pods", "nodes" ...)
+    group = ""  # the RBAC API group ("" is the core group)
+    namespaced = True
     fields: tuple[str, ...] = ()
 
     def initialize(self, standin: KubeStandin) -> None:
         self.standin = standin
 
     def _status(self, code: int, reason: str, message: str) -> None:
-        self.set_status(code)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({
+        self._send(code, {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code,
-        }))
+        })
+
+    def _send(self, code: int, body: Any) -> None:
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+    def _refused(self, verb: str, namespace: str | None, name: str = "") -> bool:
+        """Answer (and return True) when the request is not to be served: the test's
+        ``fail_with``, or RBAC."""
+        if self.standin.fail_with is not None:
+            code, message = self.standin.fail_with
+            self._status(code, "Forbidden" if code == 403 else "InternalError", message)
+            return True
+        denied = self.standin.authorize(verb, self.group, self.resource,
+                                        namespace if self.namespaced else None, name)
+        if denied is not None:
+            self._send(403, denied)
+            return True
+        return False
 
     def items(self, namespace: str | None) -> list[dict]:
         raise NotImplementedError
@@ -130,11 +189,10 @@ class _Base(RequestHandler):
     async def get(self, namespace: str | None = None) -> None:
         self.standin.hits[self.request.path] += 1
         self.standin.requests.append((self.request.path, dict(self.request.query_arguments)))
-        if self.standin.fail_with is not None:
-            code, message = self.standin.fail_with
-            self._status(code, "Forbidden" if code == 403 else "InternalError", message)
+        watching = self.get_argument("watch", "") in ("1", "true", "True")
+        if self._refused("watch" if watching else "list", namespace):
             return
-        if self.get_argument("watch", "") in ("1", "true", "True"):
+        if watching:
             await self._watch(namespace)
             return
         try:
@@ -149,22 +207,38 @@ class _Base(RequestHandler):
         if limit and start + limit < len(items):
             meta["continue"] = str(start + limit)
             meta["remainingItemCount"] = len(items) - start - limit
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"kind": self.kind, "apiVersion": "v1", "metadata": meta,
-                                "items": page}))
+        self._send(200, {"kind": self.kind, "apiVersion": self.api_version, "metadata": meta,
+                         "items": page})
+
+    api_version = "v1"
 
     async def _watch(self, namespace: str | None) -> None:
         """Stream changes after ``resourceVersion`` as JSON lines until ``timeoutSeconds``
-        (or the stand-in stops), like the API server's watch."""
+        (or the stand-in stops), like the API server's watch; a version older than the
+        kept history gets ``410 Gone``."""
         seen = int(self.get_argument("resourceVersion", "0") or 0)
         timeout = float(self.get_argument("timeoutSeconds", "30") or 30)
         deadline = asyncio.get_running_loop().time() + timeout
         self.set_header("Content-Type", "application/json")
         with contextlib.suppress(StreamClosedError):  # the client hung up: watch over
+            if seen and seen < self.standin.oldest:
+                self._expired(seen)
+                return
             await self._stream(namespace, seen, deadline)
 
+    def _expired(self, seen: int) -> None:
+        self.write(json.dumps({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": f"too old resource version: {seen} ({self.standin.oldest})",
+            "reason": "Expired", "code": 410}}) + "\n")
+        self.finish()
+
     async def _stream(self, namespace: str | None, seen: int, deadline: float) -> None:
+        epoch = self.standin.epoch
         while not self.standin.stopping:
+            if self.standin.epoch != epoch:
+                self._expired(seen)
+                return
             for version, kind, event, obj in self.standin.changes:
                 if version <= seen or kind != self.kind:
                     continue
@@ -186,6 +260,8 @@ class _Base(RequestHandler):
 
 class _Nodes(_Base):
     kind = "NodeList"
+    resource = "nodes"
+    namespaced = False
     fields = ("metadata.name", "spec.unschedulable")
 
     def items(self, namespace: str | None) -> list[dict]:
@@ -194,6 +270,7 @@ class _Nodes(_Base):
 
 class _Pods(_Base):
     kind = "PodList"
+    resource = "pods"
     fields = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase")
 
     def items(self, namespace: str | None) -> list[dict]:
@@ -202,69 +279,72 @@ class _Pods(_Base):
 
     def post(self, namespace: str | None = None) -> None:
         self.standin.hits[f"POST {self.request.path}"] += 1
+        if self._refused("create", namespace):
+            return
         body = json.loads(self.request.body)
         name = body["metadata"]["name"]
+        try:
+            kube_admission.validate(body, "v1", "Pod")
+        except Invalid as e:
+            self.standin.refused.append(e)
+            self._send(422, e.status())
+            return
         if any(p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace
                for p in self.standin.pods):
             self._status(409, "AlreadyExists", f'pods "{name}" already exists')
             return
-        created = self.standin.create_pod(namespace or "default", body)
-        self.set_status(201)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(created))
+        self._send(201, self.standin.create_pod(namespace or "default", body))
 
 
 class _Pod(_Base):
     kind = "Pod"
+    resource = "pods"
 
     def _find(self, namespace: str, name: str) -> dict | None:
-        return next((p for p in self.standin.pods if p["metadata"]["name"] == name
-                     and p["metadata"]["namespace"] == namespace), None)
+        return self.standin.find_pod(namespace, name)
 
     async def get(self, namespace: str, name: str) -> None:  # type: ignore[override]
         self.standin.hits[self.request.path] += 1
-        if self.standin.fail_with is not None:
-            code, message = self.standin.fail_with
-            self._status(code, "InternalError", message)
+        if self._refused("get", namespace, name):
             return
         found = self._find(namespace, name)
         if found is None:
             self._status(404, "NotFound", f'pods "{name}" not found')
             return
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(found))
+        self._send(200, found)
 
     def delete(self, namespace: str, name: str) -> None:
         self.standin.hits[f"DELETE {self.request.path}"] += 1
-        self.standin.deletes.append((namespace, name, self.request.body and json.loads(
-            self.request.body)))
-        if self.standin.fail_with is not None:
-            code, message = self.standin.fail_with
-            self._status(code, "InternalError", message)
+        options = json.loads(self.request.body or b"{}") or {}
+        self.standin.deletes.append((namespace, name, self.request.body and options))
+        if self._refused("delete", namespace, name):
             return
         # DeleteOptions.preconditions.uid: the API server refuses when the pod is another.
-        want = ((json.loads(self.request.body or b"{}") or {}).get("preconditions") or {}
-                ).get("uid")
+        want = (options.get("preconditions") or {}).get("uid")
         found = self._find(namespace, name)
         if want and found is not None and found["metadata"].get("uid") != want:
             self._status(409, "Conflict", f"Precondition failed: UID in precondition: {want}")
             return
-        gone = self.standin.delete_pod(namespace, name)
+        grace = options.get("gracePeriodSeconds", self.get_argument("gracePeriodSeconds", None))
+        gone = self.standin.terminate_pod(namespace, name,
+                                          None if grace is None else int(grace))
         if gone is None:
             self._status(404, "NotFound", f'pods "{name}" not found')
             return
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(gone))
+        self._send(200, gone)
 
 
 class _Events(_Base):
-    """No events: KubeSpawner lists and watches them for its progress messages."""
+    """Events (core/v1), as KubeSpawner lists and watches them for its progress."""
 
     kind = "EventList"
-    fields = ("involvedObject.kind", "involvedObject.name", "involvedObject.namespace")
+    resource = "events"
+    fields = ("involvedObject.kind", "involvedObject.name", "involvedObject.namespace",
+              "involvedObject.uid", "reason", "type")
 
     def items(self, namespace: str | None) -> list[dict]:
-        return []
+        return [e for e in self.standin.events
+                if namespace is None or e["metadata"]["namespace"] == namespace]
 
 
 class _NotFound(_Base):
@@ -275,26 +355,38 @@ class _NotFound(_Base):
 
 
 class KubeStandin:
-    """The stand-in server. ``nodes`` and ``pods`` are lists a test changes freely; pods
-    created through the API are scheduled at once by a small scheduler that honours
-    GPU requests, node selectors, required node affinity, taints and tolerations."""
+    """The stand-in server. ``nodes`` and ``pods`` are lists a test changes freely
+    (after changing nodes, :meth:`retry_pending` lets the scheduler look again).
+    ``rbac``: the rules the hub's service account has (None: everything allowed)."""
 
     def __init__(
-        self, nodes: Iterable[dict] = (), pods: Iterable[dict] = (), kubelet: Any = None
+        self, nodes: Iterable[dict] = (), pods: Iterable[dict] = (), kubelet: Any = None,
+        *, rbac: Iterable[Rule] | None = None, shutdown_seconds: float = 0.2,
     ) -> None:
         self.kubelet = kubelet  # .run(pod) -> pod IP, .stop(pod); None: nothing runs
         self.nodes = list(nodes)
         self.pods = list(pods)
+        self.events: list[dict] = []
+        self.dra = Dra()  # ResourceSlices, DeviceClasses, claims and their templates
+        self.rbac = None if rbac is None else list(rbac)
+        # How long a deleted pod's containers take to stop (capped by its grace period).
+        self.shutdown_seconds = shutdown_seconds
         self.hits: Counter[str] = Counter()
         self.requests: list[tuple[str, dict]] = []
         self.deletes: list[tuple[str, str, Any]] = []  # namespace, name, DeleteOptions
+        self.refused: list[Invalid] = []  # what admission refused
         self.fail_with: tuple[int, str] | None = None
         self.version = 100
+        self.oldest = 0  # watches from an older resourceVersion get 410 Gone
+        self.epoch = 0  # bumped by expire_watches: open watches end with 410
         self.changes: list[tuple[int, str, str, dict]] = []
         self.changed = asyncio.Event()
         self.stopping = False
         self._server: HTTPServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
+
+    # --- the API's bookkeeping --------------------------------------------------------
 
     def _record(self, kind: str, event: str, obj: dict) -> None:
         self.version += 1
@@ -303,87 +395,232 @@ class KubeStandin:
         self.changed.set()
         self.changed = asyncio.Event()
 
-    def schedule(self, pod_obj: Mapping[str, Any]) -> str | None:
-        """The first node (by name) the pod fits on, or ``None`` (it stays Pending)."""
+    def authorize(self, verb: str, group: str, resource: str, namespace: str | None,
+                  name: str = "") -> dict | None:
+        """``None`` when RBAC allows the request, else the API server's 403 body."""
+        if self.rbac is None or any(r.allows(verb, group, resource, namespace)
+                                    for r in self.rbac):
+            return None
+        return forbidden(verb, group, resource, namespace, name)
+
+    def expire_watches(self) -> None:
+        """Compact the history: open watches end with ``410 Gone``, and so does every
+        watch from a resourceVersion before now (clients must list again)."""
+        self.oldest = self.version + 1
+        self.changes.clear()
+        self.epoch += 1
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def find_pod(self, namespace: str, name: str) -> dict | None:
+        return next((p for p in self.pods if p["metadata"]["name"] == name
+                     and p["metadata"]["namespace"] == namespace), None)
+
+    def event(self, pod_obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Record an Event about the pod, as the scheduler or the kubelet posts it."""
+        meta = pod_obj["metadata"]
+        self.events.append({
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                         "namespace": meta["namespace"], "uid": str(uuid.uuid4()),
+                         "creationTimestamp": _now()},
+            "involvedObject": {"kind": "Pod", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta.get("uid"),
+                               "apiVersion": "v1"},
+            "reason": reason, "message": message, "type": kind,
+            "source": {"component": "default-scheduler"},
+            "reportingComponent": "default-scheduler", "reportingInstance": "",
+            "firstTimestamp": None, "lastTimestamp": None,
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "count": 1, "action": "Scheduling",
+        })
+        self._record("EventList", "ADDED", self.events[-1])
+
+    # --- the scheduler --------------------------------------------------------------
+
+    def _misfit(self, pod_obj: Mapping[str, Any], n: Mapping[str, Any]) -> list[str]:
+        """Why the pod does not fit on node ``n`` (the scheduler's words), or []: its
+        filters in their order, the first that fails tells."""
         spec = pod_obj["spec"]
-        asks = _gpu_asks(pod_obj)
-        tolerations = spec.get("tolerations") or []
+        labels = n["metadata"].get("labels") or {}
+        if n["spec"].get("unschedulable"):
+            return ["node(s) were unschedulable"]
+        for t in n["spec"].get("taints") or []:
+            if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
+                    spec.get("tolerations") or [], t):
+                return [f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"]
         terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}
                  ).get("nodeSelectorTerms") or []
-        for n in sorted(self.nodes, key=lambda n: n["metadata"]["name"]):
-            labels = n["metadata"].get("labels") or {}
-            if n["spec"].get("unschedulable"):
-                continue
-            if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-                continue
-            if terms and not any(
+        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()) or (
+            terms and not any(
                 all(_expression_holds(labels, e) for e in t.get("matchExpressions") or [])
-                for t in terms
-            ):
-                continue
-            if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
-                    tolerations, t) for t in n["spec"].get("taints") or []):
-                continue
-            name = n["metadata"]["name"]
-            used: Counter[str] = Counter()
-            for other in self.pods:
-                if other["spec"].get("nodeName") == name and other["status"].get(
-                        "phase") not in ("Succeeded", "Failed"):
-                    used.update(_gpu_asks(other))
-            free = n["status"]["allocatable"]
-            if all(int(free.get(r, 0)) - used[r] >= count for r, count in asks.items()):
-                return name
-        return None
+                for t in terms)):
+            return ["node(s) didn't match Pod's node affinity/selector"]
+        name = n["metadata"]["name"]
+        used: Counter = Counter()
+        for other in self.pods:
+            if other is not pod_obj and other["spec"].get("nodeName") == name and other[
+                    "status"].get("phase") not in DONE_PHASES:
+                used.update(pod_asks(other))
+        free = n["status"]["allocatable"]
+        short = sorted(
+            "Too many pods" if r == "pods" else f"Insufficient {r}"
+            for r, count in pod_asks(pod_obj).items()
+            if count and quantity(free.get(r, 0)) - used[r] < count
+        )
+        if not short and spec.get("resourceClaims") and self.dra.plan(pod_obj, name) is None:
+            return ["cannot allocate all claims"]
+        return short
+
+    def schedule(self, pod_obj: Mapping[str, Any]) -> tuple[str | None, str]:
+        """The first node (by name) the pod fits on, or ``None`` and the scheduler's
+        FailedScheduling message."""
+        reasons: Counter[str] = Counter()
+        helpless = 0
+        for n in sorted(self.nodes, key=lambda n: n["metadata"]["name"]):
+            why = self._misfit(pod_obj, n)
+            if not why:
+                return n["metadata"]["name"], ""
+            reasons.update(why)
+            helpless += not all(w.startswith(("Insufficient", "Too many", "cannot allocate"))
+                                for w in why)
+        total = len(self.nodes)
+        histogram = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+        preemption = ", ".join(part for part in (
+            f"{total - helpless} No preemption victims found for incoming pod"
+            if total - helpless else "",
+            f"{helpless} Preemption is not helpful for scheduling" if helpless else "",
+        ) if part)
+        return None, (f"0/{total} nodes are available: {histogram}. preemption: 0/{total} "
+                      f"nodes are available: {preemption}.")
+
+    def _bind(self, obj: dict, node_name: str) -> None:
+        if obj["spec"].get("resourceClaims"):
+            self.dra.allocate(obj, self.dra.plan(obj, node_name) or [], node_name)
+        obj["spec"]["nodeName"] = node_name
+        pod_ip = self.kubelet.run(obj) if self.kubelet else f"10.244.0.{len(self.pods) + 10}"
+        obj["status"] = {
+            **{k: v for k, v in obj["status"].items() if k == "resourceClaimStatuses"},
+            "phase": "Running",
+            "podIP": pod_ip,
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {"name": c["name"], "ready": True, "started": True, "restartCount": 0,
+                 "image": c.get("image", ""),
+                 "imageID": f"{c.get('image', '')}@sha256:{'0' * 64}",
+                 "containerID": f"containerd://{'1' * 64}",
+                 "state": {"running": {"startedAt": CREATED}}}
+                for c in obj["spec"]["containers"]
+            ],
+        }
+        meta = obj["metadata"]
+        self.event(obj, "Normal", "Scheduled",
+                   f"Successfully assigned {meta['namespace']}/{meta['name']} to {node_name}")
 
     def create_pod(self, namespace: str, body: dict) -> dict:
+        """Store a new pod and schedule it (Pending with an Event when nothing fits)."""
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         meta.update(namespace=namespace, uid=f"uid-pod-{namespace}-{meta['name']}",
                     creationTimestamp=CREATED)
-        node_name = self.schedule(obj)
-        if node_name is None:
-            obj["status"] = {"phase": "Pending", "conditions": [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": f"0/{len(self.nodes)} nodes are available"}]}
-        else:
-            obj["spec"]["nodeName"] = node_name
-            pod_ip = self.kubelet.run(obj) if self.kubelet else f"10.244.0.{len(self.pods) + 10}"
-            obj["status"] = {
-                "phase": "Running",
-                "podIP": pod_ip,
-                "containerStatuses": [
-                    {"name": c["name"], "ready": True, "started": True, "restartCount": 0,
-                     "image": c.get("image", ""),
-                     "imageID": f"{c.get('image', '')}@sha256:{'0' * 64}",
-                     "containerID": f"containerd://{'1' * 64}",
-                     "state": {"running": {"startedAt": CREATED}}}
-                    for c in obj["spec"]["containers"]
-                ],
-            }
         self.pods.append(obj)
+        obj["status"] = {"phase": "Pending"}
+        self.dra.make_claims(obj)
+        node_name, why = self.schedule(obj)
+        if node_name is None:
+            self._unschedulable(obj, why)
+        else:
+            self._bind(obj, node_name)
         self._record("PodList", "ADDED", obj)
         return obj
 
+    def _unschedulable(self, obj: dict, why: str) -> None:
+        obj["status"] = {**{k: v for k, v in obj["status"].items()
+                            if k == "resourceClaimStatuses"},
+                         "phase": "Pending", "qosClass": "BestEffort", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": why, "lastTransitionTime": _now()}]}
+        self.event(obj, "Warning", "FailedScheduling", why)
+
+    def retry_pending(self) -> None:
+        """Let the scheduler try every Pending pod again (oldest first), as it does when
+        a pod goes or a node changes."""
+        for obj in list(self.pods):
+            if obj["spec"].get("nodeName") or obj["metadata"].get("deletionTimestamp"):
+                continue
+            node_name, why = self.schedule(obj)
+            if node_name is None:
+                if obj["status"].get("conditions", [{}])[0].get("message") != why:
+                    self._unschedulable(obj, why)
+                    self._record("PodList", "MODIFIED", obj)
+                continue
+            self._bind(obj, node_name)
+            self._record("PodList", "MODIFIED", obj)
+
+    # --- deletion -------------------------------------------------------------------
+
+    def terminate_pod(self, namespace: str, name: str, grace: int | None) -> dict | None:
+        """Delete gracefully: a pod on a node is Terminating until its containers stop
+        (``shutdown_seconds``, at most ``grace``); one on no node, or with ``grace`` 0,
+        goes at once. Returns the pod (``None``: there is none)."""
+        p = self.find_pod(namespace, name)
+        if p is None:
+            return None
+        if grace is None:
+            grace = int(p["spec"].get("terminationGracePeriodSeconds", 30))
+        meta = p["metadata"]
+        if not p["spec"].get("nodeName") or grace == 0 or self._loop is None:
+            meta.setdefault("deletionTimestamp", _now())
+            self.delete_pod(namespace, name)
+            return p
+        if meta.get("deletionTimestamp"):
+            return p  # already on its way
+        meta["deletionTimestamp"] = _now()
+        meta["deletionGracePeriodSeconds"] = grace
+        self._record("PodList", "MODIFIED", p)
+        if self.kubelet:
+            self.kubelet.stop(p)  # SIGTERM now, as the kubelet does
+        self._loop.call_later(min(grace, self.shutdown_seconds), self._gone,
+                              namespace, name, meta["uid"])
+        return copy.deepcopy(p)
+
+    def _gone(self, namespace: str, name: str, uid: str) -> None:
+        p = self.find_pod(namespace, name)
+        if p is not None and p["metadata"]["uid"] == uid:
+            self.delete_pod(namespace, name)
+
     def delete_pod(self, namespace: str, name: str) -> dict | None:
+        """Remove the pod at once (``kubectl delete --grace-period=0 --force``); the
+        scheduler then looks at the Pending pods again."""
         for i, p in enumerate(self.pods):
             if p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace:
                 del self.pods[i]
-                if self.kubelet and p["spec"].get("nodeName"):
+                self.dra.forget(p)
+                if self.kubelet and p["spec"].get("nodeName") and not p["metadata"].get(
+                        "deletionGracePeriodSeconds"):
                     self.kubelet.stop(p)
                 self._record("PodList", "DELETED", p)
+                self.retry_pending()
                 return p
         return None
 
-    def start(self) -> str:
-        app = Application([
+    # --- the server -----------------------------------------------------------------
+
+    def routes(self) -> list[tuple[str, type, dict]]:
+        return [
             (r"/api/v1/nodes", _Nodes, {"standin": self}),
             (r"/api/v1/pods", _Pods, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/pods", _Pods, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", _Pod, {"standin": self}),
+            (r"/api/v1/events", _Events, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/events", _Events, {"standin": self}),
-            (r"/.*", _NotFound, {"standin": self}),
-        ])
+            *dra_routes(self),
+        ]
+
+    def start(self) -> str:
+        """Serve on a free port (call it inside the event loop that is to serve)."""
+        self._loop = asyncio.get_running_loop()
+        app = Application([*self.routes(), (r"/.*", _NotFound, {"standin": self})])
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
@@ -402,5 +639,5 @@ class KubeStandin:
 
     def list_hits(self) -> int:
         """How many Node and Pod list requests (``GET``) the API served."""
-        return sum(n for path, n in self.hits.items() if path.startswith("/"))
-
+        return sum(n for path, n in self.hits.items()
+                   if path.startswith("/") and not path.endswith("/events"))
