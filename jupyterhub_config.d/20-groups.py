@@ -117,7 +117,7 @@ c.MIGPolicyConfig.group_policies = {
         "max_slices_per_user": 1,
         "quota_slices": 6,
         "server_idle_timeout": "30m",
-        "server_idle_timeout_when_unwaited": "45m",
+        "server_idle_timeout_when_unwaited": "40m",
         "server_idle_timeout_when_waited": "25m",
         "kernel_idle_timeout": "15m",
         "max_session_age": "8h",
