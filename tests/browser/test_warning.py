@@ -30,7 +30,7 @@ SIM = "h200x1:layout=1g.18gb*7"
 IMG = REPO / "docs" / "img"
 MAX_AGE, AGE_WARN, EXTEND = 60, 20, 30
 # The shipped analysts' limits, minutes as seconds.
-IDLE, UNWAITED, WAITED, IDLE_WARN = 30, 45, 25, 10
+IDLE, UNWAITED, WAITED, IDLE_WARN = 30, 40, 25, 10
 CONFIG = f"""
 c.JupyterHub.last_activity_interval = 5
 c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "5", "MIG_SPAWNER_NOTICE_POLL": "2"}}
