@@ -6,6 +6,7 @@ measured samples (with the ledger's new column and table on SQLite and PostgreSQ
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -323,3 +324,111 @@ def test_the_ledger_keeps_purposes_and_usage_samples(backend_url):
                                   memory_total_mib=32 * GIB, sampled_seconds=120,
                                   active_seconds=120)
     assert usage[two.id].samples == 3 and usage[two.id].active_seconds == 0
+
+
+# --- report: usage by purpose, and --rightsize ---------------------------------------
+
+
+def seed_sessions(ledger: Ledger, clock, user: str, group: str, profile: str, start: int,
+                  peaks_gib: list[float], purpose: str | None = None,
+                  count: int = 20) -> None:
+    """One lease per peak, each sampled ``count`` times a minute apart, then released."""
+    from mig_spawner.core.catalog import model
+
+    found = model("h200").profile(profile)
+    for peak in peaks_gib:
+        decision = Grant(group=group, profile=profile, compute_slices=found.compute_slices,
+                         mode="pool", host="h", gpu_uuid="GPU-0", gpu_index=0, start=start,
+                         size=found.placement_size, mig_uuid=f"MIG-{start}")
+        lease = ledger.claim(LeaseRequest(user, ""), lambda v, d=decision: d)
+        if purpose:
+            ledger.record_purpose(lease.id, purpose)
+        for sample in samples(peak, found.memory_mib / GIB, count):
+            ledger.record_samples({lease.id: sample})
+        clock.advance(hours=1)
+        ledger.release(lease.id, "stopped")
+
+
+def test_report_lists_usage_by_purpose_and_the_mis_sized(tmp_path, capsys):
+    from mig_spawner.cli.main import main
+    from tests.mocking import Clock
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    clock = Clock(T0)
+    with Ledger.open(url, clock=clock) as ledger:
+        seed_sessions(ledger, clock, "ann", "analysts", "2g.35gb", 0, [9, 7, 8], "course")
+        seed_sessions(ledger, clock, "bo", "research", "1g.18gb", 2, [16, 15.9, 16], "thesis")
+        seed_sessions(ledger, clock, "cy", "analysts", "3g.71gb", 4, [30], count=2)
+    window = ["--since", "2026-11-01", "--until", "2026-11-03"]
+    assert main(["report", "--ledger-url", url, *window, "--rightsize"]) == 0
+    out = capsys.readouterr().out
+    assert "Usage by purpose" in out
+    assert re.search(r"course +3 +1 +3\.0", out) and re.search(r"\(not given\) +1 +1", out)
+    assert "rule: over-sized: peak below 75% of the next smaller size" in out
+    assert re.search(r"user +ann +2g\.35gb +3/3 +9\.0 GiB +over-sized: 1g\.18gb", out)
+    assert re.search(r"group +analysts +2g\.35gb .*over-sized", out)
+    assert re.search(r"user +bo +1g\.18gb +3/3 .*under-sized: hit the limit; 1g\.35gb", out)
+    assert "user cy on 3g.71gb (0 of 3)" in out  # 2 samples: not measured, not guessed
+    assert main(["report", "--ledger-url", url, *window, "--rightsize", "--min-sessions",
+                 "4", "--json"]) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert {r["verdict"] for r in data["rightsize"]} == {"too_few"}
+    assert data["purposes"][0]["purpose"] == "course"
+
+
+# --- the slice service's sampling, and the form's hint ---------------------------------
+
+
+def test_the_service_samples_each_leased_slice_once_per_interval(tmp_path):
+    import asyncio
+
+    from mig_spawner.hub.client import HubClient
+    from mig_spawner.service.metrics import ServiceMetrics
+    from mig_spawner.service.sweeper import Sweeper
+
+    world = make_world(tmp_path)
+    try:
+        device = world.device(0, "2g.35gb")
+        lease = world.lease("ann", "analysts", device)
+        world.sim.set_processes(device.uuid, [(4242, 9 * GIB)])
+        sweeper = Sweeper(HubClient("http://127.0.0.1:1/hub/api", "t"), world.policy,
+                          ServiceMetrics(), ledger=world.ledger, gpus=world.adapter,
+                          usage_interval=60)
+        for second in (0, 30, 60, 90, 120):  # sweeps every 30 s, samples every 60 s
+            now = T0 + timedelta(seconds=second)
+            asyncio.run(sweeper._gpu_activity(now, world.ledger.active()))
+        found = world.ledger.samples([lease.id])[lease.id]
+    finally:
+        world.close()
+    assert [s.at for s in found] == [T0 + timedelta(seconds=s) for s in (0, 60, 120)]
+    assert {(s.memory_used_mib, s.memory_total_mib, s.processes) for s in found} == {
+        (9 * GIB, device.memory_total_mib, 1)}
+
+
+def test_the_forms_hint_judges_the_size_it_preselects(tmp_path):
+    import asyncio
+
+    from mig_spawner.core.catalog import model
+    from mig_spawner.spawner.rightsize import form_hint, sizes_here
+    from tests.mocking import Clock
+
+    mine = policy(students={"allowed": ["small", "medium", "large"]}).for_user(["students"])
+    offer_of, sizes = sizes_here(mine, [model("h200")])
+    assert offer_of == {"1g.18gb": "small", "2g.35gb": "medium", "3g.71gb": "large"}
+    assert [s.key for s in sizes] == ["small", "medium", "large"]
+    clock = Clock(T0)
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}", clock=clock) as ledger:
+        seed_sessions(ledger, clock, "ann", "students", "2g.35gb", 0, [9, 7, 8])
+
+        async def run(work):
+            return work()
+
+        def hint(user, preselected):
+            return asyncio.run(form_hint(run, lambda: ledger, user, mine, [model("h200")],
+                                         preselected, RightsizeRule()))
+
+        assert hint("ann", "medium") == (
+            "Your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do.")
+        # Preselected a size never used: the hint is about the latest session's size.
+        assert hint("ann", "large") == hint("ann", "medium")
+        assert hint("bo", "medium") is None  # no history

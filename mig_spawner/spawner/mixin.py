@@ -41,6 +41,7 @@ from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
+from mig_spawner.config import RightsizeConfig
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.purpose import PURPOSE, clean_purpose
 from mig_spawner.core.refusal import Reason, Refused
@@ -64,7 +65,7 @@ from mig_spawner.release import (
     still_holding,
 )
 
-from . import form, options, progress, waiting
+from . import form, options, progress, rightsize, waiting
 from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
 from .environment import slice_environment
@@ -313,9 +314,26 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                            _log_detail(e))
             return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
-        return form.render_form(await self.current_choices(mine, supply), self.last_choice(),
+        choices = await self.current_choices(mine, supply)
+        return form.render_form(choices, self.last_choice(),
                                 notice=await waiting.ended_notice(self),
-                                purpose=mine.purpose, last_purpose=self.last_choice(PURPOSE))
+                                purpose=mine.purpose, last_purpose=self.last_choice(PURPOSE),
+                                hint=await self._rightsize_hint(mine, supply, choices))
+
+    async def _rightsize_hint(self, mine: UserPolicy, supply: SliceSupply,
+                              choices: list[form.Choice]) -> str | None:
+        """What the user's measured past sessions say about the size the form
+        preselects (docs/analyst-guide.md, "Right-sizing"); none when the ledger
+        cannot be read (logged: the form is more important than the hint)."""
+        try:
+            return await rightsize.form_hint(
+                self.runtime.run, self.runtime.ledger, self.user.name, mine, supply.models,
+                form.preselect(choices, self.last_choice()),
+                RightsizeConfig(config=self.config).rule())
+        except tuple(self.backend_errors) as e:
+            self.log.warning("No right-sizing hint for %s: %s", self._log_name,
+                             _log_detail(e))
+            return None
 
     async def current_choices(
         self, mine: UserPolicy, supply: SliceSupply | None = None
