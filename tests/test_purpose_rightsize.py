@@ -32,12 +32,14 @@ from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.spawner import form
 from mig_spawner.spawner.options import no_default_refusal, requested_offer, with_default
 from tests.support.observe_world import make_world
+from tests.support.usage import samples as usage_samples
+from tests.support.usage import seed_sessions
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 CLASSES = {"small": {"profiles": {"h200": "1g.18gb"}},
            "medium": {"profiles": {"h200": "2g.35gb"}},
            "large": {"profiles": {"h200": "3g.71gb"}}}
-GIB = 1024
+GIB = 1024  # MiB
 
 
 def policy(**groups):
@@ -67,8 +69,8 @@ def test_without_a_default_the_refusal_names_the_missing_choice_as_the_admin_pag
     mine = policy(guests={"allowed": ["small", "medium"]}).for_user(["guests"])
     refused = no_default_refusal(mine)
     assert refused.reason == Reason.INVALID_OPTIONS
-    for words in ('"Start Server" on the admin page', "(guests)", "default_offer",
-                  "small, medium", "spawn page"):
+    for words in ('"Start Server" and "Start All" on the admin page', "(guests)",
+                  "default_offer", "small, medium", '"Spawn Page"'):
         assert words in refused.message
 
 
@@ -238,12 +240,8 @@ def test_status_shows_each_slices_holder_server_purpose_and_age(tmp_path):
 T0 = datetime(2026, 11, 2, 9, tzinfo=UTC)
 
 
-def samples(peak_gib: float, total_gib: float, count: int = 20, busy: int = 5):
-    """``count`` samples a minute apart, the last at ``peak_gib``, ``busy`` of them active."""
-    return [UsageSample(T0 + timedelta(minutes=i),
-                        int(peak_gib * GIB * (0.5 if i < count - 1 else 1)),
-                        int(total_gib * GIB), 0.4 if i < busy else 0.0, 1)
-            for i in range(count)]
+def samples(peak_gib, total_gib, count=20):
+    return usage_samples(T0, peak_gib, total_gib, count)
 
 
 def test_a_leases_usage_is_its_peak_p95_and_time_active():
@@ -329,36 +327,17 @@ def test_the_ledger_keeps_purposes_and_usage_samples(backend_url):
 # --- report: usage by purpose, and --rightsize ---------------------------------------
 
 
-def seed_sessions(ledger: Ledger, clock, user: str, group: str, profile: str, start: int,
-                  peaks_gib: list[float], purpose: str | None = None,
-                  count: int = 20) -> None:
-    """One lease per peak, each sampled ``count`` times a minute apart, then released."""
-    from mig_spawner.core.catalog import model
-
-    found = model("h200").profile(profile)
-    for peak in peaks_gib:
-        decision = Grant(group=group, profile=profile, compute_slices=found.compute_slices,
-                         mode="pool", host="h", gpu_uuid="GPU-0", gpu_index=0, start=start,
-                         size=found.placement_size, mig_uuid=f"MIG-{start}")
-        lease = ledger.claim(LeaseRequest(user, ""), lambda v, d=decision: d)
-        if purpose:
-            ledger.record_purpose(lease.id, purpose)
-        for sample in samples(peak, found.memory_mib / GIB, count):
-            ledger.record_samples({lease.id: sample})
-        clock.advance(hours=1)
-        ledger.release(lease.id, "stopped")
-
-
 def test_report_lists_usage_by_purpose_and_the_mis_sized(tmp_path, capsys):
     from mig_spawner.cli.main import main
     from tests.mocking import Clock
 
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     clock = Clock(T0)
+    hour = lambda: clock.advance(hours=1)  # noqa: E731
     with Ledger.open(url, clock=clock) as ledger:
-        seed_sessions(ledger, clock, "ann", "analysts", "2g.35gb", 0, [9, 7, 8], "course")
-        seed_sessions(ledger, clock, "bo", "research", "1g.18gb", 2, [16, 15.9, 16], "thesis")
-        seed_sessions(ledger, clock, "cy", "analysts", "3g.71gb", 4, [30], count=2)
+        seed_sessions(ledger, hour, "ann", "analysts", "2g.35gb", 0, [9, 7, 8], "course")
+        seed_sessions(ledger, hour, "bo", "research", "1g.18gb", 2, [16, 15.9, 16], "thesis")
+        seed_sessions(ledger, hour, "cy", "analysts", "3g.71gb", 4, [30], count=2)
     window = ["--since", "2026-11-01", "--until", "2026-11-03"]
     assert main(["report", "--ledger-url", url, *window, "--rightsize"]) == 0
     out = capsys.readouterr().out
@@ -418,7 +397,8 @@ def test_the_forms_hint_judges_the_size_it_preselects(tmp_path):
     assert [s.key for s in sizes] == ["small", "medium", "large"]
     clock = Clock(T0)
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}", clock=clock) as ledger:
-        seed_sessions(ledger, clock, "ann", "students", "2g.35gb", 0, [9, 7, 8])
+        seed_sessions(ledger, lambda: clock.advance(hours=1), "ann", "students", "2g.35gb", 0,
+                      [9, 7, 8])
 
         async def run(work):
             return work()

@@ -175,10 +175,10 @@ def no_default_refusal(user_policy: UserPolicy) -> Refused:
     "Start Server" and "Start All" send none: which choice is missing, and how to give it."""
     groups = ", ".join(user_policy.group_names)
     return _invalid(
-        f"this server needs a GPU slice size and none was given: \"Start Server\" on the "
-        f"admin page sends no choice and the user's groups ({groups}) name no "
-        f"default_offer; start it from the user's spawn page, or send {{\"{PROFILE}\": ...}} "
-        f"with one of: {_example(user_policy)}"
+        f"no GPU slice size was chosen: \"Start Server\" and \"Start All\" on the admin "
+        f"page send none, and the user's groups ({groups}) name no default_offer; choose "
+        f"one on the user's \"Spawn Page\", or send {{\"{PROFILE}\": ...}} with one of: "
+        f"{_example(user_policy)}"
     )
 
 
