@@ -54,13 +54,16 @@ def options_from_form(form_data: Mapping[str, Any]) -> dict[str, Any]:
 
     One-element lists become their string; anything else is kept as it came, so
     that :func:`requested_offer` can say what was wrong with it. The hub's own
-    ``_xsrf`` field is not a user option.
+    ``_xsrf`` field is not a user option, nor a purpose field left empty.
     """
-    return {
+    options = {
         key: value[0] if isinstance(value, list) and len(value) == 1 else value
         for key, value in form_data.items()
         if key != "_xsrf"
     }
+    if options.get(PURPOSE) == "":
+        del options[PURPOSE]
+    return options
 
 
 def as_requested(handler: Any, user_options: Any) -> Any:
