@@ -39,7 +39,9 @@ is no ledger it says so and exits 1). It reads the host's current MIG layout for
 --advise replays the history on the layout that would have refused fewest and prints
 it as an NVIDIA mig-parted config (--write-config FILE saves it). Below
 --min-requests requests the advice proposes nothing; --config-dir names the groups
-that would lose a profile the proposal drops.
+that would lose a profile the proposal drops. Where users gave a purpose, usage by
+purpose follows the table; --rightsize lists the users and groups whose slices are
+over- or under-sized by their measured peaks (the thresholds are printed with it).
 """
 
 
