@@ -14,7 +14,9 @@ with two small, one medium and one large slice, shared by every case:
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
@@ -79,39 +81,36 @@ def chromium(hub):
         browser.close()
 
 
+@contextlib.contextmanager
+def signed_in(chromium, hub, user: str, next_url: str = "") -> Iterator:
+    """A page of a fresh browser context with ``user`` signed in; closed afterwards."""
+    context = chromium.new_context(viewport={"width": 1500, "height": 900})
+    try:
+        yield sign_in(context.new_page(), hub.url, user, next_url)
+    finally:
+        context.close()
+
+
 def lease_of(hub, user: str):
     with Ledger.open(hub.ledger_url) as ledger:
         return ledger.active_for_server(user)
 
 
 def test_the_purpose_is_asked_and_shown_on_the_slice_map(chromium, hub):
-    context = chromium.new_context()
-    try:
-        page = sign_in(context.new_page(), hub.url, "ann")
+    with signed_in(chromium, hub, "ann") as page:
         page.goto(f"{hub.url}/hub/spawn")
-        field = page.get_by_label("What is this server for?")
-        field.fill("thesis")
+        page.get_by_label("What is this server for?").fill("thesis")
         page.locator('input[name="profile"][value="small"]').check()
         page.get_by_role("button", name="Start").click()
         hub.wait_ready("ann", timeout=90)
-    finally:
-        context.close()
     assert lease_of(hub, "ann").purpose == "thesis"
 
     url = f"{hub.url}/services/{SERVICE}/slices"
     HubProcess.wait_until(lambda: _reachable(url), 30)
-    context = chromium.new_context()
-    try:
-        page = context.new_page()
-        page.goto(f"{hub.url}/hub/login?next={quote(url)}")
-        page.get_by_label("Username").fill("boss")
-        page.get_by_label("Password").fill("any password")
-        page.get_by_role("button", name="Sign in").click()
+    with signed_in(chromium, hub, "boss", next_url=quote(url)) as page:
         slice_ = page.locator('.slice[data-user="ann"]')
         slice_.wait_for(timeout=30_000)
         assert "for: thesis" in slice_.inner_text()
-    finally:
-        context.close()
 
 
 def _reachable(url: str) -> bool:
@@ -122,36 +121,24 @@ def _reachable(url: str) -> bool:
 
 
 def test_a_returning_user_is_told_a_smaller_size_would_do(chromium, hub):
-    context = chromium.new_context()
-    try:
-        page = sign_in(context.new_page(), hub.url, "bea")
+    with signed_in(chromium, hub, "bea") as page:
         page.goto(f"{hub.url}/hub/spawn")
         hint = page.locator(".mig-rightsize")
         assert hint.inner_text() == (
             "Your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do.")
         assert page.locator("#spawn_form [type=submit]").is_enabled()
-    finally:
-        context.close()
     # Someone with nothing to choose: Start is off, and the form says why.
-    context = chromium.new_context()
-    try:
-        page = sign_in(context.new_page(), hub.url, "zed")
+    with signed_in(chromium, hub, "zed") as page:
         page.goto(f"{hub.url}/hub/spawn")
         assert "not allowed any GPU slice" in page.locator("#spawn_form").inner_text()
         assert page.locator("#spawn_form [type=submit]").is_disabled()
-    finally:
-        context.close()
 
 
 def test_an_admins_start_server_gets_the_groups_default_offer(chromium, hub):
-    context = chromium.new_context(viewport={"width": 1500, "height": 900})
-    try:
-        page = sign_in(context.new_page(), hub.url, "boss", next_url="/hub/admin")
+    with signed_in(chromium, hub, "boss", next_url="/hub/admin") as page:
         row = page.get_by_role("row").filter(has_text="cam")
         row.get_by_role("button", name="Start Server").click()
         hub.wait_ready("cam", timeout=90)
-    finally:
-        context.close()
     assert lease_of(hub, "cam").profile == "1g.18gb"  # students' default: small
     # A group without a default: the same start is refused, the missing choice named.
     refused = hub.spawn("gil")
