@@ -103,7 +103,10 @@ def _rows_by_uuid(holders: SliceMap | None) -> dict[str, SliceRow] | None:
 
 
 def _age(seconds: float | None) -> str:
-    return "-" if seconds is None else format_duration(round(seconds / 60) * 60 or seconds)
+    """``"2h 5m"``: whole minutes from a minute on, whole seconds below."""
+    if seconds is None:
+        return "-"
+    return format_duration(round(seconds) if seconds < 60 else round(seconds / 60) * 60)
 
 
 def holder_cells(row: SliceRow | None) -> tuple[str, str, str, str]:

@@ -184,8 +184,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         mine = self.user_policy(self.policies())
         chosen = options.with_default(sent, mine)
         if chosen is not sent:
-            self.log.info("Start of %s names no slice: %s gets its group's default_offer %r",
-                          self._log_name, self._log_name, chosen[options.PROFILE])
+            self.log.info("Start of %s names no slice: it gets its group's default_offer %r",
+                          self._log_name, chosen[options.PROFILE])
         elif (isinstance(sent, dict) and not sent.get(options.PROFILE)
               and mine.has_gpu_access):
             refused = options.no_default_refusal(mine)
