@@ -108,6 +108,14 @@ c.MIGPolicyConfig.offers = {
 #   max_extensions        how often Keep may extend one session (default 0)
 #   priority              a member of several groups is charged to the group with the
 #                         highest priority whose quota has room (ties: by group name)
+#   default_offer         the size an admin's "Start Server"/"Start All" on /hub/admin or
+#                         a REST spawn without options gets (one of "allowed"); without
+#                         one such a start is refused, naming the missing choice
+#   purpose_choices       what members pick from on the form's "What is this server
+#                         for?" (shown on the slice map, by `mig-spawner status`, in the
+#                         report; never a metrics label)
+#   purpose_free_text     True (default): members may write their own (80 characters)
+#   purpose_required      True: a spawn must say what the server is for (default False)
 # Durations: "90s", "30m", "8h", "1d", "1h30m" or seconds; None, 0 or "never" = no limit.
 c.MIGPolicyConfig.group_policies = {
     # Notebooks: small slices, one per person, firm clean-up so that a session left
@@ -122,6 +130,7 @@ c.MIGPolicyConfig.group_policies = {
         "kernel_idle_timeout": "15m",
         "max_session_age": "8h",
         "cull_busy_kernels": False,
+        "purpose_choices": ["course exercises", "data exploration", "thesis"],
     },
     # Inference: mid-size slices that stay up through a day of load tests. The quota is
     # in compute slices, so two "large" (3+3) or three "medium" (2+2+2) fit, not more.
@@ -133,6 +142,7 @@ c.MIGPolicyConfig.group_policies = {
         "kernel_idle_timeout": "1h",
         "max_session_age": "1d",
         "priority": 10,
+        "default_offer": "medium",
     },
     # Heavy experiments: big slices, few of them, and time to finish. No kernel idle
     # limit: a training step may print nothing for a long while.

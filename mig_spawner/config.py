@@ -26,11 +26,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, TraitError, Unicode, validate
+from traitlets import Dict, Float, Integer, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable, LazyConfigValue, PyFileConfigLoader
 
 from mig_spawner.core.catalog import GpuModel
 from mig_spawner.core.policy import PolicySet, build_policy
+from mig_spawner.core.rightsize import RightsizeRule
 
 PathLike = str | os.PathLike[str]
 
@@ -101,6 +102,38 @@ class MIGPolicyConfig(Configurable):
             default=self.default_policy,
             fleet_models=fleet_models,
         )
+
+
+class RightsizeConfig(Configurable):
+    """The thresholds of right-sizing (docs/analyst-guide.md, "Right-sizing"), shared by
+    the spawn form's hint and ``mig-spawner report --rightsize``."""
+
+    min_sessions = Integer(
+        3, help="Measured sessions on one size needed before any verdict on it.",
+    ).tag(config=True)
+    min_samples = Integer(
+        5, help="""Usage samples a session needs to count as measured (the slice
+        service takes one per ``usage_sample_interval``, 60 s by default).""",
+    ).tag(config=True)
+    recent = Integer(
+        5, help="How many of the latest measured sessions on a size are judged.",
+    ).tag(config=True)
+    fits_below = Float(
+        0.75, help="""Over-sized when every judged session's peak memory stayed below
+        this share of the next smaller size's memory (the rest is room to grow).""",
+    ).tag(config=True)
+    full_above = Float(
+        0.95, help="""Under-sized when a judged session's peak memory reached this share
+        of its own slice's memory.""",
+    ).tag(config=True)
+
+    def rule(self) -> RightsizeRule:
+        """The pure rule; raises ``TraitError`` naming the setting that is out of range."""
+        try:
+            return RightsizeRule(self.min_sessions, self.min_samples, self.recent,
+                                 self.fits_below, self.full_above)
+        except ValueError as e:
+            raise TraitError(f"c.RightsizeConfig: {e}") from None
 
 
 def load_config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> Config:

@@ -141,14 +141,15 @@ def test_query_and_form_paths_are_validated_too(hub, ledger):
     # ?opt-profile=... on the spawn page: refused, and the form is shown with the reason.
     r = browser.get(f"{hub.url}/hub/spawn/ana", params={"opt-profile": "large"})
     assert r.status_code == 403
-    assert "Error: &#39;large&#39; is not allowed for your groups (analysts)" in r.text
+    # In a sentence for the person on the page, not advice on what a script sends.
+    assert "Error: Your groups (analysts) are not allowed the large slice." in r.text
     assert 'name="profile"' in r.text  # the form again, to pick an allowed size
     # A form post (as the browser sends it) with a value the form never offered.
     r = browser.post(
         f"{hub.url}/hub/spawn/ana", params={"_xsrf": hub.xsrf(browser)}, data={"profile": "full"}
     )
     assert r.status_code == 403
-    assert "&#39;full&#39; is not allowed" in r.text
+    assert "are not allowed the full slice. Choose one of: small, medium." in r.text
     assert hub.server_model("ana") is None
     assert _held(ledger) == {}
 
@@ -168,7 +169,10 @@ def test_options_are_handled_and_a_body_without_them_is_refused_not_reused(hub, 
     for body in (None, {}, {"user_options": None}):
         r = hub.spawn("ana", body)
         assert r.status_code == 400, (body, r.text)
-        assert 'choose a GPU slice: send {"profile": ...} with one of: small' in r.json()["message"]
+        # analysts name no default_offer: refused, in the admin page's words.
+        message = r.json()["message"]
+        assert message.startswith("no GPU slice size was chosen: \"Start Server\"")
+        assert 'send {"profile": ...} with one of: small' in message
         assert hub.server_model("ana") is None
     assert _held(ledger) == {}
     hub.check_log()  # no "unhandled user_options" after either path

@@ -65,7 +65,7 @@ def test_a_name_is_matched_exactly_and_a_near_one_is_refused_with_the_name_to_se
         (["small"], Reason.INVALID_OPTIONS, "must be a JSON object"),
         ({"profile": "small", "gpu": 0}, Reason.INVALID_OPTIONS, "unknown option(s) 'gpu'"),
         ({"profile": "small", "x" * 500: 1}, Reason.INVALID_OPTIONS,
-         "the only option is 'profile'"),
+         "the options are 'profile'"),
         ({}, Reason.INVALID_OPTIONS, "choose a GPU slice"),
         ({"profile": ["small", "medium"]}, Reason.INVALID_OPTIONS, "must be one name"),
         ({"profile": 3}, Reason.INVALID_OPTIONS, "not int"),

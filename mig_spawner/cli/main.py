@@ -50,8 +50,31 @@ def _read_inventory(args: argparse.Namespace):
 
 def cmd_status(args: argparse.Namespace) -> int:
     inv = _read_inventory(args)
-    print(status.render_json(inv) if args.json else status.render_text(inv))
+    holders, note = _holders(args, inv)
+    print(status.render_json(inv, holders) if args.json
+          else status.render_text(inv, holders, note))
     return 0
+
+
+def _holders(args: argparse.Namespace, inv):
+    """The slice map of ``inv`` joined with the ledger's held leases (who holds each
+    slice, for which server and purpose, since when), and a note when the ledger
+    cannot be read: ``(None, why)``; status then shows the GPUs alone."""
+    from datetime import UTC, datetime
+
+    from ..ledger import Ledger, LedgerError, LedgerMissing
+    from ..observe.slice_state import slice_map
+    from .report import ledger_url
+
+    try:
+        with Ledger.open_existing(ledger_url(args)) as ledger:
+            held = ledger.active()
+    except LedgerMissing:
+        return None, ("holders not shown: no ledger found (give --config-dir or "
+                      "--ledger-url of the hub's ledger)")
+    except LedgerError as e:
+        return None, f"holders not shown: the ledger cannot be read ({e})"
+    return slice_map(inv, held, datetime.now(UTC)), ""
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -143,9 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    _read_only_command(sub, "status", cmd_status,
-                       "show each GPU's MIG layout and its MIG devices",
-                       "print the inventory as JSON")
+    p = _read_only_command(sub, "status", cmd_status,
+                           "show each GPU's MIG layout and its MIG devices, with who holds "
+                           "each (user, server, purpose, age) from the ledger",
+                           "print the inventory (and the holders) as JSON")
+    p.add_argument("--ledger-url", metavar="URL",
+                   help="SQLAlchemy URL of the lease ledger, for the holders (default: "
+                        "c.MIGSettings.ledger_url of --config-dir, else "
+                        "mig_spawner_ledger.sqlite beside the hub's database)")
     p = _read_only_command(
         sub, "doctor", cmd_doctor,
         "check that this host is ready for mig-spawner (read-only; exits 1 on failure)",

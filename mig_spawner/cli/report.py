@@ -17,6 +17,7 @@ from ..core.durations import DurationError, parse_duration
 from .settings import hub_config
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
+    from ..core.rightsize import RightsizeRule
     from ..gpu.errors import GpuError
     from ..ledger import Lease
     from ..report.advise import Advice
@@ -38,7 +39,9 @@ is no ledger it says so and exits 1). It reads the host's current MIG layout for
 --advise replays the history on the layout that would have refused fewest and prints
 it as an NVIDIA mig-parted config (--write-config FILE saves it). Below
 --min-requests requests the advice proposes nothing; --config-dir names the groups
-that would lose a profile the proposal drops.
+that would lose a profile the proposal drops. Where users gave a purpose, usage by
+purpose follows the table; --rightsize lists the users and groups whose slices are
+over- or under-sized by their measured peaks (the thresholds are printed with it).
 """
 
 
@@ -95,6 +98,13 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     p.add_argument("--min-requests", type=int, default=DEFAULT_MIN_REQUESTS, metavar="N",
                    help="with --advise: propose nothing from fewer requests than this "
                         f"(default: {DEFAULT_MIN_REQUESTS})")
+    p.add_argument("--rightsize", action="store_true",
+                   help="list users and groups whose slices are over- or under-sized, from "
+                        "the measured peaks of their sessions (thresholds: "
+                        "c.RightsizeConfig of --config-dir, printed with the list)")
+    p.add_argument("--min-sessions", type=int, metavar="N",
+                   help="with --rightsize: measured sessions needed per size (default: "
+                        "c.RightsizeConfig.min_sessions, 3)")
     p.set_defaults(func=cmd_report)
 
 
@@ -157,13 +167,16 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             raise ValueError("--write-config needs --advise")
         if args.min_requests < 1:
             raise ValueError("--min-requests must be at least 1")
+        rule = _rightsize_rule(args) if args.rightsize else None
         allowed_by = _allowed_by(args.config_dir) if args.advise else {}
         with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals(since, until)
             waits = wait_rows(ledger.waits(since, until))
             held = ledger.active() if args.advise else []
+            measured = ledger.usage(x.id for x in leases) if rule is not None else {}
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
+        extra = _purpose_and_rightsize(args, leases, measured, rule, since, until)
     except LedgerMissing as e:
         print(f"error: {e}", file=sys.stderr)
         print("hint: point --ledger-url at the ledger the hub uses (by default "
@@ -191,7 +204,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             return 1
         advice = advise(fleet, requests_of(leases, refusals, until),
                         min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
-    _print(args, rows, advice, since, until, waits)
+    _print(args, rows, advice, since, until, waits, extra)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 
@@ -213,20 +226,64 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
     return 0
 
 
+def _rightsize_rule(args: argparse.Namespace) -> RightsizeRule:
+    """The right-sizing thresholds: ``c.RightsizeConfig`` of ``--config-dir``, with
+    ``--min-sessions`` over it."""
+    from traitlets import TraitError
+
+    from ..config import RightsizeConfig
+
+    settings = RightsizeConfig(config=hub_config(args))
+    if args.min_sessions is not None:
+        if args.min_sessions < 1:
+            raise ValueError("--min-sessions must be at least 1")
+        settings.min_sessions = args.min_sessions
+        settings.recent = max(settings.recent, args.min_sessions)
+    try:
+        return settings.rule()
+    except TraitError as e:
+        raise ValueError(str(e)) from None
+
+
+def _purpose_and_rightsize(args: argparse.Namespace, leases: Sequence[Lease],
+                           measured: dict, rule: RightsizeRule | None, since: datetime,
+                           until: datetime) -> dict[str, tuple[str, list]]:
+    """Section name -> (its text, its JSON rows): usage by purpose where any lease has
+    one, and ``--rightsize``'s verdicts."""
+    from ..report.rightsize import purpose_rows, purpose_text, rightsize_rows, rightsize_text
+
+    sections: dict[str, tuple[str, list]] = {}
+    if any(x.purpose for x in leases):
+        purposes = purpose_rows(leases, since, until)
+        sections["purposes"] = ("Usage by purpose\n\n" + purpose_text(purposes),
+                                [asdict(r) for r in purposes])
+    if rule is not None:
+        verdicts = rightsize_rows(leases, measured, rule)
+        sections["rightsize"] = (rightsize_text(verdicts, rule), [
+            {**asdict(r), "text": r.text} for r in verdicts])
+    return sections
+
+
 def _print(args: argparse.Namespace, rows: list[UsageRow], advice: Advice | None,
-           since: datetime, until: datetime, waits: Sequence[WaitRow] = ()) -> None:
+           since: datetime, until: datetime, waits: Sequence[WaitRow] = (),
+           extra: dict[str, tuple[str, list]] | None = None) -> None:
     from ..report import render
     from ..report.waits import waits_text
 
+    extra = extra or {}
     if args.json:
         data = render.to_json(rows, advice, since, until)
         data["waits"] = [asdict(w) for w in waits]
+        data.update({name: found for name, (_, found) in extra.items()})
         print(json.dumps(data, indent=2))
         return
     print(render.usage_text(rows, since, until))
     if waits:
         print()
         print(waits_text(waits))
+    for text, _ in extra.values():
+        print()
+        print(text)
     if advice is not None:
         print()
         print(render.advice_text(advice))

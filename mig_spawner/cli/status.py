@@ -1,13 +1,19 @@
-"""``mig-spawner status``: each GPU's memory slices with the instances laid on them."""
+"""``mig-spawner status``: each GPU's memory slices with the instances laid on them, and,
+where the ledger can be read, who holds each slice, for which server and purpose, since
+when."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import find_model_for_product, format_gib
+from ..core.durations import format_duration
 from ..core.inventory import Gpu, GpuInstance, Inventory, MigDevice
+
+if TYPE_CHECKING:  # the slice map pulls in the ledger (SQLAlchemy): only for its type
+    from ..observe.slice_state import SliceMap, SliceRow
 
 CELL = 10  # characters per memory slice in the picture
 
@@ -59,8 +65,11 @@ def _busy_mark(dev: MigDevice | None) -> str:
     return "?" if dev.processes_unknown else "*" if dev.busy else ""
 
 
-def render_text(inv: Inventory) -> str:
-    """The human picture: one block per GPU, then a table of MIG devices."""
+def render_text(inv: Inventory, holders: SliceMap | None = None,
+                ledger_note: str = "") -> str:
+    """The human picture: one block per GPU, then a table of MIG devices; with
+    ``holders`` (the slice map joined from the ledger), who holds each one, for which
+    server and purpose, and for how long. ``ledger_note``: why there are no holders."""
     lines = [f"host {inv.host}  driver {inv.driver_version}  NVML {inv.nvml_version}", ""]
     for gpu in inv.gpus:
         model = find_model_for_product(gpu.product)
@@ -74,39 +83,78 @@ def render_text(inv: Inventory) -> str:
         lines.append("")
     devices = inv.mig_devices
     if devices:
-        lines.append(_device_table(devices))
+        lines.append(_device_table(devices, _rows_by_uuid(holders)))
     else:
         lines.append("no MIG devices")
+    if holders is not None and holders.lost:
+        lines += ["", "Held leases on GPUs this host does not show:"]
+        lines += [f"  {row.server} ({row.profile}): {row.note}" for row in holders.lost]
     lines.append("")
     lines.append("* = processes running on the instance; ? = its processes cannot be read")
+    if ledger_note:
+        lines.append(ledger_note)
     return "\n".join(lines)
 
 
-def _device_table(devices: tuple[MigDevice, ...]) -> str:
-    rows = [("GPU", "GI", "CI", "PROFILE", "PLACEMENT", "MEMORY USED", "PIDS", "UUID")]
+def _rows_by_uuid(holders: SliceMap | None) -> dict[str, SliceRow] | None:
+    if holders is None:
+        return None
+    return {row.mig_uuid: row for row in holders.slices if row.mig_uuid}
+
+
+def _age(seconds: float | None) -> str:
+    """``"2h 5m"``: whole minutes from a minute on, whole seconds below."""
+    if seconds is None:
+        return "-"
+    return format_duration(round(seconds) if seconds < 60 else round(seconds / 60) * 60)
+
+
+def holder_cells(row: SliceRow | None) -> tuple[str, str, str, str]:
+    """HOLDER, SERVER, PURPOSE, AGE of one slice (``-`` where free)."""
+    if row is None or row.user is None:
+        return ("-", "-", "-", "-")
+    return (row.user, row.server_name or "(default)", row.purpose or "-",
+            _age(row.age_seconds))
+
+
+def _device_table(devices: tuple[MigDevice, ...],
+                  holders: dict[str, SliceRow] | None = None) -> str:
+    head: tuple[str, ...] = ("GPU", "GI", "CI", "PROFILE", "PLACEMENT", "MEMORY USED", "PIDS")
+    if holders is not None:
+        head += ("HOLDER", "SERVER", "PURPOSE", "AGE")
+    rows = [(*head, "UUID")]
     for d in devices:
-        rows.append(
-            (
-                str(d.gpu_index),
-                str(d.gi_id),
-                str(d.ci_id),
-                d.profile,
-                f"{d.start}:{d.size}",
-                f"{format_gib(d.memory_used_mib)} / {format_gib(d.memory_total_mib)}",
-                "unknown" if d.processes_unknown else ",".join(map(str, d.pids)) or "-",
-                d.uuid,
-            )
+        cells: tuple[str, ...] = (
+            str(d.gpu_index),
+            str(d.gi_id),
+            str(d.ci_id),
+            d.profile,
+            f"{d.start}:{d.size}",
+            f"{format_gib(d.memory_used_mib)} / {format_gib(d.memory_total_mib)}",
+            "unknown" if d.processes_unknown else ",".join(map(str, d.pids)) or "-",
         )
+        if holders is not None:
+            cells += holder_cells(holders.get(d.uuid))
+        rows.append((*cells, d.uuid))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
 
 
-def to_json(inv: Inventory) -> dict[str, Any]:
-    """The inventory as JSON-ready data (the ``--json`` output)."""
-    return asdict(inv)
+def to_json(inv: Inventory, holders: SliceMap | None = None) -> dict[str, Any]:
+    """The inventory as JSON-ready data (the ``--json`` output); with ``holders``, a
+    ``holders`` list: each held slice's MIG UUID, user, server, purpose, age in seconds."""
+    data = asdict(inv)
+    if holders is not None:
+        data["holders"] = [
+            {"mig_uuid": row.mig_uuid, "gpu_index": row.gpu_index, "profile": row.profile,
+             "user": row.user, "server_name": row.server_name, "group": row.group,
+             "purpose": row.purpose, "age_seconds": row.age_seconds, "state": row.state}
+            for row in holders.slices if row.user is not None
+        ]
+    return data
 
 
-def render_json(inv: Inventory) -> str:
-    return json.dumps(to_json(inv), indent=2)
+def render_json(inv: Inventory, holders: SliceMap | None = None) -> str:
+    return json.dumps(to_json(inv, holders), indent=2)

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -120,6 +121,7 @@ leases = Table(
            comment="why it ended: stopped|server_exited|start_failed|stale|cancelled|orphan|"
                    "drain|budget"),
     Column("held_by", String(255), comment="while releasing: what still holds its slice"),
+    Column("purpose", String(255), comment="what the server is for, as its user said"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),
@@ -204,4 +206,20 @@ waits = Table(
     Column("lease_id", String(32), ForeignKey("leases.id"), comment="set when granted"),
     Column("reason", String(255), comment="why it ended, when not granted"),
     Index("ix_waits_state", "state"),
+)
+
+#: The slice's measured GPU use over a lease's life (docs/ledger.md, "Usage samples"):
+#: one row per lease at most every ``usage_sample_interval`` of the slice service, for
+#: peak, p95 and time active (``mig_spawner.core.rightsize``).
+lease_samples = Table(
+    "lease_samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("lease_id", String(32), ForeignKey("leases.id"), nullable=False),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("memory_used_mib", Integer, nullable=False, comment="GPU memory the slice held"),
+    Column("memory_total_mib", Integer, nullable=False, comment="the slice's memory"),
+    Column("sm_active", Float, comment="share of SMs busy (None: not measurable)"),
+    Column("processes", Integer, nullable=False),
+    Index("ix_lease_samples_lease", "lease_id", "at"),
 )

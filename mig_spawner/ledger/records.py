@@ -166,6 +166,8 @@ class Lease(GrantedSlice):
     #: Kubernetes: the UID of the pod named in ``pod`` (a pod recreated under that name
     #: has another UID and is not this lease's holder).
     holder_pod_uid: str | None = None
+    #: What the server is for, as its user said at spawn (sanitised, at most 80 characters).
+    purpose: str | None = None
 
     @property
     def held(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields, replace
 from datetime import datetime, timedelta
@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 from mig_spawner.core.lifecycle import lease_move_allowed
+from mig_spawner.core.rightsize import Usage, UsageSample, summarize
 
 from . import migrate
 from .changes import (
@@ -57,7 +58,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .models import lease_events, lease_servers, lease_slots, leases, waits
+from .models import lease_events, lease_samples, lease_servers, lease_slots, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
@@ -530,6 +531,59 @@ class Ledger(WaitList):
             if peak_memory_mib is not None and peak_memory_mib > (lease.peak_memory_mib or 0):
                 changes["peak_memory_mib"] = peak_memory_mib
             return self._update(connection, lease, **changes) if changes else lease
+
+    def record_purpose(self, lease_id: str, purpose: str | None) -> Lease | None:
+        """Record what the server is for (already checked and cleaned by
+        :func:`mig_spawner.core.purpose.clean_purpose`). ``None`` if released or unknown."""
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            return self._update(connection, lease, purpose=purpose)
+
+    # -- measured use, for right-sizing (docs/ledger.md, "Usage samples") --------------
+
+    def record_samples(self, samples: Mapping[str, UsageSample]) -> int:
+        """Store one sample per lease id in one transaction; those of leases released or
+        unknown meanwhile are dropped. Returns how many were stored."""
+        if not samples:
+            return 0
+        with self._write() as connection:
+            held = set(connection.execute(
+                select(leases.c.id).where(leases.c.id.in_(list(samples)),
+                                          leases.c.state.in_(HELD_STATES))).scalars())
+            rows = [{"lease_id": lease_id, "at": sample.at,
+                     "memory_used_mib": sample.memory_used_mib,
+                     "memory_total_mib": sample.memory_total_mib,
+                     "sm_active": sample.sm_active, "processes": sample.processes}
+                    for lease_id, sample in samples.items() if lease_id in held]
+            if rows:
+                connection.execute(insert(lease_samples), rows)
+        return len(rows)
+
+    def samples(self, lease_ids: Iterable[str]) -> dict[str, list[UsageSample]]:
+        """The samples of each of ``lease_ids`` (oldest first; a lease without any is
+        left out)."""
+        wanted = list(dict.fromkeys(lease_ids))
+        found: dict[str, list[UsageSample]] = {}
+        with self._read() as connection:
+            for start in range(0, len(wanted), 500):  # bound the IN list
+                rows = connection.execute(
+                    select(lease_samples).where(
+                        lease_samples.c.lease_id.in_(wanted[start:start + 500]))
+                    .order_by(lease_samples.c.lease_id, lease_samples.c.at))
+                for row in rows:
+                    found.setdefault(row.lease_id, []).append(UsageSample(
+                        at=row.at, memory_used_mib=row.memory_used_mib,
+                        memory_total_mib=row.memory_total_mib, sm_active=row.sm_active,
+                        processes=row.processes))
+        return found
+
+    def usage(self, lease_ids: Iterable[str]) -> dict[str, Usage]:
+        """Each lease's measured :class:`~mig_spawner.core.rightsize.Usage` (peak, p95,
+        time active), for the leases that have samples."""
+        return {lease_id: usage for lease_id, found in self.samples(lease_ids).items()
+                if (usage := summarize(found)) is not None}
 
     # -- warnings before a stop, and "Keep my server" ----------------------------------
 

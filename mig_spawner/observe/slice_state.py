@@ -24,6 +24,7 @@ A slice is in one of four states:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +33,7 @@ from typing import Any, Literal
 from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet
+from mig_spawner.core.waitlist import group_shares, order, positions
 from mig_spawner.ledger import Lease, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
@@ -91,6 +93,8 @@ class SliceRow:
     gpu_idle_seconds: float | None = None
     #: Most GPU memory the lease's slice held (MiB), as the slice service sampled it.
     peak_memory_mib: int | None = None
+    #: What the server is for, as its user said (never a metrics label).
+    purpose: str | None = None
     note: str = ""
 
     @property
@@ -158,6 +162,13 @@ class WaiterRow:
     group: str
     since: datetime
     waited_seconds: float
+    #: Place in the line for its offer, by the grant loop's order rule (1: next served).
+    place: int = 0
+
+    @property
+    def next(self) -> bool:
+        """Whether the next slice of its offer that frees goes to this waiter."""
+        return self.place == 1
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,7 @@ class SliceMap:
     groups: tuple[GroupRow, ...]
     #: Held leases on a GPU this host no longer shows (fallen off the bus, removed): orphans.
     lost: tuple[SliceRow, ...] = ()
-    #: The wait list, in join order.
+    #: The wait list, in the order the grant loop serves it (:func:`served_order`).
     waiting: tuple[WaiterRow, ...] = ()
 
     @property
@@ -244,6 +255,7 @@ def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict
         "idle_limit_seconds": group.server_idle_timeout if group else None,
         "gpu_idle_seconds": _seconds(now, lease.gpu_active_at),
         "peak_memory_mib": lease.peak_memory_mib,
+        "purpose": lease.purpose,
         "session_left_seconds": (
             None if lease.expires_at is None
             else max(0.0, (lease.expires_at - now).total_seconds())
@@ -392,11 +404,29 @@ def slice_map(
         gpus=tuple(gpus),
         groups=_groups(all_leases, policy),
         lost=tuple(lost),
-        waiting=tuple(
-            WaiterRow(w.user, w.server_name, w.offer, w.group, w.joined_at,
-                      _seconds(now, w.joined_at) or 0.0)
-            for w in waits
-        ),
+        waiting=served_order(waits, all_leases, policy, now,
+                             capacity=sum(len(gpu.slices) for gpu in gpus) + len(lost)),
+    )
+
+
+def served_order(
+    waits: Iterable[WaitEntry], leases: Iterable[Lease], policy: PolicySet | None,
+    now: datetime, capacity: int,
+) -> tuple[WaiterRow, ...]:
+    """The waiting entries in the order the grant loop serves them: the same pure rule
+    (:func:`mig_spawner.core.waitlist.order`: priority, the group's share of what it
+    may hold, first come) on the held ``leases``, the groups' ``quota_slices`` and
+    ``capacity`` (the slices here, the share of a group without a quota), each with
+    its place in its offer's line (1: next)."""
+    waiting = [w for w in waits if w.waiting]
+    quotas = {} if policy is None else {n: g.quota_slices for n, g in policy.groups.items()}
+    held = Counter(lease.group for lease in leases if lease.held)
+    shares = group_shares(held, quotas, capacity)
+    places = positions(waiting, shares)
+    return tuple(
+        WaiterRow(w.user, w.server_name, w.offer, w.group, w.joined_at,
+                  _seconds(now, w.joined_at) or 0.0, place=places[w.id])
+        for w in order(waiting, shares)
     )
 
 

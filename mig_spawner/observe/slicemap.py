@@ -61,7 +61,8 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
         ],
         "groups": [asdict(group) for group in view.groups],
         "lost": [_row_json(row) for row in view.lost],
-        "waiting": [{**asdict(w), "since": w.since.isoformat()} for w in view.waiting],
+        "waiting": [{**asdict(w), "since": w.since.isoformat(), "next": w.next}
+                    for w in view.waiting],
     }
 
 

@@ -136,6 +136,13 @@ class SliceServiceApp(Application):
     page_size = Int(
         0, help="Users per page of ``GET /hub/api/users``; 0 uses the hub's default."
     ).tag(config=True)
+    usage_sample_interval = Float(
+        60.0,
+        help="""Seconds between two usage samples of one leased slice (memory held, SM
+        activity) in the ledger's ``lease_samples``, from which right-sizing reads each
+        session's peak, p95 and time active. Sampled at the sweeps, so never finer than
+        ``cull_every``; one row per held slice per interval.""",
+    ).tag(config=True)
     dry_run = Bool(
         False,
         help="Log and count what would be culled and released, but do nothing.",
@@ -366,6 +373,7 @@ class SliceServiceApp(Application):
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
             holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube,
             activity_resolution=activity_resolution(self.slice_idle_after),
+            usage_interval=self.usage_sample_interval,
             log=self.log,
         )
 

@@ -129,6 +129,8 @@ class SliceActivity:
     sm_active: float | None = None
     #: The driver would not list the processes: the slice may be in use.
     processes_unknown: bool = False
+    #: The slice's memory (0: unknown).
+    memory_total_mib: int = 0
 
     @property
     def working(self) -> bool:

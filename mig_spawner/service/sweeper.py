@@ -30,11 +30,12 @@ from mig_spawner import holder
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
+from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
-from mig_spawner.ledger import Lease, Ledger, ReleaseCode
+from mig_spawner.ledger import Lease, Ledger, LedgerError, ReleaseCode
 from mig_spawner.release import (
     GiveBack,
     HolderProbes,
@@ -121,6 +122,7 @@ class Sweeper:
         holder_grace: float = holder.STOP_GRACE,
         connect_kube: Callable[[], Awaitable[Any]] | None = None,
         activity_resolution: float = 60.0,
+        usage_interval: float = 60.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -147,6 +149,10 @@ class Sweeper:
             log=log or logging.getLogger(__name__),
         )
         self.activity_resolution = activity_resolution
+        # Right-sizing samples (docs/ledger.md, "Usage samples"): one per lease at most
+        # every usage_interval seconds, whatever the sweep's pace.
+        self.usage_interval = usage_interval
+        self._sampled_at: dict[str, datetime] = {}
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
@@ -281,6 +287,7 @@ class Sweeper:
             return leases
         finally:
             self.metrics.gpu_sample_duration.observe(time.monotonic() - started)
+        await self._record_usage(now, leases, sampled)
         updated = []
         for lease in leases:
             activity = sampled.get(lease.mig_uuid or "")
@@ -293,6 +300,33 @@ class Sweeper:
                 self.metrics.gpu_working.labels(lease.group).inc()
             updated.append(lease)
         return updated
+
+    async def _record_usage(self, now: datetime, leases: list[Lease],
+                            sampled: dict[str, SliceActivity]) -> None:
+        """Store a usage sample of each leased slice whose last one is ``usage_interval``
+        old, all in one ledger transaction (for right-sizing: peak, p95, time active)."""
+        held = {lease.id for lease in leases}
+        self._sampled_at = {k: v for k, v in self._sampled_at.items() if k in held}
+        due = {}
+        for lease in leases:
+            activity = sampled.get(lease.mig_uuid or "")
+            last = self._sampled_at.get(lease.id)
+            if activity is None or activity.processes_unknown or (
+                    last is not None and (now - last).total_seconds() < self.usage_interval):
+                continue
+            due[lease.id] = UsageSample(
+                at=now, memory_used_mib=activity.memory_used_mib,
+                memory_total_mib=activity.memory_total_mib, sm_active=activity.sm_active,
+                processes=activity.processes)
+        if not due or self.dry_run:
+            return
+        try:
+            await asyncio.to_thread(self.ledger.record_samples, due)
+        except LedgerError as e:
+            self.metrics.errors.labels(kind="ledger").inc()
+            self.log.error("cannot record usage samples: %s", e)
+            return
+        self._sampled_at.update(dict.fromkeys(due, now))
 
     def _worth_writing(self, lease: Lease, facts: dict[str, object]) -> bool:
         """A new peak, or GPU work ``activity_resolution`` past the recorded time: one
@@ -318,7 +352,7 @@ class Sweeper:
             d.uuid: SliceActivity(
                 processes=len(d.processes), memory_used_mib=d.memory_used_mib,
                 sm_active=sm.get((d.gpu_index, d.gi_id)),
-                processes_unknown=d.processes_unknown,
+                processes_unknown=d.processes_unknown, memory_total_mib=d.memory_total_mib,
             )
             for d in inventory.mig_devices
         }

@@ -15,6 +15,7 @@ import jinja2
 
 from mig_spawner.core.catalog import GpuModel, Profile
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.purpose import MAX_PURPOSE_LENGTH, PurposeRule
 
 NO_ACCESS_MESSAGE = (
     "Your groups are not allowed any GPU slice on this hub. "
@@ -201,17 +202,34 @@ def _template() -> jinja2.Template:
     return env.get_template("spawn_form.html")
 
 
+#: Shown when no choice can be picked: the Start button is off, and this says why.
+NOTHING_TO_START = (
+    "No GPU slice can be chosen right now, so Start is off; each size below says why."
+)
+
+
 def render_form(
     choices: list[Choice], last: str | None = None, problem: str | None = None,
-    notice: str | None = None,
+    notice: str | None = None, purpose: PurposeRule | None = None,
+    last_purpose: str | None = None, hint: str | None = None,
 ) -> str:
     """The HTML fragment JupyterHub puts inside its spawn ``<form>``; ``problem``: why
     nothing can be picked now, shown above the choices; ``notice``: news for the user
-    (a wait that ended while they were away)."""
+    (a wait that ended while they were away). ``purpose``: what to ask about the
+    server's purpose (None: nothing), prefilled with ``last_purpose``; ``hint``: advice
+    on the size from the user's measured sessions. With no choice that can be picked,
+    the page's Start button is turned off (the server refuses such a post anyway)."""
+    selected = preselect(choices, last)
     return _template().render(
         notice=notice,
         choices=choices,
-        selected=preselect(choices, last),
+        selected=selected,
         no_access_message=NO_ACCESS_MESSAGE,
+        nothing_to_start=NOTHING_TO_START if choices and selected is None and not problem
+        else None,
         problem=problem,
+        purpose=purpose if purpose is not None and purpose.asked else None,
+        last_purpose=last_purpose or "",
+        max_purpose=MAX_PURPOSE_LENGTH,
+        hint=hint,
     )

@@ -41,7 +41,9 @@ from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
+from mig_spawner.config import RightsizeConfig
 from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.purpose import PURPOSE, clean_purpose
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
@@ -63,7 +65,7 @@ from mig_spawner.release import (
     still_holding,
 )
 
-from . import form, options, progress, waiting
+from . import form, options, progress, rightsize, waiting
 from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
 from .environment import slice_environment
@@ -164,14 +166,32 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     def _default_apply_user_options(self) -> Any:
         # JupyterHub calls it before start(): the options are handled (no "unhandled
         # user_options" warning) and a REST body without any is refused, not replaced.
-        return lambda spawner, sent: spawner._validate(options.as_requested(spawner.handler, sent))
+        return lambda spawner, sent: spawner._apply_options(
+            options.as_requested(spawner.handler, sent))
 
     def _options_from_form(self, form_data: dict) -> dict:
         """Form post or ``?opt-`` query -> ``user_options``, refused here already when
-        invalid so that the form comes back with the reason (start() checks again)."""
+        invalid so that the form comes back with the reason, in a sentence (start()
+        checks again)."""
         user_options = options.options_from_form(form_data)
-        self._validate(user_options)
+        self._validate(user_options, for_form=True)
         return user_options
+
+    def _apply_options(self, sent: Any) -> None:
+        """JupyterHub's ``apply_user_options``: a start that names no slice (an admin's
+        "Start Server" or "Start All", a REST spawn without options) gets the user's
+        default offer, or is refused naming the missing choice; then validate."""
+        mine = self.user_policy(self.policies())
+        chosen = options.with_default(sent, mine)
+        if chosen is not sent:
+            self.log.info("Start of %s names no slice: it gets its group's default_offer %r",
+                          self._log_name, chosen[options.PROFILE])
+        elif (isinstance(sent, dict) and not sent.get(options.PROFILE)
+              and mine.has_gpu_access):
+            refused = options.no_default_refusal(mine)
+            raise self._refuse(refused.reason, refused.message, mine)
+        self.user_options = chosen
+        self._validate(chosen)
 
     async def held_leases(self) -> list[Lease]:
         """The ledger's held leases, read on a worker thread."""
@@ -275,10 +295,11 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     # --- the form -------------------------------------------------------------------
 
-    def last_choice(self) -> str | None:
-        """The offer this server was last started with (JupyterHub keeps user_options)."""
+    def last_choice(self, key: str = options.PROFILE) -> str | None:
+        """The option ``key`` this server was last started with (JupyterHub keeps
+        user_options): by default the offer, or its purpose (``PURPOSE``)."""
         saved = self.user_options or (self.orm_spawner.user_options if self.orm_spawner else None)
-        value = (saved or {}).get(options.PROFILE)
+        value = (saved or {}).get(key)
         return value if isinstance(value, str) else None
 
     async def render_options_form(self) -> str:
@@ -293,8 +314,26 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                            _log_detail(e))
             return form.render_form(form.blocked_choices(mine), problem=self.backend_problem(e))
 
-        return form.render_form(await self.current_choices(mine, supply), self.last_choice(),
-                                notice=await waiting.ended_notice(self))
+        choices = await self.current_choices(mine, supply)
+        return form.render_form(choices, self.last_choice(),
+                                notice=await waiting.ended_notice(self),
+                                purpose=mine.purpose, last_purpose=self.last_choice(PURPOSE),
+                                hint=await self._rightsize_hint(mine, supply, choices))
+
+    async def _rightsize_hint(self, mine: UserPolicy, supply: SliceSupply,
+                              choices: list[form.Choice]) -> str | None:
+        """What the user's measured past sessions say about the size the form
+        preselects (docs/analyst-guide.md, "Right-sizing"); none when the ledger
+        cannot be read (logged: the form is more important than the hint)."""
+        try:
+            return await rightsize.form_hint(
+                self.runtime.run, self.runtime.ledger, self.user.name, mine, supply.models,
+                form.preselect(choices, self.last_choice()),
+                RightsizeConfig(config=self.config).rule())
+        except tuple(self.backend_errors) as e:
+            self.log.warning("No right-sizing hint for %s: %s", self._log_name,
+                             _log_detail(e))
+            return None
 
     async def current_choices(
         self, mine: UserPolicy, supply: SliceSupply | None = None
@@ -357,12 +396,16 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         if (e := done.exception()) is not None:
             self.log.warning("Could not record the refused spawn of %s: %s", self._log_name, e)
 
-    def _validate(self, user_options: Any) -> tuple[Offer, UserPolicy]:
-        """The offer ``user_options`` asks for and the user's policy, or SpawnException."""
+    def _validate(self, user_options: Any, for_form: bool = False) -> tuple[Offer, UserPolicy]:
+        """The offer ``user_options`` asks for and the user's policy, or SpawnException
+        (its purpose is checked too). ``for_form``: they came from the spawn page, so a
+        refusal is a sentence for the person there."""
         policies = self.policies()
         mine = self.user_policy(policies)
         try:
-            return options.requested_offer(user_options, mine, policies), mine
+            offer = options.requested_offer(user_options, mine, policies, for_form=for_form)
+            clean_purpose(user_options.get(PURPOSE), mine.purpose, for_form=for_form)
+            return offer, mine
         except Refused as e:
             offer = options.named_offer(user_options, policies)
             raise self._refuse(e.reason, e.message, mine, offer) from None
@@ -388,6 +431,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             await self._drop_stale_lease()
             lease = await self._claim(offer, mine)
             try:
+                await self._record_purpose(lease, mine)
                 lease = await self.after_claim(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
@@ -437,6 +481,18 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 "start it again.",
                 reason=Reason.LEASE_ENDED, log_message=str(e),
             ) from None
+        except tuple(self.backend_errors) as e:
+            raise self._backend_error(e) from None
+
+    async def _record_purpose(self, lease: Lease, mine: UserPolicy) -> None:
+        """Write what the server is for on its lease (checked in ``_validate``), for the
+        slice map, ``mig-spawner status`` and the report; never a metrics label."""
+        purpose = clean_purpose((self.user_options or {}).get(PURPOSE), mine.purpose)
+        if purpose is None:
+            return
+        try:
+            await self.runtime.run(
+                lambda: self.runtime.ledger().record_purpose(lease.id, purpose))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
 

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 from mig_spawner.core.catalog import MODELS, CatalogError, GpuModel, model, parse_profile_name
 from mig_spawner.core.durations import DurationError, format_duration, parse_duration
+from mig_spawner.core.purpose import MAX_PURPOSE_LENGTH, sanitise
 
 from .model import (
     DEFAULT_GROUP,
@@ -46,6 +47,10 @@ GROUP_KEYS = (
     "server_idle_timeout_when_waited",
     "server_idle_timeout_when_unwaited",
     "open_tab_counts",
+    "default_offer",
+    "purpose_choices",
+    "purpose_free_text",
+    "purpose_required",
 )
 DURATION_KEYS = (
     "server_idle_timeout",
@@ -328,6 +333,10 @@ class _Checker:
             queue=self._flag(settings, "queue", where),
             max_waiting_per_user=self._count(settings, "max_waiting_per_user", where, 1, 1),
             open_tab_counts=self._flag(settings, "open_tab_counts", where),
+            default_offer=self._default_offer(settings, where, allowed),
+            purpose_choices=self._purpose_choices(settings, where),
+            purpose_free_text=self._flag(settings, "purpose_free_text", where, True),
+            purpose_required=self._flag(settings, "purpose_required", where),
             **durations,
         )
         if len(self.problems) == found_before:  # each setting is right on its own
@@ -373,6 +382,53 @@ class _Checker:
                 f"must be shorter than server_idle_timeout ({format_duration(idle)}): it is "
                 "the shorter idle limit used while someone waits"
             )
+
+    def _default_offer(self, settings: Mapping, where: str,
+                       allowed: tuple[str, ...]) -> str | None:
+        """The group's ``default_offer``: one of its ``allowed`` offers, or None."""
+        value = settings.get("default_offer")
+        if value is None:
+            return None
+        key = offer_key(value) if isinstance(value, str) else None
+        if key is None or key not in allowed:
+            choices = ", ".join(map(repr, allowed)) or "none: allowed is empty"
+            self.problems.append(
+                f"{where}: default_offer {value!r} is not one of the group's allowed "
+                f"offers{_suggestion(value, allowed)} (allowed: {choices})"
+            )
+            return None
+        return key
+
+    def _purpose_choices(self, settings: Mapping, where: str) -> tuple[str, ...]:
+        """The purposes members pick from: short one-line texts, each once."""
+        raw = settings.get("purpose_choices", ())
+        if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
+            self.problems.append(
+                f"{where}: purpose_choices must be a list of short texts (e.g. ['teaching', "
+                f"'thesis']), got {type(raw).__name__} {raw!r}"
+            )
+            return ()
+        choices: dict[str, None] = {}
+        for entry in raw:
+            if not isinstance(entry, str) or not sanitise(entry) or sanitise(entry) != entry:
+                self.problems.append(
+                    f"{where}: purpose_choices: {entry!r} must be a non-empty one-line text "
+                    "without control characters or surrounding spaces"
+                )
+            elif len(entry) > MAX_PURPOSE_LENGTH:
+                self.problems.append(
+                    f"{where}: purpose_choices: {entry!r} is longer than "
+                    f"{MAX_PURPOSE_LENGTH} characters"
+                )
+            else:
+                choices[entry] = None
+        if settings.get("purpose_required") is True and not choices and \
+                settings.get("purpose_free_text") is False:
+            self.problems.append(
+                f"{where}: purpose_required is True but members can give no purpose "
+                "(no purpose_choices and purpose_free_text False); add choices or allow text"
+            )
+        return tuple(choices)
 
     def _compute_slices(self, key: str, classes: Mapping[str, Offer]) -> int:
         """The fewest compute slices that offer ``key`` takes on a GPU of the fleet (on

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mig_spawner.core.catalog import CatalogError, model, normalize_profile_name, parse_profile_name
+from mig_spawner.core.purpose import PurposeRule
 
 # Name under which leases of users in no configured group are charged. A JupyterHub
 # group of that name cannot also get a policy (build_policy says so).
@@ -137,6 +138,15 @@ class GroupPolicy:
     server_idle_timeout_when_waited: float | None = None
     server_idle_timeout_when_unwaited: float | None = None
     open_tab_counts: bool = False
+    #: The offer an admin's "Start Server" or an API start without options gets
+    #: (docs/admin-install.md); ``None``: such a start is refused, naming the choice.
+    default_offer: str | None = None
+    #: Purposes members pick from on the form (docs/policies.md, "Purpose").
+    purpose_choices: tuple[str, ...] = ()
+    #: Whether members may describe the purpose in their own short words.
+    purpose_free_text: bool = True
+    #: Whether a spawn must say what the server is for.
+    purpose_required: bool = False
 
     @property
     def grants_gpu(self) -> bool:
@@ -169,6 +179,27 @@ class UserPolicy:
 
     def allows(self, key: str) -> bool:
         return offer_key(key) in self.offer_keys
+
+    @property
+    def default_offer(self) -> str | None:
+        """The offer a start without options gets: that of the user's group with the
+        highest ``priority`` (ties: by name) that names one; ``None`` when none does."""
+        naming = [g for g in self.groups if g.default_offer and g.default_offer in self.offer_keys]
+        naming.sort(key=lambda g: (-g.priority, g.name))
+        return naming[0].default_offer if naming else None
+
+    @property
+    def purpose(self) -> PurposeRule:
+        """What the form asks about the server's purpose, over the user's groups that
+        allow a GPU: their choices (in group order, without repeats), free text when
+        any of them allows it, required when any of them requires it."""
+        granting = [g for g in self.groups if g.grants_gpu] or list(self.groups)
+        choices = dict.fromkeys(c for g in granting for c in g.purpose_choices)
+        return PurposeRule(
+            choices=tuple(choices),
+            free_text=any(g.purpose_free_text for g in granting),
+            required=any(g.purpose_required for g in granting),
+        )
 
     def offer(self, key: str) -> Offer:
         """The allowed offer with this key; ``KeyError`` when it is not allowed."""
