@@ -27,6 +27,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -204,4 +205,22 @@ waits = Table(
     Column("lease_id", String(32), ForeignKey("leases.id"), comment="set when granted"),
     Column("reason", String(255), comment="why it ended, when not granted"),
     Index("ix_waits_state", "state"),
+)
+
+#: Extra hours an admin granted to a budget (docs/policies.md, "Budgets"): each adds
+#: to the group's budget (``user_name`` NULL) or a member's own for one budget window
+#: from ``granted_at``. Read by claims, grants and the slice service; never changed.
+budget_grants = Table(
+    "budget_grants",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_name", String(255), nullable=False),
+    Column("user_name", String(255),
+           comment="the member whose own budget it raises; none: the group's"),
+    Column("slice_seconds", Float, nullable=False,
+           comment="extra compute-slice-seconds, valid for one budget window"),
+    Column("granted_at", UtcDateTime(), nullable=False),
+    Column("granted_by", String(255), nullable=False),
+    Column("note", String(255), nullable=False),
+    Index("ix_budget_grants_granted_at", "granted_at"),
 )
