@@ -87,6 +87,30 @@ class BudgetPolicy(Protocol):
     budget_min_hold: float
 
 
+class HeldTime(Protocol):
+    """What budgets read of a lease (a ledger ``Lease``)."""
+
+    id: str
+    group: str
+    user: str
+    compute_slices: int
+    claimed_at: datetime
+    released_at: datetime | None
+
+
+def spans_of(held: Iterable[HeldTime], past: Iterable[HeldTime] = ()) -> list[Span]:
+    """The time each lease held its slice: ``held`` leases run on, ``past`` (released)
+    ones end at their release; a lease in both counts as held."""
+    held = list(held)
+    ids = {lease.id for lease in held}
+    spans = [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at, None)
+             for lease in held]
+    spans += [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at,
+                   lease.released_at or lease.claimed_at)
+              for lease in past if lease.id not in ids and lease.released_at is not None]
+    return spans
+
+
 def limits(group: BudgetPolicy, user: str) -> tuple[Limit, ...]:
     """The budgets a lease of ``user`` charged to ``group`` spends: the group's, then
     the member's own (each only where set)."""

@@ -623,6 +623,17 @@ class Ledger(WaitList):
             if lease is None or not lease.held:
                 return KeepResult("gone", "This server is not running any more.")
             rule = lease.warning or "server_idle"
+            if rule == "budget":
+                # Hours are not activity: a spent budget stops the server whatever the
+                # user does; only an admin's extra hours move it.
+                why = "A GPU budget cannot be extended with Keep"
+                message = (f"{why}: the server stops when the budget is spent"
+                           + (f", at {lease.warning_deadline:%H:%M} UTC"
+                              if lease.warning_deadline else "")
+                           + ". Save your work, or ask an admin for more hours.")
+                if not self._refused_since_warned(connection, lease):
+                    self._event(connection, lease.id, now, "refused", rule, why)
+                return KeepResult("refused", message, lease)
             if rule != "max_session_age" or lease.expires_at is None:
                 kept = lease
                 if lease.warning is not None or lease.kept_at is None or (
@@ -680,6 +691,21 @@ class Ledger(WaitList):
                detail: str) -> None:
         connection.execute(insert(lease_events).values(
             lease_id=lease_id, at=at, kind=kind, rule=rule, detail=detail[:255]))
+
+    def end_for(self, lease_id: str, code: ReleaseCode | str,
+                detail: str | None = None) -> Lease | None:
+        """Record why a held lease is about to end, before its server is stopped by
+        someone else (the slice service stops a server whose budget is spent through
+        the hub): the release that follows keeps this code, as it keeps the first one
+        given. The lease stays as it is otherwise. ``None`` if released or unknown."""
+        code, detail = _release_code(code), _clean_text(detail)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            if lease.release_code is not None:
+                return lease
+            return self._update(connection, lease, release_code=code, release_detail=detail)
 
     def begin_release(
         self, lease_id: str, code: ReleaseCode | str, detail: str | None = None, *,

@@ -96,19 +96,6 @@ def holdings(
     return [h for owner, h in held if owner == user], tally(h for _, h in held)
 
 
-def budget_spans(held: Iterable[Lease], past: Iterable[Lease] = ()) -> list[Span]:
-    """The time each lease held its slice, as budgets count it: held leases run on,
-    released ones end at their release (a lease in both counts as held)."""
-    held = list(held)
-    ids = {lease.id for lease in held}
-    spans = [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at, None)
-             for lease in held]
-    spans += [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at,
-                   lease.released_at or lease.claimed_at)
-              for lease in past if lease.id not in ids]
-    return spans
-
-
 def budget_check(
     user: str, compute: int, spans: Sequence[Span], extras: Sequence[Extra], now: datetime
 ) -> Callable[[GroupPolicy], Refused | None]:
@@ -131,7 +118,7 @@ def _check(
     mine, usage = holdings(leases, user)
     afford = None
     if view is not None:
-        spans = budget_spans(leases, view.past)
+        spans = budget.spans_of(leases, view.past)
         afford = budget_check(user, compute, spans, view.extras, view.now)
     return check_claim(user_policy, offer.key, compute, mine, usage, afford)
 
