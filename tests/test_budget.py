@@ -9,6 +9,7 @@ than the first second the spawn is covered when they run on and stop at any time
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -278,3 +279,88 @@ def test_a_spent_group_passes_the_lease_to_another_group_and_extra_hours_help(wo
     assert claim_as(world, "ana", "1g.18gb", groups=("team", "spare")).group == "spare"
     ledger.grant_hours("team", None, 20.0, by="admin", note="deadline")
     assert claim_as(world, "ben", "1g.18gb").group == "team"
+
+
+# --- the admin's view: usage per group and member, extra hours --------------------------
+
+
+def test_an_admin_sees_usage_per_group_and_member_and_grants_hours(tmp_path, capsys):
+    from mig_spawner.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    config = tmp_path / "jupyterhub_config.d"
+    config.mkdir()
+    (config / "20-groups.py").write_text(
+        "c = get_config()  # noqa: F821\n"
+        "c.MIGPolicyConfig.group_policies = {'team': {'allowed': ['1g.18gb', '7g.141gb'], "
+        "'budget': '40h', 'user_budget': '30h'}}\n")
+    now = datetime.now(UTC)
+    clock = Clock()
+    clock.now = now - timedelta(hours=3)
+    with connect_sim() as inventory, Ledger.open(url, clock=clock) as ledger:
+        policies = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}})
+        mine = policies.for_user(["team"])
+        from mig_spawner.spawner.decide import make_decide
+
+        whole = ledger.claim(LeaseRequest("ana"), make_decide(
+            mine, mine.offer("7g.141gb"), inventory, "pool", "pack"))
+        clock.now = now - timedelta(hours=1)
+        ledger.release(whole.id, "stopped")  # 2h of a whole GPU: 14 compute-slice-hours
+    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "team", "10h",
+                 "--note", "deadline"]) == 0
+    assert "granted 10 compute-slice-hours to the budget of group 'team'" in \
+        capsys.readouterr().out
+    assert main(["budget", "-f", str(config), "--ledger-url", url, "--json"]) == 0
+    rows = {(r["group"], r["user"]): r for r in json.loads(capsys.readouterr().out)}
+    assert rows[("team", "")]["used_hours"] == pytest.approx(14)
+    assert rows[("team", "")]["left_hours"] == pytest.approx(40 + 10 - 14)
+    assert rows[("team", "ana")]["left_hours"] == pytest.approx(30 - 14)
+    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "nobody",
+                 "1h"]) == 2
+    assert "group 'nobody' has no budget" in capsys.readouterr().err
+    assert main(["report", "-f", str(config), "--ledger-url", url]) == 0
+    assert "GPU budgets (compute-slice-hours" in capsys.readouterr().out
+
+
+def connect_sim():
+    """A context giving the inventory of one H200 laid out as one whole-GPU instance."""
+    from contextlib import contextmanager
+
+    from mig_spawner.gpu import connect
+
+    @contextmanager
+    def inventory():
+        with connect(simulate="h200x1:layout=7g.141gb") as adapter:
+            yield adapter.inventory()
+
+    return inventory()
+
+
+def test_the_form_shows_the_budget_left_beside_each_size_and_when_a_spent_one_can_start():
+    from mig_spawner.core.catalog import model
+    from mig_spawner.spawner import form
+
+    policies = build_policy(None, None, {"team": {
+        "allowed": ["1g.18gb", "7g.141gb"], "budget": "40h", "budget_min_hold": "30m"}})
+    mine = policies.for_user(["team"])
+    team = policies.group("team")
+    spans = [Span("team", "ana", 7, NOW - timedelta(hours=5), NOW - timedelta(hours=1))]
+
+    def quota(offer, compute):
+        refused = budget.refusal(team, "ana", compute, spans, [], NOW)
+        return None if refused is None else refused.sentence
+
+    def line(offer, compute):
+        return budget.form_line(team, "ana", compute, spans, [], NOW)
+
+    choices = {c.key: c for c in form.build_choices(
+        mine, [model("h200")], {"h200": {"1g.18gb": 3, "7g.141gb": 1}}, quota,
+        budget_line=line)}
+    small, whole = choices["1g.18gb"], choices["7g.141gb"]
+    assert small.available and small.budget == (
+        "12 of 40 compute-slice-hours left in your group's budget this 7d (1.7 whole-GPU "
+        "hours): this size uses 1 an hour, so about 12h")
+    assert "this size uses 7 an hour, so about 1h 42m" in whole.budget
+    assert whole.available  # 12 left pays the 3.5 a whole GPU needs for 30 minutes
+    html = form.render_form(list(choices.values()))
+    assert "Budget: 12 of 40 compute-slice-hours left" in html

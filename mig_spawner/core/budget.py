@@ -316,6 +316,25 @@ def refusal(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable
     return Refused(Reason.BUDGET_SPENT, message, hint, retry_at=when)
 
 
+def form_line(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
+              extras: Iterable[Extra], now: datetime) -> str | None:
+    """What the spawn form says beside a size of ``compute_slices``: the budget left
+    (the lower of the group's and the member's own), in compute-slice-hours and in
+    hours of this size; ``None`` when ``group`` has no budget."""
+    found = standings(group, user, spans, extras, now)
+    if not found:
+        return None
+    low = min(found, key=lambda s: s.remaining)
+    left = max(0.0, low.remaining)
+    minutes = left / compute_slices // 60
+    last = format_duration(60 * minutes) if minutes else "under a minute"
+    whose = "your own budget" if low.limit.user is not None else "your group's budget"
+    return (f"{_hours(left)} of {_hours(low.amount + low.extra)} compute-slice-hours left "
+            f"in {whose} this {format_duration(group.budget_window)} "
+            f"({_hours(left / 7)} whole-GPU hours): this size uses {compute_slices} an "
+            f"hour, so about {last}")
+
+
 def when_text(when: datetime, day_only: bool = False) -> str:
     """``Thursday 14:20 UTC`` (rounded up to the minute, so that a retry then
     succeeds); ``day_only``: ``on Monday``."""

@@ -125,11 +125,12 @@ def _check(
 
 def quota_problem(
     user_policy: UserPolicy, offer: Offer, compute_slices: int, view_leases: Iterable[Lease],
-    user: str,
+    user: str, book: LedgerView | None = None,
 ) -> Refused | None:
-    """Why the quota forbids one more lease of ``offer`` now, or ``None``."""
+    """Why the quota (or, given the ``book`` of past leases and extra hours, a budget)
+    forbids one more lease of ``offer`` now, or ``None``."""
     try:
-        _check(user_policy, offer, compute_slices, view_leases, user)
+        _check(user_policy, offer, compute_slices, view_leases, user, book)
     except Refused as refusal:
         return refusal
     return None
