@@ -23,6 +23,8 @@ from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.policy import GroupPolicy, PolicyError, build_policy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.ledger import LeaseRequest, Ledger
+from tests.test_hub_start_check import POLICY_WRONG
+from tests.test_hub_start_check import refusal as start_refusal
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)  # a Thursday, on a whole second
 H = 3600.0
@@ -364,3 +366,16 @@ def test_the_form_shows_the_budget_left_beside_each_size_and_when_a_spent_one_ca
     assert whole.available  # 12 left pays the 3.5 a whole GPU needs for 30 minutes
     html = form.render_form(list(choices.values()))
     assert "Budget: 12 of 40 compute-slice-hours left" in html
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("'budget': '40 hours a week'", ["group 'analysts'", "budget", "40 hours a week"]),
+    ("'budget': '40h', 'budget_action': 'kill'", ["budget_action", "'refuse_new'"]),
+])
+def test_a_budget_mistake_stops_the_hub_with_the_key_named(tmp_path, monkeypatch, spec, words):
+    monkeypatch.chdir(tmp_path)  # where the hub would make its database
+    message = start_refusal(tmp_path, "c.MIGPolicyConfig.group_policies = "
+                                     f"{{'analysts': {{'allowed': ['1g.18gb'], {spec}}}}}")
+    assert POLICY_WRONG in message
+    for word in words:
+        assert word in message, message
