@@ -379,3 +379,33 @@ def test_a_budget_mistake_stops_the_hub_with_the_key_named(tmp_path, monkeypatch
     assert POLICY_WRONG in message
     for word in words:
         assert word in message, message
+
+
+def test_a_waiter_whose_budget_is_spent_is_passed_over_not_served_first(world):
+    """Fair order: ana waits first, but her group's budget is spent; bo of a group
+    with hours left gets the released slice, and ana is served once hers come back."""
+    from mig_spawner.ledger import WaitRequest
+    from mig_spawner.spawner.decide import make_decide
+
+    ledger, policies, inventory, clock, _ = world
+    whole = claim_as(world, "cy", "7g.141gb")
+    fillers = [claim_as(world, f"u{i}", "1g.18gb", groups=("spare",)) for i in range(7)]
+    clock.now = at(14)
+    ledger.release(whole.id, "stopped")  # team: 98 of 100 used; the 7g is free again
+    for user, group in (("ana", "team"), ("bo", "spare")):
+        ledger.join_wait(WaitRequest(user, "", group, 0, "1g.18gb", None))
+
+    def decide(entry, view):
+        mine = policies.for_user([entry.group])
+        return make_decide(mine, mine.offer(entry.offer), inventory, "pool", "pack")(view)
+
+    def grant():
+        return [e.user for e in ledger.grant_waiting(decide, quotas={}, capacity=8).granted]
+
+    ledger.release(fillers[0].id, "stopped")
+    assert grant() == ["bo"]  # ana, first in line, could not start anyway
+    ledger.release(fillers[1].id, "stopped")
+    assert grant() == []
+    spans = budget.spans_of([], ledger.history())
+    clock.now = budget.retry_at(policies.group("team"), "ana", 1, spans, [], clock.now)
+    assert grant() == ["ana"]
