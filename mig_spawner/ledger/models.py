@@ -124,6 +124,8 @@ leases = Table(
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),
+    # Budgets read the leases released within their window at every claim and sweep.
+    Index("ix_leases_released_at", "released_at"),
 )
 
 lease_slots = Table(

@@ -1,4 +1,5 @@
-"""Extra GPU-hours an admin grants to a group's or a member's budget (issue 24).
+"""Extra GPU-hours an admin grants to a group's or a member's budget (issue 24), and an
+index on when leases were released (budgets read those of their window).
 
 Revision ID: 0012
 Revises: 0008
@@ -29,8 +30,11 @@ def upgrade() -> None:
         sa.Column("note", sa.String(255), nullable=False),
     )
     op.create_index("ix_budget_grants_granted_at", "budget_grants", ["granted_at"])
+    # Budgets read the leases released within their window at every claim and sweep.
+    op.create_index("ix_leases_released_at", "leases", ["released_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_leases_released_at", table_name="leases")
     op.drop_index("ix_budget_grants_granted_at", table_name="budget_grants")
     op.drop_table("budget_grants")
