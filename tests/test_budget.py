@@ -136,7 +136,7 @@ def test_a_whole_gpu_burns_seven_times_as_fast_and_monday_leaves_the_window():
     # Monday's whole-GPU hours leave the window from next Monday 09:00 at 7 an hour:
     # 1.5h more are free 1.5/7 h later, rounded up to the second.
     assert refusal.retry_at == monday + timedelta(days=7, seconds=math.ceil(1.5 * H / 7))
-    assert "retry at Monday 09:13 UTC, when the hours used on Monday leave the window" \
+    assert "Retry at Monday 09:13 UTC, when the hours used on Monday leave the window" \
         in refusal.sentence, refusal.sentence
     assert "running" not in refusal.sentence
 
@@ -262,7 +262,7 @@ def test_a_claim_is_refused_until_the_retry_time_and_succeeds_then(world, tmp_pa
     with pytest.raises(Refused) as refused:
         claim_as(world, "ben", "7g.141gb", server="b")
     retry = refused.value.retry_at
-    assert retry is not None and "retry at" in refused.value.message
+    assert retry is not None and "Retry at" in refused.value.message
     clock.now = retry - timedelta(seconds=1)
     with pytest.raises(Refused):
         claim_as(world, "ben", "7g.141gb", server="b")

@@ -228,7 +228,7 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
                             datetime.now(UTC))
     _, events = hub.spawn_and_follow("dee", {"profile": "small"})
     failed = events[-1]["message"]
-    assert "GPU budget" in failed and f"retry at {budget.when_text(retry)}" in failed, failed
+    assert "GPU budget" in failed and f"Retry at {budget.when_text(retry)}" in failed, failed
     # At that time it succeeds.
     time.sleep(max(0.0, (retry - datetime.now(UTC)).total_seconds()) + 0.2)
     start(hub, "dee")

@@ -300,7 +300,9 @@ def refusal(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable
     need = compute_slices * group.budget_min_hold
     low = min(standings(group, user, spans, extras, now), key=lambda s: s.remaining)
     left = max(0.0, low.remaining)
-    message = (f"{low.limit.what} has {_hours(left)} compute-slice-hours left of "
+    hours = _hours(left)
+    message = (f"{low.limit.what} has {hours} compute-slice-hour{'' if hours == '1' else 's'} "
+               "left of "
                f"{_hours(low.amount + low.extra)} per {format_duration(group.budget_window)}; "
                f"this size needs {_hours(need)} ({format_duration(group.budget_min_hold)} of "
                f"{compute_slices} compute slice{'s' if compute_slices != 1 else ''})")
@@ -309,7 +311,7 @@ def refusal(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable
     else:
         running = any(s.end is None and limit.counts(s) for s in spans
                       for limit in limits(group, user))
-        hint = (f"retry at {when_text(when)}, when the hours used "
+        hint = (f"Retry at {when_text(when)}, when the hours used "
                 f"{when_text(leaving(group, when), day_only=True)} leave the window")
         if running:
             hint += " (the earliest time: it assumes your group's running servers stop now)"
