@@ -409,3 +409,20 @@ def test_a_waiter_whose_budget_is_spent_is_passed_over_not_served_first(world):
     spans = budget.spans_of([], ledger.history())
     clock.now = budget.retry_at(policies.group("team"), "ana", 1, spans, [], clock.now)
     assert grant() == ["ana"]
+
+
+def test_the_slice_map_shows_each_group_budgets_use(world):
+    from mig_spawner.observe.slice_state import slice_map
+
+    ledger, policies, inventory, clock, _ = world
+    whole = claim_as(world, "ana", "7g.141gb")
+    clock.now = at(10)
+    ledger.release(whole.id, "stopped")
+    claim_as(world, "ben", "1g.18gb")
+    clock.now = at(20)  # 70 + 10 compute-slice-seconds used of 100
+    view = slice_map(inventory, ledger.active(), clock.now, policies,
+                     budgets=ledger.budget_usage(at(-100)))
+    rows = {g.name: g for g in view.groups}
+    assert rows["team"].budget_used_hours * 3600 == pytest.approx(80)
+    assert rows["team"].budget_hours * 3600 == pytest.approx(100)
+    assert rows["spare"].budget_hours is None
