@@ -113,17 +113,14 @@ class BudgetDay(Day):
         self.held_s[lease.group] += (now - lease.since) * COMPUTE_OF[lease.profile]
         super().end(lease, now)
 
+    # The claim check reads the clock: every path to it passes through one of these.
     def on_ask(self, now: float, want: Want) -> None:
         self.now = now
         super().on_ask(now, want)
 
-    def on_done(self, now: float, data: object) -> None:
+    def allocate(self, want: Want, now: float) -> Lease:
         self.now = now
-        super().on_done(now, data)
-
-    def on_back(self, now: float, data: object) -> None:
-        self.now = now
-        super().on_back(now, data)
+        return super().allocate(want, now)
 
     def on_sweep(self, now: float, data: object) -> None:
         """The slice service's budget rule first: a server whose budget is spent stops."""
