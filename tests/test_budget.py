@@ -426,3 +426,13 @@ def test_the_slice_map_shows_each_group_budgets_use(world):
     assert rows["team"].budget_used_hours * 3600 == pytest.approx(80)
     assert rows["team"].budget_hours * 3600 == pytest.approx(100)
     assert rows["spare"].budget_hours is None
+
+
+def test_extra_hours_that_expire_before_the_hours_free_up_are_not_counted_on():
+    # 98 of 100 used from 99 s to 1 s ago; 5 extra given 95 s ago leave the window in 5 s.
+    g = group(budget_s=100.0, window=100.0, hold=12.0)
+    spans = [Span("team", "ana", 1, at(-99), at(-1))]
+    extras = [Extra("team", None, 5.0, at(-95))]
+    # Without the expiry the spawn would be covered 6 s from now; with it, 11 s.
+    assert budget.retry_at(g, "ana", 1, spans, extras, NOW) == at(11)
+    assert not budget.covered(g, "ana", 1, spans, extras, at(10))
