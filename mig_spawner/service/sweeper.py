@@ -62,6 +62,7 @@ from mig_spawner.service.cull_rules import (
     gpu_facts_to_record,
     idle_by_hub_data,
     idle_limit,
+    is_cullable,
     needs_probe,
     unleased_busy_devices,
     warning_due,
@@ -288,7 +289,7 @@ class Sweeper:
                     ) -> tuple[Decision | None, StopWarning | None]:
         """Whether the budget ``lease`` spends is spent (a stop, where its group's
         ``budget_action`` is ``stop``), or else the budget warning due now, if any."""
-        if lease is None:
+        if lease is None or not is_cullable(server):  # starting or stopping: left alone
             return None, None
         group = self.policy.group(lease.group)
         if not group.has_budget or group.budget_action != "stop":
