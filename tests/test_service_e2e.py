@@ -44,9 +44,9 @@ GROUPS = {
     "cy": ("age-capped", {"max_session_age": 25, "warn_before": None}),
     "ghost": ("analysts", {}),
     # A budget scaled from the shipped defaults (window 7d, minimum hold 30m, warned at
-    # 80% used or 10m ahead) to a 50 s window: 20 compute-slice-seconds (67h a week),
+    # 80% used or 10m ahead) to a 50 s window: 35 compute-slice-seconds (118h a week),
     # long enough for the server to be up before it is warned on a loaded machine.
-    "dee": ("budgeted", {"budget": 20,
+    "dee": ("budgeted", {"budget": 35,
                          "budget_window": 50, "budget_min_hold": 50 * 1800 / WEEK,
                          "warn_before": 50 * 600 / WEEK, "budget_warn_share": 0.8}),
 }
@@ -207,11 +207,11 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     start(hub, "dee")
     hub.wait_ready("dee")
     lease = ledger.active_for_server("dee")
-    # Warned at 80% used (16 s in), then stopped when all 20 s are spent.
+    # Warned at 80% used (28 s in), then stopped when all 35 s are spent.
     wait_for(lambda: any(e.kind == "warned" and e.rule == "budget"
-                         for e in ledger.events(lease.id)), 30, "budget warning", service)
+                         for e in ledger.events(lease.id)), 45, "budget warning", service)
     warned = next(e for e in ledger.events(lease.id) if e.kind == "warned")
-    assert (warned.at - lease.claimed_at).total_seconds() >= 0.8 * 20 - 1
+    assert (warned.at - lease.claimed_at).total_seconds() >= 0.8 * 35 - 1
     # Keep cannot pass a budget.
     answer = hub.request("POST", "/mig-spawner/keep/", headers={
         "Authorization": f"token {hub.user_token('dee')}"}).json()
@@ -220,7 +220,7 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     wait_for(lambda: ledger.get(lease.id).state == "released", 15, "lease released", service)
     ended = ledger.get(lease.id)
     assert ended.release_code == "budget", ended
-    assert (ended.released_at - lease.claimed_at).total_seconds() >= 20
+    assert (ended.released_at - lease.claimed_at).total_seconds() >= 35
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="budget", group="budgeted") == 1
     # The next spawn is refused with the time it can succeed.
