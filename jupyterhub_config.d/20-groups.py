@@ -154,6 +154,16 @@ c.MIGPolicyConfig.group_policies = {
         "kernel_idle_timeout": None,
         "max_session_age": "3d",
         "priority": 5,
+        # GPU-hour budgets (docs/policies.md, "Budgets"), in compute-slice-hours: a lease
+        # of N compute slices uses N an hour while held (a whole H200, 7). Quotas cap how
+        # many slices the group holds at once; a budget caps how much GPU time it takes
+        # over a rolling window, so that one team cannot hold the large slices every day.
+        "budget": "400h",  # the whole group per window: about 57 hours of a whole GPU
+        "user_budget": "150h",  # each member's own, within the group's
+        "budget_window": "7d",  # hours leave the window 7 days after they were used
+        "budget_min_hold": "30m",  # a spawn must be able to run this long, else refused
+        "budget_action": "stop",  # at 0 left: stop the server ("refuse_new": only refuse)
+        "budget_warn_share": 0.8,  # warn members at 80 % used, and warn_before ahead
     },
     # Admins may pick anything; with the highest priority their leases are charged here
     # first, so an admin who is also an analyst does not use up the analysts' quota.

@@ -5,20 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mig_spawner.core.catalog import model
-from mig_spawner.core.policy import PolicyError, build_policy
+from mig_spawner.core.policy import GROUP_KEYS, PolicyError, build_policy
 
 H200 = model("h200")
 
 H200_VALID = "1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb"
 ONLY_SMALL = {"small": {"profiles": {"h200": "1g.18gb"}}}
-KNOWN_KEYS = (
-    "allowed, max_slices_per_user, quota_slices, quota_compute_slices, server_idle_timeout, "
-    "kernel_idle_timeout, max_session_age, cull_busy_kernels, gpu_activity_counts, "
-    "warn_before, extend_by, max_extensions, priority, queue, max_wait, "
-    "max_waiting_per_user, server_idle_timeout_when_waited, "
-    "server_idle_timeout_when_unwaited, open_tab_counts, default_offer, purpose_choices, "
-    "purpose_free_text, purpose_required"
-)
+KNOWN_KEYS = ", ".join(GROUP_KEYS)
 LISTED = "MIG profiles such as '1g.18gb' may be listed directly"
 NO_LIMIT = "(or None for no limit)"
 

@@ -17,12 +17,15 @@ import sys
 import textwrap
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
 import websocket
 
+from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core import budget
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import REPO, HubProcess, free_port, simulated_spawner
 from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_kernel, wait_for
@@ -30,6 +33,7 @@ from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_ker
 pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
+WEEK = 7 * 86400
 MANAGED = "mig-slices-managed"
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
@@ -39,6 +43,12 @@ GROUPS = {
     # Long enough to start a server and a busy kernel on a loaded test machine.
     "cy": ("age-capped", {"max_session_age": 25, "warn_before": None}),
     "ghost": ("analysts", {}),
+    # A budget scaled from the shipped defaults (window 7d, minimum hold 30m, warned at
+    # 80% used or 10m ahead) to a 50 s window: 35 compute-slice-seconds (118h a week),
+    # long enough for the server to be up before it is warned on a loaded machine.
+    "dee": ("budgeted", {"budget": 35,
+                         "budget_window": 50, "budget_min_hold": 50 * 1800 / WEEK,
+                         "warn_before": 50 * 600 / WEEK, "budget_warn_share": 0.8}),
 }
 
 
@@ -187,6 +197,44 @@ def test_max_session_age_stops_a_busy_server(env):
     assert service.metric("mig_spawner_service_culls_total", kind="server",
                           reason="max_session_age", group="age-capped") == 1
     wait_for(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released", service)
+
+
+def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
+    hub, service, ledger = env
+    policies = MIGPolicyConfig(config=load_config_files(hub.workdir / "jupyterhub_config.d")
+                               ).build()
+    group = policies.group("budgeted")
+    start(hub, "dee")
+    hub.wait_ready("dee")
+    lease = ledger.active_for_server("dee")
+    # Warned at 80% used (28 s in), then stopped when all 35 s are spent.
+    wait_for(lambda: any(e.kind == "warned" and e.rule == "budget"
+                         for e in ledger.events(lease.id)), 45, "budget warning", service)
+    warned = next(e for e in ledger.events(lease.id) if e.kind == "warned")
+    assert (warned.at - lease.claimed_at).total_seconds() >= 0.8 * 35 - 1
+    # Keep cannot pass a budget.
+    answer = hub.request("POST", "/mig-spawner/keep/", headers={
+        "Authorization": f"token {hub.user_token('dee')}"}).json()
+    assert answer["outcome"] == "refused", answer
+    wait_for(lambda: hub.server_model("dee") is None, 30, "dee's server stopped", service)
+    wait_for(lambda: ledger.get(lease.id).state == "released", 15, "lease released", service)
+    ended = ledger.get(lease.id)
+    assert ended.release_code == "budget", ended
+    assert (ended.released_at - lease.claimed_at).total_seconds() >= 35
+    assert service.metric("mig_spawner_service_culls_total", kind="server",
+                          reason="budget", group="budgeted") == 1
+    # The next spawn is refused with the time it can succeed.
+    held, extras = ledger.budget_usage(ended.claimed_at)
+    retry = budget.retry_at(group, "dee", 1, budget.spans_of([], held), extras,
+                            datetime.now(UTC))
+    _, events = hub.spawn_and_follow("dee", {"profile": "small"})
+    failed = events[-1]["message"]
+    assert "GPU budget" in failed and f"Retry at {budget.when_text(retry)}" in failed, failed
+    # At that time it succeeds.
+    time.sleep(max(0.0, (retry - datetime.now(UTC)).total_seconds()) + 0.2)
+    start(hub, "dee")
+    hub.wait_ready("dee")
+    hub.stop_server("dee")
 
 
 def test_hub_going_away_does_not_crash_the_service(env):

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import catalog, demo, doctor, report, status
+from . import budget, catalog, demo, doctor, report, status
 from .settings import hub_config
 
 SIMULATE_HELP = (
@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="KEY", help="only this catalog model (e.g. h200)")
 
     report.add_parser(sub, _add_gpu_options)
+    budget.add_parser(sub, _add_gpu_options)
     demo.add_parser(sub)
     return parser
 

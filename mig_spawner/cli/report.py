@@ -205,6 +205,11 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         advice = advise(fleet, requests_of(leases, refusals, until),
                         min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
     _print(args, rows, advice, since, until, waits, extra)
+    if args.config_dir and not args.json:
+        from .budget import cmd_budget
+
+        print()
+        cmd_budget(args, now)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 

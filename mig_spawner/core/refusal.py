@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -42,6 +43,8 @@ class Reason(StrEnum):
     NO_CAPACITY = "no_capacity", 503
     MIG_DISABLED = "mig_disabled", 503
     NO_GPU_FOR_PROFILE = "no_gpu_for_profile", 503
+    # The GPU-hour budget cannot pay for this size now: retry at ``Refused.retry_at``.
+    BUDGET_SPENT = "budget_spent", 429
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503
@@ -58,12 +61,14 @@ class Refused(Exception):
     """No slice for this request. ``reason`` is the stable code; ``message`` says what is
     wrong in words for the user (``str()`` is the message); ``hint`` what they can do;
     ``free`` (from the allocator) what could be had instead right now: profile name ->
-    free (pool) or creatable (dynamic)."""
+    free (pool) or creatable (dynamic); ``retry_at``: when the same spawn can succeed, where
+    that is known (a spent budget)."""
 
     reason: Reason
     message: str
     hint: str = ""
     free: Mapping[str, int] = field(default_factory=dict)
+    retry_at: datetime | None = None
 
     def __str__(self) -> str:
         return self.message

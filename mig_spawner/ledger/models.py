@@ -125,6 +125,8 @@ leases = Table(
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),
+    # Budgets read the leases released within their window at every claim and sweep.
+    Index("ix_leases_released_at", "released_at"),
 )
 
 lease_slots = Table(
@@ -222,4 +224,22 @@ lease_samples = Table(
     Column("sm_active", Float, comment="share of SMs busy (None: not measurable)"),
     Column("processes", Integer, nullable=False),
     Index("ix_lease_samples_lease", "lease_id", "at"),
+)
+
+#: Extra hours an admin granted to a budget (docs/policies.md, "Budgets"): each adds
+#: to the group's budget (``user_name`` NULL) or a member's own for one budget window
+#: from ``granted_at``. Read by claims, grants and the slice service; never changed.
+budget_grants = Table(
+    "budget_grants",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_name", String(255), nullable=False),
+    Column("user_name", String(255),
+           comment="the member whose own budget it raises; none: the group's"),
+    Column("slice_seconds", Float, nullable=False,
+           comment="extra compute-slice-seconds, valid for one budget window"),
+    Column("granted_at", UtcDateTime(), nullable=False),
+    Column("granted_by", String(255), nullable=False),
+    Column("note", String(255), nullable=False),
+    Index("ix_budget_grants_granted_at", "granted_at"),
 )

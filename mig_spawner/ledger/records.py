@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from mig_spawner.core.budget import Extra
+
 # Re-exported: the ledger's callers name the states and codes through it.
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
@@ -219,11 +221,17 @@ class RefusalRecord:
 
 @dataclass(frozen=True)
 class LedgerView:
-    """What ``decide`` sees inside the claim transaction: every held lease, and the clock."""
+    """What ``decide`` sees inside the claim transaction: every held lease, and the clock.
+
+    Where budgets apply (``Ledger.budget_horizon`` set), also the leases released within
+    that horizon (``past``) and the admin's extra hours given within it (``extras``),
+    read in the same transaction."""
 
     request: LeaseRequest
     leases: tuple[Lease, ...]
     now: datetime
+    past: tuple[Lease, ...] = ()
+    extras: tuple[Extra, ...] = ()
 
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""

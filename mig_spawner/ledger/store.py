@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
+from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 from mig_spawner.core.lifecycle import lease_move_allowed
@@ -58,7 +59,15 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .models import lease_events, lease_samples, lease_servers, lease_slots, leases, waits
+from .models import (
+    budget_grants,
+    lease_events,
+    lease_samples,
+    lease_servers,
+    lease_slots,
+    leases,
+    waits,
+)
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
@@ -330,7 +339,9 @@ class Ledger(WaitList):
             for lease in held:
                 if (lease.user, lease.server_name) == (request.user, request.server_name):
                     raise ServerHasLease(lease)
-            decision = decide(LedgerView(request=request, leases=tuple(held), now=now))
+            past, extras = self._budget_book(connection, now)
+            decision = decide(LedgerView(request=request, leases=tuple(held), now=now,
+                                         past=past, extras=extras))
             if not isinstance(decision, Grant):
                 raise InvalidDecision(
                     f"decide() must return a Grant, it returned {type(decision).__name__}"
@@ -384,6 +395,53 @@ class Ledger(WaitList):
             )
         except IntegrityError as e:
             raise DoubleGrant(lease.host, lease.gpu_uuid, slices) from e
+
+    # -- budgets ------------------------------------------------------------------
+
+    #: Seconds back that claims read released leases and extra hours for the budgets
+    #: (the policies' longest ``budget_window``); ``None``: no budget, nothing read.
+    budget_horizon: float | None = None
+
+    def _budget_book(self, connection: Connection, now: datetime
+                     ) -> tuple[tuple[Lease, ...], tuple[Extra, ...]]:
+        """Released leases and extra hours within ``budget_horizon`` of ``now``."""
+        if self.budget_horizon is None:
+            return (), ()
+        since = now - timedelta(seconds=self.budget_horizon)
+        past = self._select(connection, leases.c.state == LeaseState.RELEASED,
+                            leases.c.released_at >= since)
+        return tuple(past), tuple(self._extras(connection, since))
+
+    @staticmethod
+    def _extras(connection: Connection, since: datetime | None) -> list[Extra]:
+        query = select(budget_grants).order_by(budget_grants.c.id)
+        if since is not None:
+            query = query.where(budget_grants.c.granted_at >= since)
+        return [Extra(r.group_name, r.user_name, r.slice_seconds, r.granted_at)
+                for r in connection.execute(query)]
+
+    def grant_hours(self, group: str, user: str | None, slice_seconds: float, *,
+                    by: str, note: str = "") -> Extra:
+        """Give ``group``'s budget (``user`` ``None``) or one member's own budget extra
+        compute-slice-seconds, valid for one budget window from now."""
+        if not group or slice_seconds <= 0:
+            raise ValueError("a grant needs a group and a positive number of hours")
+        now = self._now()
+        with self._write() as connection:
+            connection.execute(insert(budget_grants).values(
+                group_name=group, user_name=user or None, slice_seconds=float(slice_seconds),
+                granted_at=now, granted_by=by[:255], note=(note or "")[:255]))
+            announce(connection, self._origin)  # a waiter may be served now
+        return Extra(group, user or None, float(slice_seconds), now)
+
+    def budget_usage(self, since: datetime) -> tuple[list[Lease], list[Extra]]:
+        """Every lease that held a slice from ``since`` on, and the extra hours given
+        from then on, in one read: what budgets are counted from."""
+        require_aware("since", since)
+        with self._read() as connection:
+            held = self._select(connection, or_(leases.c.released_at.is_(None),
+                                                leases.c.released_at >= since))
+            return held, self._extras(connection, since)
 
     # -- refused spawns (kept by the ledger's RefusalLog) ----------------------
 
@@ -627,6 +685,17 @@ class Ledger(WaitList):
             if lease is None or not lease.held:
                 return KeepResult("gone", "This server is not running any more.")
             rule = lease.warning or "server_idle"
+            if rule == "budget":
+                # Hours are not activity: a spent budget stops the server whatever the
+                # user does; only an admin's extra hours move it.
+                why = "A GPU budget cannot be extended with Keep"
+                message = (f"{why}: the server stops when the budget is spent"
+                           + (f", at {lease.warning_deadline:%H:%M} UTC"
+                              if lease.warning_deadline else "")
+                           + ". Save your work, or ask an admin for more hours.")
+                if not self._refused_since_warned(connection, lease):
+                    self._event(connection, lease.id, now, "refused", rule, why)
+                return KeepResult("refused", message, lease)
             if rule != "max_session_age" or lease.expires_at is None:
                 kept = lease
                 if lease.warning is not None or lease.kept_at is None or (
@@ -684,6 +753,21 @@ class Ledger(WaitList):
                detail: str) -> None:
         connection.execute(insert(lease_events).values(
             lease_id=lease_id, at=at, kind=kind, rule=rule, detail=detail[:255]))
+
+    def end_for(self, lease_id: str, code: ReleaseCode | str,
+                detail: str | None = None) -> Lease | None:
+        """Record why a held lease is about to end, before its server is stopped by
+        someone else (the slice service stops a server whose budget is spent through
+        the hub): the release that follows keeps this code, as it keeps the first one
+        given. The lease stays as it is otherwise. ``None`` if released or unknown."""
+        code, detail = _release_code(code), _clean_text(detail)
+        with self._write() as connection:
+            lease = self._lock_lease(connection, lease_id)
+            if lease is None or not lease.held:
+                return None
+            if lease.release_code is not None:
+                return lease
+            return self._update(connection, lease, release_code=code, release_detail=detail)
 
     def begin_release(
         self, lease_id: str, code: ReleaseCode | str, detail: str | None = None, *,

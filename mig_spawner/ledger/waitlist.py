@@ -114,6 +114,7 @@ class WaitList:
     _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
+    _budget_book: Callable[[Connection, datetime], tuple[tuple[Lease, ...], tuple[Any, ...]]]
     _origin: str
 
     def join_wait(self, request: WaitRequest, *, max_waiting: int = 1) -> WaitEntry:
@@ -247,6 +248,7 @@ class WaitList:
                 else:
                     waiting.append(entry)
             by_id = {entry.id: entry for entry in waiting}
+            past, extras = self._budget_book(connection, now)
 
             def serve(waiter: Waiter, view: Sequence[Lease]) -> Grant:
                 entry = by_id[waiter.id]
@@ -254,7 +256,7 @@ class WaitList:
                        for lease in view):
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
                 decision = decide(entry, LedgerView(request=entry.request, leases=tuple(view),
-                                                    now=now))
+                                                    now=now, past=past, extras=extras))
                 if not isinstance(decision, Grant):
                     raise InvalidDecision(
                         f"decide() must return a Grant, it returned {type(decision).__name__}"

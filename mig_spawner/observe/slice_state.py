@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from mig_spawner.core import budget
+from mig_spawner.core.budget import Extra
 from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
-from mig_spawner.core.policy import PolicySet
+from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
 from mig_spawner.ledger import Lease, WaitEntry
 
@@ -149,6 +151,10 @@ class GroupRow:
     quota_slices: int | None
     quota_compute_slices: int | None
     configured: bool
+    #: Compute-slice-hours used within its budget window, and the budget with extra
+    #: hours (``None``: the group has no group budget; docs/policies.md, "Budgets").
+    budget_used_hours: float | None = None
+    budget_hours: float | None = None
 
 
 @dataclass(frozen=True)
@@ -324,7 +330,8 @@ def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: d
     )
 
 
-def _groups(leases: Iterable[Lease], policy: PolicySet | None) -> tuple[GroupRow, ...]:
+def _groups(leases: Iterable[Lease], policy: PolicySet | None, now: datetime,
+            budgets: tuple[list[Lease], list[Extra]] | None = None) -> tuple[GroupRow, ...]:
     held: dict[str, list[int]] = {}
     for lease in leases:
         if lease.held:
@@ -345,8 +352,21 @@ def _groups(leases: Iterable[Lease], policy: PolicySet | None) -> tuple[GroupRow
             quota_slices=group.quota_slices if group else None,
             quota_compute_slices=group.quota_compute_slices if group else None,
             configured=policy is not None and name in policy.groups,
+            **_budget_fields(group, now, budgets),
         ))
     return tuple(rows)
+
+
+def _budget_fields(group: GroupPolicy | None, now: datetime,
+                   budgets: tuple[list[Lease], list[Extra]] | None) -> dict[str, float]:
+    """The group budget's use and size in compute-slice-hours, where it has one."""
+    if group is None or group.budget is None or budgets is None:
+        return {}
+    leases, extras = budgets
+    spans = budget.spans_of([x for x in leases if x.held], [x for x in leases if not x.held])
+    standing = budget.standings(group, "", spans, extras, now)[0]
+    return {"budget_used_hours": standing.used / 3600,
+            "budget_hours": (standing.amount + standing.extra) / 3600}
 
 
 def slice_map(
@@ -357,6 +377,7 @@ def slice_map(
     *,
     idle_after: float = DEFAULT_IDLE_AFTER,
     waits: Iterable[WaitEntry] = (),
+    budgets: tuple[list[Lease], list[Extra]] | None = None,
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
@@ -364,7 +385,9 @@ def slice_map(
     other hosts only count towards the group totals. ``now``: an aware datetime (ages
     and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
     them out. ``idle_after``: seconds without activity after which a leased slice is
-    shown as idle. ``waits``: the wait list (``Ledger.waiting()``).
+    shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``budgets``: the
+    leases and extra hours of the longest budget window (``Ledger.budget_usage``), for
+    each group budget's use.
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
@@ -402,7 +425,7 @@ def slice_map(
         taken_at=now,
         idle_after=idle_after,
         gpus=tuple(gpus),
-        groups=_groups(all_leases, policy),
+        groups=_groups(all_leases, policy, now, budgets),
         lost=tuple(lost),
         waiting=served_order(waits, all_leases, policy, now,
                              capacity=sum(len(gpu.slices) for gpu in gpus) + len(lost)),

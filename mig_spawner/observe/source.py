@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.policy import PolicySet
@@ -49,9 +49,13 @@ class SliceSource:
         with self._lock:
             if self._cached is not None and time.monotonic() - self._cached[0] < self.max_age:
                 return self._cached[1]
+            now = self._clock()
+            horizon = self.policy.budget_horizon if self.policy is not None else None
+            book = (self.ledger.budget_usage(now - timedelta(seconds=horizon))
+                    if horizon is not None else None)
             view = slice_map(
-                self.gpus.inventory(), self.ledger.active(), self._clock(), self.policy,
-                idle_after=self.idle_after, waits=self.ledger.waiting(),
+                self.gpus.inventory(), self.ledger.active(), now, self.policy,
+                idle_after=self.idle_after, waits=self.ledger.waiting(), budgets=book,
             )
             self._cached = (time.monotonic(), view)
             return view

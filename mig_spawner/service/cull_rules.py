@@ -92,6 +92,8 @@ class Rule(StrEnum):
     KERNEL_IDLE = "kernel_idle"
     SERVER_IDLE = "server_idle"
     MAX_SESSION_AGE = "max_session_age"
+    #: The GPU-hour budget the lease is charged to is spent (docs/policies.md, "Budgets").
+    BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class Decision:
         """One log line: what, whose, which rule, measured against which limit."""
         where = f"{self.user}/{self.server}" if self.server else self.user
         what = f"kernel {self.kernel_id} of {where}" if self.kernel_id else f"server {where}"
+        if self.rule is Rule.BUDGET:
+            return f"{what} (group {self.group}): budget spent, age {_fmt(self.age_seconds)}"
         measured = self.age_seconds if self.rule is Rule.MAX_SESSION_AGE else self.idle_seconds
         kind = "age" if self.rule is Rule.MAX_SESSION_AGE else "idle"
         return (
@@ -423,16 +427,20 @@ def _until(now: datetime, when: datetime) -> float:
 
 def warning_due(
     now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
-    lease: Lease | None,
+    lease: Lease | None, budget: StopWarning | None = None,
 ) -> StopWarning | None:
     """The stop to warn the user of now: one that the rules will apply, due within the
     group's ``warn_before`` (the sooner, when both are), or ``None``: nothing to warn
     of, and a pending warning is withdrawn. Call it when ``decide_server`` stops
-    nothing; a server that cannot be reached is warned only of its session age."""
-    warn = limits.warn_before
-    if warn is None or not is_cullable(server):
+    nothing; a server that cannot be reached is warned only of its session age.
+    ``budget``: a budget stop due to be warned of (:func:`budget_warning`), which
+    competes with the others."""
+    if not is_cullable(server):
         return None
-    due: list[StopWarning] = []
+    due: list[StopWarning] = [budget] if budget is not None else []
+    warn = limits.warn_before
+    if warn is None:
+        return budget
     deadline = session_deadline(server, limits, lease)
     if deadline is not None and _until(now, deadline) <= warn:
         due.append(StopWarning(Rule.MAX_SESSION_AGE, deadline))
@@ -440,6 +448,21 @@ def warning_due(
     if idle is not None and _until(now, idle) <= warn:
         due.append(StopWarning(Rule.SERVER_IDLE, idle))
     return min(due, key=lambda w: w.deadline, default=None)
+
+
+def budget_warning(
+    now: datetime, runs_out: datetime | None, share_used: float,
+    warn_share: float | None, warn_before: float | None,
+) -> StopWarning | None:
+    """The warning of a budget stop at ``runs_out`` (when the budget the lease spends is
+    spent if its servers run on; ``None``: never), due once ``share_used`` reaches
+    ``warn_share`` or the stop is within ``warn_before``; else ``None``."""
+    if runs_out is None:
+        return None
+    near = warn_before is not None and _until(now, runs_out) <= warn_before
+    if near or (warn_share is not None and share_used >= warn_share):
+        return StopWarning(Rule.BUDGET, runs_out)
+    return None
 
 
 def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) -> bool:

@@ -85,6 +85,17 @@ class ServiceMetrics:
             f"{PREFIX}_servers_seen", "Running servers the last complete sweep saw.",
             registry=r,
         )
+        self.budget_used = Gauge(
+            f"{PREFIX}_budget_used_slice_hours",
+            "Compute-slice-hours a group's leases held within its budget window (groups "
+            "with a budget; members' own budgets are in `mig-spawner report`).",
+            ["group"], registry=r,
+        )
+        self.budget_total = Gauge(
+            f"{PREFIX}_budget_slice_hours",
+            "A group's budget per window in compute-slice-hours, with extra hours granted.",
+            ["group"], registry=r,
+        )
         self.last_sweep = Gauge(
             f"{PREFIX}_last_success_timestamp_seconds",
             "Unix time when the last sweep completed without error.", registry=r,

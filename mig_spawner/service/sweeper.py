@@ -23,10 +23,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from mig_spawner import holder
+from mig_spawner.core import budget
+from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import GroupPolicy, PolicySet
@@ -50,15 +52,18 @@ from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Decision,
     Probe,
+    Rule,
     SliceActivity,
     StopWarning,
     activity_to_record,
+    budget_warning,
     decide,
     decide_server,
     find_orphans,
     gpu_facts_to_record,
     idle_by_hub_data,
     idle_limit,
+    is_cullable,
     needs_probe,
     unleased_busy_devices,
     warning_due,
@@ -255,11 +260,56 @@ class Sweeper:
     async def _leases(self) -> list[Lease]:
         if self.ledger is None:
             return []
+        horizon = self.policy.budget_horizon
+        since = self.clock() - timedelta(seconds=horizon) if horizon is not None else None
+
+        def read() -> tuple[list[Lease], list[Any], tuple[list[Lease], list[Extra]]]:
+            usage = self.ledger.budget_usage(since) if since is not None else ([], [])
+            return self.ledger.active(), self.ledger.waiting(), usage
+
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
-        held, waits = await asyncio.to_thread(
-            lambda: (self.ledger.active(), self.ledger.waiting()))
+        held, waits, (counted, extras) = await asyncio.to_thread(read)
         self._waited_for = self._profiles_of(w.offer for w in waits)
+        self._spans = budget.spans_of([lease for lease in counted if lease.held],
+                                      [lease for lease in counted if not lease.held])
+        self._extras = extras
+        self._count_budgets()
         return held
+
+    def _count_budgets(self) -> None:
+        """The budget gauges, per group with a budget (no per-member label)."""
+        now = self.clock()
+        for group in (*self.policy.groups.values(), self.policy.default):
+            if group.budget is None:
+                continue
+            standing = budget.standings(group, "", self._spans, self._extras, now)[0]
+            self.metrics.budget_used.labels(group.name).set(standing.used / 3600)
+            self.metrics.budget_total.labels(group.name).set(
+                (standing.amount + standing.extra) / 3600)
+
+    # What budgets count, read with the leases at each sweep.
+    _spans: list[budget.Span] = []
+    _extras: list[Extra] = []
+
+    def budget_stop(self, now: datetime, server: HubServer, lease: Lease | None
+                    ) -> tuple[Decision | None, StopWarning | None]:
+        """Whether the budget ``lease`` spends is spent (a stop, where its group's
+        ``budget_action`` is ``stop``), or else the budget warning due now, if any."""
+        if lease is None or not is_cullable(server):  # starting or stopping: left alone
+            return None, None
+        group = self.policy.group(lease.group)
+        if not group.has_budget or group.budget_action != "stop":
+            return None, None
+        standing = budget.standings(group, lease.user, self._spans, self._extras, now)
+        if any(s.remaining <= 0 for s in standing):
+            began = lease.claimed_at
+            return Decision(Rule.BUDGET, server.user, server.name, group.name,
+                            idle_seconds=None, age_seconds=(now - began).total_seconds(),
+                            limit_seconds=0.0), None
+        runs_out = budget.exhausted_at(group, lease.user, self._spans, self._extras, now)
+        share = max((s.share_used for s in standing), default=0.0)
+        return None, budget_warning(now, runs_out, share, group.budget_warn_share,
+                                    group.warn_before)
 
     # Profiles someone waits for, read with the leases at each sweep.
     _waited_for: frozenset[str] = frozenset()
@@ -380,11 +430,12 @@ class Sweeper:
             )
             stop = decide_server(now, server, limits.name, limits, probe, lease, warns)
         await self._record_activity(now, server, limits, lease, probe)
+        spent, budget_warns = self.budget_stop(now, server, lease)
         decisions = decide(
-            now, server, limits.name, limits, probe, stop, self.cull_connected_kernels
+            now, server, limits.name, limits, probe, stop or spent, self.cull_connected_kernels
         )
         if not any(d.stops_server for d in decisions):
-            await self._warn(now, server, limits, probe, lease, report)
+            await self._warn(now, server, limits, probe, lease, report, budget_warns)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
                 (k.execution_state, k.last_activity) for k in probe.kernels
@@ -409,15 +460,16 @@ class Sweeper:
 
     async def _warn(
         self, now: datetime, server: HubServer, limits: GroupPolicy, probe: Probe | None,
-        lease: Lease | None, report: SweepReport,
+        lease: Lease | None, report: SweepReport, budget_warns: StopWarning | None = None,
     ) -> None:
-        """Warn the user of a stop due within ``warn_before`` (once per rule: the
+        """Warn the user of a stop due within ``warn_before`` (or a budget stop due to be
+        warned of: ``budget_warns``) (once per rule: the
         ledger keeps the pending warning, which the user's pages read), or withdraw a
         warning whose stop is no longer due (activity, a Keep, or a stop that did not
         come)."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
-        warning = warning_due(now, server, limits, probe, lease)
+        warning = warning_due(now, server, limits, probe, lease, budget_warns)
         if warning is None:
             if lease.warning is not None and not self.dry_run:
                 await asyncio.to_thread(self.ledger.clear_warning, lease.id)
@@ -500,6 +552,11 @@ class Sweeper:
                     server, decision.kernel_id, internal=lease.server_url if lease else None
                 )
                 return True
+            if decision.rule is Rule.BUDGET and lease is not None and self.ledger is not None:
+                # The spawner's stop releases the lease through the Releaser; the code
+                # recorded first (this one) is the one it keeps.
+                await asyncio.to_thread(self.ledger.end_for, lease.id, ReleaseCode.BUDGET,
+                                        "stopped by the slice service")
             stopped = await self.client.stop_server(server.user, server.name)
         except HubError as e:
             self.metrics.errors.labels(kind="cull_failed").inc()

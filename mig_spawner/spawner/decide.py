@@ -10,11 +10,12 @@ written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
+from mig_spawner.core import budget
 from mig_spawner.core.allocator import (
     Placement,
     PoolGrant,
@@ -22,6 +23,7 @@ from mig_spawner.core.allocator import (
     pick_dynamic,
     pick_pool,
 )
+from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import (
@@ -94,20 +96,41 @@ def holdings(
     return [h for owner, h in held if owner == user], tally(h for _, h in held)
 
 
+def budget_check(
+    user: str, compute: int, spans: Sequence[Span], extras: Sequence[Extra], now: datetime
+) -> Callable[[GroupPolicy], Refused | None]:
+    """``afford(group)`` for :func:`check_claim`: why ``group``'s budgets cannot pay for
+    a lease of ``compute`` compute slices of ``user`` at ``now``, or ``None``."""
+
+    def afford(group: GroupPolicy) -> Refused | None:
+        if not group.has_budget:
+            return None
+        return budget.refusal(group, user, compute, spans, extras, now)
+
+    return afford
+
+
 def _check(
-    user_policy: UserPolicy, offer: Offer, compute: int, leases: Iterable[Lease], user: str
+    user_policy: UserPolicy, offer: Offer, compute: int, leases: Iterable[Lease], user: str,
+    view: LedgerView | None = None,
 ) -> GroupPolicy:
+    leases = list(leases)
     mine, usage = holdings(leases, user)
-    return check_claim(user_policy, offer.key, compute, mine, usage)
+    afford = None
+    if view is not None:
+        spans = budget.spans_of(leases, view.past)
+        afford = budget_check(user, compute, spans, view.extras, view.now)
+    return check_claim(user_policy, offer.key, compute, mine, usage, afford)
 
 
 def quota_problem(
     user_policy: UserPolicy, offer: Offer, compute_slices: int, view_leases: Iterable[Lease],
-    user: str,
+    user: str, book: LedgerView | None = None,
 ) -> Refused | None:
-    """Why the quota forbids one more lease of ``offer`` now, or ``None``."""
+    """Why the quota (or, given the ``book`` of past leases and extra hours, a budget)
+    forbids one more lease of ``offer`` now, or ``None``."""
     try:
-        _check(user_policy, offer, compute_slices, view_leases, user)
+        _check(user_policy, offer, compute_slices, view_leases, user, book)
     except Refused as refusal:
         return refusal
     return None
@@ -117,10 +140,10 @@ def charge(policy: UserPolicy, offer: Offer, compute: int, view: LedgerView) -> 
     """The group the lease is charged to, checked in the claim's transaction; else raises
     :class:`Refused`, its hint in the message."""
     try:
-        return _check(policy, offer, compute, view.leases, view.request.user)
+        return _check(policy, offer, compute, view.leases, view.request.user, view)
     except Refused as refusal:
         # second pass: the mixin reads e.message; once it reads e.sentence, let it pass.
-        raise Refused(refusal.reason, refusal.sentence) from None
+        raise Refused(refusal.reason, refusal.sentence, retry_at=refusal.retry_at) from None
 
 
 def make_decide(

@@ -62,6 +62,8 @@ class Choice:
     unavailable: str | None
     #: For an exhausted choice the user may wait for: what joining the wait list means.
     wait: str | None = None
+    #: Where the GPU-hour budget this size would spend stands (``None``: no budget).
+    budget: str | None = None
 
     @property
     def available(self) -> bool:
@@ -95,6 +97,7 @@ def build_choices(
     in_use: Mapping[str, int] | None = None,
     fixed_layout: bool = True,
     hide_absent: bool = False,
+    budget_line: Callable[[Offer, int], str | None] | None = None,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -108,7 +111,8 @@ def build_choices(
     and starting one joins the wait list. ``fixed_layout``: slices exist beforehand
     (pool, Kubernetes), so none free and none held means there is no such slice.
     ``hide_absent``: leave out the offers that have no slice at all (nobody can get
-    them, waiting or not).
+    them, waiting or not). ``budget_line(offer, compute_slices)``: where the budget
+    a lease of it would spend stands, in words, or ``None``.
     """
     waits, in_use = waits or {}, in_use or {}
     present = list({m.key: m for m in models}.values())
@@ -148,6 +152,7 @@ def build_choices(
                 free=count,
                 unavailable=why,
                 wait=wait,
+                budget=budget_line(offer, compute) if budget_line and served else None,
             )
         )
     if hide_absent and len(absent_keys) < len(choices):

@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
@@ -42,6 +43,7 @@ from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
 from mig_spawner.config import RightsizeConfig
+from mig_spawner.core.budget import form_line, spans_of
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.purpose import PURPOSE, clean_purpose
 from mig_spawner.core.refusal import Reason, Refused
@@ -52,6 +54,7 @@ from mig_spawner.ledger import (
     LeaseRequest,
     LeaseStateError,
     LedgerError,
+    LedgerView,
     ReleaseCode,
     ServerHasLease,
 )
@@ -341,22 +344,50 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """The form's choices for a user with policy ``mine`` now. May raise any error
         in :attr:`backend_errors`."""
         supply = supply or await self.slice_supply()
-        return self.choices_from(mine, supply, await waiting.form_lines(self, mine))
+        return self.choices_from(mine, supply, await waiting.form_lines(self, mine),
+                                 await self.budget_book(mine, supply))
+
+    async def budget_book(self, mine: UserPolicy, supply: SliceSupply) -> LedgerView | None:
+        """What the budgets of the user's groups count now (the leases released within
+        the longest window and the extra hours), as a claim would see it; ``None``
+        when none of their groups has a budget."""
+        windows = [g.budget_window for g in mine.groups if g.has_budget]
+        if not windows:
+            return None
+        now = datetime.now(UTC)
+        since = now - timedelta(seconds=max(windows))
+        leases, extras = await self.runtime.run(
+            lambda: self.runtime.ledger().budget_usage(since))
+        return LedgerView(LeaseRequest(self.user.name, self.name or ""), supply.held, now,
+                          past=tuple(x for x in leases if not x.held), extras=tuple(extras))
 
     def choices_from(
-        self, mine: UserPolicy, supply: SliceSupply, lines: dict[str, str] | None = None
+        self, mine: UserPolicy, supply: SliceSupply, lines: dict[str, str] | None = None,
+        book: LedgerView | None = None,
     ) -> list[form.Choice]:
         """The form's choices for a user with policy ``mine`` on ``supply`` (also what a
-        waiting spawn offers instead); ``lines``: the wait list's state per offer."""
+        waiting spawn offers instead); ``lines``: the wait list's state per offer;
+        ``book``: what budgets count (:meth:`budget_book`), to show where they stand."""
 
         def quota(offer: Offer, compute: int) -> str | None:
-            refusal = quota_problem(mine, offer, compute, supply.held, self.user.name)
-            return None if refusal is None else refusal.message
+            refusal = quota_problem(mine, offer, compute, supply.held, self.user.name, book)
+            if refusal is None:
+                return None
+            # A spent budget says when it can succeed: that is in its hint.
+            return refusal.sentence if refusal.retry_at else refusal.message
+
+        def budget_line(offer: Offer, compute: int) -> str | None:
+            groups = mine.charge_candidates(offer.key)
+            if book is None or not groups:
+                return None
+            spans = spans_of(book.leases, book.past)
+            return form_line(groups[0], self.user.name, compute, spans, book.extras, book.now)
 
         return form.build_choices(
             mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
             in_use=Counter(lease.profile for lease in supply.held),
             fixed_layout=supply.fixed_layout, hide_absent=not self.show_unavailable_offers,
+            budget_line=budget_line,
         )
 
     def switch_url(self, offer_key: str) -> str:

@@ -120,7 +120,12 @@ class SpawnerRuntime:
             with self._opening:
                 if self._ledger is None:
                     self._ledger = Ledger.open(self.key.ledger_url)
+        self._ledger.budget_horizon = self.budget_horizon
         return self._ledger
+
+    #: How far back claims read past leases for budgets (the policies' longest budget
+    #: window, set each time a spawner reads the policies); ``None``: no budgets.
+    budget_horizon: float | None = None
 
     def gpu(self) -> GpuAdapter:
         """The GPU adapter: real NVML, or the simulator when ``simulate`` is set; its

@@ -67,13 +67,17 @@ class MIGSpawnerSettings(Configurable):
         """The hub's group policies, checked; an admin's mistake stops the spawn. Built
         again only when ``c.MIGPolicyConfig`` changed (:func:`_built_policies`)."""
         try:
-            return _built_policies(self)
+            policies = _built_policies(self)
         except PolicyError as e:
             raise admin_error(
                 "The hub's GPU policy configuration is wrong",
                 Reason.POLICY_CONFIG,
                 str(e),
             ) from None
+        # Claims read past leases as far back as the longest budget window.
+        if policies.budget_horizon is not None or self._runtime is not None:
+            self.runtime.budget_horizon = policies.budget_horizon
+        return policies
 
     def user_policy(self, policies: PolicySet) -> UserPolicy:
         return policies.for_user([g.name for g in self.user.groups])

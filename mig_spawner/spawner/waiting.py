@@ -40,12 +40,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from mig_spawner.core import budget
+from mig_spawner.core.budget import spans_of
+from mig_spawner.core.catalog import model
 from mig_spawner.core.policy import GroupPolicy, Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import (
@@ -134,6 +137,9 @@ class Ticket:
     estimate: Estimate | None = None
     #: Keys of the user's other offers free to take now.
     free: tuple[str, ...] = ()
+    #: Its group's budget cannot pay for it now: why, and when it can (it is passed over
+    #: until then, and counts as ahead of nobody).
+    budget: Refused | None = None
     _ended: asyncio.Future[WaitEntry] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     _news: asyncio.Event = field(default_factory=asyncio.Event)
@@ -146,9 +152,11 @@ class Ticket:
         return self._ended.done()
 
     def tell(self, entry: WaitEntry, position: int, estimate: Estimate | None,
-             free: tuple[str, ...]) -> None:
-        """A pass's word: still waiting, at ``position``."""
+             free: tuple[str, ...], budget: Refused | None = None) -> None:
+        """A pass's word: still waiting, at ``position`` (``budget``: but its budget
+        cannot pay for it yet)."""
         self.entry, self.position, self.estimate, self.free = entry, position, estimate, free
+        self.budget = budget
         self._news.set()
 
     def end(self, entry: WaitEntry, plan: ClaimPlan, free: tuple[str, ...]) -> None:
@@ -175,6 +183,8 @@ class GrantLoop:
         self._history: tuple[float, list[tuple[str, str, float]]] | None = None
         self._ghosts_cleared = False
         self._retry_at: float | None = None
+        #: When the first waiter held back by its budget can be served (a deadline).
+        self._budget_at: datetime | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -234,6 +244,8 @@ class GrantLoop:
                if t.entry.deadline is not None and not t.done]
         if self._retry_at is not None:
             due.append(self._retry_at - time.monotonic())
+        if self._budget_at is not None:
+            due.append((self._budget_at - now).total_seconds())
         return max(min(due), 0.0) + 0.01 if due else None
 
     async def _watch(self) -> None:
@@ -303,10 +315,12 @@ class GrantLoop:
         supply = delegate.supply_from(fleet, done.held)
         history = await self._holds()
         shares = group_shares(_held_by_group(done.held), quotas, done.capacity)
-        skipped = [t.entry.user for t in tickets if _at_user_limit(t.mine, t.entry.user,
-                                                                   done.held)]
-        places = positions([e.waiter for e in done.line], shares, skipped)
         now = datetime.now(UTC)
+        spent = await self._budget_spent(tickets, plans, done.held, now)
+        skipped = [t.entry.user for t in tickets if _at_user_limit(t.mine, t.entry.user,
+                                                                   done.held)
+                   or t.entry.id in spent]
+        places = positions([e.waiter for e in done.line], shares, skipped)
         for ticket in tickets:
             entry = done.watched.get(ticket.entry.id, ticket.entry)
             plan = plans[entry.id]
@@ -320,10 +334,40 @@ class GrantLoop:
             past = history_for(history, plan.profile or entry.offer, entry.group)
             place = places.get(entry.id, 1)
             limits = HoldLimits.of(charged_group(ticket.mine, ticket.offer))
-            ticket.tell(entry, place, estimate_wait(place, holders, past, limits=limits), free)
+            ticket.tell(entry, place, estimate_wait(place, holders, past, limits=limits), free,
+                        spent.get(entry.id))
         WAITERS.clear()
         for entry in done.line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
+
+    async def _budget_spent(self, tickets: list[Ticket], plans: dict[int, ClaimPlan],
+                            held: Sequence[Lease], now: datetime) -> dict[int, Refused]:
+        """The waits whose group's budget cannot pay for them now (the grant step
+        passes them over): entry id -> the refusal with its retry time. One ledger read
+        per pass, only where a waiter's group has a budget; the earliest retry time
+        becomes a deadline of the loop, when they may be served."""
+        self._budget_at = None
+        policies = tickets[0].spawner.policies()
+        groups = {t.entry.id: policies.group(t.entry.group) for t in tickets}
+        windows = [g.budget_window for g in groups.values() if g.has_budget]
+        if not windows:
+            return {}
+        since = now - timedelta(seconds=max(windows))
+        leases, extras = await self.runtime.run(
+            lambda: self.runtime.ledger().budget_usage(since))
+        spans = spans_of(held, [x for x in leases if not x.held])
+        spent = {}
+        for ticket in tickets:
+            group, wants = groups[ticket.entry.id], plans[ticket.entry.id].wants
+            if not group.has_budget or not wants:
+                continue
+            compute = min(model(k).profile(p).compute_slices for k, p in wants.items())
+            refused = budget.refusal(group, ticket.entry.user, compute, spans, extras, now)
+            if refused is not None:
+                spent[ticket.entry.id] = refused
+        times = [r.retry_at for r in spent.values() if r.retry_at is not None]
+        self._budget_at = min(times, default=None)
+        return spent
 
     async def _observe_grants(self, granted: list[WaitEntry]) -> None:
         """Release-to-grant time: from the latest release before each grant to it."""
@@ -592,6 +636,9 @@ def _place_message(spawner: MIGSpawnerMixin, ticket: Ticket) -> tuple[str, str]:
     """What the pending page says: place, estimate, and what is free instead (text and
     HTML, the latter with a link that starts the server with the free offer)."""
     place = ticket.position or 1
+    if ticket.budget is not None:
+        text = f"Waiting for a {ticket.offer.key} slice, but {ticket.budget.sentence}"
+        return text, escape(text)
     guess = ticket.estimate.said("estimated") if ticket.estimate else "no estimate yet"
     text = f"{ordinal(place)} in line for a {ticket.offer.key} slice; {guess}"
     html = escape(text)

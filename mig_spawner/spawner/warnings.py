@@ -50,6 +50,7 @@ STALE_AFTER = 60.0
 REASONS = {
     "server_idle": "it has not been used for a while",
     "max_session_age": "it reached your group's longest session",
+    "budget": "its GPU-hour budget runs out",
 }
 
 
@@ -64,6 +65,8 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
     if rule == "max_session_age":
         keep = (f"Keep adds {format_duration(extend_by)} ({extensions_left} more allowed)."
                 if extensions_left else "No more extensions: save your work.")
+    elif rule == "budget":
+        keep = "Keep cannot add hours: save your work."
     else:
         keep = "Save your work, or keep it."
     return {

@@ -51,7 +51,14 @@ GROUP_KEYS = (
     "purpose_choices",
     "purpose_free_text",
     "purpose_required",
+    "budget",
+    "user_budget",
+    "budget_window",
+    "budget_min_hold",
+    "budget_action",
+    "budget_warn_share",
 )
+BUDGET_ACTIONS = ("stop", "refuse_new")
 DURATION_KEYS = (
     "server_idle_timeout",
     "kernel_idle_timeout",
@@ -338,10 +345,72 @@ class _Checker:
             purpose_free_text=self._flag(settings, "purpose_free_text", where, True),
             purpose_required=self._flag(settings, "purpose_required", where),
             **durations,
+            **self._budget(settings, where),
         )
         if len(self.problems) == found_before:  # each setting is right on its own
             self._contradictions(policy, where, classes)
+            self._budget_contradictions(policy, where, classes)
         return policy
+
+    def _budget(self, settings: Mapping, where: str) -> dict[str, object]:
+        """The budget settings of a group (docs/policies.md, "Budgets")."""
+        out: dict[str, object] = {}
+        for key, default, unlimited in (("budget", None, True), ("user_budget", None, True),
+                                        ("budget_window", 7 * 86400.0, False),
+                                        ("budget_min_hold", 1800.0, False)):
+            if key not in settings:
+                continue
+            try:
+                out[key] = parse_duration(settings[key], unlimited_ok=unlimited)
+            except DurationError as exc:
+                self.problems.append(f"{where}: {key}: {exc} (budgets are compute-slice-"
+                                     "hours, e.g. '40h')" if key.endswith("budget") else
+                                     f"{where}: {key}: {exc}")
+                out[key] = default
+        action = settings.get("budget_action", "stop")
+        if action not in BUDGET_ACTIONS:
+            self.problems.append(f"{where}: budget_action must be one of "
+                                 f"{', '.join(map(repr, BUDGET_ACTIONS))}, got {action!r}"
+                                 f"{_suggestion(action, BUDGET_ACTIONS)}")
+            action = "stop"
+        out["budget_action"] = action
+        share = settings.get("budget_warn_share", 0.8)
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 < share <= 1):
+            self.problems.append(f"{where}: budget_warn_share must be a number above 0 and "
+                                 f"at most 1 (the share used when members are warned), or "
+                                 f"None, got {share!r}")
+            share = 0.8
+        out["budget_warn_share"] = None if share is None else float(share)
+        return out
+
+    def _budget_contradictions(self, policy: GroupPolicy, where: str,
+                               classes: Mapping[str, Offer]) -> None:
+        """Budget settings that cannot all hold: a member budget above the group's, a
+        minimum hold no shorter than the window, a size no budget can ever pay for."""
+        if not policy.has_budget:
+            return
+        group, member = policy.budget, policy.user_budget
+        if group is not None and member is not None and member > group:
+            self.problems.append(
+                f"{where}: user_budget {format_duration(member)} is more than the group's "
+                f"budget {format_duration(group)}: a member's own budget is spent within the "
+                "group's; lower user_budget or raise budget")
+        window, hold = policy.budget_window, policy.budget_min_hold
+        if hold >= window:
+            self.problems.append(
+                f"{where}: budget_min_hold {format_duration(hold)} is not shorter than "
+                f"budget_window {format_duration(window)}; make it shorter (e.g. '30m')")
+            return
+        smallest = min(b for b in (group, member) if b is not None)
+        too_big = [key for key in policy.allowed
+                   if (need := self._compute_slices(key, classes)) and need * hold > smallest]
+        if too_big:
+            self.problems.append(
+                f"{where}: allowed: {', '.join(map(repr, too_big))} cannot be paid for by "
+                f"a budget of {format_duration(smallest)} compute-slice-hours (budget_min_hold "
+                f"{format_duration(hold)} per compute slice); raise the budget, shorten "
+                "budget_min_hold or remove it from allowed")
 
     def _contradictions(self, policy: GroupPolicy, where: str,
                         classes: Mapping[str, Offer]) -> None:

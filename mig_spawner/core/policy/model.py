@@ -116,6 +116,14 @@ class GroupPolicy:
     servers charged to this group are culled after ``server_idle_timeout_when_waited``
     of idleness instead of ``server_idle_timeout`` (``None``: no change), and only after
     a warning (``warn_before``) with the stop's time.
+
+    Budgets (docs/policies.md, "Budgets"; :mod:`mig_spawner.core.budget`): ``budget``
+    compute-slice-seconds over a rolling ``budget_window`` for all leases charged to the
+    group, ``user_budget`` for each member's own within it (``None``: no budget). A
+    spawn is covered when every budget pays for ``budget_min_hold`` of its size; when
+    one is spent, ``budget_action`` ``"stop"`` stops the servers it pays for,
+    ``"refuse_new"`` only refuses new ones. Members are warned once
+    ``budget_warn_share`` of a budget is used (``None``: only ``warn_before`` ahead).
     """
 
     name: str
@@ -147,6 +155,18 @@ class GroupPolicy:
     purpose_free_text: bool = True
     #: Whether a spawn must say what the server is for.
     purpose_required: bool = False
+
+    budget: float | None = None
+    user_budget: float | None = None
+    budget_window: float = 7 * 86400.0
+    budget_min_hold: float = 1800.0
+    budget_action: Literal["stop", "refuse_new"] = "stop"
+    budget_warn_share: float | None = 0.8
+
+    @property
+    def has_budget(self) -> bool:
+        """Whether a group or member budget limits this group's leases."""
+        return self.budget is not None or self.user_budget is not None
 
     @property
     def grants_gpu(self) -> bool:
@@ -263,6 +283,14 @@ class PolicySet:
     def offer(self, key: str) -> Offer:
         """The offer with this key (``KeyError`` when none)."""
         return self.offers[offer_key(key)]
+
+    @property
+    def budget_horizon(self) -> float | None:
+        """The longest budget window of any group (seconds), ``None`` when no group has a
+        budget: how far back the ledger must read past leases for budgets."""
+        windows = [g.budget_window for g in (*self.groups.values(), self.default)
+                   if g.has_budget]
+        return max(windows, default=None)
 
     def profile_names(self, model_keys: Iterable[str] | None = None) -> tuple[str, ...]:
         """Every concrete profile some group's offer can mean, in offer order, without

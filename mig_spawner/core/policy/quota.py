@@ -8,7 +8,7 @@ two concurrent spawns cannot both squeeze under one quota. Import through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mig_spawner.core.refusal import Reason, Refused
@@ -49,6 +49,7 @@ def check_claim(
     profile_compute_slices: int,
     user_active: Sequence[Holding],
     group_active: Mapping[str, GroupTally],
+    afford: Callable[[GroupPolicy], Refused | None] | None = None,
 ) -> GroupPolicy:
     """The group a new lease of ``offer`` is charged to; else raises ``Refused``.
 
@@ -57,7 +58,10 @@ def check_claim(
     leases. ``group_active``: usage per group of all active leases (groups missing from
     it hold nothing). Checks, in order: GPU access at all, the offer, the user's limit,
     then the quotas of the groups that allow the offer, in ``charge_candidates`` order;
-    the first group with room is charged.
+    the first group with room is charged. ``afford(group)``: why that group's budgets
+    cannot pay for the lease (a ``budget`` refusal), or ``None``; a group with room but
+    no budget left is passed over like a full one, and when no group is full the
+    budget refusal with the earliest retry is raised.
     """
     if not user_policy.has_gpu_access:
         raise Refused(
@@ -82,13 +86,20 @@ def check_claim(
         )
     candidates = user_policy.charge_candidates(key)
     full = []
+    spent: list[Refused] = []
     for group in candidates:
         shortfall = _shortfall(
             group, group_active.get(group.name, GroupTally()), profile_compute_slices, key
         )
         if shortfall is None:
-            return group
+            broke = afford(group) if afford is not None else None
+            if broke is None:
+                return group
+            spent.append(broke)
+            continue
         full.append(shortfall)
+    if spent and not full:
+        raise min(spent, key=lambda r: (r.retry_at is None, r.retry_at or 0))
     if len(full) == 1:
         # Only the default policy applies alone without being one of "your" groups.
         message = full[0] if candidates[0].is_default else f"your {full[0]}"

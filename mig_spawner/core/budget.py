@@ -1,0 +1,353 @@
+"""GPU-hour budgets: what a group (and each of its members) has used over a rolling
+window, whether a new server is covered, when it will be, and when a running one runs
+out.
+
+Budgets are counted in *compute-slice-seconds*: a lease holding a profile of ``c``
+compute slices (the catalog's count for its profile; a whole H200 is 7) for ``d``
+seconds uses ``c * d``, from its claim to its release (time held, not time busy). A
+budget is spent over a rolling ``window``: at time ``t`` the usage is what leases held
+within ``[t - window, t]``. An admin's extra hours (:class:`Extra`) add to a budget for
+one window from when they were given.
+
+Every time is computed on whole microseconds, so the answers are exact: with no
+running servers, :func:`retry_at` is the first whole second at which :func:`covered`
+holds, and one second earlier it does not. Pure: no I/O, no JupyterHub import.
+Admin documentation: docs/policies.md, "Budgets".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from mig_spawner.core.durations import format_duration
+from mig_spawner.core.refusal import Reason, Refused
+
+_US = 1_000_000  # microseconds in a second
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The time one lease held its slice. ``end`` ``None``: it still holds it."""
+
+    group: str
+    user: str
+    compute_slices: int
+    start: datetime
+    end: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Extra:
+    """Extra compute-slice-seconds an admin granted to a group's budget (``user``
+    ``None``) or to one member's own budget, valid for one window from ``at``."""
+
+    group: str
+    user: str | None
+    slice_seconds: float
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One budget that applies to a spawn: the group's, or one member's own."""
+
+    group: str
+    #: ``None``: the group's budget (every member's leases count); else this member's.
+    user: str | None
+    #: Compute-slice-seconds per window.
+    amount: float
+    window: float
+
+    def counts(self, span: Span) -> bool:
+        """Whether ``span`` is charged to this budget."""
+        return span.group == self.group and (self.user is None or span.user == self.user)
+
+    def adds(self, extra: Extra) -> bool:
+        """Whether ``extra`` raises this budget."""
+        return extra.group == self.group and extra.user == self.user
+
+    @property
+    def what(self) -> str:
+        """``your own GPU budget`` or ``the GPU budget of group 'x'``, for messages."""
+        return ("your own GPU budget" if self.user is not None
+                else f"the GPU budget of group {self.group!r}")
+
+
+class BudgetPolicy(Protocol):
+    """What :mod:`mig_spawner.core.policy`'s ``GroupPolicy`` says of budgets."""
+
+    name: str
+    budget: float | None
+    user_budget: float | None
+    budget_window: float
+    budget_min_hold: float
+
+
+class HeldTime(Protocol):
+    """What budgets read of a lease (a ledger ``Lease``)."""
+
+    id: str
+    group: str
+    user: str
+    compute_slices: int
+    claimed_at: datetime
+    released_at: datetime | None
+
+
+def spans_of(held: Iterable[HeldTime], past: Iterable[HeldTime] = ()) -> list[Span]:
+    """The time each lease held its slice: ``held`` leases run on, ``past`` (released)
+    ones end at their release; a lease in both counts as held."""
+    held = list(held)
+    ids = {lease.id for lease in held}
+    spans = [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at, None)
+             for lease in held]
+    spans += [Span(lease.group, lease.user, lease.compute_slices, lease.claimed_at,
+                   lease.released_at or lease.claimed_at)
+              for lease in past if lease.id not in ids and lease.released_at is not None]
+    return spans
+
+
+def limits(group: BudgetPolicy, user: str) -> tuple[Limit, ...]:
+    """The budgets a lease of ``user`` charged to ``group`` spends: the group's, then
+    the member's own (each only where set)."""
+    found = []
+    if group.budget is not None:
+        found.append(Limit(group.name, None, group.budget, group.budget_window))
+    if group.user_budget is not None:
+        found.append(Limit(group.name, user, group.user_budget, group.budget_window))
+    return tuple(found)
+
+
+def _us(when: datetime) -> int:
+    return (when - _EPOCH) // timedelta(microseconds=1)
+
+
+def _time(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _ceil_second(us: int) -> int:
+    return -(-us // _US) * _US
+
+
+@dataclass(frozen=True)
+class _Book:
+    """One budget's spans and extras in microseconds, ready to evaluate."""
+
+    amount: int  # compute-slice-microseconds
+    window: int
+    spans: tuple[tuple[int, int, int | None], ...]  # (compute slices, start, end or None)
+    extras: tuple[tuple[int, int], ...]  # (amount, at)
+
+    @classmethod
+    def of(cls, limit: Limit, spans: Iterable[Span], extras: Iterable[Extra]) -> _Book:
+        return cls(
+            amount=round(limit.amount * _US),
+            window=round(limit.window * _US),
+            spans=tuple((s.compute_slices, _us(s.start), None if s.end is None else _us(s.end))
+                        for s in spans if limit.counts(s)),
+            extras=tuple((round(e.slice_seconds * _US), _us(e.at))
+                         for e in extras if limit.adds(e)),
+        )
+
+    def used(self, t: int, stop: int | None) -> int:
+        """Compute-slice-microseconds used within ``[t - window, t]``; running spans
+        end at ``stop`` (``None``: they run on to ``t``)."""
+        since = t - self.window
+        total = 0
+        for compute, start, end in self.spans:
+            until = min(t, end if end is not None else (t if stop is None else stop))
+            total += compute * max(0, until - max(start, since))
+        return total
+
+    def granted(self, t: int) -> int:
+        return sum(amount for amount, at in self.extras if at <= t < at + self.window)
+
+    def remaining(self, t: int, stop: int | None) -> int:
+        return self.amount + self.granted(t) - self.used(t, stop)
+
+    def breaks(self, now: int, stop: int | None) -> set[int]:
+        """Times after ``now`` where the remaining budget's slope or level may change."""
+        points = {a + self.window for _, a in self.extras}
+        for _, start, end in self.spans:
+            points.add(start + self.window)
+            if end is not None or stop is not None:
+                until = end if end is not None else stop
+                points.update((until, until + self.window))
+        return {p for p in points if p > now}
+
+
+def _first(now: int, breaks: Iterable[int], linear: Sequence[Callable[[int], int]],
+           need: Sequence[int], every: bool) -> int | None:
+    """The first whole second ``t >= now`` at which ``linear[i](t) >= need[i]`` for every
+    ``i`` (``every``) or for some ``i``; each function is linear between two
+    consecutive ``breaks``. ``None``: never."""
+    points = sorted({now, *breaks})
+    for a, b in zip(points, [*points[1:], None], strict=True):
+        times = []
+        for f, target in zip(linear, need, strict=True):
+            t = _ceil_second(a)
+            if b is not None and t >= b:
+                times.append(None)
+                continue
+            level = f(a)
+            slope = f(a + 1) - level
+            if f(t) < target:
+                t = _ceil_second(a + -(-(target - level) // slope)) if slope > 0 else None
+                if t is not None and b is not None and t >= b:
+                    t = None
+            times.append(t)
+        if every and all(t is not None for t in times):
+            return max(times)  # type: ignore[type-var]
+        if not every and any(t is not None for t in times):
+            return min(t for t in times if t is not None)
+    return None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where one budget stands at ``now``: its size with extras, and what is used."""
+
+    limit: Limit
+    amount: float
+    extra: float
+    used: float
+
+    @property
+    def remaining(self) -> float:
+        return self.amount + self.extra - self.used
+
+    @property
+    def share_used(self) -> float:
+        total = self.amount + self.extra
+        return 1.0 if total <= 0 else self.used / total
+
+
+def standings(group: BudgetPolicy, user: str, spans: Iterable[Span], extras: Iterable[Extra],
+              now: datetime) -> tuple[Standing, ...]:
+    """Each budget ``user``'s leases charged to ``group`` spend, as it stands at ``now``."""
+    spans, extras = tuple(spans), tuple(extras)
+    t = _us(now)
+    out = []
+    for limit in limits(group, user):
+        book = _Book.of(limit, spans, extras)
+        out.append(Standing(limit, limit.amount, book.granted(t) / _US, book.used(t, None) / _US))
+    return tuple(out)
+
+
+def covered(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
+            extras: Iterable[Extra], now: datetime) -> bool:
+    """Whether every budget of ``group`` (and ``user``'s own in it) pays for
+    ``budget_min_hold`` of a lease of ``compute_slices`` at ``now``."""
+    spans, extras = tuple(spans), tuple(extras)
+    need = round(compute_slices * group.budget_min_hold * _US)
+    t = _us(now)
+    return all(_Book.of(limit, spans, extras).remaining(t, None) >= need
+               for limit in limits(group, user))
+
+
+def retry_at(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
+             extras: Iterable[Extra], now: datetime) -> datetime | None:
+    """The first whole second from ``now`` on at which a spawn of ``compute_slices`` is
+    covered, assuming the servers that run now stop now (so, with servers running, the
+    earliest time: it is later if they run on). ``None``: never (the budget, with no
+    usage at all, cannot pay for the minimum hold)."""
+    spans, extras = tuple(spans), tuple(extras)
+    t = _us(now)
+    need = round(compute_slices * group.budget_min_hold * _US)
+    books = [_Book.of(limit, spans, extras) for limit in limits(group, user)]
+    if not books:
+        return _time(_ceil_second(t))
+    breaks = set().union(*(b.breaks(t, t) for b in books))
+    found = _first(t, breaks, [lambda x, b=b: b.remaining(x, t) for b in books],
+                   [need] * len(books), every=True)
+    return None if found is None else _time(found)
+
+
+def exhausted_at(group: BudgetPolicy, user: str, spans: Iterable[Span],
+                 extras: Iterable[Extra], now: datetime) -> datetime | None:
+    """When the first budget of ``user`` in ``group`` is spent (nothing left) if the
+    servers that run now keep running and nobody starts another; ``None``: never
+    (nothing runs, or what runs fits the window). At or before ``now``: spent already."""
+    spans, extras = tuple(spans), tuple(extras)
+    t = _us(now)
+    books = [_Book.of(limit, spans, extras) for limit in limits(group, user)]
+    if not books:
+        return None
+    breaks = set().union(*(b.breaks(t, None) for b in books))
+    found = _first(t, breaks, [lambda x, b=b: -b.remaining(x, None) for b in books],
+                   [0] * len(books), every=False)
+    return None if found is None else _time(found)
+
+
+def leaving(group: BudgetPolicy, when: datetime) -> datetime:
+    """The time whose hours leave the window at ``when``."""
+    return when - timedelta(seconds=group.budget_window)
+
+
+def refusal(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
+            extras: Iterable[Extra], now: datetime) -> Refused | None:
+    """``None`` when the budgets cover a spawn of ``compute_slices`` at ``now``; else the
+    refusal with the time it can succeed (:attr:`Refused.retry_at`)."""
+    spans, extras = tuple(spans), tuple(extras)
+    if covered(group, user, compute_slices, spans, extras, now):
+        return None
+    when = retry_at(group, user, compute_slices, spans, extras, now)
+    need = compute_slices * group.budget_min_hold
+    low = min(standings(group, user, spans, extras, now), key=lambda s: s.remaining)
+    left = max(0.0, low.remaining)
+    hours = _hours(left)
+    message = (f"{low.limit.what} has {hours} compute-slice-hour{'' if hours == '1' else 's'} "
+               "left of "
+               f"{_hours(low.amount + low.extra)} per {format_duration(group.budget_window)}; "
+               f"this size needs {_hours(need)} ({format_duration(group.budget_min_hold)} of "
+               f"{compute_slices} compute slice{'s' if compute_slices != 1 else ''})")
+    if when is None:
+        hint = "pick a smaller size, or ask an admin for more hours"
+    else:
+        running = any(s.end is None and limit.counts(s) for s in spans
+                      for limit in limits(group, user))
+        hint = (f"Retry at {when_text(when)}, when the hours used "
+                f"{when_text(leaving(group, when), day_only=True)} leave the window")
+        if running:
+            hint += " (the earliest time: it assumes your group's running servers stop now)"
+    return Refused(Reason.BUDGET_SPENT, message, hint, retry_at=when)
+
+
+def form_line(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
+              extras: Iterable[Extra], now: datetime) -> str | None:
+    """What the spawn form says beside a size of ``compute_slices``: the budget left
+    (the lower of the group's and the member's own), in compute-slice-hours and in
+    hours of this size; ``None`` when ``group`` has no budget."""
+    found = standings(group, user, spans, extras, now)
+    if not found:
+        return None
+    low = min(found, key=lambda s: s.remaining)
+    left = max(0.0, low.remaining)
+    minutes = left / compute_slices // 60
+    last = format_duration(60 * minutes) if minutes else "under a minute"
+    whose = "your own budget" if low.limit.user is not None else "your group's budget"
+    return (f"{_hours(left)} of {_hours(low.amount + low.extra)} compute-slice-hours left "
+            f"in {whose} this {format_duration(group.budget_window)} "
+            f"({_hours(left / 7)} whole-GPU hours): this size uses {compute_slices} an "
+            f"hour, so about {last}")
+
+
+def when_text(when: datetime, day_only: bool = False) -> str:
+    """``Thursday 14:20 UTC`` (rounded up to the minute, so that a retry then
+    succeeds); ``day_only``: ``on Monday``."""
+    if day_only:
+        return f"on {when:%A}"
+    minute = when.replace(second=0, microsecond=0)
+    if minute < when:
+        minute += timedelta(minutes=1)
+    return f"{minute:%A %H:%M} UTC"
+
+
+def _hours(slice_seconds: float) -> str:
+    hours = slice_seconds / 3600
+    return f"{hours:.1f}".rstrip("0").rstrip(".") if hours % 1 else f"{hours:.0f}"

@@ -1,0 +1,90 @@
+"""GPU-hour budgets as the report shows them: what each group with a budget, and each
+of its members, used over the budget window, against what they have.
+
+Pure: the caller reads the leases and the extra hours from the ledger
+(``Ledger.budget_usage``) and the policies from the hub's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mig_spawner.core import budget
+from mig_spawner.core.budget import Extra
+from mig_spawner.core.durations import format_duration
+from mig_spawner.core.policy import PolicySet
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """One budget and what is used of it, in compute-slice-hours over ``window``."""
+
+    group: str
+    #: ``""``: the group's budget (all members); else one member's use, against their
+    #: own budget when the group sets one (``budget_hours`` ``None``: none of their own).
+    user: str
+    window: str
+    used_hours: float
+    budget_hours: float | None
+    extra_hours: float
+
+    @property
+    def left_hours(self) -> float | None:
+        if self.budget_hours is None:
+            return None
+        return self.budget_hours + self.extra_hours - self.used_hours
+
+
+def budget_rows(policies: PolicySet, leases: Iterable[budget.HeldTime],
+                extras: Sequence[Extra], held_ids: set[str], now: datetime) -> list[BudgetRow]:
+    """A row per group with a budget and per member who used it within its window.
+
+    ``leases``: every lease that held a slice within the longest window (held ones
+    named in ``held_ids``, whose time runs to ``now``)."""
+    leases = list(leases)
+    spans = budget.spans_of([x for x in leases if x.id in held_ids],
+                            [x for x in leases if x.id not in held_ids])
+    rows = []
+    for group in (*policies.groups.values(), policies.default):
+        if not group.has_budget:
+            continue
+        window = format_duration(group.budget_window)
+        members = sorted({s.user for s in spans if s.group == group.name})
+        if group.budget is not None:
+            whole = budget.standings(group, "", spans, extras, now)[0]
+            rows.append(BudgetRow(group.name, "", window, whole.used / 3600,
+                                  whole.amount / 3600, whole.extra / 3600))
+        for user in members:
+            own = [s for s in budget.standings(group, user, spans, extras, now)
+                   if s.limit.user is not None]
+            if own:
+                rows.append(BudgetRow(group.name, user, window, own[0].used / 3600,
+                                      own[0].amount / 3600, own[0].extra / 3600))
+            else:
+                used = sum(s.compute_slices * _overlap(s, now, group.budget_window)
+                           for s in spans if s.group == group.name and s.user == user)
+                rows.append(BudgetRow(group.name, user, window, used / 3600, None, 0.0))
+    return rows
+
+
+def _overlap(span: budget.Span, now: datetime, window: float) -> float:
+    """Seconds of ``span`` within the window that ends at ``now``."""
+    end = span.end or now
+    start = max(span.start, now - timedelta(seconds=window))
+    return max(0.0, (min(end, now) - start).total_seconds())
+
+
+def budgets_text(rows: Sequence[BudgetRow]) -> str:
+    """The rows as a table, in compute-slice-hours (a whole H200 is 7 an hour)."""
+    lines = ["GPU budgets (compute-slice-hours; a whole H200 uses 7 an hour, a 1g slice 1):",
+             f"{'group':<16} {'user':<16} {'window':>8} {'used':>8} {'budget':>8} "
+             f"{'extra':>7} {'left':>8}"]
+    for row in rows:
+        budget_text = "-" if row.budget_hours is None else f"{row.budget_hours:.1f}"
+        left = "-" if row.left_hours is None else f"{row.left_hours:.1f}"
+        lines.append(f"{row.group:<16} {row.user or '(all)':<16} {row.window:>8} "
+                     f"{row.used_hours:>8.1f} {budget_text:>8} {row.extra_hours:>7.1f} "
+                     f"{left:>8}")
+    return "\n".join(lines)
