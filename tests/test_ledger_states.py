@@ -182,7 +182,7 @@ def test_migration_0008_reads_codes_out_of_the_old_sentences(backend_url):
                     {"id": f"old{n}", "user": f"user{n}", "reason": reason,
                      "state": "releasing" if "held by" in reason else "released",
                      "at": "2026-01-01 00:00:00"})
-        assert upgrade(engine) == "0008"
+        assert upgrade(engine, "0008") == "0008"
         with engine.connect() as conn:
             got = conn.execute(text(
                 "SELECT id, release_code, release_detail, held_by FROM leases")).all()

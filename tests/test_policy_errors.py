@@ -16,7 +16,7 @@ KNOWN_KEYS = (
     "kernel_idle_timeout, max_session_age, cull_busy_kernels, gpu_activity_counts, "
     "warn_before, extend_by, max_extensions, priority, queue, max_wait, "
     "max_waiting_per_user, server_idle_timeout_when_waited, "
-    "server_idle_timeout_when_unwaited, open_tab_counts"
+    "server_idle_timeout_when_unwaited, open_tab_counts, drain_notice"
 )
 LISTED = "MIG profiles such as '1g.18gb' may be listed directly"
 NO_LIMIT = "(or None for no limit)"

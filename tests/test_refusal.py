@@ -18,6 +18,7 @@ STATUS = {
     "no_capacity": 503,
     "mig_disabled": 503,
     "no_gpu_for_profile": 503,
+    "gpu_recut": 503,
     "lease_ended": 409,
     "mig_create": 503,
     "mig_backend": 503,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import catalog, demo, doctor, report, status
+from . import catalog, demo, doctor, layout, report, status
 from .settings import hub_config
 
 SIMULATE_HELP = (
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="KEY", help="only this catalog model (e.g. h200)")
 
     report.add_parser(sub, _add_gpu_options)
+    layout.add_parser(sub, _add_gpu_options)
     demo.add_parser(sub)
     return parser
 

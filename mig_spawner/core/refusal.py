@@ -42,6 +42,8 @@ class Reason(StrEnum):
     NO_CAPACITY = "no_capacity", 503
     MIG_DISABLED = "mig_disabled", 503
     NO_GPU_FOR_PROFILE = "no_gpu_for_profile", 503
+    # Some would be free, but an admin is re-cutting their GPU (docs/layout.md).
+    GPU_RECUT = "gpu_recut", 503
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503

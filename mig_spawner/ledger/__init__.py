@@ -18,6 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
+from .layout import LayoutChange
 from .records import (
     HELD_STATES,
     MODES,
@@ -50,6 +51,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidDecision",
     "KeepResult",
+    "LayoutChange",
     "Lease",
     "LeaseEvent",
     "LeaseNotFound",

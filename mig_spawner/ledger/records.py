@@ -7,7 +7,8 @@ objects, so nothing can lazy-load outside a transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -222,6 +223,8 @@ class LedgerView:
     request: LeaseRequest
     leases: tuple[Lease, ...]
     now: datetime
+    #: Slices a layout change holds from new grants: (host, GPU UUID) -> memory slices.
+    holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""

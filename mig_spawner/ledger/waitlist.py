@@ -28,6 +28,7 @@ from mig_spawner.core.waitlist import StarvationGuard, Waiter, next_grants
 from .changes import announce
 from .engine import lock_claims
 from .errors import IllegalTransition, InvalidDecision
+from .layout import read_holds
 from .models import leases, waits
 from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
 
@@ -247,6 +248,7 @@ class WaitList:
                 else:
                     waiting.append(entry)
             by_id = {entry.id: entry for entry in waiting}
+            holds = read_holds(connection)
 
             def serve(waiter: Waiter, view: Sequence[Lease]) -> Grant:
                 entry = by_id[waiter.id]
@@ -254,7 +256,7 @@ class WaitList:
                        for lease in view):
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
                 decision = decide(entry, LedgerView(request=entry.request, leases=tuple(view),
-                                                    now=now))
+                                                    now=now, holds=holds))
                 if not isinstance(decision, Grant):
                     raise InvalidDecision(
                         f"decide() must return a Grant, it returned {type(decision).__name__}"

@@ -85,6 +85,11 @@ class ServiceMetrics:
             f"{PREFIX}_servers_seen", "Running servers the last complete sweep saw.",
             registry=r,
         )
+        self.layout_gpus = Gauge(
+            f"{PREFIX}_layout_gpus",
+            "GPUs whose layout change is under way, by state (pending, draining, applying).",
+            ["state"], registry=r,
+        )
         self.last_sweep = Gauge(
             f"{PREFIX}_last_success_timestamp_seconds",
             "Unix time when the last sweep completed without error.", registry=r,

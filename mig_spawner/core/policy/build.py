@@ -46,6 +46,7 @@ GROUP_KEYS = (
     "server_idle_timeout_when_waited",
     "server_idle_timeout_when_unwaited",
     "open_tab_counts",
+    "drain_notice",
 )
 DURATION_KEYS = (
     "server_idle_timeout",
@@ -56,6 +57,7 @@ DURATION_KEYS = (
     "max_wait",
     "server_idle_timeout_when_waited",
     "server_idle_timeout_when_unwaited",
+    "drain_notice",
 )
 # The limits a warning comes ahead of: warn_before must be shorter than each.
 WARNED_LIMITS = (
@@ -65,7 +67,7 @@ WARNED_LIMITS = (
     "max_session_age",
 )
 # Durations whose default is a limit, not "none": a missing key keeps the default.
-_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0}
+_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0, "drain_notice": 3600.0}
 
 
 def build_policy(

@@ -108,6 +108,9 @@ class GroupPolicy:
       server (idle or max session age), with a "Keep my server" button; ``None``: no
       warning. Keep counts as activity for an idle stop; for max session age it moves
       the lease's ``expires_at`` by ``extend_by``, at most ``max_extensions`` times.
+    * ``drain_notice``: when the GPU a server's slice lies on is re-cut (docs/layout.md),
+      the server is warned and stopped this long after the drain began (default one
+      hour); Keep cannot pass it. ``None``: never stopped, the change waits for it.
 
     Waiting (docs/policies.md, "Waiting"): with ``queue`` on, a member whose spawn finds
     no slice free may join the wait list for up to ``max_wait`` seconds, with at most
@@ -137,6 +140,7 @@ class GroupPolicy:
     server_idle_timeout_when_waited: float | None = None
     server_idle_timeout_when_unwaited: float | None = None
     open_tab_counts: bool = False
+    drain_notice: float | None = 3600.0
 
     @property
     def grants_gpu(self) -> bool:
