@@ -376,9 +376,29 @@ def test_dynamic_mode_refuses_a_target_layout_and_drains_a_gpu_instead(tmp_path,
     assert main(["layout", "drain", *common, "0"]) == 0
     assert main(["layout", "status", "--ledger-url", url]) == 0
     assert "drain draining" in capsys.readouterr().out
+    assert main(["status", "--sim-state", str(state), "--ledger-url", url]) == 0
+    assert "GPU 0: drained for maintenance (draining)" in capsys.readouterr().out
     with Ledger.open(url) as ledger:
         assert ledger.holds()[(holder.this_host(), connect(state_file=str(state))
                                .inventory().gpus[0].uuid)] == frozenset(range(64))
     assert main(["layout", "end", "--ledger-url", url, "0"]) == 0
     with Ledger.open(url) as ledger:
         assert ledger.holds() == {}
+
+
+def test_the_map_shows_a_gpu_being_re_cut_and_which_slices_are_held(world):
+    from mig_spawner.observe.slice_state import slice_map
+    from mig_spawner.observe.slicemap import slicemap_json
+
+    ledger, gpus, _, clock = world
+    claim_on(ledger, gpus, 0, 2, "ana")
+    inventory = gpus.inventory()
+    plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.active()))
+    begin(ledger, inventory.host, plan, parse_spec(TARGET))
+    LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
+    data = slicemap_json(slice_map(gpus.inventory(), ledger.active(), clock.now,
+                                   changes=ledger.layout_changes()))
+    gpu0, gpu1 = data["gpus"]
+    assert gpu0["change"] == "being re-cut (draining): waits for ana"
+    assert gpu0["held_slices"] == [0, 1, 2, 3]
+    assert gpu1["change"] is None and gpu1["held_slices"] == []

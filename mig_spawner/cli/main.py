@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -50,8 +51,34 @@ def _read_inventory(args: argparse.Namespace):
 
 def cmd_status(args: argparse.Namespace) -> int:
     inv = _read_inventory(args)
-    print(status.render_json(inv) if args.json else status.render_text(inv))
+    changes = _layout_changes(args, inv.host)
+    if args.json:
+        data = status.to_json(inv)
+        data["layout_changes"] = [
+            {"gpu": c.gpu_index, "uuid": c.gpu_uuid, "state": c.state.value,
+             "held_slices": sorted(c.held_slices), "whole_gpu": c.whole_gpu,
+             "detail": c.detail} for c in changes]
+        print(json.dumps(data, indent=2))
+        return 0
+    print(status.render_text(inv))
+    for c in changes:
+        from ..observe.slice_state import change_words
+
+        print(f"GPU {c.gpu_index}: {change_words(c)}; no new server is given its slices "
+              f"{', '.join(map(str, sorted(c.held_slices))) if not c.whole_gpu else '(all)'}")
     return 0
+
+
+def _layout_changes(args: argparse.Namespace, host: str) -> list:
+    """The layout changes under way on ``host`` (docs/layout.md); none without a ledger."""
+    from ..ledger import Ledger, LedgerError
+    from .report import ledger_url
+
+    try:
+        with Ledger.open_existing(ledger_url(args)) as ledger:
+            return ledger.layout_changes(host)
+    except LedgerError:
+        return []  # no hub has run here, or its ledger is older: nothing to show
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -143,9 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    _read_only_command(sub, "status", cmd_status,
-                       "show each GPU's MIG layout and its MIG devices",
-                       "print the inventory as JSON")
+    p = _read_only_command(sub, "status", cmd_status,
+                           "show each GPU's MIG layout and its MIG devices",
+                           "print the inventory as JSON")
+    p.add_argument("--ledger-url", metavar="URL",
+                   help="the lease ledger, for the layout changes under way (default: the "
+                        "hub's, as for 'report')")
     p = _read_only_command(
         sub, "doctor", cmd_doctor,
         "check that this host is ready for mig-spawner (read-only; exits 1 on failure)",

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import PolicySet
-from mig_spawner.ledger import Lease, WaitEntry
+from mig_spawner.ledger import LayoutChange, Lease, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -127,6 +127,11 @@ class GpuRow:
     memory_slices: int
     mig_enabled: bool
     slices: tuple[SliceRow, ...]
+    #: The layout change under way (docs/layout.md), in words: ``draining: waits for
+    #: ana/`` ; None when there is none.
+    change: str | None = None
+    #: Memory slices that change holds from new grants.
+    held_slices: tuple[int, ...] = ()
 
     @property
     def free_memory_slices(self) -> tuple[int, ...]:
@@ -345,6 +350,7 @@ def slice_map(
     *,
     idle_after: float = DEFAULT_IDLE_AFTER,
     waits: Iterable[WaitEntry] = (),
+    changes: Iterable[LayoutChange] = (),
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
@@ -352,7 +358,8 @@ def slice_map(
     other hosts only count towards the group totals. ``now``: an aware datetime (ages
     and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
     them out. ``idle_after``: seconds without activity after which a leased slice is
-    shown as idle. ``waits``: the wait list (``Ledger.waiting()``).
+    shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``changes``: the
+    layout changes under way (``Ledger.layout_changes()``).
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
@@ -373,9 +380,11 @@ def slice_map(
             lost.append(row)
         else:
             by_uuid[gpu.uuid].append(row)
+    changing = {c.gpu_uuid: c for c in changes if c.host == inventory.host and c.open}
     gpus = []
     for gpu in inventory.gpus:
         rows = sorted(by_uuid[gpu.uuid], key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
+        change = changing.get(gpu.uuid)
         gpus.append(GpuRow(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -384,6 +393,9 @@ def slice_map(
             memory_slices=_memory_slices(gpu),
             mig_enabled=gpu.mig_enabled,
             slices=tuple(rows),
+            change=None if change is None else change_words(change),
+            held_slices=() if change is None else tuple(sorted(
+                range(_memory_slices(gpu)) if change.whole_gpu else change.held_slices)),
         ))
     return SliceMap(
         host=inventory.host,
@@ -398,6 +410,13 @@ def slice_map(
             for w in waits
         ),
     )
+
+
+def change_words(change: LayoutChange) -> str:
+    """A layout change in words for the map and ``status``: what and where it stands."""
+    what = ("drained for maintenance" if change.target.get("drain")
+            else "being re-cut")
+    return f"{what} ({change.state.value})" + (f": {change.detail}" if change.detail else "")
 
 
 def counts_by(rows: Iterable[SliceRow], *keys: str) -> Mapping[tuple[object, ...], int]:

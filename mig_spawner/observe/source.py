@@ -52,6 +52,7 @@ class SliceSource:
             view = slice_map(
                 self.gpus.inventory(), self.ledger.active(), self._clock(), self.policy,
                 idle_after=self.idle_after, waits=self.ledger.waiting(),
+                changes=self.ledger.layout_changes(),
             )
             self._cached = (time.monotonic(), view)
             return view
