@@ -46,10 +46,12 @@ from mig_spawner.core.layout import (
     plan_gpu,
 )
 from mig_spawner.gpu.errors import GpuError, InstanceInUse
-from mig_spawner.ledger import LayoutChange, Lease, Ledger
+from mig_spawner.ledger import KUBE_NODE, LayoutChange, Lease, Ledger
 
 #: The warning rule a drain writes on a lease (beside ``server_idle``, ``max_session_age``).
 DRAIN_RULE = "drain"
+#: The node label MIG Manager applies, and the one it reports on (mig-parted config names).
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 #: What a maintenance drain asks for: the GPU emptied, its layout left as it is.
 DRAIN_TARGET: Mapping[str, Any] = {"drain": True}
 
@@ -151,7 +153,8 @@ class LayoutApplier:
         if not self.ledger.layout_changes():
             return result  # the common case: one indexed read, no GPU read
         inventory = self.gpus.inventory()
-        changes = self.ledger.layout_changes(inventory.host)
+        changes = [c for c in self.ledger.layout_changes(inventory.host)
+                   if c.gpu_uuid != KUBE_NODE]
         leases = self.ledger.active(inventory.host)
         for change in changes:
             outcome = self._one(change, inventory, leases, result)
@@ -232,29 +235,8 @@ class LayoutApplier:
 
     def _warn(self, change: LayoutChange, holders: Sequence[Holder], on_gpu: Sequence[Lease],
               outcome: GpuOutcome, result: Pass) -> LayoutChange:
-        """Warn each holder once (rule ``drain``); collect those whose notice ended."""
-        if not holders:
-            return change
-        now = self.clock()
-        if change.notice_from is None:
-            change = self.ledger.move_change(change.id, PlanState.DRAINING,
-                                             notice_from=now) or change
-        began = change.notice_from or now
-        by_id = {x.id: x for x in on_gpu}
-        for h in holders:
-            lease = by_id.get(h.lease_id)
-            notice = self.notice_for(h.group)
-            if lease is None or notice is None:
-                continue  # no notice in the group's policy: the change waits for it
-            deadline = began + timedelta(seconds=notice)
-            if lease.warning != DRAIN_RULE:
-                detail = (f"GPU {change.gpu_index} is re-cut by an admin: the server stops "
-                          f"within {format_duration(notice)}")
-                if self.ledger.warn(lease.id, DRAIN_RULE, deadline, detail) is not None:
-                    outcome.warned.append(lease.id)
-            elif deadline <= now:
-                result.due.append(lease)
-        return change
+        return warn_holders(self.ledger, change, holders, on_gpu, self.notice_for,
+                            self.clock(), outcome, result)
 
     def _run(self, s: Step, plan: GpuPlan) -> None:
         if s.kind is StepKind.DESTROY:
@@ -279,6 +261,35 @@ class LayoutApplier:
         return outcome
 
 
+def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder],
+                 leases: Sequence[Lease], notice_for: Callable[[str], float | None],
+                 now: datetime, outcome: GpuOutcome, result: Pass) -> LayoutChange:
+    """Warn each holder once (rule ``drain``, deadline: its group's notice after the
+    drain began); put those whose notice has ended in ``result.due``."""
+    if not holders:
+        return change
+    if change.notice_from is None:
+        change = ledger.move_change(change.id, PlanState.DRAINING, notice_from=now) or change
+    began = change.notice_from or now
+    by_id = {x.id: x for x in leases}
+    for h in holders:
+        lease = by_id.get(h.lease_id)
+        notice = notice_for(h.group)
+        if lease is None or notice is None:
+            continue  # no notice in the group's policy: the change waits for it
+        deadline = began + timedelta(seconds=notice)
+        if lease.warning != DRAIN_RULE:
+            where = (f"node {change.host}" if change.gpu_uuid == KUBE_NODE
+                     else f"GPU {change.gpu_index}")
+            detail = (f"{where} is re-cut by an admin: the server stops within "
+                      f"{format_duration(notice)}")
+            if ledger.warn(lease.id, DRAIN_RULE, deadline, detail) is not None:
+                outcome.warned.append(lease.id)
+        elif deadline <= now:
+            result.due.append(lease)
+    return change
+
+
 def plan_holders(plan: GpuPlan) -> list[Holder]:
     """The holders of the instances ``plan`` must destroy."""
     return [i.holder for i in plan.destroy if i.holder is not None]
@@ -294,3 +305,115 @@ def waiting_for(steps: Iterable[Step]) -> list[str]:
             found[f"processes on {s.instance.describe()}"] = None
     return list(found)
 
+
+
+# --- Kubernetes: the node's label and NVIDIA's MIG Manager -------------------------------
+
+
+def begin_kube(ledger: Ledger, node: str, config: str) -> LayoutChange:
+    """Hold every slice of ``node`` from new grants, to re-cut it to the mig-parted
+    config ``config`` (MIG Manager re-cuts every GPU whose layout changes whole, and
+    resets all the node's GPUs for a MIG mode change: the node is held whole)."""
+    return ledger.open_change(node, KUBE_NODE, 0, {"mig_config": config}, (), whole_gpu=True)
+
+
+def _mig_pods(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``namespace/name`` of the pods that hold a MIG device of the node now."""
+    from mig_spawner.kube.cluster import pod_requests
+    from mig_spawner.kube.resources import MIG_RESOURCE_PREFIX
+
+    held = []
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase")
+        wants = pod_requests(pod)
+        if phase not in ("Succeeded", "Failed") and any(
+                r.startswith(MIG_RESOURCE_PREFIX) or r == "nvidia.com/gpu" for r in wants):
+            meta = pod.get("metadata") or {}
+            held.append(f"{meta.get('namespace')}/{meta.get('name')}")
+    return held
+
+
+class KubeLayout:
+    """Carries a Kubernetes node's layout change on, one pass at a time: hold the node
+    (:func:`begin_kube`), warn the servers whose pods hold its slices and hand those
+    whose notice ended to the caller (released with code ``drain``, their pods deleted),
+    then, once no pod holds a MIG device there, set the node's ``nvidia.com/mig.config``
+    label and wait for MIG Manager's ``nvidia.com/mig.config.state``: ``success`` ends
+    the change (the hold with it), ``failed`` fails it with the reason.
+
+    ``api``: an async callable that returns a connected ``CoreV1Api``.
+    """
+
+    def __init__(self, ledger: Ledger | Callable[[], Ledger], api: Callable[[], Any],
+                 notice_for: Callable[[str], float | None], *,
+                 clock: Callable[[], datetime] = utcnow) -> None:
+        self._ledger = ledger
+        self.api = api
+        self.notice_for = notice_for
+        self.clock = clock
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger (the slice service hands a callable: it may reconnect)."""
+        return self._ledger if isinstance(self._ledger, Ledger) else self._ledger()
+
+    async def step(self) -> Pass:
+        import asyncio
+
+        result = Pass()
+        changes = [c for c in await asyncio.to_thread(self.ledger.layout_changes)
+                   if c.gpu_uuid == KUBE_NODE]
+        if not changes:
+            return result
+        core = await self.api()
+        leases = await asyncio.to_thread(self.ledger.active)
+        for change in changes:
+            result.gpus.append(await self._one(core, change, leases, result))
+        return result
+
+    async def _one(self, core: Any, change: LayoutChange, leases: Sequence[Lease],
+                   result: Pass) -> GpuOutcome:
+        import asyncio
+
+        from mig_spawner.kube.resources import CONFIG_STATE_LABEL
+
+        ledger, node, config = self.ledger, change.host, change.target["mig_config"]
+        outcome = GpuOutcome(change.gpu_index, change.state)
+
+        def move(state: PlanState, detail: str) -> GpuOutcome:
+            moved = ledger.move_change(change.id, state, detail=detail)
+            outcome.state, outcome.why = (moved.state if moved else state), detail
+            return outcome
+
+        found = await core.read_node(node, _preload_content=False)
+        labels = ((await found.json()).get("metadata") or {}).get("labels") or {}
+        if change.state is PlanState.APPLYING:
+            state = labels.get(CONFIG_STATE_LABEL)
+            if labels.get(MIG_CONFIG_LABEL) == config and state == "success":
+                return await asyncio.to_thread(move, PlanState.DONE,
+                                               f"node {node} is re-cut to {config}")
+            if state == "failed":
+                return await asyncio.to_thread(
+                    move, PlanState.FAILED, f"MIG Manager reported {CONFIG_STATE_LABEL}="
+                    f"failed on node {node}; see its logs (kubectl -n gpu-operator logs "
+                    "-l app=nvidia-mig-manager)")
+            outcome.why = f"waits for MIG Manager ({CONFIG_STATE_LABEL}={state})"
+            return outcome
+        on_node = [x for x in leases if x.node == node]
+        holders = [Holder(x.id, x.user, x.server_name, x.group, x.profile, KUBE_NODE, 0,
+                          x.expires_at) for x in on_node]
+        listed = await core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False)
+        busy = _mig_pods((await listed.json()).get("items") or [])
+        change = await asyncio.to_thread(warn_holders, ledger, change, holders, on_node,
+                                         self.notice_for, self.clock(), outcome, result)
+        if busy:
+            return await asyncio.to_thread(
+                move, PlanState.DRAINING, f"waits for {len(busy)} pod(s) holding MIG devices")
+        # The state label too, as MIG Manager sets it when it starts: a "success" left
+        # from the last layout must not pass for this one's.
+        await core.patch_node(node, {"metadata": {"labels": {
+            MIG_CONFIG_LABEL: config, CONFIG_STATE_LABEL: "pending"}}})
+        outcome.done.append(f"set {MIG_CONFIG_LABEL}={config}")
+        return await asyncio.to_thread(move, PlanState.APPLYING,
+                                       f"{MIG_CONFIG_LABEL}={config} set; waits for MIG Manager")

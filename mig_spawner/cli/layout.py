@@ -40,6 +40,7 @@ every GPU, '0=3g.71gb,1g.18gb*4;1=off' per GPU index.
   status  each GPU's change: pending, draining, applying, done or failed, and why
   drain   hold a whole GPU from new grants and warn its holders (maintenance)
   end     end a drain (or give up a change): its GPU is granted from again
+  node    Kubernetes: hold a node, drain it, label it for MIG Manager and wait
 """
 
 
@@ -320,6 +321,22 @@ def cmd_end(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    """Run ``mig-spawner layout node NODE CONFIG`` (Kubernetes): hold the node and let
+    the slice service drain it, label it and wait for MIG Manager."""
+    from ..layout import begin_kube
+    from ..ledger import Ledger
+    from .report import ledger_url
+
+    with Ledger.open(ledger_url(args)) as ledger:
+        change = begin_kube(ledger, args.node, args.mig_config)
+    print(f"node {args.node}: held from new servers (change {change.id}). The slice "
+          "service warns the servers whose pods hold its slices, stops them at their "
+          "group's drain_notice, then sets nvidia.com/mig.config="
+          f"{args.mig_config} and waits for MIG Manager ('mig-spawner layout status')")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
     """Register ``layout`` on the ``mig-spawner`` parser."""
     p = sub.add_parser("layout", help="plan and apply a change of the MIG layout",
@@ -351,6 +368,14 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
         p.add_argument("gpu", type=int, metavar="GPU", help="the GPU's index")
         p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
         p.set_defaults(func=func)
+    p = steps.add_parser("node", help="Kubernetes: re-cut a node to a mig-parted config "
+                                      "through MIG Manager, once its slices are free")
+    add_gpu_options(p)
+    p.add_argument("node", metavar="NODE", help="the node's name")
+    p.add_argument("mig_config", metavar="CONFIG",
+                   help="a config name of the GPU Operator's mig-parted ConfigMap")
+    p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
+    p.set_defaults(func=cmd_node)
     p = steps.add_parser("status", help="each GPU's change and where it stands")
     add_gpu_options(p)
     p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")

@@ -18,7 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .layout import LayoutChange
+from .layout import KUBE_NODE, LayoutChange
 from .records import (
     HELD_STATES,
     MODES,
@@ -39,6 +39,7 @@ from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest, WaitStat
 __all__ = [
     "DEFAULT_URL",
     "HELD_STATES",
+    "KUBE_NODE",
     "LEDGER_FILE",
     "MODES",
     "STATES",

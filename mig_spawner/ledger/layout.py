@@ -26,6 +26,9 @@ from .changes import announce
 from .engine import lock_claims
 from .models import layout_changes
 
+#: The ``gpu_uuid`` of a hold on a whole Kubernetes node (its name is the ``host``):
+#: MIG Manager re-cuts a node's GPUs whole, so the node is held whole.
+KUBE_NODE = "node"
 #: (host, GPU UUID) -> memory slices held from new grants.
 Holds = Mapping[tuple[str, str], frozenset[int]]
 _DETAIL_MAX = layout_changes.c.detail.type.length or 255

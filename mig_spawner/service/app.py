@@ -379,8 +379,11 @@ class SliceServiceApp(Application):
         if self.apply_layouts and gpus is not None and not self.dry_run:
             layout = LayoutApplier(ledger, gpus, lambda group: policy.group(group).drain_notice,
                                    allow_reset=self.layout_allow_reset)
+        notice = (lambda group: policy.group(group).drain_notice) if (
+            self.apply_layouts and not self.dry_run) else None
         return Sweeper(
             client, policy, metrics, ledger=ledger, gpus=gpus, layout=layout,
+            layout_notice=notice,
             dry_run=self.dry_run, probe_servers=self.probe_servers,
             cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),

@@ -34,7 +34,7 @@ from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
-from mig_spawner.layout import DRAIN_RULE, LayoutApplier
+from mig_spawner.layout import DRAIN_RULE, KubeLayout, LayoutApplier
 from mig_spawner.layout import Pass as LayoutPass
 from mig_spawner.ledger import Lease, Ledger, ReleaseCode
 from mig_spawner.release import (
@@ -127,6 +127,7 @@ class Sweeper:
         holder_grace: float = holder.STOP_GRACE,
         connect_kube: Callable[[], Awaitable[Any]] | None = None,
         layout: LayoutApplier | None = None,
+        layout_notice: Callable[[str], float | None] | None = None,
         activity_resolution: float = 60.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
@@ -154,6 +155,10 @@ class Sweeper:
             log=log or logging.getLogger(__name__),
         )
         self.layout = layout
+        # Kubernetes nodes' layout changes (MIG Manager), read through the same API.
+        self.kube_layout = (KubeLayout(lambda: self.ledger, self._kube, layout_notice)
+                            if layout_notice is not None and connect_kube is not None
+                            and ledger is not None else None)
         self.activity_resolution = activity_resolution
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
@@ -496,10 +501,16 @@ class Sweeper:
         """One pass of the layout changes under way; then the servers whose drain
         notice ended are given back with code ``drain`` through the one release path
         (which stops them), and the hub is told."""
-        if self.layout is None or self.dry_run:
+        if self.dry_run or (self.layout is None and self.kube_layout is None):
             return
         try:
-            done = await asyncio.to_thread(self.layout.step)
+            done = LayoutPass()
+            if self.layout is not None:
+                done = await asyncio.to_thread(self.layout.step)
+            if self.kube_layout is not None:
+                on_nodes = await self.kube_layout.step()
+                done.gpus += on_nodes.gpus
+                done.due += on_nodes.due
         except Exception as e:
             self._error("layout", f"cannot apply the layout changes: {e}", report)
             return
@@ -520,7 +531,7 @@ class Sweeper:
                 await self.client.stop_server(lease.user, lease.server_name)
             except HubError as e:  # its process is gone; the hub's poll sees it too
                 self.log.warning("drain of %s: the hub was not told: %s", lease.server, e)
-        if report.drained:
+        if report.drained and self.layout is not None:
             # Their room is free now: the steps that waited for them need not wait a sweep.
             report.layout = await asyncio.to_thread(self.layout.step)
 
