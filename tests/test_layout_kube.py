@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio.config import kube_config
@@ -20,9 +21,11 @@ from mig_spawner.kube.pods import connect_api
 from mig_spawner.layout import KubeLayout, begin_kube
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView
 from mig_spawner.spawner.kube_decide import ClaimTarget, make_kube_decide
+from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
 
 HOUR = 3600.0
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 POLICY = build_policy(None, None, {"a": {"allowed": ["1g.10gb"], "max_slices_per_user": 9}})
 
 
@@ -34,6 +37,9 @@ def a100(name: str) -> dict:
 @pytest.fixture
 async def cluster(kube_standin, tmp_path, monkeypatch):
     kube_standin.nodes = [a100("gpu-a1"), a100("gpu-a2")]
+    # What the documented ClusterRoles allow, no more (a label the docs do not grant: 403).
+    kube_standin.rbac = [*documented_roles(DOCS / "kubernetes.md"),
+                         *documented_roles(DOCS / "layout.md")]
     kube_standin.mig_configs = {"all-1g.10gb": {"1g.10gb": 7}}
     path = write_kubeconfig(tmp_path / "kubeconfig", kube_standin.url)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
