@@ -279,8 +279,8 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
             continue  # no notice in the group's policy: the change waits for it
         deadline = began + timedelta(seconds=notice)
         if lease.warning != DRAIN_RULE:
-            where = (f"node {change.host}" if change.gpu_uuid == KUBE_NODE
-                     else f"GPU {change.gpu_index}")
+            # Users may read it: the node's name stays out (no host in their messages).
+            where = "its node" if change.gpu_uuid == KUBE_NODE else f"GPU {change.gpu_index}"
             detail = (f"{where} is re-cut by an admin: the server stops within "
                       f"{format_duration(notice)}")
             if ledger.warn(lease.id, DRAIN_RULE, deadline, detail) is not None:
