@@ -402,3 +402,20 @@ def test_the_map_shows_a_gpu_being_re_cut_and_which_slices_are_held(world):
     assert gpu0["change"] == "being re-cut (draining): waits for ana"
     assert gpu0["held_slices"] == [0, 1, 2, 3]
     assert gpu1["change"] is None and gpu1["held_slices"] == []
+
+
+def test_the_form_says_a_size_is_not_free_for_a_while_because_its_gpu_is_re_cut():
+    from mig_spawner.core.catalog import model
+    from mig_spawner.spawner.form import build_choices
+
+    policy = build_policy(None, None, {"a": {"allowed": ["1g.18gb", "4g.71gb"]}})
+    h200 = model("h200")
+    # No 4g.71gb free, none held by a server, one held by a layout change.
+    [small, big] = build_choices(policy.for_user(["a"]), [h200],
+                                 {"h200": {"1g.18gb": 3, "4g.71gb": 0}}, lambda o, c: None,
+                                 recut={"4g.71gb": 1})
+    assert small.available
+    assert big.unavailable == "not free for a while: an admin is re-cutting its GPU"
+    [_, gone] = build_choices(policy.for_user(["a"]), [h200],
+                              {"h200": {"1g.18gb": 3, "4g.71gb": 0}}, lambda o, c: None)
+    assert gone.unavailable.startswith("no such slice")

@@ -94,6 +94,7 @@ def build_choices(
     in_use: Mapping[str, int] | None = None,
     fixed_layout: bool = True,
     hide_absent: bool = False,
+    recut: Mapping[str, int] | None = None,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -107,9 +108,10 @@ def build_choices(
     and starting one joins the wait list. ``fixed_layout``: slices exist beforehand
     (pool, Kubernetes), so none free and none held means there is no such slice.
     ``hide_absent``: leave out the offers that have no slice at all (nobody can get
-    them, waiting or not).
+    them, waiting or not). ``recut``: slices per profile name that an admin's layout
+    change holds from new servers (docs/layout.md).
     """
-    waits, in_use = waits or {}, in_use or {}
+    waits, in_use, recut = waits or {}, in_use or {}, recut or {}
     present = list({m.key: m for m in models}.values())
     choices, absent_keys = [], set()
     for offer in policy.offers:
@@ -121,7 +123,8 @@ def build_choices(
         count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
-        absent = not served or (fixed_layout and not held and not count)
+        changing = sum(recut.get(profile.name, 0) for _, profile in served)
+        absent = not served or (fixed_layout and not held and not count and not changing)
         if absent:
             absent_keys.add(offer.key)
         wait = None
@@ -130,6 +133,8 @@ def build_choices(
         elif (why := quota_problem(offer, compute)) is None and not count:
             if absent:
                 why = f"no such slice {scope} (ask a hub admin)"
+            elif changing:
+                why = "not free for a while: an admin is re-cutting its GPU"
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:

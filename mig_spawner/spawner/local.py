@@ -19,6 +19,7 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,9 +156,14 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         """The GPU models present, the free slices per model and profile, the held leases."""
         inventory = fleet.inventory
         free = free_now(inventory, held, self.mig_mode, fleet.holds)
+        recut: Counter[str] = Counter()
+        if fleet.holds:
+            for key, counts in free_now(inventory, held, self.mig_mode).items():
+                for name, count in counts.items():
+                    recut[name] += count - free.get(key, {}).get(name, 0)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
-                           fixed_layout=self.mig_mode == "pool")
+                           fixed_layout=self.mig_mode == "pool", recut=+recut)
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""

@@ -318,6 +318,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             mine, supply.models, supply.free, quota, scope=self.supply_scope, waits=lines,
             in_use=Counter(lease.profile for lease in supply.held),
             fixed_layout=supply.fixed_layout, hide_absent=not self.show_unavailable_offers,
+            recut=supply.recut,
         )
 
     def switch_url(self, offer_key: str) -> str:
