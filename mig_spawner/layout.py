@@ -252,13 +252,24 @@ class LayoutApplier:
 
     def _end(self, change: LayoutChange, state: PlanState, detail: str,
              outcome: GpuOutcome | None = None) -> GpuOutcome:
-        self.ledger.move_change(change.id, state, detail=detail)
+        end_change(self.ledger, change, state, detail)
         (log.info if state is PlanState.DONE else log.warning)(
             "layout: GPU %d %s: %s", change.gpu_index, state.value, detail)
         outcome = outcome or GpuOutcome(change.gpu_index, state)
         outcome.state = state
         outcome.why = outcome.why or detail
         return outcome
+
+
+def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: str) -> None:
+    """End ``change`` (done or failed): its hold ends, and a drain warning it gave a
+    server that still runs there is withdrawn (that stop is no longer due)."""
+    ledger.move_change(change.id, state, detail=detail)
+    kube = change.gpu_uuid == KUBE_NODE  # its leases record the node, not a host
+    for lease in ledger.active(None if kube else change.host):
+        on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
+        if on_it and lease.warning == DRAIN_RULE:
+            ledger.clear_warning(lease.id)
 
 
 def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder],
@@ -381,8 +392,11 @@ class KubeLayout:
         outcome = GpuOutcome(change.gpu_index, change.state)
 
         def move(state: PlanState, detail: str) -> GpuOutcome:
-            moved = ledger.move_change(change.id, state, detail=detail)
-            outcome.state, outcome.why = (moved.state if moved else state), detail
+            if state in (PlanState.DONE, PlanState.FAILED):
+                end_change(ledger, change, state, detail)
+            else:
+                ledger.move_change(change.id, state, detail=detail)
+            outcome.state, outcome.why = state, detail
             return outcome
 
         found = await core.read_node(node, _preload_content=False)

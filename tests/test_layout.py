@@ -419,3 +419,14 @@ def test_the_form_says_a_size_is_not_free_for_a_while_because_its_gpu_is_re_cut(
     [_, gone] = build_choices(policy.for_user(["a"]), [h200],
                               {"h200": {"1g.18gb": 3, "4g.71gb": 0}}, lambda o, c: None)
     assert gone.unavailable.startswith("no such slice")
+
+
+def test_ending_a_change_withdraws_the_drain_warning_of_a_server_that_stays(world):
+    ledger, gpus, _, clock = world
+    lease, _ = claim_on(ledger, gpus, 1, 3, "bo")
+    inventory = gpus.inventory()
+    drain(ledger, inventory.host, inventory.gpus[1])
+    LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
+    assert ledger.get(lease.id).warning == "drain"
+    assert main(["layout", "end", "--ledger-url", ledger.url, "1"]) == 0
+    assert ledger.get(lease.id).warning is None and ledger.holds() == {}

@@ -306,18 +306,27 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_end(args: argparse.Namespace) -> int:
-    """Run ``mig-spawner layout end GPU``: the open change of that GPU ends ``done``."""
+    """Run ``mig-spawner layout end GPU|NODE``: the open change of that GPU of this host
+    (or of that Kubernetes node) ends ``done``."""
     from ..core.layout import PlanState
-    from ..ledger import Ledger
+    from ..holder import this_host
+    from ..layout import end_change
+    from ..ledger import KUBE_NODE, Ledger
     from .report import ledger_url
 
+    gpu = args.gpu.isdigit()
     with Ledger.open(ledger_url(args)) as ledger:
-        ended = [ledger.move_change(c.id, PlanState.DONE, detail="ended by an admin")
-                 for c in ledger.layout_changes() if c.gpu_index == args.gpu]
+        ended = [c for c in ledger.layout_changes()
+                 if (gpu and c.host == this_host() and c.gpu_index == int(args.gpu)
+                     and c.gpu_uuid != KUBE_NODE)
+                 or (not gpu and c.host == args.gpu and c.gpu_uuid == KUBE_NODE)]
+        for c in ended:
+            end_change(ledger, c, PlanState.DONE, "ended by an admin")
+    what = f"GPU {args.gpu}" if gpu else f"node {args.gpu}"
     if not ended:
-        print(f"error: GPU {args.gpu} has no layout change under way", file=sys.stderr)
+        print(f"error: {what} has no layout change under way", file=sys.stderr)
         return 1
-    print(f"GPU {args.gpu}: ended; it is granted from again")
+    print(f"{what}: ended; it is granted from again")
     return 0
 
 
@@ -360,12 +369,14 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     apply.add_argument("--interval", type=float, default=10.0, metavar="SECONDS",
                        help="with --wait: seconds between passes (default 10)")
     apply.set_defaults(func=cmd_apply)
-    for name, func, text in (
-            ("drain", cmd_drain, "hold a whole GPU from new grants and drain it"),
-            ("end", cmd_end, "end a GPU's drain or change: it is granted from again")):
+    for name, func, text, kind, what in (
+            ("drain", cmd_drain, "hold a whole GPU from new grants and drain it", int,
+             "the GPU's index"),
+            ("end", cmd_end, "end a GPU's (or a node's) drain or change: it is granted from "
+             "again", str, "the GPU's index, or a Kubernetes node's name")):
         p = steps.add_parser(name, help=text)
         add_gpu_options(p)
-        p.add_argument("gpu", type=int, metavar="GPU", help="the GPU's index")
+        p.add_argument("gpu", type=kind, metavar="GPU", help=what)
         p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
         p.set_defaults(func=func)
     p = steps.add_parser("node", help="Kubernetes: re-cut a node to a mig-parted config "
