@@ -74,7 +74,9 @@ class MIGPolicyConfig(Configurable):
         ``server_idle_timeout_when_waited`` (a shorter idle limit while anyone waits for
         the size), ``server_idle_timeout_when_unwaited`` (a longer one while nobody does),
         ``open_tab_counts`` (bool, default False: an open tab's polling is not activity)
-        and ``warn_before`` (default "10m", shorter than each limit it warns of).
+        and ``warn_before`` (default "10m", shorter than each limit it warns of),
+        ``drain_notice`` (default "1h": how long a server on a GPU whose layout changes
+        runs on after its warning; None: the change waits for it, docs/layout.md).
         A user in several groups gets the union of their offers; see docs/policies.md.
         """,
     ).tag(config=True)

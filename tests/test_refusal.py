@@ -19,6 +19,7 @@ STATUS = {
     "mig_disabled": 503,
     "no_gpu_for_profile": 503,
     "budget_spent": 429,
+    "gpu_recut": 503,
     "lease_ended": 409,
     "mig_create": 503,
     "mig_backend": 503,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 
-from . import budget, catalog, demo, doctor, report, status
+from . import budget, catalog, demo, doctor, layout, report, status
 from .settings import hub_config
 
 SIMULATE_HELP = (
@@ -50,16 +51,29 @@ def _read_inventory(args: argparse.Namespace):
 
 def cmd_status(args: argparse.Namespace) -> int:
     inv = _read_inventory(args)
-    holders, note = _holders(args, inv)
-    print(status.render_json(inv, holders) if args.json
-          else status.render_text(inv, holders, note))
+    holders, changes, note = _from_ledger(args, inv)
+    if args.json:
+        data = status.to_json(inv, holders)
+        data["layout_changes"] = [
+            {"gpu": c.gpu_index, "uuid": c.gpu_uuid, "state": c.state.value,
+             "held_slices": sorted(c.held_slices), "whole_gpu": c.whole_gpu,
+             "detail": c.detail} for c in changes]
+        print(json.dumps(data, indent=2))
+        return 0
+    print(status.render_text(inv, holders, note))
+    for c in changes:
+        from ..observe.slice_state import change_words
+
+        print(f"GPU {c.gpu_index}: {change_words(c)}; no new server is given its slices "
+              f"{', '.join(map(str, sorted(c.held_slices))) if not c.whole_gpu else '(all)'}")
     return 0
 
 
-def _holders(args: argparse.Namespace, inv):
-    """The slice map of ``inv`` joined with the ledger's held leases (who holds each
-    slice, for which server and purpose, since when), and a note when the ledger
-    cannot be read: ``(None, why)``; status then shows the GPUs alone."""
+def _from_ledger(args: argparse.Namespace, inv):
+    """What the ledger adds to ``inv``: the slice map joined with the held leases (who
+    holds each slice, for which server and purpose, since when), the layout changes
+    under way on this host (docs/layout.md), and a note when the ledger cannot be read:
+    ``(None, [], why)``; status then shows the GPUs alone."""
     from datetime import UTC, datetime
 
     from ..ledger import Ledger, LedgerError, LedgerMissing
@@ -69,12 +83,13 @@ def _holders(args: argparse.Namespace, inv):
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
             held = ledger.active()
+            changes = ledger.layout_changes(inv.host)
     except LedgerMissing:
-        return None, ("holders not shown: no ledger found (give --config-dir or "
-                      "--ledger-url of the hub's ledger)")
+        return None, [], ("holders not shown: no ledger found (give --config-dir or "
+                          "--ledger-url of the hub's ledger)")
     except LedgerError as e:
-        return None, f"holders not shown: the ledger cannot be read ({e})"
-    return slice_map(inv, held, datetime.now(UTC)), ""
+        return None, [], f"holders not shown: the ledger cannot be read ({e})"
+    return slice_map(inv, held, datetime.now(UTC)), changes, ""
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -168,10 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _read_only_command(sub, "status", cmd_status,
                            "show each GPU's MIG layout and its MIG devices, with who holds "
-                           "each (user, server, purpose, age) from the ledger",
+                           "each (user, server, purpose, age) and the layout changes under way "
+                           "from the ledger",
                            "print the inventory (and the holders) as JSON")
     p.add_argument("--ledger-url", metavar="URL",
-                   help="SQLAlchemy URL of the lease ledger, for the holders (default: "
+                   help="SQLAlchemy URL of the lease ledger, for the holders and layout "
+                        "changes (default: "
                         "c.MIGSettings.ledger_url of --config-dir, else "
                         "mig_spawner_ledger.sqlite beside the hub's database)")
     p = _read_only_command(
@@ -196,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_parser(sub, _add_gpu_options)
     budget.add_parser(sub, _add_gpu_options)
+    layout.add_parser(sub, _add_gpu_options)
     demo.add_parser(sub)
     return parser
 

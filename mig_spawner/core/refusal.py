@@ -45,6 +45,8 @@ class Reason(StrEnum):
     NO_GPU_FOR_PROFILE = "no_gpu_for_profile", 503
     # The GPU-hour budget cannot pay for this size now: retry at ``Refused.retry_at``.
     BUDGET_SPENT = "budget_spent", 429
+    # Some would be free, but an admin is re-cutting their GPU (docs/layout.md).
+    GPU_RECUT = "gpu_recut", 503
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503

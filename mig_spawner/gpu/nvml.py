@@ -204,6 +204,33 @@ class GpuAdapter:
                 self._refuse_if_busy(fresh, doing)
                 raise
 
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> bool:
+        """Ask for MIG on or off on GPU ``gpu_index`` (it must carry no instance); True
+        when the new mode waits for a GPU reset (Ampere), False when it is live."""
+        doing = f"turning MIG {'on' if enabled else 'off'} on GPU {gpu_index}"
+        with self._nvml(doing):
+            handle = self._handle(gpu_index)
+            mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+            status = pynvml.nvmlDeviceSetMigMode(handle, mode)
+            return status != pynvml.NVML_SUCCESS
+
+    def reset_gpu(self, gpu_index: int) -> None:
+        """Reset GPU ``gpu_index`` so that a pending MIG mode takes effect (every instance
+        on it is gone). NVML has no call for it: ``nvidia-smi -r``, as root; the simulator
+        models the same."""
+        reset = getattr(self._library, "reset_gpu", None)
+        if reset is not None:
+            reset(gpu_index)
+            return
+        import subprocess
+
+        done = subprocess.run(["nvidia-smi", "-i", str(gpu_index), "-r"], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            raise errors.NvmlCallFailed(
+                f"resetting GPU {gpu_index} failed: {done.stdout.strip() or done.stderr.strip()}",
+                "stop every process on the GPU and run it as root")
+
     # --- internals --------------------------------------------------------------------
 
     @contextlib.contextmanager

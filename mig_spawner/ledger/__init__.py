@@ -18,6 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
+from .layout import KUBE_NODE, LayoutChange
 from .records import (
     HELD_STATES,
     MODES,
@@ -38,6 +39,7 @@ from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest, WaitStat
 __all__ = [
     "DEFAULT_URL",
     "HELD_STATES",
+    "KUBE_NODE",
     "LEDGER_FILE",
     "MODES",
     "STATES",
@@ -50,6 +52,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidDecision",
     "KeepResult",
+    "LayoutChange",
     "Lease",
     "LeaseEvent",
     "LeaseNotFound",

@@ -243,3 +243,27 @@ budget_grants = Table(
     Column("note", String(255), nullable=False),
     Index("ix_budget_grants_granted_at", "granted_at"),
 )
+
+#: Layout changes (docs/layout.md): one row per GPU and change, kept as history once it
+#: ends. While a row is pending, draining or applying, its ``held_slices`` are held from
+#: new grants: claims and grant passes read them in their transaction.
+layout_changes = Table(
+    "layout_changes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("host", String(255), nullable=False),
+    Column("gpu_uuid", String(64), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("target", String(1000), nullable=False,
+           comment="the GPU's target as JSON: mig_enabled and instances per profile"),
+    Column("state", String(16), nullable=False,
+           comment="pending|draining|applying|done|failed"),
+    Column("held_slices", BigInteger, nullable=False,
+           comment="memory slices held from new grants, a bit per slice"),
+    Column("whole_gpu", Integer, nullable=False, comment="1: every slice is held (drain)"),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    Column("notice_from", UtcDateTime(), comment="when the holders were warned"),
+    Column("detail", String(255), comment="the last step done, or why it failed"),
+    Index("ix_layout_changes_state", "state"),
+)

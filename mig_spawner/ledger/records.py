@@ -7,7 +7,8 @@ objects, so nothing can lazy-load outside a transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -230,8 +231,13 @@ class LedgerView:
     request: LeaseRequest
     leases: tuple[Lease, ...]
     now: datetime
+    # Named only: each feature reads its own part, and a positional argument would land
+    # in another's.
+    _: KW_ONLY
     past: tuple[Lease, ...] = ()
     extras: tuple[Extra, ...] = ()
+    #: Slices a layout change holds from new grants: (host, GPU UUID) -> memory slices.
+    holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""

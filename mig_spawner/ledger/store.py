@@ -59,8 +59,10 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
+from .layout import LayoutChanges, read_holds
 from .models import (
     budget_grants,
+    layout_changes,
     lease_events,
     lease_samples,
     lease_servers,
@@ -133,7 +135,7 @@ def _clean_text(text: str | None) -> str | None:
     return text[:_DETAIL_MAX] or None
 
 
-class Ledger(WaitList):
+class Ledger(WaitList, LayoutChanges):
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
@@ -341,7 +343,8 @@ class Ledger(WaitList):
                     raise ServerHasLease(lease)
             past, extras = self._budget_book(connection, now)
             decision = decide(LedgerView(request=request, leases=tuple(held), now=now,
-                                         past=past, extras=extras))
+                                         past=past, extras=extras,
+                                         holds=read_holds(connection)))
             if not isinstance(decision, Grant):
                 raise InvalidDecision(
                     f"decide() must return a Grant, it returned {type(decision).__name__}"
@@ -696,6 +699,13 @@ class Ledger(WaitList):
                 if not self._refused_since_warned(connection, lease):
                     self._event(connection, lease.id, now, "refused", rule, why)
                 return KeepResult("refused", message, lease)
+            if rule == "drain" and lease.warning_deadline is not None:
+                # The GPU is re-cut (docs/layout.md): no answer moves that stop.
+                why = "An admin is re-cutting the GPU of this slice"
+                if not self._refused_since_warned(connection, lease):
+                    self._event(connection, lease.id, now, "refused", rule, why)
+                return KeepResult("refused", f"{why}: the server stops at "
+                                  f"{lease.warning_deadline:%H:%M} UTC. Save your work.", lease)
             if rule != "max_session_age" or lease.expires_at is None:
                 kept = lease
                 if lease.warning is not None or lease.kept_at is None or (
@@ -831,6 +841,9 @@ class Ledger(WaitList):
             select(func.coalesce(func.max(waits.c.id), 0)).scalar_subquery(),
             select(func.count()).select_from(waits)
             .where(waits.c.state == "waiting").scalar_subquery(),
+            # A layout change that ends gives its held slices back.
+            select(func.count()).select_from(layout_changes)
+            .where(layout_changes.c.state.in_(("done", "failed"))).scalar_subquery(),
         )
         with self._read() as connection:
             return tuple(connection.execute(query).one())

@@ -28,6 +28,7 @@ from mig_spawner.core.waitlist import StarvationGuard, Waiter, next_grants
 from .changes import announce
 from .engine import lock_claims
 from .errors import IllegalTransition, InvalidDecision
+from .layout import read_holds
 from .models import leases, waits
 from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
 
@@ -249,6 +250,7 @@ class WaitList:
                     waiting.append(entry)
             by_id = {entry.id: entry for entry in waiting}
             past, extras = self._budget_book(connection, now)
+            holds = read_holds(connection)
 
             def serve(waiter: Waiter, view: Sequence[Lease]) -> Grant:
                 entry = by_id[waiter.id]
@@ -256,7 +258,8 @@ class WaitList:
                        for lease in view):
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
                 decision = decide(entry, LedgerView(request=entry.request, leases=tuple(view),
-                                                    now=now, past=past, extras=extras))
+                                                    now=now, past=past, extras=extras,
+                                                    holds=holds))
                 if not isinstance(decision, Grant):
                     raise InvalidDecision(
                         f"decide() must return a Grant, it returned {type(decision).__name__}"

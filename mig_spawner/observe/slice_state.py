@@ -36,7 +36,7 @@ from mig_spawner.core.catalog import CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
-from mig_spawner.ledger import Lease, WaitEntry
+from mig_spawner.ledger import LayoutChange, Lease, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -133,6 +133,11 @@ class GpuRow:
     memory_slices: int
     mig_enabled: bool
     slices: tuple[SliceRow, ...]
+    #: The layout change under way (docs/layout.md), in words: ``draining: waits for
+    #: ana/`` ; None when there is none.
+    change: str | None = None
+    #: Memory slices that change holds from new grants.
+    held_slices: tuple[int, ...] = ()
 
     @property
     def free_memory_slices(self) -> tuple[int, ...]:
@@ -378,6 +383,7 @@ def slice_map(
     idle_after: float = DEFAULT_IDLE_AFTER,
     waits: Iterable[WaitEntry] = (),
     budgets: tuple[list[Lease], list[Extra]] | None = None,
+    changes: Iterable[LayoutChange] = (),
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
@@ -387,7 +393,8 @@ def slice_map(
     them out. ``idle_after``: seconds without activity after which a leased slice is
     shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``budgets``: the
     leases and extra hours of the longest budget window (``Ledger.budget_usage``), for
-    each group budget's use.
+    each group budget's use. ``changes``: the layout changes under way
+    (``Ledger.layout_changes()``).
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
@@ -408,9 +415,11 @@ def slice_map(
             lost.append(row)
         else:
             by_uuid[gpu.uuid].append(row)
+    changing = {c.gpu_uuid: c for c in changes if c.host == inventory.host and c.open}
     gpus = []
     for gpu in inventory.gpus:
         rows = sorted(by_uuid[gpu.uuid], key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
+        change = changing.get(gpu.uuid)
         gpus.append(GpuRow(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -419,6 +428,9 @@ def slice_map(
             memory_slices=_memory_slices(gpu),
             mig_enabled=gpu.mig_enabled,
             slices=tuple(rows),
+            change=None if change is None else change_words(change),
+            held_slices=() if change is None else tuple(sorted(
+                range(_memory_slices(gpu)) if change.whole_gpu else change.held_slices)),
         ))
     return SliceMap(
         host=inventory.host,
@@ -451,6 +463,13 @@ def served_order(
                   _seconds(now, w.joined_at) or 0.0, place=places[w.id])
         for w in order(waiting, shares)
     )
+
+
+def change_words(change: LayoutChange) -> str:
+    """A layout change in words for the map and ``status``: what and where it stands."""
+    what = ("drained for maintenance" if change.target.get("drain")
+            else "being re-cut")
+    return f"{what} ({change.state.value})" + (f": {change.detail}" if change.detail else "")
 
 
 def counts_by(rows: Iterable[SliceRow], *keys: str) -> Mapping[tuple[object, ...], int]:

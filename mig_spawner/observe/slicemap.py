@@ -55,6 +55,8 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
                 "memory_slices": gpu.memory_slices,
                 "mig_enabled": gpu.mig_enabled,
                 "free_memory_slices": list(gpu.free_memory_slices),
+                "change": gpu.change,
+                "held_slices": list(gpu.held_slices),
                 "slices": [_row_json(row) for row in gpu.slices],
             }
             for gpu in view.gpus

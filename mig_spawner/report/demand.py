@@ -20,7 +20,8 @@ from mig_spawner.ledger.refusal_log import once_per_window
 #: Refusals a different MIG layout could have avoided: no free slice of that profile,
 #: no room to create one, or no GPU offering it at all. The others (group quota, user
 #: limit, profile not allowed, MIG off) are policy or operations matters.
-CAPACITY_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.NO_GPU_FOR_PROFILE})
+CAPACITY_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.NO_GPU_FOR_PROFILE,
+                              Reason.GPU_RECUT})
 #: Hold time assumed for a refused request when no granted lease of its profile exists.
 DEFAULT_HOLD = timedelta(hours=1)
 

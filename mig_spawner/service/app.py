@@ -49,6 +49,7 @@ from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
 from mig_spawner.kube.pods import connect_api
+from mig_spawner.layout import LayoutApplier
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slice_state import activity_resolution
@@ -169,6 +170,19 @@ class SliceServiceApp(Application):
         process that the hub no longer tracks before releasing its orphan lease (as
         ``LocalProcessSpawner.term_timeout`` for the hub's own stops; set the two
         alike). Longer lets a server save its work; the slice stays held meanwhile.""",
+    ).tag(config=True)
+    apply_layouts = Bool(
+        True,
+        help="""Carry on the layout changes an admin began (``mig-spawner layout apply``,
+        docs/layout.md) at each sweep: warn the holders of slices that must go, stop them
+        at their group's ``drain_notice``, and apply every step that waits for nobody.
+        False leaves them to ``mig-spawner layout apply --wait``.""",
+    ).tag(config=True)
+    layout_allow_reset = Bool(
+        False,
+        help="""A layout change that turns MIG on or off on an Ampere GPU (A100, A30)
+        may reset that GPU once nothing runs on it. False: such a change fails, saying
+        so.""",
     ).tag(config=True)
     release_orphans = Bool(
         True,
@@ -366,8 +380,17 @@ class SliceServiceApp(Application):
             page_size=self.page_size, log=self.log,
         )
         ledger = Ledger.open(self.ledger_url)
+        policy = self.load_policy()
+        gpus = self.connect_gpus()
+        layout = None
+        if self.apply_layouts and gpus is not None and not self.dry_run:
+            layout = LayoutApplier(ledger, gpus, lambda group: policy.group(group).drain_notice,
+                                   allow_reset=self.layout_allow_reset)
+        notice = (lambda group: policy.group(group).drain_notice) if (
+            self.apply_layouts and not self.dry_run) else None
         return Sweeper(
-            client, self.load_policy(), metrics, ledger=ledger, gpus=self.connect_gpus(),
+            client, policy, metrics, ledger=ledger, gpus=gpus, layout=layout,
+            layout_notice=notice,
             dry_run=self.dry_run, probe_servers=self.probe_servers,
             cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),

@@ -96,6 +96,11 @@ class ServiceMetrics:
             "A group's budget per window in compute-slice-hours, with extra hours granted.",
             ["group"], registry=r,
         )
+        self.layout_gpus = Gauge(
+            f"{PREFIX}_layout_gpus",
+            "GPUs whose layout change is under way, by state (pending, draining, applying).",
+            ["state"], registry=r,
+        )
         self.last_sweep = Gauge(
             f"{PREFIX}_last_success_timestamp_seconds",
             "Unix time when the last sweep completed without error.", registry=r,

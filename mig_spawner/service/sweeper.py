@@ -37,6 +37,8 @@ from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
+from mig_spawner.layout import DRAIN_RULE, KubeLayout, LayoutApplier
+from mig_spawner.layout import Pass as LayoutPass
 from mig_spawner.ledger import Lease, Ledger, LedgerError, ReleaseCode
 from mig_spawner.release import (
     GiveBack,
@@ -105,6 +107,10 @@ class SweepReport:
     warnings: list[tuple[str, StopWarning]] = field(default_factory=list)
     orphans_released: list[Lease] = field(default_factory=list)
     unleased_devices: list[str] = field(default_factory=list)
+    #: What the layout changes under way did (None: none ran).
+    layout: LayoutPass | None = None
+    #: Leases released because their GPU is re-cut and their drain notice ended.
+    drained: list[Lease] = field(default_factory=list)
     complete: bool = False
     error: str | None = None
 
@@ -126,6 +132,8 @@ class Sweeper:
         orphan_grace: float = 300.0,
         holder_grace: float = holder.STOP_GRACE,
         connect_kube: Callable[[], Awaitable[Any]] | None = None,
+        layout: LayoutApplier | None = None,
+        layout_notice: Callable[[str], float | None] | None = None,
         activity_resolution: float = 60.0,
         usage_interval: float = 60.0,
         log: logging.Logger | None = None,
@@ -153,6 +161,11 @@ class Sweeper:
             run=asyncio.to_thread, grace=holder_grace, events=_ServiceEvents(metrics),
             log=log or logging.getLogger(__name__),
         )
+        self.layout = layout
+        # Kubernetes nodes' layout changes (MIG Manager), read through the same API.
+        self.kube_layout = (KubeLayout(lambda: self.ledger, self._kube, layout_notice)
+                            if layout_notice is not None and connect_kube is not None
+                            and ledger is not None else None)
         self.activity_resolution = activity_resolution
         # Right-sizing samples (docs/ledger.md, "Usage samples"): one per lease at most
         # every usage_interval seconds, whatever the sweep's pace.
@@ -207,6 +220,7 @@ class Sweeper:
             self.metrics.servers_seen.set(report.servers)
             await self._repair_orphans(now, leases, running, report)
             await self._report_unleased(leases, report)
+            await self._apply_layouts(report)
             self.metrics.last_sweep.set(time.time())
         except HubError as e:
             self._error("hub", f"hub unavailable, sweep cut short: {e}", report)
@@ -469,6 +483,8 @@ class Sweeper:
         come)."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
+        if lease.warning == DRAIN_RULE:
+            return  # the layout change's warning: it stands until its stop (_apply_layouts)
         warning = warning_due(now, server, limits, probe, lease, budget_warns)
         if warning is None:
             if lease.warning is not None and not self.dry_run:
@@ -569,6 +585,46 @@ class Sweeper:
             # is caught later by the orphan check.
             self.metrics.slices_reclaimed.labels(decision.rule.value, decision.group).inc()
         return True
+
+    # -- layout changes (docs/layout.md) ---------------------------------------------
+
+    async def _apply_layouts(self, report: SweepReport) -> None:
+        """One pass of the layout changes under way; then the servers whose drain
+        notice ended are given back with code ``drain`` through the one release path
+        (which stops them), and the hub is told."""
+        if self.dry_run or (self.layout is None and self.kube_layout is None):
+            return
+        try:
+            done = LayoutPass()
+            if self.layout is not None:
+                done = await asyncio.to_thread(self.layout.step)
+            if self.kube_layout is not None:
+                on_nodes = await self.kube_layout.step()
+                done.gpus += on_nodes.gpus
+                done.due += on_nodes.due
+        except Exception as e:
+            self._error("layout", f"cannot apply the layout changes: {e}", report)
+            return
+        report.layout = done
+        for state in ("pending", "draining", "applying"):
+            self.metrics.layout_gpus.labels(state).set(
+                sum(1 for g in done.gpus if g.state.value == state))
+        for lease in done.due:
+            outcome = await self.releaser.release(
+                lease, ReleaseCode.DRAIN, f"GPU {lease.gpu_index} is re-cut; the drain "
+                "notice ended")
+            if outcome.result is not GiveBack.RELEASED:
+                self.log.warning("drain of %s: %s", lease.server, outcome.why or outcome.error)
+                continue
+            report.drained.append(lease)
+            self.metrics.slices_reclaimed.labels("drain", lease.group).inc()
+            try:
+                await self.client.stop_server(lease.user, lease.server_name)
+            except HubError as e:  # its process is gone; the hub's poll sees it too
+                self.log.warning("drain of %s: the hub was not told: %s", lease.server, e)
+        if report.drained and self.layout is not None:
+            # Their room is free now: the steps that waited for them need not wait a sweep.
+            report.layout = await asyncio.to_thread(self.layout.step)
 
     # -- repairs ------------------------------------------------------------------
 

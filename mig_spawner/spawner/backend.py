@@ -9,7 +9,7 @@ values. No JupyterHub import.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mig_spawner.core.catalog import GpuModel
 from mig_spawner.ledger import Decide, Lease
@@ -30,6 +30,9 @@ class SliceSupply:
     free: FreeByModel
     held: tuple[Lease, ...]
     fixed_layout: bool = True
+    #: Slices per profile name that would be free but a layout change holds (an admin
+    #: re-cuts their GPU, docs/layout.md): the form says so.
+    recut: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

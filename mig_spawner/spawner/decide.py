@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from mig_spawner.core import budget
 from mig_spawner.core.allocator import (
@@ -62,8 +62,27 @@ def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
     ]
 
 
+def held_back(inventory: Inventory, holds: Mapping[tuple[str, str], frozenset[int]]
+              ) -> frozenset[str]:
+    """MIG devices on slices a layout change holds (pool mode: nobody is given them)."""
+    return frozenset(
+        d.uuid for g in inventory.gpus if (held := holds.get((inventory.host, g.uuid)))
+        for d in g.mig_devices if not held.isdisjoint(range(d.start, d.start + d.size)))
+
+
+def without_held_gpus(inventory: Inventory, holds: Mapping[tuple[str, str], frozenset[int]]
+                      ) -> Inventory:
+    """``inventory`` less the GPUs a layout change holds (dynamic mode: a GPU being
+    drained or re-cut gets no new instance)."""
+    if not holds:
+        return inventory
+    return replace(inventory, gpus=tuple(g for g in inventory.gpus
+                                         if not holds.get((inventory.host, g.uuid))))
+
+
 def free_now(
-    inventory: Inventory, leases: Iterable[Lease], mode: Mode
+    inventory: Inventory, leases: Iterable[Lease], mode: Mode,
+    holds: Mapping[tuple[str, str], frozenset[int]] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Free count per GPU model key, then per profile name, as the spawn form shows it.
 
@@ -72,8 +91,10 @@ def free_now(
     GPU's slices once, not the fleet's total once per model.
     """
     held = list(leases)
-    taken = {lease.mig_uuid for lease in held if lease.mig_uuid}
+    taken = {lease.mig_uuid for lease in held if lease.mig_uuid} | held_back(inventory,
+                                                                            holds or {})
     reserved = reserved_placements(held, inventory.host)
+    inventory = without_held_gpus(inventory, holds or {}) if mode == "dynamic" else inventory
     out: dict[str, dict[str, int]] = {}
     for key in sorted({g.model_key for g in inventory.gpus if g.model_key}):
         # The allocator counts per profile name over the GPUs it is given: give it one
@@ -169,13 +190,25 @@ def make_decide(
         # limit hears about the limit, not about which slices happen to be free.
         smallest = min(model(k).profile(n).compute_slices for k, n in wants.items())
         charge(user_policy, offer, smallest, view)
-        if mode == "pool":
-            grant = pick_pool(inventory, view.held_mig_uuids(), wants, strategy)
-        else:
+
+        def pick(holds: Mapping[tuple[str, str], frozenset[int]]) -> Any:
+            if mode == "pool":
+                return pick_pool(inventory, view.held_mig_uuids() | held_back(inventory, holds),
+                                 wants, strategy)
             reserved = reserved_placements(view.leases, host)
-            grant = pick_dynamic(inventory, reserved, wants, strategy, demand)
+            return pick_dynamic(without_held_gpus(inventory, holds), reserved, wants, strategy,
+                                demand)
+
+        grant = pick(view.holds)
         if isinstance(grant, Refused):
-            raise grant
+            if not view.holds:
+                raise grant
+            unheld = pick({})
+            if isinstance(unheld, Refused):
+                raise unheld  # the holds are not why: say what is
+            raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
+                          "the GPU that has one is being re-cut by an admin",
+                          "try again later or pick another size", grant.free)
         where = grant.placement if isinstance(grant, PoolGrant) else grant
         gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
         profile = model(gpu.model_key or "").profile(where.profile)

@@ -98,6 +98,7 @@ def build_choices(
     fixed_layout: bool = True,
     hide_absent: bool = False,
     budget_line: Callable[[Offer, int], str | None] | None = None,
+    recut: Mapping[str, int] | None = None,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -113,8 +114,10 @@ def build_choices(
     ``hide_absent``: leave out the offers that have no slice at all (nobody can get
     them, waiting or not). ``budget_line(offer, compute_slices)``: where the budget
     a lease of it would spend stands, in words, or ``None``.
+    them, waiting or not). ``recut``: slices per profile name that an admin's layout
+    change holds from new servers (docs/layout.md).
     """
-    waits, in_use = waits or {}, in_use or {}
+    waits, in_use, recut = waits or {}, in_use or {}, recut or {}
     present = list({m.key: m for m in models}.values())
     choices, absent_keys = [], set()
     for offer in policy.offers:
@@ -126,7 +129,8 @@ def build_choices(
         count = sum(free.get(gpu.key, {}).get(profile.name, 0) for gpu, profile in served)
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
-        absent = not served or (fixed_layout and not held and not count)
+        changing = sum(recut.get(profile.name, 0) for _, profile in served)
+        absent = not served or (fixed_layout and not held and not count and not changing)
         if absent:
             absent_keys.add(offer.key)
         wait = None
@@ -135,6 +139,8 @@ def build_choices(
         elif (why := quota_problem(offer, compute)) is None and not count:
             if absent:
                 why = f"no such slice {scope} (ask a hub admin)"
+            elif changing:
+                why = "not free for a while: an admin is re-cutting its GPU"
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:

@@ -10,8 +10,8 @@ Pure functions; :mod:`mig_spawner.spawner.kube` wires them into the spawner.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from mig_spawner.core.catalog import model
@@ -19,7 +19,7 @@ from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.kube import ClusterSlices
 from mig_spawner.kube.cluster import Target
-from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
+from mig_spawner.ledger import KUBE_NODE, Decide, Grant, Lease, LedgerView
 
 from .decide import charge
 
@@ -86,6 +86,16 @@ def _nothing_here(offer: Offer, slices: ClusterSlices) -> Refused:
     )
 
 
+def without_held_nodes(slices: ClusterSlices, holds: Mapping[tuple[str, str], frozenset[int]]
+                       ) -> ClusterSlices:
+    """``slices`` less the nodes a layout change holds (docs/layout.md): a node being
+    drained for MIG Manager gets no new pod."""
+    held = {node for node, what in holds if what == KUBE_NODE}
+    if not held:
+        return slices
+    return replace(slices, nodes=tuple(n for n in slices.nodes if n.name not in held))
+
+
 def make_kube_decide(
     policy: UserPolicy, offer: Offer, slices: ClusterSlices, pod: str, choice: ClaimTarget
 ) -> Decide:
@@ -101,8 +111,13 @@ def make_kube_decide(
         smallest = min(model(k).profile(p).compute_slices for k, p in wants.items())
         charge(policy, offer, smallest, view)
         pending = in_flight(view.leases, slices)
-        targets = slices.targets(wants)
+        targets = without_held_nodes(slices, view.holds).targets(wants)
         target = next((t for t in targets if t.free - pending[t.profile] > 0), None)
+        if target is None and any(t.free - pending[t.profile] > 0
+                                  for t in slices.targets(wants)):
+            raise Refused(Reason.GPU_RECUT, f"No {offer.display_name or offer.key!r} is "
+                          "free right now: the node that has one is being re-cut by an admin",
+                          "try again later or pick another size")
         if target is None:
             total = sum(t.free for t in targets)
             raise Refused(

@@ -19,8 +19,9 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,8 @@ class LocalFleet:
 
     inventory: Inventory
     demand: dict[str, int] | None
+    #: Slices a layout change holds from new grants (docs/layout.md).
+    holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
 
 class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
@@ -146,15 +149,21 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = (await self.runtime.run(self.runtime.demand)
                   if self.mig_mode == "dynamic" else None)
-        return LocalFleet(inventory, demand)
+        holds = await self.runtime.run(lambda: self.runtime.ledger().holds())
+        return LocalFleet(inventory, demand, holds)
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases."""
         inventory = fleet.inventory
-        free = free_now(inventory, held, self.mig_mode)
+        free = free_now(inventory, held, self.mig_mode, fleet.holds)
+        recut: Counter[str] = Counter()
+        if fleet.holds:
+            for key, counts in free_now(inventory, held, self.mig_mode).items():
+                for name, count in counts.items():
+                    recut[name] += count - free.get(key, {}).get(name, 0)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
-                           fixed_layout=self.mig_mode == "pool")
+                           fixed_layout=self.mig_mode == "pool", recut=+recut)
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""

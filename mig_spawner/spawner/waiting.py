@@ -553,9 +553,11 @@ async def claim(
         if lease is not None:
             return lease, plan
         # Others wait: join the line rather than jump it; only "nothing free" is queued.
-        held = await runtime.run(lambda: runtime.ledger().active())
+        held, holds = await runtime.run(lambda: (runtime.ledger().active(),
+                                                 runtime.ledger().holds()))
         try:
-            plan.decide(LedgerView(request=request, leases=tuple(held), now=datetime.now(UTC)))
+            plan.decide(LedgerView(request=request, leases=tuple(held), now=datetime.now(UTC),
+                                   holds=holds))
         except Refused as e:
             if e.reason not in FIT_REASONS:
                 raise

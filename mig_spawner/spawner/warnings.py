@@ -51,6 +51,7 @@ REASONS = {
     "server_idle": "it has not been used for a while",
     "max_session_age": "it reached your group's longest session",
     "budget": "its GPU-hour budget runs out",
+    "drain": "an admin is re-cutting its GPU",
 }
 
 
@@ -62,7 +63,9 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
     left = max(0.0, (deadline - now).total_seconds())
     rule = lease.warning or "server_idle"
     extensions_left = max(0, max_extensions - (lease.extensions or 0)) if extend_by else 0
-    if rule == "max_session_age":
+    if rule == "drain":
+        keep = "Save your work: this stop cannot be put off."
+    elif rule == "max_session_age":
         keep = (f"Keep adds {format_duration(extend_by)} ({extensions_left} more allowed)."
                 if extensions_left else "No more extensions: save your work.")
     elif rule == "budget":

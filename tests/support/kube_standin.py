@@ -50,6 +50,8 @@ from tests.support.kube_admission import Invalid, Rule, forbidden, quantity
 from tests.support.kube_dra import Dra, dra_routes
 from tests.support.kube_objects import CREATED
 
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_STATE = "nvidia.com/mig.config.state"
 #: Phases in which a pod holds nothing on its node.
 DONE_PHASES = ("Succeeded", "Failed")
 
@@ -334,6 +336,39 @@ class _Pod(_Base):
         self._send(200, gone)
 
 
+class _Node(_Base):
+    """One Node: read it, or patch its labels (a merge patch, as ``kubectl label`` and
+    the Python client's ``patch_node`` send one); a new ``nvidia.com/mig.config`` goes to
+    the stand-in's MIG Manager."""
+
+    kind = "Node"
+    resource = "nodes"
+    namespaced = False
+
+    async def get(self, name: str) -> None:  # type: ignore[override]
+        self.standin.hits[self.request.path] += 1
+        if self._refused("get", None, name):
+            return
+        found = self.standin.find_node(name)
+        if found is None:
+            self._status(404, "NotFound", f'nodes "{name}" not found')
+            return
+        self._send(200, found)
+
+    def patch(self, name: str) -> None:
+        self.standin.hits[f"PATCH {self.request.path}"] += 1
+        if self._refused("patch", None, name):
+            return
+        found = self.standin.find_node(name)
+        if found is None:
+            self._status(404, "NotFound", f'nodes "{name}" not found')
+            return
+        body = json.loads(self.request.body or b"{}")
+        labels = ((body.get("metadata") or {}).get("labels") or {}) if isinstance(
+            body, dict) else {}
+        self._send(200, self.standin.label_node(found, labels))
+
+
 class _Events(_Base):
     """Events (core/v1), as KubeSpawner lists and watches them for its progress."""
 
@@ -376,6 +411,11 @@ class KubeStandin:
         self.deletes: list[tuple[str, str, Any]] = []  # namespace, name, DeleteOptions
         self.refused: list[Invalid] = []  # what admission refused
         self.fail_with: tuple[int, str] | None = None
+        # MIG Manager: mig-parted config name -> MIG devices per GPU by profile, and how
+        # long a re-cut takes; what it was asked to do, in order.
+        self.mig_configs: dict[str, dict[str, int]] = {}
+        self.mig_manager_seconds = 0.2
+        self.mig_manager_runs: list[tuple[str, str]] = []
         self.version = 100
         self.oldest = 0  # watches from an older resourceVersion get 410 Gone
         self.epoch = 0  # bumped by expire_watches: open watches end with 410
@@ -411,6 +451,57 @@ class KubeStandin:
         self.epoch += 1
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def find_node(self, name: str) -> dict | None:
+        return next((n for n in self.nodes if n["metadata"]["name"] == name), None)
+
+    # --- NVIDIA's MIG Manager (GPU Operator), as far as a node's labels show it -------
+
+    def label_node(self, found: dict, labels: Mapping[str, str | None]) -> dict:
+        """Merge ``labels`` into the node's (None removes one). A changed
+        ``nvidia.com/mig.config`` starts MIG Manager: ``nvidia.com/mig.config.state``
+        goes ``pending`` and, ``mig_manager_seconds`` later, the node is re-cut to that
+        config of ``mig_configs`` (its ``nvidia.com/mig-<profile>`` capacity and
+        allocatable become the config's counts per GPU times ``nvidia.com/gpu.count``)
+        and the state ``success``; ``failed`` when the config is unknown or a pod on the
+        node still holds a MIG device (MIG Manager cannot re-cut a GPU in use)."""
+        mine = found["metadata"].setdefault("labels", {})
+        before = mine.get(MIG_CONFIG)
+        for key, value in labels.items():
+            if value is None:
+                mine.pop(key, None)
+            else:
+                mine[key] = value
+        if mine.get(MIG_CONFIG) != before and mine.get(MIG_CONFIG) is not None:
+            mine[MIG_STATE] = "pending"
+            assert self._loop is not None
+            self._loop.call_later(self.mig_manager_seconds, self._recut,
+                                  found["metadata"]["name"], mine[MIG_CONFIG])
+        self._record("NodeList", "MODIFIED", found)
+        return found
+
+    def _recut(self, name: str, config: str) -> None:
+        found = self.find_node(name)
+        if found is None or found["metadata"]["labels"].get(MIG_CONFIG) != config:
+            return  # relabelled meanwhile: the newer config's turn
+        labels = found["metadata"]["labels"]
+        busy = [p for p in self.pods if (p.get("spec") or {}).get("nodeName") == name
+                and (p.get("status") or {}).get("phase") not in DONE_PHASES
+                and any(r.startswith("nvidia.com/mig-") for r in pod_asks(p))]
+        self.mig_manager_runs.append((name, config))
+        if config not in self.mig_configs or busy:
+            labels[MIG_STATE] = "failed"
+        else:
+            gpus = int(labels.get("nvidia.com/gpu.count", "1"))
+            for part in ("capacity", "allocatable"):
+                held = found["status"][part]
+                for key in [k for k in held if k.startswith("nvidia.com/mig-")]:
+                    del held[key]
+                for profile, count in self.mig_configs[config].items():
+                    held[f"nvidia.com/mig-{profile}"] = str(count * gpus)
+            labels[MIG_STATE] = "success"
+        self._record("NodeList", "MODIFIED", found)
+        self.retry_pending()
 
     def find_pod(self, namespace: str, name: str) -> dict | None:
         return next((p for p in self.pods if p["metadata"]["name"] == name
@@ -609,6 +700,7 @@ class KubeStandin:
     def routes(self) -> list[tuple[str, type, dict]]:
         return [
             (r"/api/v1/nodes", _Nodes, {"standin": self}),
+            (r"/api/v1/nodes/([^/]+)", _Node, {"standin": self}),
             (r"/api/v1/pods", _Pods, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/pods", _Pods, {"standin": self}),
             (r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", _Pod, {"standin": self}),

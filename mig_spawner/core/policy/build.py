@@ -57,6 +57,7 @@ GROUP_KEYS = (
     "budget_min_hold",
     "budget_action",
     "budget_warn_share",
+    "drain_notice",
 )
 BUDGET_ACTIONS = ("stop", "refuse_new")
 DURATION_KEYS = (
@@ -68,6 +69,7 @@ DURATION_KEYS = (
     "max_wait",
     "server_idle_timeout_when_waited",
     "server_idle_timeout_when_unwaited",
+    "drain_notice",
 )
 # The limits a warning comes ahead of: warn_before must be shorter than each.
 WARNED_LIMITS = (
@@ -77,7 +79,7 @@ WARNED_LIMITS = (
     "max_session_age",
 )
 # Durations whose default is a limit, not "none": a missing key keeps the default.
-_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0}
+_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0, "drain_notice": 3600.0}
 
 
 def build_policy(

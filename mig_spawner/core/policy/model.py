@@ -109,6 +109,9 @@ class GroupPolicy:
       server (idle or max session age), with a "Keep my server" button; ``None``: no
       warning. Keep counts as activity for an idle stop; for max session age it moves
       the lease's ``expires_at`` by ``extend_by``, at most ``max_extensions`` times.
+    * ``drain_notice``: when the GPU a server's slice lies on is re-cut (docs/layout.md),
+      the server is warned and stopped this long after the drain began (default one
+      hour); Keep cannot pass it. ``None``: never stopped, the change waits for it.
 
     Waiting (docs/policies.md, "Waiting"): with ``queue`` on, a member whose spawn finds
     no slice free may join the wait list for up to ``max_wait`` seconds, with at most
@@ -162,6 +165,7 @@ class GroupPolicy:
     budget_min_hold: float = 1800.0
     budget_action: Literal["stop", "refuse_new"] = "stop"
     budget_warn_share: float | None = 0.8
+    drain_notice: float | None = 3600.0
 
     @property
     def has_budget(self) -> bool:

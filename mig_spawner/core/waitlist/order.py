@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 #: Refusals meaning "nothing free fits this waiter right now": the only ones that make
 #: a waiter *passed over* (and so count towards the starvation guard).
-FIT_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY})
+FIT_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.GPU_RECUT})
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,11 @@ class SimulatedNvmlLibrary(GpmFunctions):
         self.host = host
         self.init_count = 0
 
+    def reset_gpu(self, index: int) -> None:
+        """What ``nvidia-smi -r`` does to a real GPU (not an NVML call; see
+        :meth:`mig_spawner.gpu.GpuAdapter.reset_gpu`)."""
+        self.host.reset_gpu(index)
+
     def __getattr__(self, name: str) -> _Function:
         impl = getattr(type(self), f"_{name}", None) if name.startswith("nvml") else None
         if impl is None or name in _MISSING_BY_API.get(self.host.state.process_api, ()):

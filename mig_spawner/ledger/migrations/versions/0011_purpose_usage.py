@@ -2,7 +2,7 @@
 (``lease_samples``), for the slice map, ``status``, the report and right-sizing.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 
 Frozen like 0001: written by hand, never importing the models. Existing leases get no
 purpose and no samples: right-sizing says so rather than guess from them.
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0010"
 
 
 def upgrade() -> None:

@@ -1,0 +1,114 @@
+"""A layout change on a real hub: JupyterHub with the MIG spawner on a simulated H200,
+a real single-user server holding a slice, and ``mig-spawner-service`` in its own
+process carrying the change on. What the user and the admin see: the user is warned
+once, cannot Keep past the change, the free part is re-cut at once, and the last step
+comes once the server has ended. docs/layout.md.
+
+Limits shortened together: the service sweeps every second (default 60 s) and the
+drain notice is 12 s (default 1 h), a little above their ratio so that a loaded test
+machine still starts the server and sweeps a few times within it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mig_spawner.cli.main import main
+from mig_spawner.core.layout import PlanState
+from mig_spawner.gpu import connect
+from mig_spawner.ledger import Ledger, ReleaseCode
+from tests.support.hub_harness import REPO, HubProcess, simulated_spawner
+from tests.support.slice_service import SERVICE_CONFIG, Service, wait_for
+
+pytestmark = pytest.mark.hub
+
+SIM = "h200x1:layout=1g.18gb*7"
+#: A 4g.71gb over slices 0-3, where ana's server (the first 1g.18gb granted) runs.
+TARGET = "4g.71gb,1g.18gb*3"
+NOTICE = 12
+
+
+def layout(workdir: Path) -> list[tuple[str, int]]:
+    with connect(state_file=str(workdir / "sim-gpus.json")) as gpus:
+        return sorted((gi.profile, gi.start) for gi in gpus.gpu(0).gpu_instances)
+
+
+def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tmp_path):
+    config_d = tmp_path / "jupyterhub_config.d"
+    config_d.mkdir()
+    for name in ("10-spawner.py", "20-groups.py"):
+        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
+    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
+        c = get_config()  # noqa: F821
+{textwrap.indent(simulated_spawner(tmp_path, SIM), ' ' * 8)}
+        c.Spawner.poll_interval = 1
+        c.Spawner.start_timeout = 120
+        c.Spawner.http_timeout = 120
+        c.MIGPolicyConfig.group_policies = {{"analysts": {{
+            "allowed": ["1g.18gb", "4g.71gb"], "drain_notice": "{NOTICE}s"}}}}
+{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
+        c.SliceServiceApp.cull_every = 1
+    """))
+    hub = HubProcess.start(tmp_path, sorted(config_d.glob("*.py")), timeout=120)
+    service = None
+    url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
+    try:
+        hub.create_users(["ana", "bob"], groups=["analysts"])
+        assert hub.spawn("ana", {"profile": "1g.18gb"}).status_code in (201, 202)
+        hub.wait_ready("ana", timeout=120)
+        with Ledger(url) as ledger:
+            [held] = ledger.active()
+        assert held.start == 0
+
+        cli = ["--sim-state", str(tmp_path / "sim-gpus.json"), "--ledger-url", url,
+               "-f", str(config_d)]
+        started = time.monotonic()
+        assert main(["layout", "apply", *cli, TARGET]) == 0
+        # The free part is re-cut at once; ana's instance and the 4g's room wait.
+        assert layout(tmp_path) == [("1g.18gb", s) for s in (0, 4, 5, 6)]
+        # bob is served from what stays, never from the room being re-cut.
+        assert hub.spawn("bob", {"profile": "1g.18gb"}).status_code in (201, 202)
+        hub.wait_ready("bob", timeout=120)
+        with Ledger(url) as ledger:
+            assert ledger.active_for_server("bob").start == 4
+
+        service = Service(hub, config_d)
+        with Ledger(url) as ledger:
+            def warned() -> bool:
+                lease = ledger.get(held.id)
+                return lease.warning == "drain"
+            wait_for(warned, 30, "ana warned of the drain", service)
+            ana = hub.login("ana")
+            notices = ana.get(f"{hub.url}/hub/api/mig-spawner/warnings", timeout=10).json()
+            [shown] = notices["warnings"]
+            assert shown["reason"] == "drain" and "re-cutting" in shown["message"]
+            kept = ana.post(f"{hub.url}/hub/api/mig-spawner/keep",
+                            headers={"X-XSRFToken": hub.xsrf(ana)}, timeout=10).json()
+            assert kept["outcome"] == "refused"
+
+            def done() -> bool:
+                return not ledger.layout_changes()
+            wait_for(done, NOTICE + 30, "the change done", service)
+            took = time.monotonic() - started
+            [change] = ledger.layout_changes(open_only=False)
+            assert change.state is PlanState.DONE, change.detail
+            assert layout(tmp_path) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
+                                        ("4g.71gb", 0)]
+            ended = ledger.get(held.id)
+            assert ended.release_code is ReleaseCode.DRAIN
+            # Warned once (by the apply), over many sweeps; the stop came no earlier
+            # than the notice.
+            assert [e.kind for e in ledger.events(held.id)] == ["warned", "refused"]
+            assert took >= NOTICE
+            assert ledger.active_for_server("bob") is not None  # bob was never touched
+        HubProcess.wait_until(lambda: hub.server_model("ana") is None, 30)
+        assert service.metric("mig_spawner_service_slices_reclaimed_total",
+                              reason="drain") == 1
+    finally:
+        if service is not None:
+            service.close()
+        hub.close()
