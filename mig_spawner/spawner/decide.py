@@ -15,15 +15,10 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Literal
 
-from mig_spawner.core.allocator import (
-    Placement,
-    PoolGrant,
-    free_counts,
-    pick_dynamic,
-    pick_pool,
-)
+from mig_spawner.core.allocator import Placement
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.kinds import HOST_KINDS, HostKind, Kind, host_kind
 from mig_spawner.core.policy import (
     GroupPolicy,
     GroupTally,
@@ -39,6 +34,10 @@ from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
 Mode = Literal["pool", "dynamic"]
 
 
+def offer_kind(offer: Offer, mode: Mode | Kind) -> HostKind:
+    """The kind of slice a claim of ``offer`` gets on a host whose spawner makes
+    ``mode`` slices: a whole GPU for the whole-GPU offer, else the spawner's kind."""
+    return HOST_KINDS[Kind.GPU] if offer.whole else host_kind(mode)
 
 
 def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
@@ -61,7 +60,7 @@ def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
 
 
 def free_now(
-    inventory: Inventory, leases: Iterable[Lease], mode: Mode
+    inventory: Inventory, leases: Iterable[Lease], mode: Mode | Kind
 ) -> dict[str, dict[str, int]]:
     """Free count per GPU model key, then per profile name, as the spawn form shows it.
 
@@ -72,16 +71,15 @@ def free_now(
     held = list(leases)
     taken = {lease.mig_uuid for lease in held if lease.mig_uuid}
     reserved = reserved_placements(held, inventory.host)
+    # Whole GPUs beside the slices: a host may have GPUs with MIG on and off.
+    kinds = dict.fromkeys((host_kind(mode), HOST_KINDS[Kind.GPU]))
     out: dict[str, dict[str, int]] = {}
     for key in sorted({g.model_key for g in inventory.gpus if g.model_key}):
         # The allocator counts per profile name over the GPUs it is given: give it one
         # model's GPUs at a time.
         mine = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.model_key == key))
-        out[key] = (
-            free_counts(mine, "pool", held_mig_uuids=taken)
-            if mode == "pool"
-            else free_counts(mine, "dynamic", reserved=reserved)
-        )
+        out[key] = {name: count for kind in kinds
+                    for name, count in kind.free(mine, taken, reserved).items()}
     return out
 
 
@@ -127,7 +125,7 @@ def make_decide(
     user_policy: UserPolicy,
     offer: Offer,
     inventory: Inventory,
-    mode: Mode,
+    mode: Mode | Kind,
     strategy: Literal["pack", "spread"],
     demand: Mapping[str, float] | None = None,
 ) -> Decide:
@@ -138,6 +136,7 @@ def make_decide(
     """
     host = inventory.host
     wants = wanted_profiles(offer, inventory)
+    kind = offer_kind(offer, mode)
 
     def decide(view: LedgerView) -> Grant:
         if not wants:
@@ -146,14 +145,11 @@ def make_decide(
         # limit hears about the limit, not about which slices happen to be free.
         smallest = min(model(k).profile(n).compute_slices for k, n in wants.items())
         charge(user_policy, offer, smallest, view)
-        if mode == "pool":
-            grant = pick_pool(inventory, view.held_mig_uuids(), wants, strategy)
-        else:
-            reserved = reserved_placements(view.leases, host)
-            grant = pick_dynamic(inventory, reserved, wants, strategy, demand)
-        if isinstance(grant, Refused):
-            raise grant
-        where = grant.placement if isinstance(grant, PoolGrant) else grant
+        picked = kind.pick(inventory, view.held_mig_uuids(),
+                           reserved_placements(view.leases, host), wants, strategy, demand)
+        if isinstance(picked, Refused):
+            raise picked
+        where, device = picked.placement, picked.device
         gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
         profile = model(gpu.model_key or "").profile(where.profile)
         group = charge(user_policy, offer, profile.compute_slices, view)
@@ -162,12 +158,11 @@ def make_decide(
             if group.max_session_age
             else None
         )
-        device = grant.device if isinstance(grant, PoolGrant) else None
         return Grant(
             group=group.name,
             profile=profile.name,
             compute_slices=profile.compute_slices,
-            mode=mode,
+            mode=kind.rules.kind,
             host=host,
             gpu_uuid=where.gpu_uuid,
             gpu_index=where.gpu_index,

@@ -100,7 +100,7 @@ def unserved_offers(
     warnings = []
     for key, offer in policies.offers.items():
         profiles = _offer_models(offer, keys)
-        if key not in granting or not profiles or any(
+        if key not in granting or offer.whole or not profiles or any(
             (m, p) in present for m, p in profiles.items()
         ):
             continue
