@@ -228,8 +228,10 @@ def _capacity(
             if (profile := profile_of_resource(name))
         }
         # Mixed strategy advertises the node's GPUs with MIG off as nvidia.com/gpu:
-        # whole GPUs, offered as such.
-        if quantity(allocatable.get(GPU_RESOURCE, 0)):
+        # whole GPUs, offered as such (unless the product label says they are MIG
+        # slices: a single-strategy node that the config calls mixed).
+        single = parse_product_label(labels.get(PRODUCT_LABEL, "")).profile
+        if not single and quantity(allocatable.get(GPU_RESOURCE, 0)):
             slices[WHOLE_GPU] = quantity(allocatable[GPU_RESOURCE])
         return slices, None if slices else "no nvidia.com/mig-* resources are allocatable"
     if strategy == "single":
