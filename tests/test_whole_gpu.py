@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
 from mig_spawner import holder
+from mig_spawner.cli.status import render_text
 from mig_spawner.core.catalog import model
 from mig_spawner.core.kinds import Kind
 from mig_spawner.core.policy import PolicyError, build_policy
@@ -21,6 +23,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import DoubleGrant, LeaseRequest, Ledger, ReleaseCode
 from mig_spawner.ledger import store as ledger_store
+from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.release import GiveBack, HolderProbes, LocalProcesses, Releaser
 from mig_spawner.spawner.decide import free_now, make_decide
 from tests.mocking import make_gpu, make_inventory
@@ -217,3 +220,16 @@ async def test_every_release_path_undoes_the_servers_confinement(tmp_path, inven
         assert outcome.result is GiveBack.RELEASED
         assert not cgroups.path(lease.id).exists()
         assert [(n.stat().st_uid, n.stat().st_mode & 0o777) for n in nodes] == [(0, 0o400)] * 2
+
+
+def test_the_map_and_status_show_whole_gpus_beside_slices(ledger, inventory):
+    lease = claim(ledger, inventory, "ana", "gpu")
+    view = slice_map(inventory, ledger.active(), datetime.now(UTC))
+    whole = {gpu.index: [(r.profile, r.start, r.size, r.state, r.user) for r in gpu.slices]
+             for gpu in view.gpus if not gpu.mig_enabled}
+    assert whole == {1: [("gpu", 0, 8, "leased", "ana")], 2: [("gpu", 0, 12, "free", None)]}
+    assert view.lost == () and view.count("orphan") == 0
+    assert [r.state for r in view.gpus[0].slices] == ["free"] * 7
+    assert lease.id in {r.lease_id for r in view.slices}
+    text = render_text(inventory)
+    assert "MIG off\n  whole GPU, 140.4 GiB: offered as 'gpu'" in text

@@ -6,8 +6,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..core.catalog import find_model_for_product, format_gib
+from ..core.catalog import WHOLE_GPU, find_model_for_product, format_gib
 from ..core.inventory import Gpu, GpuInstance, Inventory, MigDevice
+from ..core.kinds import offered_whole
 
 CELL = 10  # characters per memory slice in the picture
 
@@ -66,6 +67,9 @@ def render_text(inv: Inventory) -> str:
         model = find_model_for_product(gpu.product)
         lines.append(f"GPU {gpu.index}  {gpu.product}  {gpu.uuid}  {_mode_text(gpu)}")
         if model is None or not gpu.mig_current:
+            if offered_whole(gpu):
+                lines.append(f"  whole GPU, {format_gib(gpu.memory_total_mib)}: offered as "
+                             f"{WHOLE_GPU!r} to the groups that allow it")
             lines.append("")
             continue
         header = "".join(f"{i:^{CELL}}" for i in range(model.memory_slices))

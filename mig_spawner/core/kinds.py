@@ -155,11 +155,16 @@ class DynamicKind:
         return placed if isinstance(placed, Refused) else Picked(placed)
 
 
+def offered_whole(gpu: Gpu) -> bool:
+    """A GPU offered whole: a catalog model with MIG off, and no change to that waiting
+    for a reset."""
+    return gpu.model_key is not None and not gpu.mig_current and not gpu.mig_pending
+
+
 def whole_gpu_free(gpu: Gpu, reserved_gpus: Collection[str]) -> bool:
-    """A GPU that can be leased whole now: a catalog model with MIG off (and no change
-    to it waiting for a reset) that no held lease covers any memory slice of."""
-    return (gpu.model_key is not None and not gpu.mig_current and not gpu.mig_pending
-            and gpu.uuid not in reserved_gpus)
+    """A GPU that can be leased whole now: :func:`offered_whole`, and no held lease
+    covers any memory slice of it."""
+    return offered_whole(gpu) and gpu.uuid not in reserved_gpus
 
 
 class WholeGpuKind:
