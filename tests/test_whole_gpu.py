@@ -233,3 +233,11 @@ def test_the_map_and_status_show_whole_gpus_beside_slices(ledger, inventory):
     assert lease.id in {r.lease_id for r in view.slices}
     text = render_text(inventory)
     assert "MIG off\n  whole GPU, 140.4 GiB: offered as 'gpu'" in text
+
+
+def test_a_server_confined_to_a_whole_gpu_may_open_that_gpu_and_no_slice(ledger, inventory):
+    lease = claim(ledger, inventory, "ana", "gpu")
+    rules = kind_of(lease).device_rules(lease, inventory.gpus[1].minor, "/dev")
+    assert [r.path for r in rules] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
+                                       "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
+    assert {r.access for r in rules} == {"rw"}
