@@ -129,10 +129,14 @@ def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int,
         os.chmod(path, 0o400)
 
 
-def return_capabilities(paths: Iterable[str]) -> None:
-    """The capability nodes ``paths`` back to root alone, once their server is gone."""
+def return_capabilities(paths: Iterable[Path]) -> None:
+    """The capability nodes ``paths`` back to root alone, once their server is gone.
+    A node that is still root's was never given (no isolation, or a cgroup confined
+    the server): it is left as it is, readable as the driver made it."""
     for path in paths:
         try:
+            if path.stat().st_uid == 0:
+                continue
             os.chown(path, 0, 0)
             os.chmod(path, 0o400)
         except FileNotFoundError:

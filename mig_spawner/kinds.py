@@ -21,15 +21,15 @@ name. docs/architecture.md, "Kinds".
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from mig_spawner.core.catalog import capability_minors
 from mig_spawner.core.inventory import Gpu
 from mig_spawner.core.kinds import RULES, Kind, KindRules, rules_of
-from mig_spawner.device_cgroup import CAPS_DIR, SliceCgroups
+from mig_spawner.device_cgroup import CAPS_DIR, SliceCgroups, return_capabilities
 from mig_spawner.gpu.errors import GpuError, InstanceInUse, InstanceNotFound
 from mig_spawner.ledger import Lease
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from mig_spawner.spawner.isolation import DeviceRule
 
 __all__ = ["NO_GPU_ACCESS", "Confinement", "Kind", "SliceGpus", "SliceKind",
-           "capability_nodes", "kind_named", "kind_of", "lease_environment", "on_device_words"]
+           "kind_named", "kind_of", "lease_environment", "on_device_words"]
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +67,18 @@ class Confinement:
     cgroups: SliceCgroups = field(default_factory=SliceCgroups)
     caps_dir: Path = CAPS_DIR
 
-    def undo(self, lease: Lease, nodes: Iterable[DeviceRule]) -> None:
+    def undo(self, lease: Lease, gpu_minor: int | None) -> None:
         """Remove ``lease``'s device cgroup (kept, with a warning, while a process is
-        still in it) and give its capability nodes back to root alone. A node that is
-        still root's was never given (no isolation, or a cgroup confined the server):
-        it is left as it is. ``OSError`` when the kernel refuses."""
+        still in it) and give its slice's capability nodes (its GPU's minor is
+        ``gpu_minor``; ``None``: it has none) back to root alone. A node that is still
+        root's was never given (no isolation, or a cgroup confined the server): it is
+        left as it is. ``OSError`` when the kernel refuses."""
         if not self.cgroups.remove(lease.id):
             log.warning("Lease %s: its device cgroup is still in use", lease.id)
-        for node in capability_nodes(nodes):
-            path = self.caps_dir / Path(node).name
-            try:
-                owner = path.stat().st_uid
-            except FileNotFoundError:
-                continue  # a dynamic instance destroyed with its nodes
-            if owner != 0:
-                os.chown(path, 0, 0)
-                os.chmod(path, 0o400)
+        if gpu_minor is None or lease.gi_id is None or lease.ci_id is None:
+            return
+        return_capabilities(self.caps_dir / f"nvidia-cap{minor}"
+                            for minor in capability_minors(gpu_minor, lease.gi_id, lease.ci_id))
 
 
 class SliceKind:
@@ -130,11 +126,10 @@ class SliceKind:
             adapter = gpus() if lease.gi_id is not None else None
             minor = (adapter.gpu(lease.gpu_index).minor
                      if adapter is not None and lease.gpu_index is not None else None)
-            nodes = self.device_rules(lease, minor, "/dev") if minor is not None else ()
-        except (GpuError, ValueError):
-            nodes = ()  # no capability nodes to name: only the cgroup goes
+        except GpuError:
+            minor = None  # no capability nodes to name: only the cgroup goes
         try:
-            confinement.undo(lease, nodes)
+            confinement.undo(lease, minor)
         except OSError as e:
             log.error("Lease %s: its server's confinement could not be undone: %s",
                       lease.id, e)
@@ -219,13 +214,6 @@ def kind_named(kind: Kind) -> SliceKind:
 def lease_environment(lease: Lease) -> dict[str, str]:
     """What every kind tells the server about its lease: the profile and the lease id."""
     return {"MIG_SPAWNER_PROFILE": lease.profile, "MIG_SPAWNER_LEASE_ID": lease.id}
-
-
-def capability_nodes(rules: Iterable[DeviceRule]) -> list[str]:
-    """The capability nodes among ``rules`` (a slice's GI and CI nodes)."""
-    from mig_spawner.spawner.isolation import CAPS
-
-    return [rule.path for rule in rules if rule.driver == CAPS]
 
 
 def _visible(device: str) -> dict[str, str]:

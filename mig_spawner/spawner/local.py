@@ -34,13 +34,14 @@ from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
-from mig_spawner.kinds import Confinement, capability_nodes, kind_of
+from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
 from .backend import ClaimPlan, SliceSupply
 from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
 from .isolation import (
+    CAPS,
     PSEUDO_DEVICES,
     DeviceNumber,
     DeviceRule,
@@ -292,7 +293,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
                 uid, gid = self._server_ids()
                 held = await self.runtime.run(self._held_capability_nodes, lease.id)
                 await asyncio.to_thread(device_cgroup.own_capabilities, self._caps_dir,
-                                        capability_nodes(rules), uid, gid, held)
+                                        _capability_nodes(rules), uid, gid, held)
                 return
             allow = cgroup_v1_rules(rules, self.device_numbers(), self.device_baseline)
             await self.runtime.run(self._make_cgroup, lease.id, allow)
@@ -329,7 +330,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             gpu = inventory.gpu_by_uuid(other.gpu_uuid or "")
             if other.id != lease_id and gpu and other.gi_id is not None and (
                     other.ci_id is not None):
-                nodes += capability_nodes(device_rules(gpu.minor, other.gi_id, other.ci_id,
+                nodes += _capability_nodes(device_rules(gpu.minor, other.gi_id, other.ci_id,
                                                         self.device_dir))
         return nodes
 
@@ -413,6 +414,10 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
     """
 
     runs_as_user = False
+
+
+def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
+    return [rule.path for rule in rules if rule.driver == CAPS]
 
 
 def _gpu_name(inventory: Inventory, lease: Lease) -> str:
