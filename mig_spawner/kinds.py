@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from mig_spawner.spawner.isolation import DeviceRule
 
 __all__ = ["NO_GPU_ACCESS", "Confinement", "Kind", "SliceGpus", "SliceKind",
-           "kind_named", "kind_of", "lease_environment", "on_device_words"]
+           "kind_of", "lease_environment", "on_device_words"]
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +188,9 @@ class WholeGpu(SliceKind):
         return {**_visible(lease.gpu_uuid or ""), **lease_environment(lease), **_where(lease)}
 
     def device_rules(self, lease: Lease, gpu_minor: int, dev: str) -> tuple[DeviceRule, ...]:
-        from mig_spawner.spawner.isolation import CONTROL_NODES, FRONTEND, DeviceRule
+        from mig_spawner.spawner.isolation import gpu_rules  # pure; the package imports us
 
-        dev = dev.rstrip("/") or "/"
-        return (*(DeviceRule(f"{dev}/{name}", "rw", driver, minor)
-                  for name, driver, minor in CONTROL_NODES),
-                DeviceRule(f"{dev}/nvidia{gpu_minor}", "rw", FRONTEND, gpu_minor))
+        return gpu_rules(gpu_minor, dev)
 
 
 _KINDS: dict[Kind, SliceKind] = {
@@ -204,11 +201,6 @@ _KINDS: dict[Kind, SliceKind] = {
 def kind_of(lease: Lease) -> SliceKind:
     """The kind of slice ``lease`` holds."""
     return _KINDS[rules_of(lease.mode).kind]
-
-
-def kind_named(kind: Kind) -> SliceKind:
-    """The kind of that name."""
-    return _KINDS[kind]
 
 
 def lease_environment(lease: Lease) -> dict[str, str]:
