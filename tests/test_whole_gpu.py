@@ -11,6 +11,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
+from traitlets.config import Config
 
 from mig_spawner import holder
 from mig_spawner.cli.status import render_text
@@ -26,6 +27,7 @@ from mig_spawner.ledger import store as ledger_store
 from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.release import GiveBack, HolderProbes, LocalProcesses, Releaser
 from mig_spawner.spawner.decide import free_now, make_decide
+from mig_spawner.spawner.startup import policy_warnings
 from tests.mocking import make_gpu, make_inventory
 from tests.support.system_deps import missing
 
@@ -241,3 +243,13 @@ def test_a_server_confined_to_a_whole_gpu_may_open_that_gpu_and_no_slice(ledger,
     assert [r.path for r in rules] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
                                        "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
     assert {r.access for r in rules} == {"rw"}
+
+
+def test_the_start_up_check_warns_of_a_whole_gpu_offered_where_every_gpu_has_mig_on(
+        inventory):
+    all_mig = make_inventory(make_gpu(0))
+    built = policies()
+    (warning,) = [w for w in policy_warnings(Config(), built, all_mig) if "'gpu'" in w]
+    assert warning.startswith("ml may pick 'gpu' (a whole GPU) but no GPU on this host has "
+                              "MIG off")
+    assert not [w for w in policy_warnings(Config(), built, inventory) if "'gpu'" in w]

@@ -32,13 +32,14 @@ from mig_spawner.config import (
 )
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.inventory import Inventory
-from mig_spawner.core.kinds import mode_rules
+from mig_spawner.core.kinds import mode_rules, offered_whole
 from mig_spawner.core.policy import (
     PolicyError,
     PolicySet,
     contradiction_warnings,
     memory_wording_warnings,
     unserved_offers,
+    unserved_whole_gpus,
 )
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
@@ -240,6 +241,8 @@ def policy_warnings(
         by_index = {g.index: g.model_key for g in inventory.gpus}
         devices = [(by_index[d.gpu_index], d.profile) for d in inventory.mig_devices]
         warnings += unserved_offers(policies, model_keys, devices)
+    if inventory is not None:
+        warnings += unserved_whole_gpus(policies, sum(map(offered_whole, inventory.gpus)))
     return warnings
 
 
