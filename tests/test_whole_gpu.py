@@ -26,6 +26,7 @@ from mig_spawner.ledger import DoubleGrant, LeaseRequest, Ledger, ReleaseCode
 from mig_spawner.ledger import store as ledger_store
 from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.release import GiveBack, HolderProbes, LocalProcesses, Releaser
+from mig_spawner.report.demand import requests_of
 from mig_spawner.spawner.decide import free_now, make_decide
 from mig_spawner.spawner.startup import policy_warnings
 from tests.mocking import make_gpu, make_inventory
@@ -253,3 +254,11 @@ def test_the_start_up_check_warns_of_a_whole_gpu_offered_where_every_gpu_has_mig
     assert warning.startswith("ml may pick 'gpu' (a whole GPU) but no GPU on this host has "
                               "MIG off")
     assert not [w for w in policy_warnings(Config(), built, inventory) if "'gpu'" in w]
+
+
+def test_layout_advice_replays_slices_only(ledger, inventory):
+    """A whole GPU is no MIG instance: ``report --advise`` replays the slices."""
+    claim(ledger, inventory, "ana", "gpu")
+    claim(ledger, inventory, "bob", "small")
+    requests = requests_of(ledger.active(), [], datetime.now(UTC))
+    assert [q.profile for q in requests] == ["1g.18gb"]
