@@ -112,8 +112,7 @@ def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int,
     other slice's node but those of slices still ``held`` by other servers to root
     alone: a node as ``nvidia-modprobe`` makes it (0444 by default) is readable by
     everyone, and one a finished server's user still owns (its lease released where
-    the nodes were not given back: by the slice service, or a hub that died) by
-    that user."""
+    the nodes were not given back: by a hub that died before it could) by that user."""
     mine = {str(Path(path)) for path in mine}
     keep = mine | {str(Path(path)) for path in held}
     for node in sorted(caps_dir.iterdir()):
