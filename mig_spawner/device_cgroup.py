@@ -112,8 +112,7 @@ def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int,
     other slice's node but those of slices still ``held`` by other servers to root
     alone: a node as ``nvidia-modprobe`` makes it (0444 by default) is readable by
     everyone, and one a finished server's user still owns (its lease released where
-    the nodes were not given back: by the slice service, or a hub that died) by
-    that user."""
+    the nodes were not given back: by a hub that died before it could) by that user."""
     mine = {str(Path(path)) for path in mine}
     keep = mine | {str(Path(path)) for path in held}
     for node in sorted(caps_dir.iterdir()):
@@ -129,10 +128,14 @@ def own_capabilities(caps_dir: Path, mine: Iterable[str], uid: int, gid: int,
         os.chmod(path, 0o400)
 
 
-def return_capabilities(paths: Iterable[str]) -> None:
-    """The capability nodes ``paths`` back to root alone, once their server is gone."""
+def return_capabilities(paths: Iterable[Path]) -> None:
+    """The capability nodes ``paths`` back to root alone, once their server is gone.
+    A node that is still root's was never given (no isolation, or a cgroup confined
+    the server): it is left as it is, readable as the driver made it."""
     for path in paths:
         try:
+            if path.stat().st_uid == 0:
+                continue
             os.chown(path, 0, 0)
             os.chmod(path, 0o400)
         except FileNotFoundError:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mig_spawner.kinds import kind_of
 from mig_spawner.kube.availability import ClusterReadError
 from mig_spawner.kube.cluster import TERMINATED_PHASES
 from mig_spawner.kube.pods import delete_pod, pod_uid, read_pod
@@ -140,9 +141,10 @@ def names_slice(env: Mapping[str, str], lease: Lease) -> bool:
     enough; neither variable can hide the other."""
     if env.get(LEASE_VARIABLE) == lease.id:
         return True
-    if not lease.mig_uuid:
+    named = kind_of(lease).device_name(lease)
+    if not named:
         return False
-    device = _bare(lease.mig_uuid)
+    device = _bare(named)
     return any(_bare(entry) == device
                for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(","))
 
@@ -168,7 +170,7 @@ def check(lease: Lease, host: str | None = None, *, on_device: Iterable[int] = (
     doc for the rule). ``on_device``: the PIDs NVML lists on its MIG device;
     ``members``: the PIDs in its device cgroup. A Kubernetes lease is :data:`UNKNOWN`
     here: only :func:`check_pod`, with the API, can tell."""
-    if lease.mode == "kube":
+    if not kind_of(lease).rules.on_host:
         return HolderCheck(UNKNOWN, why=f"its server is pod {lease.pod}, which only the "
                            "Kubernetes API can check")
     host = host or this_host()

@@ -13,10 +13,14 @@ the same order:
 3. anything still holding it, or a holder that cannot be checked: the lease is left
    ``releasing`` with what holds it (``held_by``, plain words for its user) and the
    outcome is :attr:`GiveBack.HELD`, with why;
-4. a dynamic instance is destroyed *before* the lease is released, so the ledger never
-   shows a slice free that still exists on the GPU; an instance that still runs
-   processes is never forced (held, as in 3);
-5. the lease is released with its :class:`~mig_spawner.core.lifecycle.ReleaseCode`.
+4. the kind's steps before the release (:meth:`SliceKind.before_release
+   <mig_spawner.kinds.SliceKind.before_release>`): a dynamic instance is destroyed, so
+   the ledger never shows a slice free that still exists on the GPU; an instance that
+   still runs processes is never forced (held, as in 3);
+5. the lease is released with its :class:`~mig_spawner.core.lifecycle.ReleaseCode`;
+6. the kind's steps after it (:meth:`SliceKind.after_release
+   <mig_spawner.kinds.SliceKind.after_release>`): the server's device cgroup and
+   capability nodes are undone, whichever path released it.
 
 :meth:`Releaser.retry_later` retries a held give-back with backoff until it is done.
 Who counts what (the hub's and the service's metrics differ) is the caller's
@@ -33,9 +37,10 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from mig_spawner import holder
-from mig_spawner.core.inventory import Gpu
 from mig_spawner.device_cgroup import pids_in_slice_cgroup
-from mig_spawner.gpu.errors import GpuError, InstanceInUse, InstanceNotFound
+from mig_spawner.gpu.errors import GpuError
+from mig_spawner.kinds import NO_GPU_ACCESS as NO_GPU_ACCESS
+from mig_spawner.kinds import Confinement, SliceGpus, kind_of, on_device_words
 from mig_spawner.kube import ClusterReadError
 from mig_spawner.ledger import Lease, LeaseState, Ledger, LedgerError, ReleaseCode
 
@@ -50,22 +55,12 @@ RETRY_MAX = 4.0
 
 #: What ``held_by`` says (users read it when they start that server again).
 UNCHECKABLE = "a process of its last run that the hub cannot check or stop"
-NO_GPU_ACCESS = "its dynamic instance must be destroyed, but there is no GPU access here"
 GPU_REFUSED = "the GPU did not let the hub destroy its instance yet; the hub keeps trying"
 LEDGER_DOWN = "the hub could not record yet that it was given back; it keeps trying"
 
 
-class SliceGpus(Protocol):
-    """What the release path needs of the GPU adapter (:class:`mig_spawner.gpu.GpuAdapter`)."""
-
-    def gpu(self, index: int) -> Gpu: ...
-
-    def destroy_instance(self, gpu_index: int, gi_id: int) -> None: ...
-
-
-def on_device_words(pids: Iterable[int]) -> str:
-    """``held_by`` for processes the GPU itself lists on the slice."""
-    return f"processes still run on its GPU instance (PIDs {', '.join(map(str, pids))})"
+__all__ = ["GiveBack", "HolderProbes", "KubePods", "LocalProcesses", "Outcome",
+           "ReleaseEvents", "Releaser", "SliceGpus", "on_device_words", "still_holding"]
 
 
 class GiveBack(StrEnum):
@@ -185,14 +180,14 @@ class KubePods:
 
 @dataclass(frozen=True)
 class HolderProbes:
-    """The probe for each kind of lease: pods for Kubernetes leases (``None``: this
-    process cannot reach a cluster), this host's processes for the others."""
+    """The probe for each kind of lease: this host's processes for the kinds held on
+    this host, pods for the others (``None``: this process cannot reach a cluster)."""
 
     local: HolderProbe
     pods: HolderProbe | None = None
 
     def for_lease(self, lease: Lease) -> HolderProbe | None:
-        return self.pods if lease.mode == "kube" else self.local
+        return self.local if kind_of(lease).rules.on_host else self.pods
 
 
 class ReleaseEvents:
@@ -211,6 +206,9 @@ class ReleaseEvents:
         """The lease was released."""
 
 
+#: This host's own confinement (cgroups and capability nodes where the kernel has them).
+_HOST = Confinement()
+
 # Retry tasks by lease id: one per lease in this process, referenced so that the event
 # loop does not lose them.
 _RETRIES: dict[str, asyncio.Task[Outcome]] = {}
@@ -220,13 +218,14 @@ class Releaser:
     """Gives leases back (see the module doc). ``ledger``/``gpus`` return the adapters
     (called through ``run``); ``probes`` says what holds a lease; ``grace``: seconds
     from TERM to KILL for a holder; ``events``: the caller's counters; ``log``: where
-    it says what it did."""
+    it says what it did; ``confinement``: where this host confines servers (the
+    host's defaults unless the spawner configured others; ``None``: nothing to undo)."""
 
     def __init__(
         self, ledger: Callable[[], Ledger], gpus: Callable[[], SliceGpus | None],
         probes: HolderProbes, *, run: Run, grace: float = holder.STOP_GRACE,
         events: ReleaseEvents | None = None, log: logging.Logger | logging.LoggerAdapter | None
-        = None,
+        = None, confinement: Confinement | None = _HOST,
     ) -> None:
         self.ledger = ledger
         self.gpus = gpus
@@ -235,6 +234,7 @@ class Releaser:
         self.grace = grace
         self.events = events or ReleaseEvents()
         self.log = log or logging.getLogger(__name__)
+        self.confinement = confinement
 
     async def release(self, lease: Lease | str, code: ReleaseCode, detail: str = "", *,
                       retry: bool = False) -> Outcome:
@@ -257,6 +257,9 @@ class Releaser:
             if held is not None:
                 return held
             outcome = await self.run(lambda: self._give_back(lease, code, detail))
+            if outcome.result is GiveBack.RELEASED:
+                await self.run(lambda: kind_of(lease).after_release(
+                    lease, self.gpus, self.confinement))
         except GpuError as e:
             self.log.error("Lease %s of %s: the GPU refused to give its slice back (%s); "
                            "retrying", lease if isinstance(lease, str) else lease.id,
@@ -298,25 +301,18 @@ class Releaser:
         return Outcome(GiveBack.HELD, why)
 
     def _give_back(self, lease: Lease, code: ReleaseCode, detail: str) -> Outcome:
-        """Destroy ``lease``'s dynamic instance if it has one, then release it. Blocking."""
+        """The kind's steps before the release (destroy a dynamic instance), then the
+        release. Blocking."""
         ledger = self.ledger()
-        if lease.mode == "dynamic" and lease.gi_id is not None and lease.gpu_index is not None:
-            gpus = self.gpus()
-            if gpus is None:
-                ledger.begin_release(lease.id, code, detail, held_by=NO_GPU_ACCESS)
-                return Outcome(GiveBack.HELD, NO_GPU_ACCESS)
-            try:
-                gpus.destroy_instance(lease.gpu_index, lease.gi_id)
-            except InstanceNotFound:
-                pass  # destroyed already (by the other party, or out of band)
-            except InstanceInUse as e:
-                why = on_device_words(e.pids)
-                ledger.begin_release(lease.id, code, detail, held_by=why)
-                return Outcome(GiveBack.HELD, why)
-            except GpuError:
-                # Said in the lease (the slice map, the user's next start), then retried.
-                ledger.begin_release(lease.id, code, detail, held_by=GPU_REFUSED)
-                raise
+        try:
+            held_by = kind_of(lease).before_release(lease, self.gpus)
+        except GpuError:
+            # Said in the lease (the slice map, the user's next start), then retried.
+            ledger.begin_release(lease.id, code, detail, held_by=GPU_REFUSED)
+            raise
+        if held_by is not None:
+            ledger.begin_release(lease.id, code, detail, held_by=held_by)
+            return Outcome(GiveBack.HELD, held_by)
         if ledger.release(lease.id, code, detail) is None:
             return Outcome(GiveBack.ALREADY_RELEASED)
         return Outcome(GiveBack.RELEASED)

@@ -431,7 +431,7 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
     bobs_nodes = [dev / "nvidia-caps" / f"nvidia-cap{m}"
                   for m in capability_minors(0, bobs.gi_id, bobs.ci_id)]
     # A node of a slice no lease holds, still nobody's since an earlier server of theirs
-    # (its lease released by the slice service, which gives no nodes back).
+    # (its lease released by a hub that died before it gave the nodes back).
     stale = dev / "nvidia-caps" / "nvidia-cap30"
     for path, number in zip([*control, *anas, *bobs_nodes, stale],
                             [*REAL[:5], (1, 5), (1, 8), (1, 3), (1, 7)], strict=True):

@@ -71,7 +71,7 @@ def ledger_url(tmp_path):
     return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
 
 
-def config(ledger_url: str, **spawner) -> Config:
+def config(ledger_url: str, allowed=("small", "large"), **spawner) -> Config:
     c = Config()
     c.MIGPolicyConfig.slice_classes = {
         "small": {"display_name": "Small", "profiles": {"a100-80gb": "1g.10gb",
@@ -80,7 +80,7 @@ def config(ledger_url: str, **spawner) -> Config:
         "large": {"display_name": "Large", "profiles": {"a100-80gb": "3g.40gb"}},
     }
     c.MIGPolicyConfig.group_policies = {
-        "analysts": {"allowed": ["small", "large"], "max_slices_per_user": 1},
+        "analysts": {"allowed": list(allowed), "max_slices_per_user": 1},
     }
     c.MIGSettings.ledger_url = ledger_url
     c.KubeMIGSpawner.namespace = "jupyterhub"
@@ -93,9 +93,9 @@ def config(ledger_url: str, **spawner) -> Config:
 
 
 def make(standin, ledger_url, name="ana", groups=("analysts",), profile="small", server="",
-         **spawner) -> KubeMIGSpawner:
+         allowed=("small", "large"), **spawner) -> KubeMIGSpawner:
     s = KubeMIGSpawner(
-        config=config(ledger_url, k8s_api_host=standin.url, **spawner),
+        config=config(ledger_url, allowed, k8s_api_host=standin.url, **spawner),
         user=User(name, list(groups)),
         hub=Hub(),
         orm_spawner=OrmSpawner(server),
@@ -192,6 +192,33 @@ async def test_mixed_fleet_class_goes_to_the_model_with_room(standin, ledger_url
         await s.stop()
 
 
+async def test_a_whole_gpu_pod_asks_for_nvidia_com_gpu_on_a_mixed_strategy_node(
+        standin, ledger_url):
+    """Mixed strategy advertises a node's GPUs with MIG off as nvidia.com/gpu beside its
+    MIG slices: the whole-GPU offer asks for one of those, pinned to the model's nodes,
+    and is charged the model's compute slices."""
+    standin.nodes = [node("gpu-a1", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed"),
+                          {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu": "1"})]
+    allowed = ("small", "gpu")
+    whole = make(standin, ledger_url, profile="gpu", allowed=allowed)
+    assert "A whole GPU" in await whole.render_options_form()
+    await whole.start()
+    spec = created(standin, whole.pod_name)["spec"]
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert spec["nodeName"] == "gpu-a1"
+    small = make(standin, ledger_url, name="ben", allowed=allowed)
+    await small.start()
+    assert created(standin, small.pod_name)["spec"]["containers"][0]["resources"][
+        "limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert sorted((lease.user, lease.mode, lease.profile, lease.compute_slices)
+                  for lease in held(ledger_url)) == [("ana", "kube", "gpu", 7),
+                                                     ("ben", "kube", "1g.10gb", 1)]
+    with pytest.raises(SpawnException, match="slices of the cluster are in use"):
+        await make(standin, ledger_url, name="cy", profile="gpu", allowed=allowed).start()
+    for s in (whole, small):
+        await s.stop()
+
+
 async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledger_url):
     standin.nodes = [a100_node("gpu-a1")]
     standin.pods = [pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
@@ -250,7 +277,8 @@ async def test_form_says_why_when_the_cluster_cannot_be_read(standin, ledger_url
     assert "The cluster&#39;s GPU nodes cannot be read right now. Try again" in form
     # The API server's words name accounts and resources: for the hub log only.
     assert "serviceaccount" not in form and "free now" not in form
-    assert form.count("disabled") == 2  # small and large, neither selectable
+    assert form.count(" disabled>") == 2  # small and large, neither selectable
+    assert "button.disabled = true" in form  # nor Start
 
 
 async def test_quota_is_checked_in_the_ledger_before_the_cluster(standin, ledger_url):

@@ -30,6 +30,7 @@ from traitlets.config import Config
 
 from mig_spawner.config import setting_value
 from mig_spawner.core.durations import DurationError, parse_duration
+from mig_spawner.core.kinds import Kind
 
 #: Every profile 20-groups.py offers exists here (``doctor`` on the demo passes): small,
 #: medium, large and 1g.35gb on the first two H200, the whole-GPU instance on the third.
@@ -265,7 +266,7 @@ def who_sees_what(args: argparse.Namespace, workdir: Path) -> str:
     finally:
         adapter.close()
     models = [model(g.model_key) for g in inventory.gpus if g.model_key]
-    free = free_now(inventory, [], "pool")
+    free = free_now(inventory, [], Kind.POOL)
     rows = []
     for group, members in DEMO_GROUPS.items():
         mine = policies.for_user([group])

@@ -18,6 +18,7 @@ from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
+from ..core.kinds import mode_rules
 from ..device_cgroup import (
     CAPABILITY_NODES,
     HostSupport,
@@ -147,7 +148,7 @@ def check_offered_profiles(inv: Inventory, offered: Iterable[str], mode: str) ->
             "set c.MIGPolicyConfig.group_policies in jupyterhub_config.d (docs/policies.md)",
         )
     names = ", ".join(offered)
-    if mode == "dynamic":
+    if mode_rules(mode).made_per_lease:
         fleet = [find_model_for_product(g.product) for g in inv.gpus]
         creatable = {p for m in fleet if m is not None for p in m.profile_names}
         missing = ", ".join(p for p in offered if p not in creatable)
@@ -244,7 +245,7 @@ def check_privilege(can_configure: bool, mode: str) -> Check:
             Status.PASS,
             "this process may create and destroy MIG instances",
         )
-    if mode != "dynamic":
+    if not mode_rules(mode).made_per_lease:
         return Check(
             "dynamic-mode privilege",
             Status.PASS,
@@ -398,7 +399,7 @@ def run_checks(
         mode = mode or configured_mode
         if config_broken:
             checks += skipped(["offered profiles"], "the hub's policy is wrong (see hub config)")
-        elif mig_off and mode == "pool":
+        elif mig_off and mode_rules(mode).device_at_claim:
             checks += skipped(["offered profiles"], off_reason)
         else:
             checks.append(check_offered_profiles(inv, offered, mode))

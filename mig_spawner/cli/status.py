@@ -8,9 +8,10 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from ..core.catalog import find_model_for_product, format_gib
+from ..core.catalog import WHOLE_GPU, find_model_for_product, format_gib
 from ..core.durations import format_duration
 from ..core.inventory import Gpu, GpuInstance, Inventory, MigDevice
+from ..core.kinds import offered_whole
 
 if TYPE_CHECKING:  # the slice map pulls in the ledger (SQLAlchemy): only for its type
     from ..observe.slice_state import SliceMap, SliceRow
@@ -75,6 +76,9 @@ def render_text(inv: Inventory, holders: SliceMap | None = None,
         model = find_model_for_product(gpu.product)
         lines.append(f"GPU {gpu.index}  {gpu.product}  {gpu.uuid}  {_mode_text(gpu)}")
         if model is None or not gpu.mig_current:
+            if offered_whole(gpu):
+                lines.append(f"  whole GPU, {format_gib(gpu.memory_total_mib)}: offered as "
+                             f"{WHOLE_GPU!r} to the groups that allow it")
             lines.append("")
             continue
         header = "".join(f"{i:^{CELL}}" for i in range(model.memory_slices))

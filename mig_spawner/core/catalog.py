@@ -45,6 +45,9 @@ CI_PROFILE_1_SLICE_REV1 = 7
 # where the plain profile carries one), +gfx (graphics-capable; RTX PRO).
 VARIANTS = ("", "+me", "+me.all", "-me", "+gfx")
 _NAME_RE = re.compile(r"^(?P<g>[1-8])g\.(?P<gb>\d+)gb(?P<variant>\+me\.all|\+me|-me|\+gfx)?$")
+#: The name a whole GPU (MIG off, every compute and memory slice) goes by where a
+#: profile name would: in ``allowed``, in a lease's ``profile``, on the spawn form.
+WHOLE_GPU = "gpu"
 _MIB_PER_GIB = Decimal(1024)
 _TENTH = Decimal("0.1")
 
@@ -124,9 +127,25 @@ class GpuModel:
     def profile_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.profiles)
 
+    @property
+    def whole(self) -> Profile:
+        """The whole GPU with MIG off, in a profile's terms: every compute and memory
+        slice, the whole memory, one per GPU (:data:`WHOLE_GPU`; no NVML profile)."""
+        return Profile(
+            name=WHOLE_GPU, enum_index=-1, profile_id=-1, compute_slices=self.compute_slices,
+            memory_slices=self.memory_slices, memory_mib=self.memory_mib,
+            sm_count=max((p.sm_count for p in self.profiles), default=0),
+            copy_engines=max((p.copy_engines for p in self.profiles), default=0),
+            max_instances=1, placement_starts=(0,), ci_profile_index=-1,
+            source="the whole GPU (MIG off)",
+        )
+
     def profile(self, name: str) -> Profile:
-        """Return the profile called ``name`` (``"1g.18gb"``, ``"MIG 1g.18gb"``), or explain."""
+        """Return the profile called ``name`` (``"1g.18gb"``, ``"MIG 1g.18gb"``; ``"gpu"``:
+        :attr:`whole`), or explain."""
         wanted = normalize_profile_name(name)
+        if wanted == WHOLE_GPU:
+            return self.whole
         for p in self.profiles:
             if p.name == wanted:
                 return p
@@ -258,6 +277,8 @@ def _show(key: str, value: object) -> str:
 def profile_sort_key(name: str) -> tuple[int, int, str]:
     """Order profiles small to big, plain before its variants (names NVIDIA would not
     use sort last)."""
+    if name == WHOLE_GPU:
+        return (98, 0, name)  # after every slice: it is all of them
     try:
         return parse_profile_name(name)
     except CatalogError:

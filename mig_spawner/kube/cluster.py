@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mig_spawner.core.catalog import WHOLE_GPU
+
 from .resources import (
     CONFIG_STATE_LABEL,
     GPU_RESOURCE,
@@ -26,6 +28,7 @@ from .resources import (
     PRODUCT_LABEL,
     STRATEGIES,
     STRATEGY_LABEL,
+    gpu_resource_of,
     model_for_label,
     parse_product_label,
     profile_of_resource,
@@ -224,6 +227,12 @@ def _capacity(
             for name, value in allocatable.items()
             if (profile := profile_of_resource(name))
         }
+        # Mixed strategy advertises the node's GPUs with MIG off as nvidia.com/gpu:
+        # whole GPUs, offered as such (unless the product label says they are MIG
+        # slices: a single-strategy node that the config calls mixed).
+        single = parse_product_label(labels.get(PRODUCT_LABEL, "")).profile
+        if not single and quantity(allocatable.get(GPU_RESOURCE, 0)):
+            slices[WHOLE_GPU] = quantity(allocatable[GPU_RESOURCE])
         return slices, None if slices else "no nvidia.com/mig-* resources are allocatable"
     if strategy == "single":
         profile = parse_product_label(labels.get(PRODUCT_LABEL, "")).profile
@@ -315,7 +324,7 @@ def _resource_of(node: NodeSlices) -> dict[str, str]:
     if node.strategy == "single":
         (profile,) = node.allocatable
         return {GPU_RESOURCE: profile}
-    return {MIG_RESOURCE_PREFIX + p: p for p in node.allocatable}
+    return {gpu_resource_of(p): p for p in node.allocatable}
 
 
 def cluster_slices(

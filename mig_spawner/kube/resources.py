@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from mig_spawner.core.catalog import (
     MODELS,
+    WHOLE_GPU,
     CatalogError,
     GpuModel,
     model,
@@ -91,6 +92,12 @@ def check_kube_profiles(profiles: Iterable[str]) -> None:
 def mig_resource(profile: str) -> str:
     """``"3g.71gb"`` -> ``"nvidia.com/mig-3g.71gb"`` (device plugin, ``mixed`` strategy)."""
     return MIG_RESOURCE_PREFIX + normalize_profile_name(profile)
+
+
+def gpu_resource_of(profile: str) -> str:
+    """The mixed strategy's resource for ``profile``: ``nvidia.com/mig-<profile>``, or
+    ``nvidia.com/gpu`` for a whole GPU (``catalog.WHOLE_GPU``: a GPU with MIG off)."""
+    return GPU_RESOURCE if profile == WHOLE_GPU else mig_resource(profile)
 
 
 def profile_of_resource(resource: str) -> str | None:
@@ -218,7 +225,7 @@ def slice_request(
     selector = dict(node_selector or {})
     pinned: tuple[str, ...] = ()
     if strategy == "mixed":
-        resource = mig_resource(name)
+        resource = gpu_resource_of(name)
         pinned = tuple(sorted(set(products)))
     elif strategy == "single":
         if not product:

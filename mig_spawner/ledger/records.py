@@ -15,15 +15,17 @@ from typing import Literal
 from mig_spawner.core.budget import Extra
 
 # Re-exported: the ledger's callers name the states and codes through it.
+from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
 from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
 
 from .errors import InvalidDecision
 
-Mode = Literal["pool", "dynamic", "kube"]
+#: A lease's kind as ``leases.mode`` stores it (:class:`~mig_spawner.core.kinds.Kind`).
+Mode = Literal["pool", "dynamic", "kube", "gpu"]
 
-MODES: tuple[Mode, ...] = ("pool", "dynamic", "kube")
+MODES: tuple[str, ...] = tuple(Kind)
 #: Every lease state, held ones first (:data:`HELD_STATES` re-exported from the core).
 STATES: tuple[LeaseState, ...] = tuple(LeaseState)
 
@@ -54,10 +56,11 @@ class GrantedSlice:
     """What a grant and the lease made from it share: the slice, where it lies, and whom
     it is charged to. Keyword-only, so the two records cannot drift apart in order.
 
-    ``start``/``size`` are memory slices on the GPU; they are what the ledger's
-    uniqueness guarantee covers. In dynamic mode ``mig_uuid``, ``gi_id`` and
-    ``ci_id`` are ``None`` until the instance exists (see ``Ledger.activate``).
-    In kube mode the device plugin picks the device, so the GPU fields may be ``None``
+    ``mode`` is the kind of slice (``mig_spawner.core.kinds``). ``start``/``size`` are
+    memory slices on the GPU; they are what the ledger's uniqueness guarantee covers (a
+    whole GPU covers all of them). A dynamic lease's ``mig_uuid``, ``gi_id`` and
+    ``ci_id`` are ``None`` until the instance exists (see ``Ledger.activate``). On
+    Kubernetes the device plugin picks the device, so the GPU fields may be ``None``
     and ``node``/``pod`` say where the server runs.
     """
 
@@ -99,15 +102,18 @@ class Grant(GrantedSlice):
 
     def _problems(self) -> list[str]:
         problems: list[str] = []
-        if self.mode not in MODES:
+        try:
+            rules = rules_of(self.mode)
+        except ValueError:
             problems.append(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+            rules = None
         if not self.group:
             problems.append("group (who is charged) is empty")
         if not self.profile:
             problems.append("profile is empty")
         if self.compute_slices < 1:
             problems.append(f"compute_slices must be >= 1, got {self.compute_slices}")
-        if self.mode in ("pool", "dynamic"):
+        if rules is not None and rules.placed:
             missing = [
                 name
                 for name in ("host", "gpu_uuid", "gpu_index", "start", "size")
@@ -115,8 +121,9 @@ class Grant(GrantedSlice):
             ]
             if missing:
                 problems.append(f"{self.mode} mode needs {', '.join(missing)}")
-        if self.mode == "pool" and not self.mig_uuid:
-            problems.append("pool mode leases an existing instance, so it needs mig_uuid")
+        if rules is not None and rules.device_at_claim and not self.mig_uuid:
+            problems.append(f"{self.mode} mode leases an existing instance, so it needs "
+                            "mig_uuid")
         if (self.start is None) != (self.size is None):
             problems.append("start and size go together")
         if self.start is not None and self.start < 0:

@@ -32,8 +32,9 @@ from typing import Any, Literal
 
 from mig_spawner.core import budget
 from mig_spawner.core.budget import Extra
-from mig_spawner.core.catalog import CatalogError, format_gib, model
+from mig_spawner.core.catalog import WHOLE_GPU, CatalogError, format_gib, model
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
+from mig_spawner.core.kinds import offered_whole
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
 from mig_spawner.ledger import LayoutChange, Lease, WaitEntry
@@ -235,6 +236,13 @@ class _LeaseIndex:
             if lease.start is not None and lease.size is not None:
                 self._by_place[(lease.gpu_uuid, lease.start, lease.size)] = lease
 
+    def take_whole(self, gpu: Gpu, size: int) -> Lease | None:
+        """The lease of the whole ``gpu`` (all ``size`` memory slices), marked as matched."""
+        lease = self._by_place.get((gpu.uuid, 0, size))
+        if lease is not None:
+            self.unmatched.pop(lease.id, None)
+        return lease
+
     def take(self, device: MigDevice) -> Lease | None:
         """The lease of ``device`` (by UUID, else by placement), marked as matched."""
         lease = self._by_uuid.get(device.uuid) or self._by_place.get(
@@ -303,6 +311,19 @@ def _device_row(
         return SliceRow(**base, state="free", note=note)
     state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
     return SliceRow(**base, **_lease_fields(lease, policy, now), state=state)
+
+
+def _whole_row(gpu: Gpu, size: int, lease: Lease | None, policy: PolicySet | None,
+               now: datetime, idle_after: float) -> SliceRow:
+    """A GPU with MIG off, offered whole: one slice across all its memory slices."""
+    base: dict[str, Any] = {"gpu_index": gpu.index, "gpu_uuid": gpu.uuid,
+                            "profile": WHOLE_GPU, "start": 0, "size": size,
+                            "memory_total_mib": gpu.memory_total_mib}
+    if lease is None:
+        return SliceRow(**base, state="free", note="a whole GPU (MIG off)")
+    state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
+    return SliceRow(**base, **_lease_fields(lease, policy, now), state=state,
+                    note="a whole GPU (MIG off)")
 
 
 def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: datetime,
@@ -407,6 +428,11 @@ def slice_map(
                    for d in gpu.mig_devices]
         for gpu in inventory.gpus
     }
+    for gpu in inventory.gpus:
+        if offered_whole(gpu):
+            size = _memory_slices(gpu)
+            by_uuid[gpu.uuid].append(
+                _whole_row(gpu, size, index.take_whole(gpu, size), policy, now, idle_after))
     lost = []
     for lease in index.unmatched.values():
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")

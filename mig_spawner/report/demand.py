@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from mig_spawner.core.catalog import WHOLE_GPU
 from mig_spawner.core.refusal import Reason
 from mig_spawner.ledger import Lease, RefusalRecord
 from mig_spawner.ledger.refusal_log import once_per_window
@@ -118,7 +119,8 @@ def median_holds(leases: Iterable[Lease], until: datetime) -> dict[str, timedelt
 def requests_of(
     leases: Sequence[Lease], refusals: Iterable[RefusalRecord], until: datetime
 ) -> list[Request]:
-    """Granted leases and capacity refusals as requests, in arrival order.
+    """Granted leases and capacity refusals as requests for MIG slices, in arrival order
+    (whole GPUs are no part of a MIG layout: they are left out).
 
     A refused request never held anything, so it is given the median hold time of
     granted leases of its profile (of all profiles when it has none; one hour when
@@ -140,7 +142,8 @@ def requests_of(
                 False)
         for r in fair(refusals) if layout_refusal(r)
     )
-    return sorted(found, key=lambda q: (q.arrive, q.user))
+    return sorted((q for q in found if q.profile != WHOLE_GPU),
+                  key=lambda q: (q.arrive, q.user))
 
 
 def usage(

@@ -13,19 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from mig_spawner.core import budget
-from mig_spawner.core.allocator import (
-    Placement,
-    PoolGrant,
-    free_counts,
-    pick_dynamic,
-    pick_pool,
-)
+from mig_spawner.core.allocator import Placement
 from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.kinds import HOST_KINDS, Holds, HostKind, Kind, Picked, host_kind
 from mig_spawner.core.policy import (
     GroupPolicy,
     GroupTally,
@@ -41,6 +36,10 @@ from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
 Mode = Literal["pool", "dynamic"]
 
 
+def offer_kind(offer: Offer, mode: Mode | Kind) -> HostKind:
+    """The kind of slice a claim of ``offer`` gets on a host whose spawner makes
+    ``mode`` slices: a whole GPU for the whole-GPU offer, else the spawner's kind."""
+    return HOST_KINDS[Kind.GPU] if offer.whole else host_kind(mode)
 
 
 def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
@@ -62,27 +61,9 @@ def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
     ]
 
 
-def held_back(inventory: Inventory, holds: Mapping[tuple[str, str], frozenset[int]]
-              ) -> frozenset[str]:
-    """MIG devices on slices a layout change holds (pool mode: nobody is given them)."""
-    return frozenset(
-        d.uuid for g in inventory.gpus if (held := holds.get((inventory.host, g.uuid)))
-        for d in g.mig_devices if not held.isdisjoint(range(d.start, d.start + d.size)))
-
-
-def without_held_gpus(inventory: Inventory, holds: Mapping[tuple[str, str], frozenset[int]]
-                      ) -> Inventory:
-    """``inventory`` less the GPUs a layout change holds (dynamic mode: a GPU being
-    drained or re-cut gets no new instance)."""
-    if not holds:
-        return inventory
-    return replace(inventory, gpus=tuple(g for g in inventory.gpus
-                                         if not holds.get((inventory.host, g.uuid))))
-
-
 def free_now(
-    inventory: Inventory, leases: Iterable[Lease], mode: Mode,
-    holds: Mapping[tuple[str, str], frozenset[int]] | None = None,
+    inventory: Inventory, leases: Iterable[Lease], mode: Mode | Kind,
+    holds: Holds | None = None,
 ) -> dict[str, dict[str, int]]:
     """Free count per GPU model key, then per profile name, as the spawn form shows it.
 
@@ -91,20 +72,18 @@ def free_now(
     GPU's slices once, not the fleet's total once per model.
     """
     held = list(leases)
-    taken = {lease.mig_uuid for lease in held if lease.mig_uuid} | held_back(inventory,
-                                                                            holds or {})
+    taken = frozenset(lease.mig_uuid for lease in held if lease.mig_uuid)
     reserved = reserved_placements(held, inventory.host)
-    inventory = without_held_gpus(inventory, holds or {}) if mode == "dynamic" else inventory
+    # Whole GPUs beside the slices: a host may have GPUs with MIG on and off.
+    kinds = dict.fromkeys((host_kind(mode), HOST_KINDS[Kind.GPU]))
     out: dict[str, dict[str, int]] = {}
     for key in sorted({g.model_key for g in inventory.gpus if g.model_key}):
         # The allocator counts per profile name over the GPUs it is given: give it one
         # model's GPUs at a time.
         mine = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.model_key == key))
-        out[key] = (
-            free_counts(mine, "pool", held_mig_uuids=taken)
-            if mode == "pool"
-            else free_counts(mine, "dynamic", reserved=reserved)
-        )
+        out[key] = {name: count for kind in kinds
+                    for name, count in kind.free(*kind.unheld(mine, taken, holds or {}),
+                                                 reserved).items()}
     return out
 
 
@@ -171,7 +150,7 @@ def make_decide(
     user_policy: UserPolicy,
     offer: Offer,
     inventory: Inventory,
-    mode: Mode,
+    mode: Mode | Kind,
     strategy: Literal["pack", "spread"],
     demand: Mapping[str, float] | None = None,
 ) -> Decide:
@@ -182,6 +161,7 @@ def make_decide(
     """
     host = inventory.host
     wants = wanted_profiles(offer, inventory)
+    kind = offer_kind(offer, mode)
 
     def decide(view: LedgerView) -> Grant:
         if not wants:
@@ -191,25 +171,22 @@ def make_decide(
         smallest = min(model(k).profile(n).compute_slices for k, n in wants.items())
         charge(user_policy, offer, smallest, view)
 
-        def pick(holds: Mapping[tuple[str, str], frozenset[int]]) -> Any:
-            if mode == "pool":
-                return pick_pool(inventory, view.held_mig_uuids() | held_back(inventory, holds),
-                                 wants, strategy)
-            reserved = reserved_placements(view.leases, host)
-            return pick_dynamic(without_held_gpus(inventory, holds), reserved, wants, strategy,
-                                demand)
+        def pick(holds: Holds) -> Picked | Refused:
+            unheld, taken = kind.unheld(inventory, view.held_mig_uuids(), holds)
+            return kind.pick(unheld, taken, reserved_placements(view.leases, host), wants,
+                             strategy, demand)
 
-        grant = pick(view.holds)
-        if isinstance(grant, Refused):
+        picked = pick(view.holds)
+        if isinstance(picked, Refused):
             if not view.holds:
-                raise grant
+                raise picked
             unheld = pick({})
             if isinstance(unheld, Refused):
                 raise unheld  # the holds are not why: say what is
             raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
                           "the GPU that has one is being re-cut by an admin",
-                          "try again later or pick another size", grant.free)
-        where = grant.placement if isinstance(grant, PoolGrant) else grant
+                          "try again later or pick another size", picked.free)
+        where, device = picked.placement, picked.device
         gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
         profile = model(gpu.model_key or "").profile(where.profile)
         group = charge(user_policy, offer, profile.compute_slices, view)
@@ -218,12 +195,11 @@ def make_decide(
             if group.max_session_age
             else None
         )
-        device = grant.device if isinstance(grant, PoolGrant) else None
         return Grant(
             group=group.name,
             profile=profile.name,
             compute_slices=profile.compute_slices,
-            mode=mode,
+            mode=kind.rules.kind,
             host=host,
             gpu_uuid=where.gpu_uuid,
             gpu_index=where.gpu_index,

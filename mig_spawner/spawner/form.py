@@ -38,6 +38,9 @@ _NEED_BY_COMPUTE = {
     7: "Almost the whole GPU: for models that need nearly all of its memory. If a small "
     "slice is enough, leave this one to colleagues who need it.",
 }
+#: The advice for a whole GPU (MIG off).
+_NEED_WHOLE = ("The whole GPU, MIG off: for work that needs all of its memory and compute "
+               "at once. If a slice is enough, leave it to colleagues who need it.")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def need_text(offer: Offer, compute_slices: int) -> str:
     """The offer's own description, else the advice for its size."""
     if offer.description:
         return offer.description
+    if offer.whole:
+        return _NEED_WHOLE
     return _NEED_BY_COMPUTE.get(compute_slices, _NEED_BY_COMPUTE[7])
 
 
@@ -130,7 +135,9 @@ def build_choices(
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
         changing = sum(recut.get(profile.name, 0) for _, profile in served)
-        absent = not served or (fixed_layout and not held and not count and not changing)
+        # Whole GPUs are there or not whatever the layout: MIG is off on them beforehand.
+        absent = not served or ((fixed_layout or offer.whole) and not held and not count
+                                and not changing)
         if absent:
             absent_keys.add(offer.key)
         wait = None

@@ -87,6 +87,17 @@ def cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     return capability_minors(gpu_minor, gi_id, ci_id)
 
 
+def gpu_rules(gpu_minor: int, dev: str = "/dev") -> tuple[DeviceRule, ...]:
+    """Every device node a process needs to use one whole GPU (MIG off): the control
+    nodes and the GPU's own. ``dev`` as in :func:`device_rules`."""
+    dev = dev.rstrip("/") or "/"
+    return (
+        *(DeviceRule(f"{dev}/{name}", "rw", driver, minor)
+          for name, driver, minor in CONTROL_NODES),
+        DeviceRule(f"{dev}/nvidia{gpu_minor}", "rw", FRONTEND, gpu_minor),
+    )
+
+
 def device_rules(gpu_minor: int, gi_id: int, ci_id: int, dev: str = "/dev"
                  ) -> tuple[DeviceRule, ...]:
     """Every device node a process needs to use exactly one MIG device, and nothing more.
@@ -96,9 +107,7 @@ def device_rules(gpu_minor: int, gi_id: int, ci_id: int, dev: str = "/dev"
     gi_minor, ci_minor = cap_minors(gpu_minor, gi_id, ci_id)
     dev = dev.rstrip("/") or "/"
     return (
-        *(DeviceRule(f"{dev}/{name}", "rw", driver, minor)
-          for name, driver, minor in CONTROL_NODES),
-        DeviceRule(f"{dev}/nvidia{gpu_minor}", "rw", FRONTEND, gpu_minor),
+        *gpu_rules(gpu_minor, dev),
         DeviceRule(f"{dev}/nvidia-caps/nvidia-cap{gi_minor}", "r", CAPS, gi_minor),
         DeviceRule(f"{dev}/nvidia-caps/nvidia-cap{ci_minor}", "r", CAPS, ci_minor),
     )

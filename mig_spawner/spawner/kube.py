@@ -40,7 +40,6 @@ from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpu
 
 from . import progress
 from .backend import ClaimPlan, SliceSupply
-from .environment import lease_environment
 from .errors import admin_error, spawn_error
 from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
 from .mixin import MIGSpawnerMixin
@@ -245,10 +244,6 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         decide = make_kube_decide(mine, offer, fleet, self.pod_ref, choice)
         return ClaimPlan(decide, granted, wanted_on_cluster(offer, fleet))
 
-    def slice_environment(self, lease: Lease) -> dict[str, str]:
-        """The profile and lease id: the device plugin gives the container its slice."""
-        return lease_environment(lease)
-
     def activation_details(self, lease: Lease) -> dict[str, Any]:
         """The node the pod runs on (admins, the slice service) and its UID: the
         lease's holder, which whoever releases the lease checks first."""
@@ -262,6 +257,10 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
     def gpu_access(self) -> Callable[[], SliceGpus | None]:
         """No local GPU: the device plugin gives each pod its slice."""
         return lambda: None
+
+    def confinement(self) -> None:
+        """Nothing on the hub's host confines a pod: the node's runtime does."""
+        return None
 
     def holder_probes(self) -> HolderProbes:
         """The lease's pod, through the Kubernetes API: one the hub does not track that

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from mig_spawner.core.catalog import model
+from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.kube import ClusterSlices
@@ -39,7 +40,8 @@ def in_flight(leases: Iterable[Lease], slices: ClusterSlices) -> Counter[str]:
     return Counter(
         lease.profile
         for lease in leases
-        if lease.mode == "kube" and lease.held and lease.pod not in slices.counted_pods
+        if not rules_of(lease.mode).placed and lease.held
+        and lease.pod not in slices.counted_pods
     )
 
 
@@ -133,7 +135,7 @@ def make_kube_decide(
             group=group.name,
             profile=profile.name,
             compute_slices=profile.compute_slices,
-            mode="kube",
+            mode=Kind.KUBE,
             pod=pod,
             expires_at=(
                 view.now + timedelta(seconds=group.max_session_age)

@@ -25,15 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import Bool, Enum, Unicode
 
 from mig_spawner import device_cgroup
 from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
+from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
 from .backend import ClaimPlan, SliceSupply
@@ -148,27 +150,27 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         inventory = await self.runtime.inventory()
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = (await self.runtime.run(self.runtime.demand)
-                  if self.mig_mode == "dynamic" else None)
+                  if self.slice_kind.made_per_lease else None)
         holds = await self.runtime.run(lambda: self.runtime.ledger().holds())
         return LocalFleet(inventory, demand, holds)
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases."""
         inventory = fleet.inventory
-        free = free_now(inventory, held, self.mig_mode, fleet.holds)
+        free = free_now(inventory, held, self.slice_kind.kind, fleet.holds)
         recut: Counter[str] = Counter()
         if fleet.holds:
-            for key, counts in free_now(inventory, held, self.mig_mode).items():
+            for key, counts in free_now(inventory, held, self.slice_kind.kind).items():
                 for name, count in counts.items():
                     recut[name] += count - free.get(key, {}).get(name, 0)
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
-                           fixed_layout=self.mig_mode == "pool", recut=+recut)
+                           fixed_layout=self.slice_kind.fixed_layout, recut=+recut)
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""
         inventory = fleet.inventory
-        decide = make_decide(mine, offer, inventory, self.mig_mode, self.strategy,
+        decide = make_decide(mine, offer, inventory, self.slice_kind.kind, self.strategy,
                              fleet.demand)
 
         def granted(lease: Lease) -> str:
@@ -187,11 +189,20 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     def wait_guard(self) -> StarvationGuard | None:
         """Dynamic mode: a smaller request that fits may start before a larger one that
         does not, within the guard's bound."""
-        return StarvationGuard() if self.mig_mode == "dynamic" else None
+        return StarvationGuard() if self.slice_kind.passes_over else None
+
+    @property
+    def slice_kind(self) -> KindRules:
+        """The kind of slice :attr:`mig_mode` makes (the one place it is mapped)."""
+        return RULES[MIG_MODE_KINDS[self.mig_mode]]
+
+    def confinement(self) -> Confinement:
+        """This spawner's cgroups and capability nodes (:attr:`device_dir`)."""
+        return Confinement(self.cgroups, self._caps_dir)
 
     async def after_claim(self, lease: Lease) -> Lease:
-        """Dynamic mode creates the reserved instance; pool mode's slice exists."""
-        if self.mig_mode == "dynamic":
+        """A dynamic lease's instance is created now; other kinds' slices exist."""
+        if kind_of(lease).rules.made_per_lease:
             return await self._create_instance(lease)
         return lease
 
@@ -307,14 +318,17 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         """The device rules of the lease's slice (its GPU's minor read from the GPUs)."""
         inventory = await self.runtime.inventory()
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
-        if gpu is None or lease.gi_id is None or lease.ci_id is None:
+        try:
+            if gpu is None:
+                raise ValueError("GPU not in the inventory")
+            return kind_of(lease).device_rules(lease, gpu.minor, self.device_dir)
+        except ValueError as e:
             raise admin_error(
                 "The hub could not find the reserved slice to isolate it",
                 Reason.ISOLATION,
                 f"lease {lease.id}: GPU {lease.gpu_uuid} gi={lease.gi_id} "
-                f"ci={lease.ci_id} not in the inventory",
-            )
-        return device_rules(gpu.minor, lease.gi_id, lease.ci_id, self.device_dir)
+                f"ci={lease.ci_id}: {e}",
+            ) from None
 
     def _held_capability_nodes(self, lease_id: str) -> list[str]:
         """The capability nodes of the slices other leases hold on this host (runtime
@@ -374,27 +388,6 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             if self._join is not None:
                 self._join.close()  # the child has joined (or was never started)
                 self._join = None
-
-    async def slice_released(self, lease_id: str) -> None:
-        """Once nothing holds the slice, its cgroup goes too, and its capability nodes go
-        back to root."""
-        try:
-            if not await asyncio.to_thread(self.cgroups.remove, lease_id):
-                self.log.warning("Lease %s: its device cgroup is still in use", lease_id)
-            if self._gave_capabilities():
-                lease = await self.runtime.run(lambda: self.runtime.ledger().get(lease_id))
-                if lease is not None:
-                    nodes = _capability_nodes(await self._slice_rules(lease))
-                    await asyncio.to_thread(device_cgroup.return_capabilities, nodes)
-        except (OSError, SpawnException, LedgerError) as e:
-            self.log.error("Lease %s: its server's confinement could not be undone: %s",
-                           lease_id, getattr(e, "log_message", None) or e)
-
-    def _gave_capabilities(self) -> bool:
-        try:
-            return self.isolation_mechanism() == device_cgroup.CAPABILITY_NODES
-        except SpawnException:
-            return False  # required but impossible: nothing was given
 
     def _make_capability_nodes(self, lease: Lease, rules: tuple[DeviceRule, ...]) -> None:
         if all(os.path.exists(rule.path) for rule in rules if rule.access == "r"):

@@ -49,6 +49,7 @@ from mig_spawner.core.purpose import PURPOSE, clean_purpose
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
+from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import (
     Lease,
     LeaseRequest,
@@ -71,7 +72,6 @@ from mig_spawner.release import (
 from . import form, options, progress, rightsize, waiting
 from .backend import ClaimPlan, SliceSupply
 from .decide import quota_problem
-from .environment import slice_environment
 from .errors import refusal, spawn_error
 from .metrics import (
     HOLDERS_STOPPED,
@@ -106,9 +106,6 @@ class HubReleaseEvents(ReleaseEvents):
         LEASES_RELEASED.labels(reason=code).inc()
         waiting.released()
 
-
-#: Clean-ups after a retried give-back, referenced so the event loop keeps them.
-_CLEANUPS: set[asyncio.Task[None]] = set()
 
 async def _options_form(spawner: MIGSpawnerMixin) -> str:
     """``Spawner.options_form`` as a callable: JupyterHub calls it with the spawner."""
@@ -270,8 +267,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return None
 
     def slice_environment(self, lease: Lease) -> dict[str, str]:
-        """Variables that point the server at its slice; they win over ``environment``."""
-        return slice_environment(lease)
+        """Variables that point the server at its slice (its kind's); they win over
+        ``environment``."""
+        return kind_of(lease).environment(lease)
 
     def activation_details(self, lease: Lease) -> dict[str, Any]:
         """What the lease records once the server runs (``Ledger.activate`` keywords).
@@ -572,7 +570,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
-        LEASES_CLAIMED.labels(profile=lease.profile, group=lease.group, mode=lease.mode).inc()
+        LEASES_CLAIMED.labels(profile=lease.profile, group=lease.group,
+                              mode=kind_of(lease).rules.kind).inc()
         self.lease_id = lease.id
         self._lease = lease
         where = plan.granted(lease)
@@ -670,16 +669,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             return
         outcome = await self.releaser().release(lease_id, code, detail)
         if outcome.done:
-            await self.slice_released(lease_id)
             return
         self.lease_id = lease_id
 
         def done(outcome: Outcome) -> None:
             if self.lease_id == lease_id:
                 self.lease_id = None
-            task = asyncio.ensure_future(self.slice_released(lease_id))
-            _CLEANUPS.add(task)
-            task.add_done_callback(_CLEANUPS.discard)
 
         self.releaser().retry_later(lease_id, code, detail, done)
 
@@ -690,13 +685,15 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             releaser = self._releaser = Releaser(
                 self.runtime.ledger, self.gpu_access(), self.holder_probes(),
                 run=self.runtime.run, grace=self._term_grace(), events=HubReleaseEvents(),
-                log=self.log,
+                log=self.log, confinement=self.confinement(),
             )
         return releaser
 
-    async def slice_released(self, lease_id: str) -> None:
-        """Backend hook: lease ``lease_id`` was given back (its holder is gone): undo what
-        :meth:`prepare_slice` set up for it. By default there is nothing to undo."""
+    def confinement(self) -> Confinement | None:
+        """Backend hook: where the servers' confinement is undone once their lease is
+        released (the kind's release steps). Here: this host's default places
+        (``local.py``: the configured ones; ``kube.py``: none)."""
+        return Confinement()
 
     def gpu_access(self) -> Callable[[], SliceGpus | None]:
         """Backend hook: how the releaser reaches this host's GPUs (called on the

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from mig_spawner.core.catalog import WHOLE_GPU
+
 
 class ProgressLog:
     """An append-only list of ``{"progress", "message"}`` events that readers can follow."""
@@ -58,14 +60,16 @@ class ProgressLog:
 
 
 def reserving(offer_key: str) -> str:
-    """``"Reserving a small slice"``: the size in the user's words (offer key)."""
-    return f"Reserving a {offer_key} slice"
+    """``"Reserving a small slice"``: the size in the user's words (offer key); a whole
+    GPU is no slice."""
+    return "Reserving a whole GPU" if offer_key == WHOLE_GPU else f"Reserving a {offer_key} slice"
 
 
 def reserved(profile: str, memory: str | None, where: str) -> str:
     """``"Reserved 1g.18gb (16.8 GiB) on GPU 0 (NVIDIA H200)"``; no memory when the
     backend does not know it."""
-    size = f"{profile} ({memory})" if memory else profile
+    name = "a whole GPU" if profile == WHOLE_GPU else profile
+    size = f"{name} ({memory})" if memory else name
     return f"Reserved {size} on {where}"
 
 

@@ -32,12 +32,14 @@ from mig_spawner.config import (
 )
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.kinds import mode_rules, offered_whole
 from mig_spawner.core.policy import (
     PolicyError,
     PolicySet,
     contradiction_warnings,
     memory_wording_warnings,
     unserved_offers,
+    unserved_whole_gpus,
 )
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.errors import GpuError
@@ -233,10 +235,14 @@ def policy_warnings(
             f"the group {group!r} has allowed = []: its members get no GPU slice unless "
             "another of their groups allows one (docs/policies.md)"
         )
-    if inventory is not None and model_keys is not None and _mode(config) == "pool":
+    mode = _mode(config)
+    if (inventory is not None and model_keys is not None and mode is not None
+            and mode_rules(mode).device_at_claim):
         by_index = {g.index: g.model_key for g in inventory.gpus}
         devices = [(by_index[d.gpu_index], d.profile) for d in inventory.mig_devices]
         warnings += unserved_offers(policies, model_keys, devices)
+    if inventory is not None:
+        warnings += unserved_whole_gpus(policies, sum(map(offered_whole, inventory.gpus)))
     return warnings
 
 

@@ -19,8 +19,11 @@ pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
 playwright = pytest.importorskip("playwright.sync_api")
 
-# The demo's mixed 2 x H200: two 2g.35gb, one 3g.71gb, one 1g.35gb, six 1g.18gb.
-SIM = "h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+# The demo's mixed 2 x H200: two 2g.35gb, one 3g.71gb, one 1g.35gb, six 1g.18gb; and a
+# third H200 with MIG off, offered whole to the group of jupyterhub_config.d/25-whole-gpus.py.
+SIM = ("h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
+       "+h200x1:mig=off")
+WHOLE_GPUS = (REPO / "jupyterhub_config.d" / "25-whole-gpus.py").read_text()
 SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
 PENDING_SCREENSHOT = REPO / "docs" / "img" / "spawn-pending.png"
 # Each text the pending page's headline takes, recorded from before the hub's script runs.
@@ -41,10 +44,12 @@ def hub(tmp_path_factory):
     require_chromium()
     workdir = tmp_path_factory.mktemp("browserhub")
     # A start waits after its claim while the file "pause" exists (a slow start).
-    hub = start_mig_hub(workdir, SIM, 'c.Spawner.default_url = "/tree"\n' + PAUSE_BEFORE_SPAWN)
+    hub = start_mig_hub(workdir, SIM, 'c.Spawner.default_url = "/tree"\n' + PAUSE_BEFORE_SPAWN
+                        + WHOLE_GPUS)
     hub.create_user("mia", groups=["ml-team"])
     hub.create_user("max", groups=["ml-team"])
     hub.create_user("ana", groups=["analysts"])
+    hub.create_user("gia", groups=["gpu-users"])
     yield hub
     hub.close()
 
@@ -133,3 +138,32 @@ def test_the_pending_page_headline_follows_the_steps(hub):
             pause.unlink(missing_ok=True)
             browser.close()
     hub.stop_server("ana")
+
+
+def test_a_group_allowed_a_whole_gpu_sees_and_gets_one_beside_the_slices(hub):
+    """On a host with GPUs in MIG mode and one with MIG off, the whole GPU is a choice
+    of its own for its group, and the server gets it (docs/policies.md, "Whole GPUs")."""
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 800})
+            sign_in(page, hub.url, "gia")
+            page.goto(f"{hub.url}/hub/spawn")
+            whole = page.get_by_role("radio", name=re.compile("Whole GPU"))
+            assert page.get_by_role("radio").count() == 1
+            assert whole.is_enabled() and whole.is_checked()
+            text = page.locator("#spawn_form").inner_text()
+            assert "1 free now" in text and "7/7 of the GPU's compute" in text
+            assert "140.4 GiB" in text
+            page.get_by_role("button", name="Start").click()
+            page.wait_for_url(re.compile(r"/hub/spawn-pending/gia"), timeout=30_000)
+            page.locator("#progress-log").locator(
+                "text=/Reserved a whole GPU .*GiB.* on GPU 2/").wait_for(
+                state="attached", timeout=60_000)
+            page.wait_for_url(re.compile(r"/user/gia/tree"), timeout=120_000)
+        finally:
+            browser.close()
+    model = hub.server_model("gia")
+    assert model is not None and model["ready"]
+    assert model["user_options"] == {"profile": "gpu"}
+    hub.stop_server("gia")

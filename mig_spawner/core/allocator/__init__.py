@@ -22,7 +22,7 @@ was asked for, :class:`Placement`), :mod:`.refusals` (the refusals' words) and
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Literal
 
 from mig_spawner.core.inventory import Inventory
@@ -55,10 +55,17 @@ def free_counts(
 
     pool: free existing devices (``held_mig_uuids`` are taken). dynamic: how many more
     of that profile could still be created, each profile counted alone (``reserved``
-    are the ledger's claims).
+    are the ledger's claims). The spawner asks its slice kind
+    (:mod:`mig_spawner.core.kinds`), which calls the same two counts.
     """
-    if mode == "pool":
-        return pool_free(inventory, set(held_mig_uuids))
-    if mode == "dynamic":
-        return Occupancy.of(inventory, reserved).free_counts()
-    raise ValueError(f"mode must be 'pool' or 'dynamic', not {mode!r}")
+    count = _FREE_COUNTS.get(mode)
+    if count is None:
+        raise ValueError(f"mode must be 'pool' or 'dynamic', not {mode!r}")
+    return count(inventory, held_mig_uuids, reserved)
+
+
+_FREE_COUNTS: dict[str, Callable[[Inventory, Collection[str], Iterable[Placement]],
+                                 dict[str, int]]] = {
+    "pool": lambda inventory, held, _: pool_free(inventory, set(held)),
+    "dynamic": lambda inventory, _, reserved: Occupancy.of(inventory, reserved).free_counts(),
+}

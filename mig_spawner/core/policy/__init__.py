@@ -14,7 +14,12 @@ in a traitlets Configurable). Admin documentation: docs/policies.md.
 """
 
 from .build import CLASS_KEYS, GROUP_KEYS, OFFER_KEYS, build_policy
-from .checks import contradiction_warnings, memory_wording_warnings, unserved_offers
+from .checks import (
+    contradiction_warnings,
+    memory_wording_warnings,
+    unserved_offers,
+    unserved_whole_gpus,
+)
 from .model import (
     DEFAULT_GROUP,
     GroupPolicy,
@@ -47,4 +52,5 @@ __all__ = [
     "offer_key",
     "tally",
     "unserved_offers",
+    "unserved_whole_gpus",
 ]

@@ -11,12 +11,21 @@ import difflib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from mig_spawner.core.catalog import MODELS, CatalogError, GpuModel, model, parse_profile_name
+from mig_spawner.core.catalog import (
+    MODELS,
+    WHOLE_GPU,
+    CatalogError,
+    GpuModel,
+    model,
+    parse_profile_name,
+    profile_sort_key,
+)
 from mig_spawner.core.durations import DurationError, format_duration, parse_duration
 from mig_spawner.core.purpose import MAX_PURPOSE_LENGTH, sanitise
 
 from .model import (
     DEFAULT_GROUP,
+    WHOLE_GPU_NAME,
     GroupPolicy,
     Offer,
     PolicyError,
@@ -128,11 +137,13 @@ def build_policy(
     referenced = {k for g in (*group_policies.values(), default_policy) for k in g.allowed}
     profile_offers = dict(described)
     for key in referenced - set(class_offers):
-        profile_offers.setdefault(key, Offer(key=key, kind="profile", display_name=key))
+        profile_offers.setdefault(key, Offer(key=key, kind="gpu", display_name=WHOLE_GPU_NAME)
+                                  if key == WHOLE_GPU else
+                                  Offer(key=key, kind="profile", display_name=key))
     # Classes in the admin's order (they are usually written small -> large), then
-    # profiles from small to large.
+    # profiles from small to large, then the whole GPU.
     ordered = {**class_offers}
-    for key in sorted(profile_offers, key=parse_profile_name):
+    for key in sorted(profile_offers, key=profile_sort_key):
         ordered[key] = profile_offers[key]
     return PolicySet(
         offers=MappingProxyType(ordered),
@@ -229,19 +240,23 @@ class _Checker:
         built = {}
         for raw, spec in offers.items():
             where = f"offer {raw!r}"
-            if not isinstance(raw, str) or not is_profile_name(raw):
+            whole = isinstance(raw, str) and offer_key(raw) == WHOLE_GPU
+            if not isinstance(raw, str) or not (whole or is_profile_name(raw)):
                 self.problems.append(
                     f"{where}: offers are keyed by MIG profile name (e.g. '1g.18gb'); "
-                    "put named sizes such as 'small' in slice_classes"
+                    "put named sizes such as 'small' in slice_classes "
+                    f"({WHOLE_GPU!r} words the whole GPU)"
                 )
                 continue
             key = offer_key(raw)
             settings = self._spec(spec, where, OFFER_KEYS)
-            self._fleet_profile(key, where)
+            if not whole:
+                self._fleet_profile(key, where)
             built[key] = Offer(
                 key=key,
-                kind="profile",
-                display_name=self._text(settings, "display_name", where, key),
+                kind="gpu" if whole else "profile",
+                display_name=self._text(settings, "display_name", where,
+                                        WHOLE_GPU_NAME if whole else key),
                 description=self._text(settings, "description", where, ""),
             )
         return built
@@ -254,10 +269,11 @@ class _Checker:
             if not isinstance(name, str) or not name.strip():
                 self.problems.append(f"{where}: a class name must be a non-empty string")
                 continue
-            if is_profile_name(name):
+            if is_profile_name(name) or offer_key(name) == WHOLE_GPU:
                 self.problems.append(
-                    f"{where}: a class name must not look like a MIG profile; "
-                    "list profiles directly in a group's 'allowed', or pick a name like 'small'"
+                    f"{where}: a class name must not look like a MIG profile or be "
+                    f"{WHOLE_GPU!r} (a whole GPU); list profiles directly in a group's "
+                    "'allowed', or pick a name like 'small'"
                 )
                 continue
             settings = self._spec(spec, where, CLASS_KEYS)
@@ -291,6 +307,11 @@ class _Checker:
             except CatalogError as exc:
                 hint = _suggestion(model_key, (m.key for m in MODELS))
                 self.problems.append(f"{where}: profiles: {exc}{hint}")
+                continue
+            if offer_key(str(profile_name)) == WHOLE_GPU:
+                self.problems.append(
+                    f"{where}: profiles[{model_key!r}]: a class names MIG slices; a whole "
+                    f"GPU is the offer {WHOLE_GPU!r}, listed in a group's 'allowed'")
                 continue
             try:
                 profiles[gpu.key] = gpu.profile(str(profile_name)).name
@@ -505,6 +526,9 @@ class _Checker:
         """The fewest compute slices that offer ``key`` takes on a GPU of the fleet (on
         any GPU model that it names, without a fleet); 0 for a class without profiles
         (reported on its own)."""
+        if key == WHOLE_GPU:
+            fleet = self.fleet or MODELS
+            return min(m.compute_slices for m in fleet)
         if key not in classes:
             return parse_profile_name(key)[0]
         profiles = classes[key].profiles
@@ -552,7 +576,9 @@ class _Checker:
                 )
                 continue
             key = offer_key(entry)
-            if is_profile_name(key):
+            if key == WHOLE_GPU:
+                pass  # a whole GPU: any model, offered where one has MIG off
+            elif is_profile_name(key):
                 self._fleet_profile(key, f"{where}: allowed")
             elif key not in classes:
                 known = f"classes: {', '.join(classes)}" if classes else "no classes are defined"

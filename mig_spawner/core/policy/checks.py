@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 
-from mig_spawner.core.catalog import MODELS, model
+from mig_spawner.core.catalog import MODELS, WHOLE_GPU, model
 from mig_spawner.core.durations import format_duration
 
 from .model import GroupPolicy, Offer, PolicySet
@@ -100,7 +100,7 @@ def unserved_offers(
     warnings = []
     for key, offer in policies.offers.items():
         profiles = _offer_models(offer, keys)
-        if key not in granting or not profiles or any(
+        if key not in granting or offer.whole or not profiles or any(
             (m, p) in present for m, p in profiles.items()
         ):
             continue
@@ -113,6 +113,20 @@ def unserved_offers(
         )
     return warnings
 
+
+
+def unserved_whole_gpus(policies: PolicySet, whole_gpus: int) -> list[str]:
+    """A warning when some group may pick a whole GPU (``catalog.WHOLE_GPU``) on a host
+    with ``whole_gpus`` == 0 GPUs offered whole (none has MIG off)."""
+    groups = sorted(g.name for g in (*policies.groups.values(), policies.default)
+                    if WHOLE_GPU in g.allowed)
+    if whole_gpus or not groups:
+        return []
+    return [
+        f"{', '.join(groups)} may pick {WHOLE_GPU!r} (a whole GPU) but no GPU on this host "
+        "has MIG off: turn it off on the GPUs to offer whole (nvidia-smi -i <index> -mig 0, "
+        f"then reset the GPU) or remove {WHOLE_GPU!r} from those groups' allowed lists"
+    ]
 
 
 #: What a group's settings are when the admin leaves them out.

@@ -11,8 +11,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mig_spawner.core.catalog import CatalogError, model, normalize_profile_name, parse_profile_name
+from mig_spawner.core.catalog import (
+    WHOLE_GPU,
+    CatalogError,
+    model,
+    normalize_profile_name,
+    parse_profile_name,
+)
 from mig_spawner.core.purpose import PurposeRule
+
+#: What the form calls the whole-GPU offer when ``offers`` gives it no wording.
+WHOLE_GPU_NAME = "A whole GPU"
 
 # Name under which leases of users in no configured group are charged. A JupyterHub
 # group of that name cannot also get a policy (build_policy says so).
@@ -37,6 +46,8 @@ def offer_key(text: str) -> str:
     """Canonical key of an offer: profile names normalised (``"MIG 1G.18GB"`` ->
     ``"1g.18gb"``), class names only stripped."""
     stripped = str(text).strip()
+    if stripped.lower() == WHOLE_GPU:
+        return WHOLE_GPU
     return normalize_profile_name(stripped) if is_profile_name(stripped) else stripped
 
 
@@ -55,11 +66,13 @@ class Offer:
 
     Either a concrete MIG profile (``kind == "profile"``, ``key == "1g.18gb"``) or a
     slice class (``kind == "class"``, ``key == "small"``) that names one profile per
-    GPU model key, so that one choice means "a small slice" on every GPU of a mixed fleet.
+    GPU model key, so that one choice means "a small slice" on every GPU of a mixed fleet,
+    or a whole GPU with MIG off (``kind == "gpu"``, ``key == "gpu"``: ``catalog.WHOLE_GPU``)
+    of any model.
     """
 
     key: str
-    kind: Literal["profile", "class"]
+    kind: Literal["profile", "class", "gpu"]
     display_name: str
     description: str = ""
     # For a class: GPU model key -> profile name. Empty for a profile offer.
@@ -69,11 +82,18 @@ class Offer:
     def is_class(self) -> bool:
         return self.kind == "class"
 
+    @property
+    def whole(self) -> bool:
+        """A whole GPU, not a MIG slice."""
+        return self.kind == "gpu"
+
     def profile_for(self, model_key: str) -> str | None:
         """The profile this offer means on a GPU of model ``model_key``, or ``None`` when
         the offer cannot be served there (class without that model; profile the model
         lacks). Raises :class:`CatalogError` for a model key the catalog does not know."""
         gpu = model(model_key)
+        if self.whole:
+            return WHOLE_GPU
         if self.is_class:
             return self.profiles.get(gpu.key)
         return self.key if gpu.has_profile(self.key) else None
@@ -303,7 +323,7 @@ class PolicySet:
         granted = {k for g in (*self.groups.values(), self.default) for k in g.allowed}
         names: dict[str, None] = {}
         for key, offer in self.offers.items():
-            if key not in granted:
+            if key not in granted or offer.whole:  # a whole GPU is no MIG instance
                 continue
             if model_keys is None:
                 names.update(dict.fromkeys(offer.profiles.values() if offer.is_class else [key]))
