@@ -180,10 +180,11 @@ def cmd_plan(args: argparse.Namespace, now: datetime | None = None) -> int:
 
 def _refuse_dynamic(args: argparse.Namespace) -> str | None:
     """Why a target layout makes no sense here: dynamic mode has no fixed layout."""
+    from ..config import configured_mode
+    from ..core.kinds import mode_rules
     from .settings import hub_config
 
-    config = hub_config(args)
-    if "mig_mode" in config.LocalMIGSpawner and config.LocalMIGSpawner.mig_mode == "dynamic":
+    if not mode_rules(configured_mode(hub_config(args))).fixed_layout:
         return ("this hub runs in dynamic mode: it creates an instance per server and has "
                 "no layout to change. Use 'mig-spawner layout drain GPU' to empty a GPU "
                 "for maintenance or a MIG mode change")
