@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import pytest
 
+try:  # pytest >= 9.1 keeps a node's id in ``_id``, where xdist 3.8 does not rename it
+    from _pytest.nodeid import coerce_node_id
+except ImportError:  # older pytest: xdist renames ``_nodeid`` itself
+    coerce_node_id = None
+
 #: Fixture scopes whose value lives longer than one test: such tests stay together.
 SHARED_SCOPES = ("class", "module", "package")
 #: Markers of the tests that start real processes (slow): these are started first.
@@ -39,6 +44,16 @@ def shares_a_fixture(item: pytest.Item) -> bool:
     )
 
 
+def _join_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """What ``--dist loadgroup`` does with an ``xdist_group`` mark: the scheduler reads a
+    test's group from its id (``<id>@<group>``). xdist 3.8 writes that id where pytest
+    9.1 and later no longer read it, so that every group would be split; done here."""
+    if coerce_node_id is None or not getattr(config.option, "loadgroup", False):
+        return
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
 def _is_slow(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in SLOW_MARKERS)
 
@@ -57,7 +72,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         module = _module_of(item)
         if module in grouped:
-            item.add_marker(pytest.mark.xdist_group(module))
+            group = module.removeprefix("tests/").removesuffix(".py")
+            item.add_marker(pytest.mark.xdist_group(group))
+            _join_group(config, item, group)
 
     def rank(item: pytest.Item) -> int:
         module = _module_of(item)
