@@ -19,8 +19,10 @@ from mig_spawner.ledger import Lease
 ME = os.getpid()
 LEASE, OTHER_LEASE = f"lease0001-{ME}", f"lease0002-{ME}"
 DEVICE = f"MIG-test-holder-{ME}"
-# A process that ignores SIGTERM, as a server stuck in a kernel call might.
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+# A process that ignores SIGTERM, as a server stuck in a kernel call might; it says when
+# it does (a loaded machine may take seconds to get there).
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ignoring TERM', flush=True); time.sleep(60)")
 
 
 def lease(**kw) -> Lease:
@@ -36,7 +38,8 @@ def spawn():
     started: list[subprocess.Popen] = []
 
     def run(code: str = "import time; time.sleep(60)", **env: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env})
+        proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env},
+                                stdout=subprocess.PIPE, text=True)
         started.append(proc)
         time.sleep(0.2)  # past exec: /proc/<pid>/environ is the child's own
         return proc
@@ -106,6 +109,7 @@ def test_what_the_gpu_lists_on_the_slice_holds_it_and_is_never_signalled(spawn):
 
 def test_a_holder_that_ignores_term_is_killed_after_the_grace(spawn):
     proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID=LEASE)
+    assert proc.stdout.readline() == "ignoring TERM\n"
     started = time.monotonic()
     assert holder.check_and_stop(lease(), grace=0.5).state == holder.GONE
     assert 0.5 <= time.monotonic() - started < 5
