@@ -54,7 +54,7 @@ def env(tmp_path_factory):
         hub.create_user(user, groups=["idle-test"])
     hub.create_user("cy", groups=["age-test"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: service.up(), 30, "service up", service)
+    service.wait_up()
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()
