@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-try:  # pytest >= 9.1 keeps a node's id in ``_id``, where xdist 3.8 does not rename it
+try:  # newer pytest (9.2 here) keeps a node's id in ``_id``, which xdist 3.8 does not rename
     from _pytest.nodeid import coerce_node_id
 except ImportError:  # older pytest: xdist renames ``_nodeid`` itself
     coerce_node_id = None
@@ -47,7 +47,7 @@ def shares_a_fixture(item: pytest.Item) -> bool:
 def _join_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
     """What ``--dist loadgroup`` does with an ``xdist_group`` mark: the scheduler reads a
     test's group from its id (``<id>@<group>``). xdist 3.8 writes that id where pytest
-    9.1 and later no longer read it, so that every group would be split; done here."""
+    9.2 no longer reads it, so that every group would be split; done here."""
     if coerce_node_id is None or not getattr(config.option, "loadgroup", False):
         return
     if not item.nodeid.endswith(f"@{group}"):
