@@ -1,6 +1,7 @@
 """Fixtures the whole suite shares: the PostgreSQL server started for the session, and
 a fresh ledger database on each backend, the stand-ins for a hub and for the
-Kubernetes API, each stopped when its test ends."""
+Kubernetes API, each stopped when its test ends; and how the tests spread over the
+pytest-xdist workers (tests/support/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from tests.support.hub_standin import StandinState, listen
 from tests.support.kube_standin import KubeStandin
 from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
+from tests.support.scheduling import pytest_collection_modifyitems  # noqa: F401
 
 
 @pytest.fixture

@@ -14,15 +14,22 @@ import pytest
 from mig_spawner import holder
 from mig_spawner.ledger import Lease
 
-# A process that ignores SIGTERM, as a server stuck in a kernel call might.
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+# Names of this worker's own: the check scans every process of the machine, and the
+# tests of other pytest-xdist workers start theirs at the same time.
+ME = os.getpid()
+LEASE, OTHER_LEASE = f"lease0001-{ME}", f"lease0002-{ME}"
+DEVICE = f"MIG-test-holder-{ME}"
+# A process that ignores SIGTERM, as a server stuck in a kernel call might; it says when
+# it does (a loaded machine may take seconds to get there).
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ignoring TERM', flush=True); time.sleep(60)")
 
 
 def lease(**kw) -> Lease:
-    fields = {"id": "lease0001", "user": "ana", "server_name": "", "group": "analysts",
+    fields = {"id": LEASE, "user": "ana", "server_name": "", "group": "analysts",
               "profile": "1g.18gb", "compute_slices": 1, "mode": "pool", "state": "active",
               "claimed_at": datetime.now(UTC), "host": holder.this_host(),
-              "mig_uuid": "MIG-test-holder"}
+              "mig_uuid": DEVICE}
     return Lease(**{**fields, **kw})
 
 
@@ -31,7 +38,8 @@ def spawn():
     started: list[subprocess.Popen] = []
 
     def run(code: str = "import time; time.sleep(60)", **env: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env})
+        proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env},
+                                stdout=subprocess.PIPE, text=True)
         started.append(proc)
         time.sleep(0.2)  # past exec: /proc/<pid>/environ is the child's own
         return proc
@@ -62,9 +70,9 @@ def test_recorded_holder_runs_until_stopped_and_a_reused_pid_is_not_it(spawn):
 
 
 def test_a_holder_never_recorded_is_found_by_the_lease_in_its_environment(spawn):
-    mine = spawn(MIG_SPAWNER_LEASE_ID="lease0001")
+    mine = spawn(MIG_SPAWNER_LEASE_ID=LEASE)
     spawn(MIG_SPAWNER_LEASE_ID="another")  # another lease's server: not ours
-    old = spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder")  # started without the variable
+    old = spawn(CUDA_VISIBLE_DEVICES=DEVICE)  # started without the variable
     found = holder.check(lease())
     assert found.state == holder.RUNNING
     assert sorted(found.pids) == sorted([mine.pid, old.pid])
@@ -73,15 +81,15 @@ def test_a_holder_never_recorded_is_found_by_the_lease_in_its_environment(spawn)
 def test_the_device_in_its_environment_makes_a_holder_whatever_lease_id_it_claims(spawn):
     """A process escaped from a server (``setsid``) that keeps the slice's device but
     names another lease: it uses the slice, so it holds it."""
-    lying = spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder", MIG_SPAWNER_LEASE_ID="another")
-    listed = spawn(CUDA_VISIBLE_DEVICES="0, test-holder")  # one entry of several, bare uuid
-    spawn(CUDA_VISIBLE_DEVICES="MIG-test-holder-2")  # another slice: not a holder
+    lying = spawn(CUDA_VISIBLE_DEVICES=DEVICE, MIG_SPAWNER_LEASE_ID="another")
+    listed = spawn(CUDA_VISIBLE_DEVICES=f"0, {DEVICE[4:]}")  # one entry of several, bare uuid
+    spawn(CUDA_VISIBLE_DEVICES=f"{DEVICE}-2")  # another slice: not a holder
     found = holder.check(lease())
     assert found.state == holder.RUNNING
     assert sorted(found.pids) == sorted([lying.pid, listed.pid])
     # A dynamic lease before its instance exists is named by its lease id only.
-    early = spawn(MIG_SPAWNER_LEASE_ID="lease0002")
-    assert holder.check(lease(id="lease0002", mig_uuid=None)).pids == [early.pid]
+    early = spawn(MIG_SPAWNER_LEASE_ID=OTHER_LEASE)
+    assert holder.check(lease(id=OTHER_LEASE, mig_uuid=None)).pids == [early.pid]
 
 
 def test_what_the_gpu_lists_on_the_slice_holds_it_and_is_never_signalled(spawn):
@@ -94,13 +102,14 @@ def test_what_the_gpu_lists_on_the_slice_holds_it_and_is_never_signalled(spawn):
     assert (seen.state, seen.on_device, seen.processes) == (holder.UNKNOWN, (quiet.pid,), ())
     assert holder.stop(seen).state == holder.UNKNOWN and quiet.poll() is None
     # Listed beside a holder its environment names: that one is stopped, this reported.
-    named = spawn(MIG_SPAWNER_LEASE_ID="lease0001")
+    named = spawn(MIG_SPAWNER_LEASE_ID=LEASE)
     both = holder.check(lease(), on_device=[quiet.pid, named.pid])
     assert (both.state, both.pids, both.on_device) == (holder.RUNNING, [named.pid], (quiet.pid,))
 
 
 def test_a_holder_that_ignores_term_is_killed_after_the_grace(spawn):
-    proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID="lease0001")
+    proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID=LEASE)
+    assert proc.stdout.readline() == "ignoring TERM\n"
     started = time.monotonic()
     assert holder.check_and_stop(lease(), grace=0.5).state == holder.GONE
     assert 0.5 <= time.monotonic() - started < 5

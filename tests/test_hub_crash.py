@@ -1,4 +1,5 @@
-"""``kill -9`` of the hub in the middle of a burst of spawns, on a real hub.
+"""Crashes in the middle of a burst of spawns, on a real hub: ``kill -9`` of the hub, of
+the slice service beside it, and PostgreSQL stopped as a crash would stop it.
 
 The restarted hub must converge in seconds: every server process it no longer tracks
 is stopped (or still tracked, and kept), every lease is held by exactly one server the
@@ -10,6 +11,18 @@ yet (a slow step between claim and spawn holds the burst there), and as soon as 
 first server process exists (before the hub saved its state: the case that gave one
 slice to two servers). Both on SQLite and on PostgreSQL. No slice service runs: the
 hub alone must get it right.
+
+The slice service is killed twice (while the burst's leases wait between claim and
+spawn, longer than its orphan grace, and as the first server process appears) and
+started again each time: a restarted service must take no pending or fresh server for
+an orphan, and the burst must end as if it had never died. PostgreSQL is stopped with
+``pg_ctl stop -m immediate`` while the burst's servers start (their claims committed,
+their activations not yet written) and started again seconds later: what failed
+meanwhile must be given back once the database is back, what runs must keep its lease.
+
+After each crash the same checks: no MIG device in two live servers' environments, and
+no lease lost: every live server holds a lease for its device, every held lease has a
+live holder or says it is releasing.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +39,8 @@ import pytest
 
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
+from tests.support.pg_fixture import postgres_cluster
+from tests.support.slice_service import SERVICE_CONFIG, Service
 
 pytestmark = pytest.mark.hub
 
@@ -33,6 +48,7 @@ SIM = "h200x1:layout=1g.18gb*7"
 BURST = 4  # users spawning at once when the hub dies
 AFTER = 5  # servers started after the restart
 CONVERGE = 30.0  # seconds the restarted hub has to stop or adopt what it lost
+USERS = [f"u{i}" for i in range(AFTER)]
 
 EXTRA = """
 c.Spawner.poll_interval = 1
@@ -77,6 +93,21 @@ def assert_one_server_per_slice(tag: str) -> dict[str, str]:
     return {uuid: next(iter(servers))[1] for uuid, servers in holders.items()}
 
 
+def assert_no_lease_lost(ledger: Ledger, tag: str) -> None:
+    """Every live server (or kernel) holds the lease its environment names, on the
+    device it uses; every held lease has a live process naming it, or is releasing."""
+    held = {lease.id: lease for lease in ledger.active()}
+    named = set()
+    for pid, env in servers_of(tag).items():
+        lease = held.get(env["MIG_SPAWNER_LEASE_ID"])
+        assert lease is not None, f"PID {pid} of {env['JUPYTERHUB_USER']} holds no lease"
+        assert lease.mig_uuid == env["CUDA_VISIBLE_DEVICES"], (pid, lease)
+        named.add(lease.id)
+    lost = [lease for lease in held.values()
+            if lease.id not in named and lease.state != "releasing"]
+    assert not lost, f"held leases with no live holder: {lost}"
+
+
 def running_users(hub: HubProcess) -> set[str]:
     return {u["name"] for u in hub.users() if u.get("servers")}
 
@@ -110,25 +141,57 @@ def ledger_url(request, tmp_path) -> str:
     return request.getfixturevalue("postgres_url")
 
 
-@pytest.mark.parametrize("kill_at", ["claimed", "first-process"])
-def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
-    tmp_path, ledger_url, kill_at
-):
+@contextlib.contextmanager
+def burst_hub(workdir: Path, ledger_url: str, extra: str = ""
+              ) -> Iterator[tuple[HubProcess, Ledger, str]]:
+    """A hub whose spawns wait while ``workdir/pause`` exists, with the users ``USERS``
+    in a group allowed small slices; yields it, its ledger and the tag its servers
+    carry. Stops it and every server of it at the end."""
     # Servers carry the tag in their environment, so that only this hub's count.
-    tag = f"{os.getpid()}-{tmp_path.name}"
-    hub = start_mig_hub(tmp_path, SIM, EXTRA + PAUSE_BEFORE_SPAWN + (
+    tag = f"{os.getpid()}-{workdir.name}"
+    hub = start_mig_hub(workdir, SIM, EXTRA + PAUSE_BEFORE_SPAWN + extra + (
         f"\nc.MIGSettings.ledger_url = {ledger_url!r}"
         f"\nc.Spawner.environment = {{'MIG_TEST_HUB': {tag!r}}}\n"
     ))
     ledger = Ledger.open(ledger_url)
+    try:
+        hub.create_users(USERS, groups=["crowd"])
+        yield hub, ledger, tag
+    finally:
+        with contextlib.suppress(HubError):
+            hub.close()
+        for pid in servers_of(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        ledger.close()
+
+
+def fill_and_check(hub: HubProcess, ledger: Ledger, tag: str, kept: set[str]) -> None:
+    """After a crash: start every user's server but ``kept`` (still running), then check
+    that each MIG device is in one server, and each server holds its device's lease."""
+    for user in USERS:
+        if user not in kept:
+            r = hub.spawn(user, {"profile": "small"})
+            assert r.status_code in (201, 202), r.text
+    for user in USERS:
+        hub.wait_ready(user, timeout=120)
+    by_uuid = assert_one_server_per_slice(tag)
+    assert sorted(by_uuid.values()) == USERS
+    leases = {lease.user: lease.mig_uuid for lease in ledger.active()}
+    assert leases == {user: uuid for uuid, user in by_uuid.items()}
+    assert_no_lease_lost(ledger, tag)
+
+
+@pytest.mark.parametrize("kill_at", ["claimed", "first-process"])
+def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
+    tmp_path, ledger_url, kill_at
+):
     pause = tmp_path / "pause"  # the hub runs in tmp_path
     if kill_at == "claimed":
         pause.touch()
-    users = [f"u{i}" for i in range(AFTER)]
-    try:
-        hub.create_users(users, groups=["crowd"])
+    with burst_hub(tmp_path, ledger_url) as (hub, ledger, tag):
         with ThreadPoolExecutor(BURST) as pool:
-            for user in users[:BURST]:
+            for user in USERS[:BURST]:
                 pool.submit(_spawn_quietly, hub, user)
             if kill_at == "claimed":
                 wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
@@ -150,26 +213,98 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
             assert (_environ(pid) is not None) == (env["JUPYTERHUB_USER"] in kept), (pid, env)
 
         # More spawns, up to every slice of the GPU.
-        for user in users:
-            if user not in kept:
-                r = hub.spawn(user, {"profile": "small"})
-                assert r.status_code in (201, 202), r.text
-        for user in users:
-            hub.wait_ready(user, timeout=120)
-        by_uuid = assert_one_server_per_slice(tag)
-        assert sorted(by_uuid.values()) == users
-        leases = {lease.user: lease.mig_uuid for lease in ledger.active()}
-        assert leases == {user: uuid for uuid, user in by_uuid.items()}
+        fill_and_check(hub, ledger, tag, kept)
         print(f"{kill_at}: {len(left)} server processes at the kill, "
               f"{len(kept)} kept; converged {took:.1f}s after the restart "
               f"({time.monotonic() - restarted:.1f}s to {AFTER} servers)")
-    finally:
-        with contextlib.suppress(HubError):
-            hub.close()
-        for pid in servers_of(tag):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        ledger.close()
+
+
+#: The shipped sweep (1 min) and orphan grace (5 min), minutes as seconds.
+SWEEP, ORPHAN_GRACE = 1, 5
+SERVICE_EXTRA = SERVICE_CONFIG + f"""
+c.SliceServiceApp.cull_every = {SWEEP}
+c.SliceServiceApp.orphan_grace = {ORPHAN_GRACE}
+"""
+
+
+def test_slice_service_killed_mid_burst_releases_nothing_live(tmp_path):
+    ledger_url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"  # the service's
+    pause = tmp_path / "pause"
+    pause.touch()
+    with burst_hub(tmp_path, ledger_url, SERVICE_EXTRA) as (hub, ledger, tag):
+        service = Service(hub, hub.config_path)
+        try:
+            service.wait_up()
+            with ThreadPoolExecutor(BURST) as pool:
+                for user in USERS[:BURST]:
+                    pool.submit(_spawn_quietly, hub, user)
+                wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
+                claimed = {lease.user: lease.id for lease in ledger.active()}
+                service = restart_service(hub, service)
+                # Held between claim and spawn for longer than the grace after which the
+                # service releases a lease whose server the hub does not run.
+                time.sleep(ORPHAN_GRACE + 3 * SWEEP)
+                pause.unlink()
+                wait_for(lambda: bool(servers_of(tag)), 60, "a first server process")
+                service = restart_service(hub, service)
+            for user in USERS[:BURST]:
+                hub.wait_ready(user, timeout=120)
+            assert {lease.user: lease.id for lease in ledger.active()} == claimed
+            fill_and_check(hub, ledger, tag, set(USERS[:BURST]))
+            orphans = [lease for lease in ledger.history() if lease.release_code == "orphan"]
+            assert not orphans, service.log()
+            assert service.proc.poll() is None, service.log()
+        finally:
+            service.close()
+
+
+def restart_service(hub: HubProcess, service: Service) -> Service:
+    """``kill -9`` the slice service, start it again; return the new one once it is up."""
+    service.proc.kill()
+    service.proc.wait(10)
+    again = Service(hub, hub.config_path)
+    again.wait_up()
+    return again
+
+
+OUTAGE = 5.0  # seconds PostgreSQL is down
+
+
+def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
+    pause = tmp_path / "pause"
+    pause.touch()
+    with postgres_cluster() as pg:
+        pg.psql("CREATE DATABASE crash_ledger")
+        with burst_hub(tmp_path, pg.url("crash_ledger")) as (hub, ledger, tag):
+            with ThreadPoolExecutor(BURST + 1) as pool:
+                for user in USERS[:BURST]:
+                    pool.submit(_spawn_quietly, hub, user)
+                wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
+                pg.stop("immediate")
+                try:
+                    pause.unlink()  # the servers start, their leases unwritten
+                    spawning = pool.submit(hub.spawn, USERS[BURST], {"profile": "small"})
+                    time.sleep(OUTAGE)
+                finally:
+                    pg.start()
+                late = spawning.result(120)
+            # A spawn the database could not take: refused in words, without the
+            # database's name or where it lives, or taken once it was back.
+            assert late.status_code in (201, 202, 503), late.text
+            if late.status_code == 503:
+                assert "ledger cannot be read" in late.json()["message"]
+                for internal in ("crash_ledger", str(pg.socket_dir), "postgres", "://"):
+                    assert internal not in late.text
+            took = wait_for(lambda: not any(u["servers"] and not u["servers"][""]["ready"]
+                                            for u in hub.users())
+                            and converged(hub, ledger, tag), CONVERGE,
+                            "spawns ended and the hub converged after the outage")
+            assert_one_server_per_slice(tag)
+            assert_no_lease_lost(ledger, tag)
+            fill_and_check(hub, ledger, tag, running_users(hub))
+            print(f"PostgreSQL down {OUTAGE:.0f}s mid-burst: {len(running_users(hub))} "
+                  f"servers; converged {took:.1f}s after it came back; the spawn during "
+                  f"the outage: {late.status_code}")
 
 
 def _spawn_quietly(hub: HubProcess, user: str) -> None:

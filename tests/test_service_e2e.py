@@ -104,7 +104,7 @@ def env(tmp_path_factory):
     for user, (group, _) in GROUPS.items():
         hub.create_user(user, groups=[group])
     service = Service(hub, config_d)
-    HubProcess.wait_until(lambda: service.up(), 30)
+    service.wait_up()
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
         yield hub, service, ledger
     service.close()

@@ -22,6 +22,7 @@ Neither costs anything per waiter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 from uuid import uuid4
@@ -104,12 +105,19 @@ class MarkChanges:
 
 
 class SqliteChanges(MarkChanges):
-    """``PRAGMA data_version`` on a connection of its own; the mark only when it moved."""
+    """``PRAGMA data_version`` on a connection of its own; the mark only when it moved.
+
+    :meth:`changed` runs in a worker thread; :meth:`close` may come from the event loop
+    while it does (the loop's task cancelled at shutdown). Closing an SQLite connection
+    while another thread runs a statement on it crashes the process, so the two take a
+    lock, and a closed watch reports no change."""
 
     def __init__(self, engine: Engine, mark: Callable[[], tuple[int, ...]]) -> None:
         raw = engine.raw_connection()
         self._connection: Any = raw.driver_connection
         raw.detach()  # its own for good: the pool neither counts nor recycles it
+        self._lock = threading.Lock()
+        self._closed = False
         self._version = self._data_version()
         super().__init__(mark)
 
@@ -117,11 +125,16 @@ class SqliteChanges(MarkChanges):
         return self._connection.execute("PRAGMA data_version").fetchone()[0]
 
     def changed(self) -> bool:
-        version = self._data_version()
+        with self._lock:
+            if self._closed:
+                return False
+            version = self._data_version()
         if version == self._version:
             return False
         self._version = version
         return super().changed()
 
     def close(self) -> None:
-        self._connection.close()
+        with self._lock:
+            self._closed = True
+            self._connection.close()

@@ -58,7 +58,7 @@ def env(tmp_path_factory):
     for user in ("hana", "tina", "tom"):
         hub.create_user(user, groups=["idle-warn"])
     service = Service(hub, hub.config_path)
-    wait_for(lambda: service.up(), 30, "service up", service)
+    service.wait_up()
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
             playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

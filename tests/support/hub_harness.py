@@ -123,6 +123,11 @@ class HubProcess:
             'c.JupyterHub.authenticator_class = "dummy"',
             f"c.Spawner.cmd = [{str(VENV_BIN / 'jupyterhub-singleuser')!r}]",
             'c.Spawner.args = ["--ServerApp.allow_root=True"]',
+            # Loaded (pytest-xdist workers on two cores), a server may take most of a
+            # minute to import; JupyterHub's defaults (start 60 s, HTTP 30 s) would stop
+            # it half-way. Tests of these timeouts set their own.
+            "c.Spawner.start_timeout = 120",
+            "c.Spawner.http_timeout = 120",
             *(f"load_subconfig({str(p)!r})  # noqa: F821" for p in config_files),
             # What the harness needs, whatever the files say.
             f'c.JupyterHub.bind_url = "http://127.0.0.1:{port}"',

@@ -4,11 +4,12 @@ Import the fixtures from ``tests/conftest.py``::
 
     from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
 
-``postgres_server`` (session scope) runs ``initdb`` + ``pg_ctl start`` in a
-private temporary directory and stops the cluster at the end. It listens
-only on a unix socket inside that directory, so parallel test runs can never
-collide on a port. ``postgres_url`` (function scope) creates a fresh database
-per test and returns its SQLAlchemy URL.
+``postgres_server`` (session scope: one per pytest-xdist worker) runs ``initdb`` +
+``pg_ctl start`` in a private temporary directory and stops the cluster at the end.
+It listens only on a unix socket inside that directory, so parallel test runs and
+workers can never collide on a port. ``postgres_url`` (function scope) creates a fresh
+database per test and returns its SQLAlchemy URL. ``postgres_cluster()`` gives a test a
+cluster of its own, which it may stop and start (``stop()``, ``start()``).
 
 When the binaries are missing the tests skip, loudly. Set
 ``MIG_SPAWNER_REQUIRE_SYSTEM=1`` (``make test`` does) to make that a failure instead,
@@ -25,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +69,29 @@ class PostgresServer:
     socket_dir: Path
     port: int
     run_as: tuple[str, ...]
+
+    @property
+    def data_dir(self) -> Path:
+        """The cluster's data directory (beside its socket)."""
+        return self.socket_dir / "data"
+
+    def start(self) -> None:
+        """Start the cluster (again, after :meth:`stop`) and wait until it accepts
+        connections."""
+        # Durability off: this cluster lives for one test session.
+        options = (
+            f"-k {self.socket_dir} -p {self.port} -c listen_addresses='' -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
+        )
+        _run(self.run_as, str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir),
+             "-l", str(self.socket_dir / "postgres.log"), "-o", options, "-w", "-t", "60",
+             "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the cluster: ``immediate`` (the default) as a crash would, every
+        connection cut with no shutdown checkpoint; ``fast`` or ``smart`` as an admin."""
+        _run(self.run_as, str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir),
+             "-m", mode, "-w", "stop")
 
     def url(self, database: str = "postgres") -> str:
         """SQLAlchemy URL of ``database`` on this cluster (user ``postgres``, trust auth)."""
@@ -122,9 +147,11 @@ def _run(run_as: tuple[str, ...], *argv: str) -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """Start a private PostgreSQL cluster for the whole session; stop and delete it after."""
+@contextmanager
+def postgres_cluster() -> Iterator[PostgresServer]:
+    """A private PostgreSQL cluster, running until the ``with`` block ends; then stopped
+    and deleted. For a test that stops and starts its own (``postgres_server`` is shared
+    by every test of a worker)."""
     bin_dir = _find_bin_dir()
     if bin_dir is None:
         reason = (
@@ -141,16 +168,14 @@ def postgres_server() -> Iterator[PostgresServer]:
     if os.geteuid() == 0:
         run_as = ("runuser", "-u", "postgres", "--")
         shutil.chown(base, user="postgres", group="postgres")
-    data, log = base / "data", base / "postgres.log"
-    port = _free_port()
-    server = PostgresServer(bin_dir=bin_dir, socket_dir=base, port=port, run_as=run_as)
+    server = PostgresServer(bin_dir=bin_dir, socket_dir=base, port=_free_port(), run_as=run_as)
     started = False
     try:
         _run(
             run_as,
             str(bin_dir / "initdb"),
             "-D",
-            str(data),
+            str(server.data_dir),
             "-U",
             "postgres",
             "-A",
@@ -160,31 +185,21 @@ def postgres_server() -> Iterator[PostgresServer]:
             "--no-sync",
             "--no-instructions",
         )
-        # Durability off: this cluster lives for one test session.
-        options = (
-            f"-k {base} -p {port} -c listen_addresses='' -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
-        )
-        _run(
-            run_as,
-            str(bin_dir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-l",
-            str(log),
-            "-o",
-            options,
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
+        server.start()
         started = True
         yield server
     finally:
         if started:
-            _run(run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+            server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """Start a private PostgreSQL cluster for the whole session (of this pytest-xdist
+    worker: each has its own); stop and delete it after."""
+    with postgres_cluster() as server:
+        yield server
 
 
 @pytest.fixture

@@ -18,6 +18,9 @@ from mig_spawner.service.handlers import METRICS_SCOPE
 from tests.support.hub_harness import ADMIN_SERVICE, HubProcess, free_port
 
 SERVICE = "mig-slices"
+#: Seconds a starting service has to answer: its imports alone take most of that on a
+#: loaded test machine.
+START_TIMEOUT = 90
 TOKEN = "slice-service-e2e-token-" + "0" * 16
 #: Config lines that let the harness's admin token read the services' metrics (private
 #: by default): every hub that runs the service under test adds them.
@@ -54,6 +57,10 @@ class Service:
             env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
         )
+
+    def wait_up(self, timeout: float = START_TIMEOUT) -> None:
+        """Wait until it answers its health check (fails the test if it does not)."""
+        wait_for(self.up, timeout, "the slice service up", self)
 
     def up(self) -> bool:
         """Whether it answers its health check (fails the test if it has exited)."""

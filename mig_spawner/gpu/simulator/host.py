@@ -79,7 +79,7 @@ class SimulatedHost(ActivityScript):
             elif not spec:  # deleted since the check above
                 raise _no_state_file(host.state_file)
             else:
-                host._state = _build(spec)
+                host._state = _build(spec, os.path.abspath(host.state_file))
                 host._save()
         return host
 
@@ -222,9 +222,9 @@ def _private(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
-def _build(spec: str) -> HostState:
+def _build(spec: str, place: str = "") -> HostState:
     host_spec = parse_spec(spec)
-    state = new_host_state(host_spec, spec.strip())
+    state = new_host_state(host_spec, spec.strip(), place)
     first = 0
     for group in host_spec.groups:
         for gpu in state.gpus[first:first + group.count]:

@@ -148,13 +148,19 @@ def mig_device_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
     return f"MIG-{uuid.uuid5(_NAMESPACE, f'{gpu_uuid}/{gi_id}/{ci_id}')}"
 
 
-def new_host_state(host: HostSpec, spec_text: str) -> HostState:
-    """A fresh host as the spec describes it, without instances (``rules.apply_layout``)."""
+def new_host_state(host: HostSpec, spec_text: str, place: str = "") -> HostState:
+    """A fresh host as the spec describes it, without instances (``rules.apply_layout``).
+
+    The GPU UUIDs derive from the spec and from ``place``: where the host is kept (its
+    state file), so that two simulated hosts never share a UUID, as two real hosts'
+    GPUs never do (each host's holder check scans the processes of the machine they
+    run on, and must not take the other's servers for holders of its slices)."""
+    seed = f"{spec_text}@{place}" if place else spec_text
     gpus = []
     for group_no, group in enumerate(host.groups):
         for _ in range(group.count):
             index = len(gpus)
-            gpu_uuid = f"GPU-{uuid.uuid5(_NAMESPACE, f'{spec_text}/{group_no}/{index}')}"
+            gpu_uuid = f"GPU-{uuid.uuid5(_NAMESPACE, f'{seed}/{group_no}/{index}')}"
             if group.model_key in NON_MIG_MODELS:
                 product, memory = NON_MIG_MODELS[group.model_key]
                 gpus.append(SimGpu(index, gpu_uuid, product, None, memory, 0, 0))
