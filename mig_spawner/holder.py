@@ -5,8 +5,8 @@ A lease may be released only when its holder is provably gone (docs/ledger.md,
 
 * its environment's ``CUDA_VISIBLE_DEVICES`` names the slice's MIG device (any of its
   comma-separated entries, ``MIG-<uuid>`` or the bare uuid), whatever else it sets;
-* or NVML lists it among the processes of that MIG device (``on_device``, read by the
-  caller from the GPU adapter);
+* or NVML lists it among the processes of that device, the MIG device or the whole GPU
+  (``on_device``, read by the caller from the GPU adapter);
 * or its environment names the lease (``MIG_SPAWNER_LEASE_ID``, which the spawner sets
   and kernels inherit: the only name a dynamic lease has before its instance exists);
 * or it is in the slice's device cgroup (``members``: the hook kernel-enforced isolation
@@ -167,7 +167,7 @@ def processes_of(lease: Lease) -> list[Process]:
 def check(lease: Lease, host: str | None = None, *, on_device: Iterable[int] = (),
           members: Iterable[int] = ()) -> HolderCheck:
     """Whether anything still holds ``lease``'s slice (this host only; see the module
-    doc for the rule). ``on_device``: the PIDs NVML lists on its MIG device;
+    doc for the rule). ``on_device``: the PIDs NVML lists on its device;
     ``members``: the PIDs in its device cgroup. A Kubernetes lease is :data:`UNKNOWN`
     here: only :func:`check_pod`, with the API, can tell."""
     if not kind_of(lease).rules.on_host:
@@ -189,7 +189,7 @@ def check(lease: Lease, host: str | None = None, *, on_device: Iterable[int] = (
         return HolderCheck(RUNNING, tuple(sorted(processes, key=lambda p: p.pid)),
                            on_device=unaccounted)
     if unaccounted:
-        return HolderCheck(UNKNOWN, why=f"NVML lists PIDs {list(unaccounted)} on its MIG "
+        return HolderCheck(UNKNOWN, why=f"NVML lists PIDs {list(unaccounted)} on its "
                            "device, which no process here was found for", on_device=unaccounted)
     return HolderCheck(GONE)
 

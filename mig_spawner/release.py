@@ -110,8 +110,9 @@ class HolderProbe(Protocol):
 
 class LocalProcesses:
     """The processes on this host (:func:`mig_spawner.holder.check`), with the PIDs the
-    GPU lists on the slice's MIG device (``gpus``: the adapter, read through ``run``
-    because NVML handles stay on their thread; ``None``: no GPU here).
+    GPU lists on the device the lease's kind names, its MIG device or its whole GPU
+    (``gpus``: the adapter, read through ``run`` because NVML handles stay on their
+    thread; ``None``: no GPU here).
 
     ``cgroup_members`` is the hook for kernel-enforced isolation: lease -> the PIDs in
     the slice's device cgroup, each a holder whatever its environment says.
@@ -128,7 +129,7 @@ class LocalProcesses:
         try:
             on_device = await self._on_device(lease)
         except GpuError as e:
-            return holder.HolderCheck(holder.UNKNOWN, why=f"the GPU's process list of its MIG "
+            return holder.HolderCheck(holder.UNKNOWN, why=f"the GPU's process list of its "
                                       f"device cannot be read: {e}")
         members = tuple(self.cgroup_members(lease)) if self.cgroup_members else ()
         return await asyncio.to_thread(holder.check, lease, on_device=on_device,
@@ -141,20 +142,19 @@ class LocalProcesses:
         return await self.check(lease) if stopped.state == holder.GONE else stopped
 
     async def _on_device(self, lease: Lease) -> tuple[int, ...]:
-        if self.gpus is None or not lease.mig_uuid or lease.gpu_index is None:
+        # The device the lease's kind names: its MIG device, or its whole GPU.
+        device = kind_of(lease).device_name(lease)
+        if self.gpus is None or not device or lease.gpu_index is None:
             return ()
 
         def listed() -> tuple[int, ...]:
             gpus = self.gpus() if self.gpus else None
             if gpus is None:
                 return ()
-            for device in gpus.gpu(lease.gpu_index).mig_devices:
-                if device.uuid == lease.mig_uuid:
-                    # A list the driver refused or garbled adds nothing: the environment
-                    # rule still applies, and a dynamic instance is not destroyed while
-                    # processes run on it.
-                    return device.pids
-            return ()
+            # A list the driver refused or garbled adds nothing: the environment rule
+            # still applies, and a dynamic instance is not destroyed while processes run
+            # on it.
+            return gpus.gpu(lease.gpu_index).pids_on(device)
 
         return await self.run(listed)
 

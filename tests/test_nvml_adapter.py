@@ -361,3 +361,25 @@ def test_mig_off_gpu_reports_no_profiles_and_no_devices(adapters):
     assert (gpu.driver_profiles, gpu.mig_devices) == ((), ())
     assert adapter.driver_profiles(0) == ()
     assert gpu.memory_total_mib == 81562
+
+
+@pytest.mark.parametrize("spec", ["h200x1", "h200x1:procs=v2", "h200x1:procs=v1",
+                                  "h200x1:driver=535.54.03", "h200x1:perm=none"])
+def test_what_runs_on_a_whole_gpu_is_in_the_inventory(shared, spec):
+    """With MIG off the GPU's own handle lists its processes and memory (anyone may read
+    them then), through the same calls and quirks as a MIG device's."""
+    adapter, host = shared(f"{spec}:mig=off")
+    uuid = adapter.inventory().gpus[0].uuid
+    host.set_processes(uuid, [(4242, 100), (4343, 2048)])
+    gpu = adapter.inventory().gpus[0]
+    assert ([(p.pid, p.used_memory_mib) for p in gpu.processes], gpu.processes_unknown,
+            gpu.memory_used_mib) == ([(4242, 100), (4343, 2048)], False, 2148)
+    assert gpu.pids_on(uuid) == (4242, 4343)
+
+
+def test_a_whole_gpus_unreadable_process_list_is_unknown(shared):
+    adapter, host = shared("h200x1:procs=v2:mig=off")
+    host.set_processes(adapter.inventory().gpus[0].uuid, [(4242, 100)])
+    host.inject_error("nvmlDeviceGetComputeRunningProcesses_v2", "NO_PERMISSION")
+    gpu = adapter.inventory().gpus[0]
+    assert (gpu.processes, gpu.processes_unknown) == ((), True)

@@ -624,3 +624,25 @@ def test_rtx_pro_6000_places_on_the_drivers_12_unit_grid(nvml):
            for pid in (5, 14, 14)]
     assert [(i.id, i.placement.start, i.placement.size) for i in got] == [
         (1, 0, 6), (5, 6, 3), (6, 9, 3)]
+
+
+def test_processes_run_on_a_whole_gpu_as_on_a_mig_device(nvml, tmp_path):
+    """With MIG off, the GPU's handle lists what runs on it; the records name no GPU or
+    compute instance (NVML sets both to 0xFFFFFFFF); the MIG mode cannot change under it."""
+    host = nvml("h200x1:mig=off", tmp_path / "sim.json")
+    uuid = pynvml.nvmlDeviceGetUUID(gpu())
+    host.set_processes(uuid, [(4242, 1000)])
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(gpu())
+    assert [(p.pid, p.usedGpuMemory // 2**20, p.gpuInstanceId, p.computeInstanceId)
+            for p in procs] == [(4242, 1000, 0xFFFFFFFF, 0xFFFFFFFF)]
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).used == 1000 * 2**20
+    host.set_memory_used(uuid, 5000)
+    assert SimulatedHost.open(tmp_path / "sim.json").state.gpus[0].processes == [(4242, 1000)]
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu()).used == 5000 * 2**20
+    with pytest.raises(pynvml.NVMLError_InUse):
+        pynvml.nvmlDeviceSetMigMode(gpu(), 1)
+    host.set_processes(uuid, [])
+    host.set_memory_used(uuid, None)
+    assert pynvml.nvmlDeviceSetMigMode(gpu(), 1) == pynvml.NVML_SUCCESS
+    with pytest.raises(KeyError):
+        host.set_processes(uuid, [(1, 1)])  # MIG on: processes run on its MIG devices

@@ -15,18 +15,23 @@ from traitlets.config import Config
 
 from mig_spawner import holder
 from mig_spawner.cli.status import render_text
+from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.core.catalog import model
 from mig_spawner.core.kinds import Kind
 from mig_spawner.core.policy import PolicyError, build_policy
 from mig_spawner.core.refusal import Refused
 from mig_spawner.device_cgroup import SliceCgroups
 from mig_spawner.gpu import connect
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.hub.client import HubClient
 from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import DoubleGrant, LeaseRequest, Ledger, ReleaseCode
 from mig_spawner.ledger import store as ledger_store
 from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.release import GiveBack, HolderProbes, LocalProcesses, Releaser
 from mig_spawner.report.demand import requests_of
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner.decide import free_now, make_decide
 from mig_spawner.spawner.startup import policy_warnings
 from tests.mocking import make_gpu, make_inventory
@@ -223,6 +228,45 @@ async def test_every_release_path_undoes_the_servers_confinement(tmp_path, inven
         assert outcome.result is GiveBack.RELEASED
         assert not cgroups.path(lease.id).exists()
         assert [(n.stat().st_uid, n.stat().st_mode & 0o777) for n in nodes] == [(0, 0o400)] * 2
+
+
+@pytest.fixture
+def busy_gpu(tmp_path, ledger, inventory):
+    """A whole-GPU lease of ana's, the adapter, and the simulated host it reads."""
+    state = tmp_path / "sim.json"
+    with connect(simulate=MIXED, state_file=state) as gpus:
+        lease = claim(ledger, inventory, "ana", "gpu")
+        yield lease, gpus, SimulatedHost.open(state)
+
+
+async def test_a_process_nvml_lists_on_a_whole_gpu_holds_it(ledger, busy_gpu):
+    """A PID the GPU lists (say, a job whose environment does not name the lease) keeps
+    the lease held: no release path calls the GPU free under it."""
+    lease, gpus, host = busy_gpu
+    host.set_processes(lease.gpu_uuid, [(4242, 1000)])
+    local = LocalProcesses(asyncio.to_thread, lambda: gpus, cgroup_members=None)
+    found = await local.check(lease)
+    assert (found.state, found.on_device) == (holder.UNKNOWN, (4242,))
+    releaser = Releaser(lambda: ledger, lambda: gpus, HolderProbes(local=local),
+                        run=asyncio.to_thread, grace=0.5)
+    outcome = await releaser.release(lease, ReleaseCode.ORPHAN, "test")
+    assert outcome.result is GiveBack.HELD and "4242" in (outcome.why or "")
+    assert [held.id for held in ledger.active()] == [lease.id]
+
+
+async def test_the_service_samples_the_work_on_a_whole_gpu(ledger, busy_gpu):
+    """A background job on a whole GPU is GPU work (not idle) and its memory is sampled
+    for right-sizing, as a slice's is."""
+    lease, gpus, host = busy_gpu
+    host.set_processes(lease.gpu_uuid, [(4242, 9000)])
+    sweeper = Sweeper(HubClient("http://127.0.0.1:1/hub/api", "t"), MIGPolicyConfig().build(),
+                      ServiceMetrics(), ledger=ledger, gpus=gpus)
+    now = datetime.now(UTC)
+    (seen,) = await sweeper._gpu_activity(now, ledger.active())
+    assert (seen.gpu_active_at, seen.peak_memory_mib) == (now, 9000)
+    (sample,) = ledger.samples([lease.id])[lease.id]
+    assert (sample.memory_used_mib, sample.processes) == (9000, 1)
+    assert sample.memory_total_mib == gpus.inventory().gpus[1].memory_total_mib
 
 
 def test_the_map_and_status_show_whole_gpus_beside_slices(ledger, inventory):

@@ -13,7 +13,7 @@ from .catalog import GpuModel, Profile, model
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process running on a MIG device."""
+    """A process running on a MIG device, or on a whole GPU with MIG off."""
 
     pid: int
     used_memory_mib: int
@@ -89,6 +89,22 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     # The GI profiles as this GPU's driver reports them (empty with MIG off).
     driver_profiles: tuple[Profile, ...] = ()
+    # With MIG off, what runs on the GPU as a whole (with MIG on, each MIG device
+    # carries its own): the processes NVML lists, whether that list could not be read
+    # (then it counts as busy, as for a MIG device), and the memory in use.
+    processes: tuple[GpuProcess, ...] = ()
+    processes_unknown: bool = False
+    memory_used_mib: int = 0
+
+    def pids_on(self, device: str) -> tuple[int, ...]:
+        """The PIDs NVML lists on ``device`` of this GPU: one of its MIG devices (by
+        UUID), or with MIG off the GPU itself (by its UUID); none for any other name."""
+        for d in self.mig_devices:
+            if d.uuid == device:
+                return d.pids
+        if device == self.uuid and not self.mig_current:
+            return tuple(p.pid for p in self.processes)
+        return ()
 
     @property
     def mig_enabled(self) -> bool:

@@ -37,6 +37,9 @@ _NO_DEVICE_HERE = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument)
 _NO_PROFILE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 # A library or driver without a process-list call: try the older one.
 _NO_SUCH_CALL = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLLibraryMismatchError)
+# A process record's GPU/compute instance ID on a GPU with MIG off (NVML sets both to
+# this when MIG is disabled: there is no instance to name).
+_NO_INSTANCE = 0xFFFFFFFF
 # Drivers 535.43-535.86 garble the _v3 process records after the first (nvitop#79/#89).
 GARBLED_PROCESS_DRIVERS = ((535, 43), (535, 86))
 
@@ -311,6 +314,13 @@ class GpuAdapter:
                     ComputeInstance(d.ci_id, ci_info.profileId, ci_info.placement.size))
             gis = tuple(GpuInstance(g.gi_id, g.profile, g.profile_id, g.start, g.size,
                                     tuple(cis.get(g.gi_id, ()))) for g in gis)
+        processes: tuple[GpuProcess, ...] = ()
+        unknown, used = False, 0
+        if not current:
+            # A whole GPU: what runs on it is read as a MIG device's is (the quirks alike).
+            processes, unknown = self._processes(handle, _NO_INSTANCE, _NO_INSTANCE,
+                                                 f"GPU {index}")
+            used = self._memory_used_mib(handle, index)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -324,7 +334,20 @@ class GpuAdapter:
             gpu_instances=gis,
             mig_devices=devices,
             driver_profiles=driver_profiles,
+            processes=processes,
+            processes_unknown=unknown,
+            memory_used_mib=used,
         )
+
+    @staticmethod
+    def _memory_used_mib(handle: Any, index: int) -> int:
+        """The memory in use on a GPU with MIG off (0, with a warning, when the driver
+        will not tell: the process list still says whether it is in use)."""
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).used // _MIB
+        except pynvml.NVMLError as exc:
+            log.warning("cannot read the memory in use on GPU %d: %s", index, exc)
+            return 0
 
     @staticmethod
     def _parent_memory_mib(handle: Any, index: int, model: catalog.GpuModel | None,
@@ -390,14 +413,18 @@ class GpuAdapter:
         return tuple(devices)
 
     @staticmethod
-    def _processes(mig: Any, gi_id: int, ci_id: int) -> tuple[tuple[GpuProcess, ...], bool]:
-        """The processes on one MIG device, and whether they could not be read.
+    def _processes(mig: Any, gi_id: int, ci_id: int, what: str = ""
+                   ) -> tuple[tuple[GpuProcess, ...], bool]:
+        """The processes on one MIG device (or, with ``gi_id``/``ci_id`` both
+        ``_NO_INSTANCE``, on a whole GPU with MIG off: ``what`` names it in the log), and
+        whether they could not be read.
 
         Newest call first (_v3, _v2, then the unversioned v1 layout): an older library
         lacks the newer ones, and some drivers garble _v3's records, so an answer whose
         records do not belong to this device is retried with the older layout. A list
         nobody could read is *unknown* (the slice then counts as busy), never "empty".
         """
+        what = what or f"MIG device GI {gi_id} CI {ci_id}"
         for read in (pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
                      pynvml.nvmlDeviceGetComputeRunningProcesses_v2, _processes_v1):
             try:
@@ -405,15 +432,13 @@ class GpuAdapter:
             except _NO_SUCH_CALL:
                 continue
             except pynvml.NVMLError as exc:
-                log.warning("cannot list the processes of MIG device GI %d CI %d: %s",
-                            gi_id, ci_id, exc)
+                log.warning("cannot list the processes of %s: %s", what, exc)
                 return (), True
             if _consistent(procs, gi_id, ci_id):
                 return tuple(GpuProcess(p.pid, (p.usedGpuMemory or 0) // _MIB)
                              for p in procs), False
-            log.warning("the driver's %s answer for MIG device GI %d CI %d is garbled; "
-                        "trying an older call", getattr(read, "__name__", "process"),
-                        gi_id, ci_id)
+            log.warning("the driver's %s answer for %s is garbled; trying an older call",
+                        getattr(read, "__name__", "process"), what)
         return (), True
 
     def _gpu_profiles(self, handle: Any, uuid: str) -> tuple[catalog.Profile, ...]:
@@ -529,8 +554,9 @@ def _variant(name: str) -> str:
 
 
 def _consistent(procs: list[Any], gi_id: int, ci_id: int) -> bool:
-    """Records that belong to this MIG device: real PIDs, each once, and (where the
-    layout carries them) this device's GI and CI IDs."""
+    """Records that belong to this MIG device (or whole GPU): real PIDs, each once, and
+    (where the layout carries them) this device's GI and CI IDs (``_NO_INSTANCE`` on a
+    whole GPU)."""
     pids = [p.pid for p in procs]
     if any(pid <= 0 for pid in pids) or len(set(pids)) != len(pids):
         return False

@@ -123,7 +123,7 @@ GPU_WORK_SM_SHARE = 0.05
 
 @dataclass(frozen=True)
 class SliceActivity:
-    """What one sweep sampled on a MIG device."""
+    """What one sweep sampled on a leased device (a MIG device or a whole GPU)."""
 
     processes: int
     memory_used_mib: int

@@ -3,8 +3,9 @@ GPUs say, let :mod:`mig_spawner.service.cull_rules` decide, carry the decisions 
 
 Order of a sweep:
 
-1. read the held leases (ledger), sample each leased MIG device's GPU activity
-   (processes, memory, SM activity where NVML GPM exists) onto its lease, and
+1. read the held leases (ledger), sample each leased device's GPU activity (a MIG
+   device's or a whole GPU's processes and memory; a MIG device's SM activity where
+   NVML GPM exists) onto its lease, and
    list every active server (hub, paged);
 2. per server, as the pages arrive: pick the limits of the group its lease is
    charged to, look inside it when that can change the outcome, decide, act;
@@ -37,6 +38,7 @@ from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
+from mig_spawner.kinds import kind_of
 from mig_spawner.layout import DRAIN_RULE, KubeLayout, LayoutApplier
 from mig_spawner.layout import Pass as LayoutPass
 from mig_spawner.ledger import Lease, Ledger, LedgerError, ReleaseCode
@@ -75,6 +77,11 @@ from mig_spawner.service.metrics import ServiceMetrics
 
 async def _nothing() -> None:
     return None
+
+
+def _device_of(lease: Lease) -> str:
+    """The device whose samples are ``lease``'s: the one its kind names ("": none here)."""
+    return kind_of(lease).device_name(lease) or ""
 
 
 class GpuSource(SliceGpus, Protocol):
@@ -337,10 +344,11 @@ class Sweeper:
         return frozenset(out)
 
     async def _gpu_activity(self, now: datetime, leases: list[Lease]) -> list[Lease]:
-        """Sample each leased MIG device and record its GPU work and peak memory on the
-        lease (in the ledger unless dry-run); return the leases as updated, which is
-        what this sweep's decisions read. A GPU that cannot be read changes nothing."""
-        if self.gpus is None or not any(lease.mig_uuid for lease in leases):
+        """Sample each leased device (the one its kind names: a MIG device, or a whole
+        GPU) and record its GPU work and peak memory on the lease (in the ledger unless
+        dry-run); return the leases as updated, which is what this sweep's decisions
+        read. A GPU that cannot be read changes nothing."""
+        if self.gpus is None or not any(map(_device_of, leases)):
             return leases
         started = time.monotonic()
         try:
@@ -354,7 +362,7 @@ class Sweeper:
         await self._record_usage(now, leases, sampled)
         updated = []
         for lease in leases:
-            activity = sampled.get(lease.mig_uuid or "")
+            activity = sampled.get(_device_of(lease))
             facts = gpu_facts_to_record(now, lease, activity) if activity else {}
             if facts:
                 if not self.dry_run and self._worth_writing(lease, facts):
@@ -373,7 +381,7 @@ class Sweeper:
         self._sampled_at = {k: v for k, v in self._sampled_at.items() if k in held}
         due = {}
         for lease in leases:
-            activity = sampled.get(lease.mig_uuid or "")
+            activity = sampled.get(_device_of(lease))
             last = self._sampled_at.get(lease.id)
             if activity is None or activity.processes_unknown or (
                     last is not None and (now - last).total_seconds() < self.usage_interval):
@@ -404,7 +412,9 @@ class Sweeper:
         )
 
     def sample_slices(self) -> dict[str, SliceActivity]:
-        """MIG UUID -> processes, memory and SM activity of every MIG device now."""
+        """Device name -> processes, memory and SM activity of every MIG device now (by
+        its UUID), and processes and memory of every GPU with MIG off (by the GPU's
+        UUID: what a whole-GPU lease names)."""
         inventory = self.gpus.inventory()
         sm: dict[tuple[int, int], float] = {}
         if self.gpm is not None:
@@ -412,7 +422,7 @@ class Sweeper:
                 gi_ids = [d.gi_id for d in gpu.mig_devices]
                 for gi_id, share in self.gpm.sm_activity(gpu.index, gi_ids).items():
                     sm[(gpu.index, gi_id)] = share
-        return {
+        sampled = {
             d.uuid: SliceActivity(
                 processes=len(d.processes), memory_used_mib=d.memory_used_mib,
                 sm_active=sm.get((d.gpu_index, d.gi_id)),
@@ -420,6 +430,15 @@ class Sweeper:
             )
             for d in inventory.mig_devices
         }
+        # A whole GPU: no GPM sample here, so any process on it counts as work.
+        sampled.update({
+            g.uuid: SliceActivity(
+                processes=len(g.processes), memory_used_mib=g.memory_used_mib,
+                processes_unknown=g.processes_unknown, memory_total_mib=g.memory_total_mib,
+            )
+            for g in inventory.gpus if not g.mig_current
+        })
+        return sampled
 
     async def _handle_server(
         self, now: datetime, user: HubUser, server: HubServer, lease: Lease | None,

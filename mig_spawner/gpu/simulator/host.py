@@ -24,9 +24,10 @@ import pynvml
 from . import rules
 from .activity import ActivityScript
 from .spec import SpecError, parse_spec
-from .state import Fault, HostState, SimComputeInstance, mig_device_uuid, new_host_state
+from .state import Fault, HostState, SimComputeInstance, SimGpu, mig_device_uuid, new_host_state
 
-DeviceRef = str | tuple[int, int, int]  # a MIG UUID, or (gpu index, GI ID, CI ID)
+#: A MIG UUID, or (gpu index, GI ID, CI ID); or the UUID of a GPU with MIG off.
+DeviceRef = str | tuple[int, int, int]
 _GENERATION = struct.Struct("<Q")
 
 
@@ -130,12 +131,14 @@ class SimulatedHost(ActivityScript):
     # --- test helpers -------------------------------------------------------------
 
     def set_processes(self, device: DeviceRef, processes: Iterable[tuple[int, int]]) -> None:
-        """Make ``processes`` ``(pid, used MiB)`` run on a MIG device (replacing any)."""
+        """Make ``processes`` ``(pid, used MiB)`` run on a MIG device, or on a whole GPU
+        with MIG off (named by its UUID), replacing any."""
         with self.mutate() as state:
             self._find(state, device).processes = [(int(p), int(m)) for p, m in processes]
 
     def set_memory_used(self, device: DeviceRef, mib: int | None) -> None:
-        """Report ``mib`` MiB used on a MIG device (None: the processes' sum)."""
+        """Report ``mib`` MiB used on a MIG device or a whole GPU (None: the processes'
+        sum)."""
         with self.mutate() as state:
             self._find(state, device).memory_used_mib = mib
 
@@ -174,8 +177,10 @@ class SimulatedHost(ActivityScript):
                 for g in self.refresh().gpus for gi, ci in rules.mig_devices(g)]
 
     @staticmethod
-    def _find(state: HostState, device: DeviceRef) -> SimComputeInstance:
+    def _find(state: HostState, device: DeviceRef) -> SimComputeInstance | SimGpu:
         for gpu in state.gpus:
+            if device == gpu.uuid and not gpu.mig_current:
+                return gpu  # a whole GPU: processes run on it as on a compute instance
             for gi, ci in rules.mig_devices(gpu):
                 if device in ((gpu.index, gi.gi_id, ci.ci_id),
                               mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id)):

@@ -46,6 +46,8 @@ _ERROR_TEXT = {
 _NO_INIT = frozenset({"nvmlInit", "nvmlInitWithFlags", "nvmlInit_v2", "nvmlErrorString"})
 # An older libnvidia-ml lacks the newer process-list symbols (spec option procs=).
 _PROCS = "nvmlDeviceGetComputeRunningProcesses"
+# A process record's GPU/compute instance ID on a GPU with MIG off, as NVML sets it.
+_NO_INSTANCE = 0xFFFFFFFF
 _MISSING_BY_API = {"v2": (f"{_PROCS}_v3",), "v1": (f"{_PROCS}_v3", f"{_PROCS}_v2")}
 
 
@@ -259,7 +261,8 @@ class SimulatedNvmlLibrary(GpmFunctions):
             self._require_root()  # a MIG device's own memory is anyone's to read
         if ci is None:
             total = gpu.memory_mib
-            used = sum(_used_mib(c) for _, c in rules.mig_devices(gpu))
+            used = (sum(_used_mib(c) for _, c in rules.mig_devices(gpu)) if gpu.mig_current
+                    else _used_mib(gpu))
         else:
             total = self._reported(gpu, rules.mig_model(gpu).profile_by_id(gi.profile_id)
                                    ).memory_mib
@@ -294,8 +297,12 @@ class SimulatedNvmlLibrary(GpmFunctions):
         _, gpu, gi, ci = self._gpu(self.host.state, handle, (_DEVICE, _MIG))
         if ci is None and gpu.mig_current:
             self._require_root()  # per-instance lists come from the MIG device handles
-        pairs = rules.mig_devices(gpu) if ci is None else [(gi, ci)]
-        procs = [(pid, mib, g.gi_id, c.ci_id) for g, c in pairs for pid, mib in c.processes]
+        if ci is None and not gpu.mig_current:
+            # A whole GPU: the records name no instance (NVML sets both IDs to this).
+            procs = [(pid, mib, _NO_INSTANCE, _NO_INSTANCE) for pid, mib in gpu.processes]
+        else:
+            pairs = rules.mig_devices(gpu) if ci is None else [(gi, ci)]
+            procs = [(pid, mib, g.gi_id, c.ci_id) for g, c in pairs for pid, mib in c.processes]
         count = _out(count_ref)
         capacity = count.value
         count.value = len(procs)
@@ -536,7 +543,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
             rules.destroy_compute_instance(gi, ci.ci_id)
 
 
-def _used_mib(ci: SimComputeInstance) -> int:
+def _used_mib(ci: SimComputeInstance | SimGpu) -> int:
     if ci.memory_used_mib is not None:
         return ci.memory_used_mib
     return sum(mib for _, mib in ci.processes)

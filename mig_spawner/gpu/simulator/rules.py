@@ -216,7 +216,7 @@ def set_mig_mode(gpu: SimGpu, mode: int) -> int:
     model = mig_model(gpu)
     if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
         raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    if gpu.gis:
+    if gpu.gis or gpu.processes:  # instances, or processes on the whole GPU
         raise SimError(pynvml.NVML_ERROR_IN_USE)
     gpu.mig_pending = mode
     # Ampere needs a GPU reset before the new mode is live; Hopper and later switch at once.
@@ -230,6 +230,8 @@ def reset_gpu(gpu: SimGpu) -> None:
     """A GPU reset: the pending MIG mode takes effect and every instance is gone."""
     gpu.mig_current = gpu.mig_pending
     gpu.gis.clear()
+    gpu.processes.clear()
+    gpu.memory_used_mib = None
 
 
 def mig_devices(gpu: SimGpu) -> list[tuple[SimGpuInstance, SimComputeInstance]]:

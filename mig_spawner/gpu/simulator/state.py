@@ -52,6 +52,9 @@ class SimGpu:
     mig_pending: int
     gis: dict[int, SimGpuInstance] = field(default_factory=dict)
     id_scheme: str = "forward"  # how this board numbers GPU instances (rules.gi_id_for)
+    # With MIG off, what runs on the GPU as a whole (as a compute instance's, with MIG on).
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    memory_used_mib: int | None = None  # None: the sum of the processes' memory
 
     @property
     def model(self) -> catalog.GpuModel | None:
@@ -186,7 +189,7 @@ def _gpu_json(g: SimGpu) -> dict:
     return {
         "index": g.index, "uuid": g.uuid, "product": g.product, "model": g.model_key,
         "memory_mib": g.memory_mib, "mig": [g.mig_current, g.mig_pending],
-        "ids": g.id_scheme,
+        "ids": g.id_scheme, "processes": g.processes, "memory_used_mib": g.memory_used_mib,
         "gis": [
             {
                 "id": gi.gi_id, "profile_id": gi.profile_id, "start": gi.start, "size": gi.size,
@@ -203,7 +206,9 @@ def _gpu_json(g: SimGpu) -> dict:
 
 def _gpu_from_json(d: dict) -> SimGpu:
     gpu = SimGpu(d["index"], d["uuid"], d["product"], d["model"], d["memory_mib"], *d["mig"],
-                 id_scheme=d.get("ids", "forward"))
+                 id_scheme=d.get("ids", "forward"),
+                 processes=[tuple(p) for p in d.get("processes", ())],
+                 memory_used_mib=d.get("memory_used_mib"))
     for gi in d["gis"]:
         sim_gi = SimGpuInstance(gi["id"], gi["profile_id"], gi["start"], gi["size"])
         for ci in gi["cis"]:
