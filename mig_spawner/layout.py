@@ -185,10 +185,14 @@ class LayoutApplier:
                              f"turning MIG {switch} on GPU {gpu.index} needs a GPU reset "
                              "(Ampere); apply with --allow-reset once nothing else runs on it")
         blocked = False
+        kept: set[int] = set()  # slices of the instances that cannot go yet
         for s in plan.steps:
             if s.waits_for or (s.instance is not None and not s.instance.free):
                 blocked = True
+                kept.update(s.instance.slices if s.instance is not None else ())
                 continue  # the drain's: it runs once the holder or the process is gone
+            if s.new is not None and kept.intersection(s.new.slices):
+                continue  # its room is still taken (processes without a lease there)
             if s.kind is StepKind.MIG_OFF and blocked:
                 continue  # MIG goes off only once every instance is gone
             if change.state is not PlanState.APPLYING:

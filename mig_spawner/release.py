@@ -75,11 +75,14 @@ class GiveBack(StrEnum):
 @dataclass(frozen=True)
 class Outcome:
     """A give-back's result; ``why`` (HELD) says in plain words what holds the slice,
-    ``error`` is the GPU or ledger error that stopped it, if one did."""
+    ``error`` is the GPU or ledger error that stopped it, if one did. ``lease``
+    (RELEASED): the lease as released, with the code the ledger kept (the first
+    given, e.g. ``budget`` recorded by the slice service before the hub's stop)."""
 
     result: GiveBack
     why: str = ""
     error: Exception | None = None
+    lease: Lease | None = None
 
     @property
     def done(self) -> bool:
@@ -270,6 +273,10 @@ class Releaser:
                 "Could not release lease %s: %s", getattr(lease, "id", lease), e)
             return Outcome(GiveBack.HELD, LEDGER_DOWN, e)
         if outcome.result is GiveBack.RELEASED:
+            if outcome.lease is not None and outcome.lease.release_code is not None:
+                # Count and log the why the ledger kept, not the one asked for now.
+                lease, code = outcome.lease, ReleaseCode(outcome.lease.release_code)
+                detail = outcome.lease.release_detail or ""
             self.events.released(lease, code)
         self.log.info("Lease %s of %s: %s (%s%s)", lease.id, lease.server, outcome.result,
                       code, f": {detail}" if detail else "")
@@ -313,9 +320,10 @@ class Releaser:
         if held_by is not None:
             ledger.begin_release(lease.id, code, detail, held_by=held_by)
             return Outcome(GiveBack.HELD, held_by)
-        if ledger.release(lease.id, code, detail) is None:
+        released = ledger.release(lease.id, code, detail)
+        if released is None:
             return Outcome(GiveBack.ALREADY_RELEASED)
-        return Outcome(GiveBack.RELEASED)
+        return Outcome(GiveBack.RELEASED, lease=released)
 
     def retry_later(self, lease_id: str, code: ReleaseCode, detail: str = "",
                     done: Callable[[Outcome], None] | None = None) -> None:

@@ -204,6 +204,24 @@ def test_drain_notice_is_validated_with_the_policy():
 # --- the drain and the apply, on the simulator and a real ledger --------------------------
 
 
+def test_processes_without_a_lease_on_an_instance_that_must_go_make_the_change_wait(world):
+    """What needs the busy instance's room waits with it, rather than failing the change."""
+    ledger, gpus, sim, clock = world
+    busy = next(d for d in gpus.inventory().mig_devices if (d.gpu_index, d.start) == (0, 2))
+    sim.set_processes(busy.uuid, [(4242, 100)])  # no lease: someone's stray process
+    inventory = gpus.inventory()
+    begin(ledger, inventory.host, plan_layout(inventory, parse_spec(TARGET), []),
+          parse_spec(TARGET))
+    applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
+    [gpu0] = applier.step().gpus
+    [change] = ledger.layout_changes()
+    assert gpu0.state is PlanState.DRAINING and "process" in change.detail, change.detail
+    assert layout_of(gpus, 0) == [("1g.18gb", s) for s in (2, 4, 5, 6)]
+    sim.set_processes(busy.uuid, [])
+    assert applier.step().gpus[0].state is PlanState.DONE
+    assert ("4g.71gb", 0) in layout_of(gpus, 0)
+
+
 def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(world):
     ledger, gpus, sim, clock = world
     lease, device = claim_on(ledger, gpus, 0, 2, "ana")

@@ -160,3 +160,22 @@ async def test_a_holder_that_cannot_be_checked_keeps_the_slice_and_is_counted(wo
                 start=None, size=None, pod="jupyter-pod")
     assert (await releaser.release(pod, ReleaseCode.STOPPED)).result is GiveBack.HELD
     assert events.seen == {"holder_unknown": 2}
+
+
+@pytest.mark.parametrize("first", [ReleaseCode.BUDGET, ReleaseCode.DRAIN])
+async def test_a_stop_after_the_service_said_why_is_counted_and_logged_with_that_why(
+    world, first, caplog
+):
+    """The slice service records why it stops a server (a spent budget, a drain) before
+    the hub's stop releases with 'stopped': the ledger keeps the first code, and so do
+    the hub's release metric and log line."""
+    ledger, gpus, _, releaser, events, _ = world
+    lease = claim(ledger, "ana", mig_uuid=gpus.inventory().mig_devices[0].uuid)
+    ledger.end_for(lease.id, first, "stopped by the slice service")
+    with caplog.at_level("INFO", logger="mig_spawner.release"):
+        outcome = await releaser.release(lease.id, ReleaseCode.STOPPED)
+    assert outcome.result is GiveBack.RELEASED
+    assert ledger.get(lease.id).release_code == first
+    assert events.seen == {f"released:{first}": 1}
+    [line] = [r.getMessage() for r in caplog.records if lease.id in r.getMessage()]
+    assert f"({first}: stopped by the slice service)" in line and "stopped)" not in line

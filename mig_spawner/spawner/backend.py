@@ -8,6 +8,7 @@ values. No JupyterHub import.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,16 @@ from mig_spawner.ledger import Decide, Lease
 
 #: Free slices per GPU model key, then per profile name.
 FreeByModel = Mapping[str, Mapping[str, int]]
+
+
+def held_back(before: FreeByModel, after: FreeByModel) -> dict[str, int]:
+    """Slices per profile name free in ``before`` (no layout hold counted) but not in
+    ``after`` (holds counted): what :attr:`SliceSupply.recut` shows."""
+    recut: Counter[str] = Counter()
+    for key, counts in before.items():
+        for name, count in counts.items():
+            recut[name] += count - after.get(key, {}).get(name, 0)
+    return dict(+recut)
 
 
 @dataclass(frozen=True)

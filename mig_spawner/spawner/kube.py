@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -39,9 +40,15 @@ from mig_spawner.ledger import Lease
 from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpus
 
 from . import progress
-from .backend import ClaimPlan, SliceSupply
+from .backend import ClaimPlan, SliceSupply, held_back
 from .errors import admin_error, spawn_error
-from .kube_decide import ClaimTarget, free_by_model, make_kube_decide, wanted_on_cluster
+from .kube_decide import (
+    ClaimTarget,
+    free_by_model,
+    make_kube_decide,
+    wanted_on_cluster,
+    without_held_nodes,
+)
 from .mixin import MIGSpawnerMixin
 
 # Environment variables that choose GPUs or MIG capabilities inside a container.
@@ -65,6 +72,15 @@ class _PodGone(KubeSpawner):
             await super().stop(now=now)
         finally:
             self.availability.invalidate()  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class KubeFleet:
+    """One read of the cluster, and the nodes layout changes hold from new pods."""
+
+    slices: ClusterSlices
+    #: Holds per (node, ``KUBE_NODE``), as ``Ledger.holds`` gives them (docs/layout.md).
+    holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
 
 class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
@@ -216,22 +232,32 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
     # --- the mixin's hooks: the cluster instead of the local GPUs --------------------
 
     async def slice_supply(self) -> SliceSupply:
-        """The cluster's free slices (cached), less the leases whose pods are not there yet."""
-        slices = await self.availability.slices()
-        return self.supply_from(slices, await self.held_leases())
+        """The cluster's free slices (cached), less the leases whose pods are not there
+        yet and the nodes a layout change holds."""
+        slices, holds, held = await asyncio.gather(
+            self.availability.slices(), self._holds(), self.held_leases())
+        return self.supply_from(KubeFleet(slices, holds), held)
 
-    async def read_fleet(self) -> ClusterSlices:
-        """A read of the cluster no older than :attr:`claim_max_age`."""
-        return await self.availability.slices(max_age=self.claim_max_age)
+    async def read_fleet(self) -> KubeFleet:
+        """A read of the cluster no older than :attr:`claim_max_age`, and of the nodes
+        layout changes hold."""
+        slices, holds = await asyncio.gather(
+            self.availability.slices(max_age=self.claim_max_age), self._holds())
+        return KubeFleet(slices, holds)
 
-    def supply_from(self, fleet: ClusterSlices, held: Sequence[Lease]) -> SliceSupply:
+    async def _holds(self) -> Mapping[tuple[str, str], frozenset[int]]:
+        return await self.runtime.run(lambda: self.runtime.ledger().holds())
+
+    def supply_from(self, fleet: KubeFleet, held: Sequence[Lease]) -> SliceSupply:
         """The cluster's free slices in ``fleet``, less the leases whose pods are not
-        there yet."""
+        there yet; a held node's slices are not free but being re-cut (docs/layout.md)."""
         held = tuple(held)
-        free = free_by_model(fleet, held)
-        return SliceSupply(tuple(model(key) for key in fleet.model_keys()), free, held)
+        free = free_by_model(without_held_nodes(fleet.slices, fleet.holds), held)
+        recut = held_back(free_by_model(fleet.slices, held), free) if fleet.holds else {}
+        return SliceSupply(tuple(model(key) for key in fleet.slices.model_keys()), free, held,
+                           recut=recut)
 
-    def plan_claim(self, fleet: ClusterSlices, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+    def plan_claim(self, fleet: KubeFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """Decide on ``fleet``; the decision picks the nodes' target."""
         choice = self._kube_choice = ClaimTarget()
 
@@ -241,8 +267,9 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
             target = choice.target
             return model(target.model_key).display_name if target else "an unknown GPU"
 
-        decide = make_kube_decide(mine, offer, fleet, self.pod_ref, choice)
-        return ClaimPlan(decide, granted, wanted_on_cluster(offer, fleet))
+        # The claim reads the holds again in its transaction (LedgerView.holds).
+        decide = make_kube_decide(mine, offer, fleet.slices, self.pod_ref, choice)
+        return ClaimPlan(decide, granted, wanted_on_cluster(offer, fleet.slices))
 
     def activation_details(self, lease: Lease) -> dict[str, Any]:
         """The node the pod runs on (admins, the slice service) and its UID: the

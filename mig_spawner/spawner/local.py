@@ -19,7 +19,6 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from mig_spawner.gpu.errors import GpuError
 from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
-from .backend import ClaimPlan, SliceSupply
+from .backend import ClaimPlan, SliceSupply, held_back
 from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
 from .isolation import (
@@ -158,14 +157,11 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         """The GPU models present, the free slices per model and profile, the held leases."""
         inventory = fleet.inventory
         free = free_now(inventory, held, self.slice_kind.kind, fleet.holds)
-        recut: Counter[str] = Counter()
-        if fleet.holds:
-            for key, counts in free_now(inventory, held, self.slice_kind.kind).items():
-                for name, count in counts.items():
-                    recut[name] += count - free.get(key, {}).get(name, 0)
+        recut = (held_back(free_now(inventory, held, self.slice_kind.kind), free)
+                 if fleet.holds else {})
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
-                           fixed_layout=self.slice_kind.fixed_layout, recut=+recut)
+                           fixed_layout=self.slice_kind.fixed_layout, recut=recut)
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""

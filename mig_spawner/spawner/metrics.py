@@ -25,8 +25,9 @@ LEASES_CLAIMED = Counter(
 )
 LEASES_RELEASED = Counter(
     "mig_spawner_leases_released",
-    "Leases the hub gave back, by release code (stopped, server_exited, start_failed, "
-    "stale, cancelled).",
+    "Leases the hub gave back, by the release code the ledger kept (stopped, "
+    "server_exited, start_failed, stale, cancelled; budget or drain when the slice "
+    "service recorded why before the hub's stop).",
     ["reason"],
 )
 CLAIM_DURATION = Histogram(

@@ -5,7 +5,8 @@ A real JupyterHub runs the real slice service as the shipped
 and viewer role), over a simulated 2x H200 and a SQLite ledger with leases in every
 state. An admin (group ``admins``) logs in and sees each GPU as its memory slices with
 the instances laid on them; the page redraws itself when a slice changes; a user
-without the scope gets 403. Saves the map's screenshot to docs/img/slice-map.png.
+without the scope gets 403. Saves the map's screenshot to docs/img/slice-map.png, and
+one of a GPU being re-cut (a layout change draining it) to docs/img/slice-map-drain.png.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from mig_spawner.core.layout import PlanState, parse_spec, plan_layout
+from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.layout import LayoutApplier, begin, end_change, holders_of
+from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
 from mig_spawner.service.handlers import METRICS_SCOPE
 from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
@@ -32,6 +37,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 SERVICE = "mig-slices"
 SNIPPET = REPO / "jupyterhub_config.d" / "30-slice-service.py"
 SCREENSHOT = REPO / "docs" / "img" / "slice-map.png"
+DRAIN_SCREENSHOT = REPO / "docs" / "img" / "slice-map-drain.png"
 # As the page's own refresh does it: a script fetch needs the XSRF token the page carries.
 FETCH_JSON = "fetch('slices.json', {headers: {'X-XSRFToken': XSRF}}).then(r => r.json())"
 
@@ -63,6 +69,7 @@ def setup(tmp_path_factory):
         c.SliceServiceApp.slice_idle_after = "20m"
         c.SliceServiceApp.slicemap_refresh = 1
         c.SliceServiceApp.release_orphans = False  # no hub servers for these leases
+        c.SliceServiceApp.apply_layouts = False  # the test steps its layout change itself
         # The hub templates, as the shipped 10-spawner.py adds them (the 403 page).
         from mig_spawner.spawner.warnings import configure_hub
         configure_hub(c)
@@ -82,7 +89,7 @@ def setup(tmp_path_factory):
     hub = HubProcess.start(workdir, [SNIPPET], extra, timeout=120)
     url = f"{hub.url}/services/{SERVICE}/slices"
     HubProcess.wait_until(lambda: _reachable(url), 30)
-    yield hub, url, state_file
+    yield hub, url, state_file, ledger_url
     hub.close()
 
 
@@ -106,7 +113,7 @@ def open_as(browser, hub_url: str, url: str, name: str):
 
 
 def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
-    hub, url, state_file = setup
+    hub, url, state_file, ledger_url = setup
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -147,12 +154,39 @@ def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
             assert "ada/llm" in table.locator("#slices").inner_text()
             data = page.evaluate(FETCH_JSON)
             assert data["counts"]["orphan"] == 2 and len(data["gpus"]) == 2
+
+            # An admin re-cuts GPU 1 (docs/layout.md): one pass of the change drains it.
+            with Ledger.open(ledger_url) as ledger:
+                recut_gpu_1(ledger, state_file)
+                change = page.locator('section.gpu[data-gpu="1"] .change')
+                change.wait_for(timeout=15_000)
+                assert "being re-cut (draining): waits for bob" in change.inner_text()
+                gpu1 = page.locator('section.gpu[data-gpu="1"]')
+                assert gpu1.get_by_text("being re-cut", exact=True).count() >= 1
+                page.screenshot(path=str(DRAIN_SCREENSHOT), full_page=True)
+                for opened in ledger.layout_changes():
+                    end_change(ledger, opened, PlanState.FAILED, "the test ends it")
         finally:
             browser.close()
 
 
+def recut_gpu_1(ledger: Ledger, state_file: str) -> None:
+    """Begin re-cutting GPU 1 to a 4g.71gb and three 1g.18gb and take one step, as the
+    slice service would: the free instances are re-cut, bob (who holds a 1g.18gb where
+    the 4g.71gb goes) is warned, and the 4g.71gb waits for him and a stray process."""
+    gpus = connect(state_file=state_file)
+    try:
+        inventory = gpus.inventory()
+        target = parse_spec("1=4g.71gb,1g.18gb*3")
+        begin(ledger, inventory.host,
+              plan_layout(inventory, target, holders_of(ledger.active())), target)
+        LayoutApplier(ledger, gpus, lambda group: 3600.0).step()
+    finally:
+        gpus.close()
+
+
 def test_user_without_the_scope_is_refused(setup):
-    hub, url, _ = setup
+    hub, url, *_ = setup
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -169,7 +203,7 @@ def test_user_without_the_scope_is_refused(setup):
 def test_user_the_hub_refuses_at_the_oauth_step_hears_which_scope_to_ask_for(setup):
     """zed lacks even access:services for the service: the hub's own 403 (at the OAuth
     step), which names the scope and who to ask, and shows nothing of the map."""
-    hub, url, _ = setup
+    hub, url, *_ = setup
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -192,13 +226,13 @@ def test_user_the_hub_refuses_at_the_oauth_step_hears_which_scope_to_ask_for(set
 
 
 def test_no_token_no_map(setup):
-    _, url, _ = setup
+    _, url, *_ = setup
     r = requests.get(url + ".json", timeout=10, allow_redirects=False)
     assert r.status_code == 302 and "oauth2/authorize" in r.headers["Location"]
 
 
 def test_the_live_service_exports_the_slice_metrics(setup):
-    hub, url, _ = setup
+    hub, url, *_ = setup
     text = hub.session.get(url.replace("/slices", "/metrics"), timeout=10).text
     host = socket.gethostname()  # the adapter names the host as the machine does
     assert (f'mig_spawner_slices{{gpu="1",host="{host}",profile="1g.18gb",state="idle"}} 1.0'
