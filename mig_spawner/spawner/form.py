@@ -118,8 +118,8 @@ def build_choices(
     (pool, Kubernetes), so none free and none held means there is no such slice.
     ``hide_absent``: leave out the offers that have no slice at all (nobody can get
     them, waiting or not). ``budget_line(offer, compute_slices)``: where the budget
-    a lease of it would spend stands, in words, or ``None``. ``recut``: slices per profile name that an admin's layout
-    change holds from new servers (docs/layout.md).
+    a lease of it would spend stands, in words, or ``None``. ``recut``: slices per
+    profile name that an admin's layout change holds from new servers (docs/layout.md).
     """
     waits, in_use, recut = waits or {}, in_use or {}, recut or {}
     present = list({m.key: m for m in models}.values())
