@@ -6,6 +6,7 @@ PostgreSQL variants use the session cluster from ``pg_fixture`` (imported by con
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta, timezone
@@ -485,3 +486,29 @@ def test_keep_counts_as_activity_or_extends_up_to_the_limit_and_is_recorded(tmp_
         assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "gone"
 
 
+
+
+def test_ledgers_opened_at_once_in_threads_all_migrate(tmp_path):
+    """alembic's ``op`` and ``context`` are process-wide: two threads migrating at once
+    ran one's DDL on the other's connection ("bad parameter or other API misuse", and
+    a segfault in libsqlite3 seen in a full run). Run in a child, so that a crash fails
+    this test rather than killing the test process."""
+    script = f"""
+from concurrent.futures import ThreadPoolExecutor
+from mig_spawner.ledger import Ledger
+from mig_spawner.ledger.migrate import head_revision
+
+def one(i):
+    with Ledger.open("sqlite:///{tmp_path}/l%d.sqlite" % i) as ledger:
+        return ledger.revision()
+
+for round_ in range(3):
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(one, range(round_ * 6, round_ * 6 + 6)))
+    assert got == [head_revision()] * 6, got
+print("all at head")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 0 and "all at head" in done.stdout, done.stderr[-2000:]

@@ -8,6 +8,7 @@ the second one wait, then find the schema already at head.
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -22,6 +23,12 @@ from .errors import SchemaError
 from .models import VERSION_TABLE
 
 _INI = Path(__file__).with_name("alembic.ini")
+#: alembic's ``op`` and ``context``, which every migration and env.py use, are
+#: process-wide proxies: two threads migrating at once (two ledgers opened together in
+#: one hub, or a spawner's worker thread beside the service's) would run one's DDL on
+#: the other's connection, which crashes SQLite. One migration at a time per process;
+#: across processes the database's own lock below orders them.
+MIGRATING = threading.Lock()
 #: Arbitrary constant key for ``pg_advisory_xact_lock`` ("migspawn" in ASCII).
 _PG_UPGRADE_LOCK = 0x6D6967737061776E
 
@@ -59,7 +66,8 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK}
                 )
-            command.upgrade(alembic_config(connection), revision)
+            with MIGRATING:
+                command.upgrade(alembic_config(connection), revision)
     current = current_revision(engine)
     if current is None:
         raise SchemaError(f"upgrading the ledger to {revision!r} left it without a schema")
