@@ -231,11 +231,12 @@ async def test_every_release_path_undoes_the_servers_confinement(tmp_path, inven
 
 
 @pytest.fixture
-def busy_gpu(tmp_path, ledger, inventory):
-    """A whole-GPU lease of ana's, the adapter, and the simulated host it reads."""
+def busy_gpu(tmp_path, ledger):
+    """A whole-GPU lease of ana's, the adapter, and the simulated host it reads (whose
+    UUIDs are its own: a host kept in a file never shares them with another)."""
     state = tmp_path / "sim.json"
     with connect(simulate=MIXED, state_file=state) as gpus:
-        lease = claim(ledger, inventory, "ana", "gpu")
+        lease = claim(ledger, gpus.inventory(), "ana", "gpu")
         yield lease, gpus, SimulatedHost.open(state)
 
 
