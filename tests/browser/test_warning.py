@@ -180,11 +180,13 @@ def test_an_untouched_jupyterlab_tab_is_warned_once_and_stopped_typing_keeps_one
     # Her slice is free again; tom, typing, was never warned and keeps his.
     wait_for(lambda: ledger.active_for_server("tina") is None, 15, "tina's lease released",
              service)
-    # Warned once, near the stop: warn_before ahead (within a few sweeps). Timed by the
-    # ledger, not by this loop, whose typing takes seconds on a loaded machine.
+    # Warned once, near the stop: warn_before ahead. Timed by the ledger, not by this
+    # loop, whose typing takes seconds on a loaded machine; the release follows the
+    # server's shutdown, which there takes up to ~10 s past the 1 s sweeps. A warning
+    # sent too early (the bug this guards: at start, a whole limit ahead) is >= 30 s.
     [warned] = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
     ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
-    assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 8, ahead
+    assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
     assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
     assert hub.server_model("tom")["ready"], service.log()
     assert ledger.events(leases["tom"].id) == [], service.log()
