@@ -98,7 +98,7 @@ def mode_rules(mig_mode: str) -> KindRules:
 Holds = Mapping[tuple[str, str], frozenset[int]]
 
 
-def held_back(inventory: Inventory, holds: Holds) -> frozenset[str]:
+def _devices_on_held_slices(inventory: Inventory, holds: Holds) -> frozenset[str]:
     """MIG devices on slices a layout change holds."""
     return frozenset(
         d.uuid for g in inventory.gpus if (held := holds.get((inventory.host, g.uuid)))
@@ -158,7 +158,7 @@ class PoolKind:
                holds: Holds) -> tuple[Inventory, Collection[str]]:
         # Only the instances on held slices stop being offered: the rest of their GPU
         # stays as it is through the change.
-        return inventory, frozenset(taken) | held_back(inventory, holds)
+        return inventory, frozenset(taken) | _devices_on_held_slices(inventory, holds)
 
     def free(self, inventory: Inventory, taken: Collection[str],
              reserved: Iterable[Placement]) -> dict[str, int]:
