@@ -189,8 +189,7 @@ def case_claims(n: int, tmp: Path) -> list[float]:
         tic = time.perf_counter()
         spawner.user_options = {"profile": "1g.18gb"}
         offer, mine = spawner._validate(spawner.user_options)
-        await spawner._drop_stale_lease()
-        plan = await spawner.claim_decide(offer, mine)
+        plan = await spawner._decide_after_stale_lease(offer, mine)
         await waiting.claim(spawner, offer, mine, plan)
         return time.perf_counter() - tic
 

@@ -146,11 +146,18 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     async def read_fleet(self) -> LocalFleet:
         """One read of this host's GPUs (shared with the reads under way; see
         ``SpawnerRuntime.inventory``), and in dynamic mode the recent request mix."""
-        inventory = await self.runtime.inventory()
-        # Dynamic placement keeps room for the sizes users ask for most.
-        demand = (await self.runtime.run(self.runtime.demand)
-                  if self.slice_kind.made_per_lease else None)
-        holds = await self.runtime.run(lambda: self.runtime.ledger().holds())
+        made_per_lease = self.slice_kind.made_per_lease
+
+        def from_ledger() -> tuple[dict[str, int] | None,
+                                   dict[tuple[str, str], frozenset[int]]]:
+            # Dynamic placement keeps room for the sizes users ask for most.
+            demand = self.runtime.demand() if made_per_lease else None
+            return demand, self.runtime.ledger().holds()
+
+        # Side by side, each one trip to a worker thread: in a class start every trip
+        # waits for a turn of the hub's busy event loop.
+        inventory, (demand, holds) = await asyncio.gather(
+            self.runtime.inventory(), self.runtime.run(from_ledger))
         return LocalFleet(inventory, demand, holds)
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:

@@ -458,7 +458,6 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         self._progress_log = ProgressLog()
         try:
             offer, mine = self._validate(self.user_options)
-            await self._drop_stale_lease()
             lease = await self._claim(offer, mine)
             try:
                 await self._record_purpose(lease, mine)
@@ -526,10 +525,11 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
 
-    async def _drop_stale_lease(self) -> None:
+    async def _drop_stale_lease(self) -> bool:
         """A lease still recorded for this server although it is starting belongs to a
         server that is gone (e.g. the hub died mid-start): stop what still runs for it
-        and release it first, or refuse in plain words when that cannot be done now."""
+        and release it first, or refuse in plain words when that cannot be done now.
+        Returns whether there was one (released now)."""
         name = self.name or ""
         code, detail = ReleaseCode.STALE, "server was not running when it started again"
         try:
@@ -539,10 +539,10 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
         if stale is None:
-            return
+            return False
         outcome = await self.releaser().release(stale, code, detail)
         if outcome.done:
-            return
+            return True
         self.releaser().retry_later(stale.id, code, detail)
         try:
             held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
@@ -558,7 +558,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         plan = None
         try:
             with waiting.claim_timer(self):
-                plan = await self.claim_decide(offer, mine)
+                plan = await self._decide_after_stale_lease(offer, mine)
                 # A plain claim, or a place in line when nothing is free (waiting.py).
                 lease, plan = await waiting.claim(self, offer, mine, plan)
         except Refused as e:
@@ -582,6 +582,24 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         )
         self.progress_log.add(30, progress.reserved(lease.profile, plan.memory(lease), where))
         return lease
+
+    async def _decide_after_stale_lease(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
+        """The claim's plan, read while this server's stale lease (if any) is looked up.
+
+        Both wait for a worker thread and then for the hub's event loop; during a class
+        start each such trip takes a busy loop's turn, so they run side by side rather
+        than one after the other. A stale lease found and released may have changed the
+        fleet (a dynamic instance destroyed): the plan is then read again.
+        """
+        deciding = asyncio.ensure_future(self.claim_decide(offer, mine))
+        try:
+            dropped = await self._drop_stale_lease()
+        except BaseException:
+            deciding.cancel()
+            await asyncio.wait([deciding])
+            raise
+        plan = await deciding
+        return await self.claim_decide(offer, mine) if dropped else plan
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Hook for concrete spawners: make the slice usable (device cgroup, nodes) after it
