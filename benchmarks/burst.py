@@ -200,18 +200,25 @@ def case_claims(n: int, tmp: Path) -> list[float]:
     return asyncio.run(burst())
 
 
-def case_burst(n: int, tmp: Path) -> dict[str, Burst | list[float]]:
+def case_burst(n: int, tmp: Path, rounds: int) -> dict[str, list]:
+    """``rounds`` bursts of ``n`` users on each hub, alternating plain and MIG (never at
+    once): per round, each hub's API p95, median time to ready and the hub process's
+    CPU seconds during the burst; the claims pooled."""
     users = [f"b{i:03d}" for i in range(n)]
-    out: dict[str, Burst | list[float]] = {}
-    for label, spawner, options in (("plain", "simple", None),
-                                    ("mig", "mig-simple", {"profile": "small"})):
-        hub = start_hub(tmp / f"burst-{n}-{label}", spawner, n, users)
-        try:
-            out[label] = press_start(hub, users, options)
-            if label == "mig":
-                out["claims"] = claim_times(hub)
-        finally:
-            hub.close()
+    out: dict[str, list] = {"plain": [], "mig": [], "claims": []}
+    for r in range(rounds):
+        for label, spawner, options in (("plain", "simple", None),
+                                        ("mig", "mig-simple", {"profile": "small"})):
+            hub = start_hub(tmp / f"burst-{n}-{label}-{r}", spawner, n, users)
+            try:
+                cpu = hub_cpu_seconds(hub)
+                burst = press_start(hub, users, options)
+                out[label].append((p95(burst.api), statistics.median(burst.to_ready()),
+                                   hub_cpu_seconds(hub) - cpu))
+                if label == "mig":
+                    out["claims"] += claim_times(hub)
+            finally:
+                hub.close()
     return out
 
 
@@ -276,12 +283,15 @@ def main() -> int:
                         help="burst sizes (users pressing Start at once)")
     parser.add_argument("--waiters", type=int, default=40,
                         help="users waiting while nobody spawns (case 3)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="bursts per hub and size, alternating plain and MIG: one burst's "
+                             "tail swings by 10-20 %% on a loaded machine")
     parser.add_argument("--quick", action="store_true",
                         help="N = 10, 4 slices for 10 users, W = 10, short windows")
     parser.add_argument("--skip", choices=["claims", "burst", "waiting", "idle"], nargs="*",
                         default=[])
     args = parser.parse_args()
-    sizes, waiters, window = args.n, args.waiters, 15.0
+    sizes, waiters, window, rounds = args.n, args.waiters, 15.0, args.rounds
     wait_slices, wait_users = 5, 15
     if args.quick:
         sizes, waiters, window, wait_slices, wait_users = [10], 10, 8.0, 4, 10
@@ -295,22 +305,28 @@ def main() -> int:
                       f"{GOALS['claim']} s at N = 100: {verdict(p95(took), GOALS['claim'])})",
                       flush=True)
         if "burst" not in args.skip:
-            print("1. Burst: N users press Start within 1 s (plain hub first, then MIG)")
+            print(f"1. Burst: N users press Start within 1 s (plain hub, then MIG; "
+                  f"{rounds} round(s), the median of the rounds' figures)")
             print(f"{'N':>5}{'api p95 plain':>15}{'api p95 mig':>13}{'ratio':>7}"
                   f"{'ready med plain':>17}{'ready med mig':>15}{'ratio':>7}"
                   f"{'claim p95':>11}")
             for n in sizes:
-                got = case_burst(n, tmp)
-                plain, mig, claims = got["plain"], got["mig"], got["claims"]
-                assert isinstance(plain, Burst) and isinstance(mig, Burst)
-                assert isinstance(claims, list)
-                api = p95(mig.api) / p95(plain.api)
-                ready = (statistics.median(mig.to_ready())
-                         / statistics.median(plain.to_ready()))
-                print(f"{n:>5}{p95(plain.api):>15.3f}{p95(mig.api):>13.3f}{api:>7.2f}"
-                      f"{statistics.median(plain.to_ready()):>17.2f}"
-                      f"{statistics.median(mig.to_ready()):>15.2f}{ready:>7.2f}"
+                got = case_burst(n, tmp, rounds)
+                (api_plain, ready_plain, cpu_plain), (api_mig, ready_mig, cpu_mig) = (
+                    [statistics.median(figures) for figures in zip(*got[label], strict=True)]
+                    for label in ("plain", "mig"))
+                claims = got["claims"]
+                api, ready = api_mig / api_plain, ready_mig / ready_plain
+                print(f"{n:>5}{api_plain:>15.3f}{api_mig:>13.3f}{api:>7.2f}"
+                      f"{ready_plain:>17.2f}{ready_mig:>15.2f}{ready:>7.2f}"
                       f"{p95(claims):>11.3f}", flush=True)
+                print(f"      hub process CPU during the burst: plain {cpu_plain:.2f} s, MIG "
+                      f"{cpu_mig:.2f} s ({cpu_mig / cpu_plain:.2f}x)")
+                if rounds > 1:
+                    print("      rounds (api p95 s, ready median s, hub CPU s): plain "
+                          + ", ".join(f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got["plain"])
+                          + "; MIG "
+                          + ", ".join(f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got["mig"]))
                 print(f"      goals: api <= {GOALS['api']}x plain ({verdict(api, GOALS['api'])}),"
                       f" ready <= {GOALS['ready']}x ({verdict(ready, GOALS['ready'])}), claim "
                       f"p95 <= {GOALS['claim']} s ({verdict(p95(claims), GOALS['claim'])})",
