@@ -227,6 +227,32 @@ def test_a_created_instance_is_recorded_before_the_server_starts(ledger: Ledger)
         ledger.record_instance(culled.id, mig_uuid="MIG-10", gi_id=8, ci_id=0)
 
 
+def test_claims_see_held_leases_as_changed_elsewhere(ledger: Ledger, backend_url: str) -> None:
+    """Held leases read before and unchanged come back as the same records; a change made
+    by another process (or by hand in SQL) is read as it now is."""
+    lease = ledger.claim(LeaseRequest("alice"), first_free)
+    views: list[LedgerView] = []
+
+    def watch(view: LedgerView) -> Grant:
+        views.append(view)
+        return first_free(view)
+
+    ledger.claim(LeaseRequest("bob"), watch)
+    assert views[-1].leases == (lease,)
+    with Ledger.open(backend_url) as other:
+        touched = other.touch(lease.id, T0 + timedelta(minutes=5))
+    ledger.claim(LeaseRequest("carol"), watch)
+    assert [held for held in views[-1].leases if held.id == lease.id] == [touched]
+    assert touched != lease
+    engine = create_engine(backend_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE leases SET peak_memory_mib = 77 WHERE id = :id"),
+                           {"id": lease.id})
+    engine.dispose()
+    held = {held.user: held for held in ledger.active()}
+    assert sorted(held) == ["alice", "bob", "carol"] and held["alice"].peak_memory_mib == 77
+
+
 def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:
     lease = ledger.activate(ledger.claim(LeaseRequest("alice"), first_free).id)
     later = T0 + timedelta(minutes=10)

@@ -115,6 +115,7 @@ class WaitList:
     _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
+    _held: Callable[[Connection], list[Lease]]
     _budget_book: Callable[[Connection, datetime], tuple[tuple[Lease, ...], tuple[Any, ...]]]
     _origin: str
 
@@ -237,7 +238,7 @@ class WaitList:
         with self._write() as connection:
             lock_claims(connection)
             entries = self._entries(connection, state="waiting")
-            held = tuple(self._select(connection, leases.c.state.in_(HELD_STATES)))
+            held = tuple(self._held(connection))
             # Read after the held leases (as claim does): a release they show ended
             # before this time, so the history never shows one slot held twice.
             now = self._now()
@@ -292,7 +293,7 @@ class WaitList:
             return GrantRound(
                 granted=[known[i] for i in granted_ids],
                 line=self._entries(connection, state="waiting"),
-                held=tuple(self._select(connection, leases.c.state.in_(HELD_STATES))),
+                held=tuple(self._held(connection)),
                 watched={i: known[i] for i in watch if i in known},
                 capacity=fleet,
             )
