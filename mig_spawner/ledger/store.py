@@ -537,19 +537,6 @@ class Ledger(WaitList, LayoutChanges):
             lease = self._lock_startable(connection, lease_id, "record an instance")
             return self._update(connection, lease, **self._new_facts(lease, learnt))
 
-    def record_holder(self, lease_id: str, *, host: str, pid: int, start: int) -> Lease:
-        """Store which process runs the lease's server, as soon as it exists.
-
-        Whoever later wants to release the lease (a restarted hub, the slice service)
-        checks this process first: the lease is released only once it is gone.
-        Raises ``LeaseStateError`` if the lease was released meanwhile (stop the
-        process: nobody else holds its slice for it).
-        """
-        learnt = {"holder_host": host, "holder_pid": pid, "holder_start": start}
-        with self._write() as connection:
-            lease = self._lock_startable(connection, lease_id, "record its server process")
-            return self._update(connection, lease, **learnt)
-
     def activate(
         self,
         lease_id: str,
@@ -561,30 +548,51 @@ class Ledger(WaitList, LayoutChanges):
         pod: str | None = None,
         server_url: str | None = None,
         pod_uid: str | None = None,
+        holder_host: str | None = None,
+        holder_pid: int | None = None,
+        holder_start: int | None = None,
     ) -> Lease:
         """Mark the lease's server as started, recording what the start learnt.
 
         Dynamic mode passes the created instance (``mig_uuid``, ``gi_id``,
         ``ci_id``) unless ``record_instance`` did; Kubernetes passes
         ``node``/``pod`` and ``pod_uid`` (the holder, see docs/ledger.md); every
-        spawner passes the server's internal ``server_url``.
+        spawner passes the server's internal ``server_url``. A local server's process
+        is its holder (``holder_host``, ``holder_pid`` and ``holder_start``, its start
+        time in clock ticks since boot, given together): whoever later releases the
+        lease (a restarted hub, the slice service) stops that process first. It is
+        recorded even when the other facts are refused, since it runs either way.
         Calling it again on an active lease is harmless.
         Raises ``LeaseStateError`` if the lease is being or has been released
         (the server must then be stopped), and ``LeaseNotFound`` for an unknown id.
         """
+        holder = {"holder_host": holder_host, "holder_pid": holder_pid,
+                  "holder_start": holder_start}
+        if None in holder.values():
+            if any(value is not None for value in holder.values()):
+                raise ValueError("holder_host, holder_pid and holder_start go together")
+            holder = {}
         now = self._now()
         learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod,
                   "server_url": server_url, "holder_pod_uid": pod_uid}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "become active")
-            return self._move(
-                connection,
-                lease,
-                LeaseState.ACTIVE,
-                started_at=lease.started_at or now,
-                last_activity_at=lease.last_activity_at or now,
-                **self._new_facts(lease, learnt),
-            )
+            try:
+                facts = self._new_facts(lease, learnt)
+            except LeaseStateError as e:
+                refused = e
+                self._update(connection, lease, **holder)
+            else:
+                return self._move(
+                    connection,
+                    lease,
+                    LeaseState.ACTIVE,
+                    started_at=lease.started_at or now,
+                    last_activity_at=lease.last_activity_at or now,
+                    **holder,
+                    **facts,
+                )
+        raise refused
 
     def _lock_startable(self, connection: Connection, lease_id: str, doing: str) -> Lease:
         lease = self._lock_lease(connection, lease_id)
