@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, event, inspect, text
 
 from mig_spawner.ledger import (
     DoubleGrant,
@@ -225,6 +225,58 @@ def test_a_created_instance_is_recorded_before_the_server_starts(ledger: Ledger)
     ledger.release(culled.id, ReleaseCode.STOPPED, "max-age")
     with pytest.raises(LeaseStateError, match=r"is released .*cannot record an instance"):
         ledger.record_instance(culled.id, mig_uuid="MIG-10", gi_id=8, ci_id=0)
+
+
+def test_activation_records_the_holder_in_the_same_write(ledger: Ledger) -> None:
+    commits = []
+    event.listen(ledger._engine, "commit", lambda connection: commits.append(1))
+    holder = {"holder_host": "gpu1", "holder_pid": 4242, "holder_start": 987654}
+    lease = ledger.claim(LeaseRequest("alice"), first_free)
+    commits.clear()
+    active = ledger.activate(lease.id, server_url="http://10.0.0.5:8888/user/alice/", **holder)
+    # One transaction: no moment where the process is recorded but the lease not active.
+    assert len(commits) == 1
+    assert (active.state, active.holder_host, active.holder_pid, active.holder_start) == (
+        "active", "gpu1", 4242, 987654)
+    assert ledger.get(lease.id) == active
+    with pytest.raises(ValueError, match="go together"):
+        ledger.activate(lease.id, holder_host="gpu1")
+    # Facts refused: the process still runs, so it is recorded for whoever releases.
+    pool = ledger.claim(LeaseRequest("bob"), lambda view: first_free(view, mode="pool"))
+    with pytest.raises(LeaseStateError, match="refusing to overwrite"):
+        ledger.activate(pool.id, mig_uuid="MIG-other", **holder)
+    refused = ledger.get(pool.id)
+    assert refused is not None and (refused.state, refused.holder_pid) == ("claimed", 4242)
+    ledger.release(lease.id, ReleaseCode.STOPPED)
+    with pytest.raises(LeaseStateError, match=r"is released .*cannot become active"):
+        ledger.activate(lease.id, **{**holder, "holder_pid": 1})
+    assert ledger.get(lease.id).holder_pid == 4242
+
+
+def test_claims_see_held_leases_as_changed_elsewhere(ledger: Ledger, backend_url: str) -> None:
+    """Held leases read before and unchanged come back as the same records; a change made
+    by another process (or by hand in SQL) is read as it now is."""
+    lease = ledger.claim(LeaseRequest("alice"), first_free)
+    views: list[LedgerView] = []
+
+    def watch(view: LedgerView) -> Grant:
+        views.append(view)
+        return first_free(view)
+
+    ledger.claim(LeaseRequest("bob"), watch)
+    assert views[-1].leases == (lease,)
+    with Ledger.open(backend_url) as other:
+        touched = other.touch(lease.id, T0 + timedelta(minutes=5))
+    ledger.claim(LeaseRequest("carol"), watch)
+    assert [held for held in views[-1].leases if held.id == lease.id] == [touched]
+    assert touched != lease
+    engine = create_engine(backend_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE leases SET peak_memory_mib = 77 WHERE id = :id"),
+                           {"id": lease.id})
+    engine.dispose()
+    held = {held.user: held for held in ledger.active()}
+    assert sorted(held) == ["alice", "bob", "carol"] and held["alice"].peak_memory_mib == 77
 
 
 def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Engine, text
 
 #: The PostgreSQL channel of wait-list changes.
 CHANNEL = "mig_spawner_grants"
+_NOTIFY = text("SELECT pg_notify(:channel, :origin)")  # built once: every release sends it
 
 
 def new_origin() -> str:
@@ -43,8 +44,7 @@ def announce(connection: Connection, origin: str) -> None:
     """Tell the other processes, when this transaction commits, that slices were
     released or the line changed (PostgreSQL; SQLite's readers see the commit)."""
     if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_notify(:channel, :origin)"),
-                           {"channel": CHANNEL, "origin": origin})
+        connection.execute(_NOTIFY, {"channel": CHANNEL, "origin": origin})
 
 
 class ChangeWatch(Protocol):

@@ -31,6 +31,8 @@ DEFAULT_URL = f"sqlite:///{LEDGER_FILE}"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 #: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``.
 _BEGIN_OPTION = "mig_spawner_sqlite_begin"
+#: The claim lock (built once: every claim takes it).
+_LOCK_CLAIMS = select(ledger_lock.c.id).with_for_update()
 
 
 def url_beside_hub_db(hub_db_url: str | None) -> str:
@@ -162,4 +164,4 @@ def lock_claims(connection: Connection) -> None:
     databases lock the one row of ``ledger_lock``.
     """
     if connection.dialect.name != "sqlite":
-        connection.execute(select(ledger_lock.c.id).with_for_update())
+        connection.execute(_LOCK_CLAIMS)

@@ -79,13 +79,17 @@ def _to_change(row: Row[Any]) -> LayoutChange:
         notice_from=m["notice_from"], detail=m["detail"])
 
 
+#: What :func:`read_holds` reads, built once: every claim and grant pass reads it.
+_HOLDS = select(
+    layout_changes.c.host, layout_changes.c.gpu_uuid, layout_changes.c.held_slices,
+    layout_changes.c.whole_gpu,
+).where(layout_changes.c.state.in_([s.value for s in HOLDING_STATES]))
+
+
 def read_holds(connection: Connection) -> dict[tuple[str, str], frozenset[int]]:
     """The slices open changes hold, per (host, GPU UUID); read in the caller's
     transaction. A whole-GPU hold is every slice (64 bits: more than any GPU has)."""
-    rows = connection.execute(
-        select(layout_changes.c.host, layout_changes.c.gpu_uuid, layout_changes.c.held_slices,
-               layout_changes.c.whole_gpu)
-        .where(layout_changes.c.state.in_([s.value for s in HOLDING_STATES])))
+    rows = connection.execute(_HOLDS)
     holds: dict[tuple[str, str], frozenset[int]] = {}
     for host, gpu_uuid, mask, whole in rows:
         held = frozenset(range(64)) if whole else _slices(mask)

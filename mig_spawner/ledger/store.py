@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import uuid4
@@ -22,11 +22,14 @@ from sqlalchemy import (
     Connection,
     Row,
     and_,
+    bindparam,
     delete,
     func,
     insert,
+    literal_column,
     or_,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
@@ -61,6 +64,7 @@ from .errors import (
 )
 from .layout import LayoutChanges, read_holds
 from .models import (
+    UtcDateTime,
     budget_grants,
     layout_changes,
     lease_events,
@@ -107,9 +111,51 @@ log = logging.getLogger(__name__)
 KEEP_RESOLUTION = 60.0
 
 
+#: A lease's columns in the order of its fields: a row of :data:`_SELECT_LEASES` zips
+#: with :data:`_FIELDS` into a Lease without a lookup per column. Times are read as the
+#: naive UTC they are stored as and made aware in :func:`_to_lease`, once per lease
+#: rather than through a Python processor per column and row (a tenth of a claim).
+_COLUMNS = tuple(
+    type_coerce(column, column.type.impl).label(column.name)
+    if isinstance(column.type, UtcDateTime) else column
+    for column in (leases.c[_COLUMN_FOR.get(name, name)] for name in _FIELDS))
+_TIMES = tuple(name for name in _FIELDS
+               if isinstance(leases.c[_COLUMN_FOR.get(name, name)].type, UtcDateTime))
+
+# The statements of the hot paths (claim, activation, release, the stale-lease check),
+# built once with bound parameters. A statement built anew for each call costs SQLAlchemy
+# its construction and a walk for its cache key every time: most of a claim's CPU.
+_SELECT_LEASES = select(*_COLUMNS)
+_BY_CLAIM = (leases.c.claimed_at, leases.c.id)
+#: The held states written into the SQL: they never change, and an IN list of bound
+#: values would be rendered again at every execution.
+_HELD = leases.c.state.in_([literal_column(f"'{state.value}'") for state in HELD_STATES])
+_HELD_LEASES = _SELECT_LEASES.where(_HELD).order_by(*_BY_CLAIM)
+_SERVER_LEASE = _SELECT_LEASES.where(
+    _HELD, leases.c.user_name == bindparam("user"),
+    leases.c.server_name == bindparam("server_name")).order_by(*_BY_CLAIM)
+_LOCK_LEASE = _SELECT_LEASES.where(leases.c.id == bindparam("lease_id")).with_for_update()
+_RELEASED_SINCE = _SELECT_LEASES.where(
+    leases.c.state == LeaseState.RELEASED.value,
+    leases.c.released_at >= bindparam("since")).order_by(*_BY_CLAIM)
+_INSERT_LEASE = insert(leases)
+_INSERT_SERVER = insert(lease_servers)
+_INSERT_SLOTS = insert(lease_slots)
+#: Sets the columns given with the parameters (named as in the table) of lease
+#: ``lease_key`` (not ``id``: a parameter named as a column is a value to set).
+_UPDATE_LEASE = update(leases).where(leases.c.id == bindparam("lease_key"))
+_DELETE_SLOTS = delete(lease_slots).where(lease_slots.c.lease_id == bindparam("lease_id"))
+_DELETE_SERVER = delete(lease_servers).where(lease_servers.c.lease_id == bindparam("lease_id"))
+_EXTRAS = select(budget_grants).order_by(budget_grants.c.id)
+_EXTRAS_SINCE = _EXTRAS.where(budget_grants.c.granted_at >= bindparam("since"))
+
+
 def _to_lease(row: Row[Any]) -> Lease:
-    mapping = row._mapping
-    values = {name: mapping[_COLUMN_FOR.get(name, name)] for name in _FIELDS}
+    """A row of :data:`_SELECT_LEASES` (its columns in field order) as a Lease."""
+    values = dict(zip(_FIELDS, row, strict=True))
+    for name in _TIMES:
+        if values[name] is not None:
+            values[name] = values[name].replace(tzinfo=UTC)
     values["state"] = LeaseState(values["state"])
     if values["release_code"] is not None:
         values["release_code"] = ReleaseCode(values["release_code"])
@@ -156,6 +202,7 @@ class Ledger(WaitList, LayoutChanges):
         self._writers: AbstractContextManager[Any] = (
             threading.Lock() if self.dialect == "sqlite" else nullcontext())
         self._refusal_log = RefusalLog(self._read, self._write, self._now)
+        self._held_rows: dict[tuple[Any, ...], Lease] = {}
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -281,29 +328,42 @@ class Ledger(WaitList, LayoutChanges):
 
     @staticmethod
     def _select(connection: Connection, *where: ColumnElement[bool]) -> list[Lease]:
-        rows = connection.execute(
-            select(leases).where(*where).order_by(leases.c.claimed_at, leases.c.id)
-        )
+        rows = connection.execute(_SELECT_LEASES.where(*where).order_by(*_BY_CLAIM))
         return [_to_lease(row) for row in rows]
+
+    def _held(self, connection: Connection) -> list[Lease]:
+        """The leases that hold a slice now, oldest claim first.
+
+        Every claim and grant pass reads them all, and most are as the last read left
+        them: a row read before (equal in every column) gives the same frozen Lease back
+        instead of a new one. Only the rows of the last read are kept."""
+        known, fresh = self._held_rows, {}
+        for row in connection.execute(_HELD_LEASES):
+            values = tuple(row)  # a tuple compares in C; a Row in Python
+            fresh[values] = known.get(values) or _to_lease(row)
+        self._held_rows = fresh
+        return list(fresh.values())
 
     @staticmethod
     def _lock_lease(connection: Connection, lease_id: str) -> Lease | None:
-        row = connection.execute(
-            select(leases).where(leases.c.id == lease_id).with_for_update()
-        ).first()
+        row = connection.execute(_LOCK_LEASE, {"lease_id": lease_id}).first()
         return None if row is None else _to_lease(row)
 
     @staticmethod
-    def _update(connection: Connection, lease: Lease, **changes: Any) -> Lease:
+    def _write_columns(connection: Connection, lease: Lease, values: dict[str, Any]) -> None:
+        if values:
+            connection.execute(_UPDATE_LEASE, {**_to_columns(**values), "lease_key": lease.id})
+
+    @classmethod
+    def _update(cls, connection: Connection, lease: Lease, **changes: Any) -> Lease:
         if "state" in changes:
             raise TypeError("a lease's state is written by _move, which checks the move")
-        connection.execute(
-            update(leases).where(leases.c.id == lease.id).values(_to_columns(**changes))
-        )
+        cls._write_columns(connection, lease, changes)
         return replace(lease, **changes)
 
-    @staticmethod
-    def _move(connection: Connection, lease: Lease, state: LeaseState, **changes: Any) -> Lease:
+    @classmethod
+    def _move(cls, connection: Connection, lease: Lease, state: LeaseState,
+              **changes: Any) -> Lease:
         """Write ``lease`` (locked in this transaction by :meth:`_lock_lease`) with
         ``state`` and ``changes``: the one place a lease's state is written. A move the
         transition table (:data:`~mig_spawner.core.lifecycle.LEASE_MOVES`) does not
@@ -314,9 +374,7 @@ class Ledger(WaitList, LayoutChanges):
             log.error("refused: %s", error)
             raise error
         values = {**changes, "state": state}
-        connection.execute(
-            update(leases).where(leases.c.id == lease.id).values(_to_columns(**values))
-        )
+        cls._write_columns(connection, lease, values)
         return replace(lease, **values)
 
     # -- claiming ---------------------------------------------------------------
@@ -334,7 +392,7 @@ class Ledger(WaitList, LayoutChanges):
         """
         with self._write() as connection:
             lock_claims(connection)
-            held = self._select(connection, leases.c.state.in_(HELD_STATES))
+            held = self._held(connection)
             # Read after the held leases: a release they show committed, and so read its
             # time, before this one; the history never shows one slot held twice.
             now = self._now()
@@ -367,14 +425,11 @@ class Ledger(WaitList, LayoutChanges):
 
     @staticmethod
     def _insert(connection: Connection, lease: Lease) -> None:
-        columns = _to_columns(**{name: getattr(lease, name) for name in _FIELDS})
-        connection.execute(insert(leases).values(columns))
+        connection.execute(_INSERT_LEASE, _to_columns(
+            **{name: getattr(lease, name) for name in _FIELDS}))
         try:
-            connection.execute(
-                insert(lease_servers).values(
-                    user_name=lease.user, server_name=lease.server_name, lease_id=lease.id
-                )
-            )
+            connection.execute(_INSERT_SERVER, {
+                "user_name": lease.user, "server_name": lease.server_name, "lease_id": lease.id})
         except IntegrityError as e:
             raise Conflict(
                 f"server {lease.server} got a lease from a concurrent claim; nothing was "
@@ -385,7 +440,7 @@ class Ledger(WaitList, LayoutChanges):
             return  # kube mode: the device plugin, not the ledger, places the slice
         try:
             connection.execute(
-                insert(lease_slots),
+                _INSERT_SLOTS,
                 [
                     {
                         "host": lease.host,
@@ -411,17 +466,14 @@ class Ledger(WaitList, LayoutChanges):
         if self.budget_horizon is None:
             return (), ()
         since = now - timedelta(seconds=self.budget_horizon)
-        past = self._select(connection, leases.c.state == LeaseState.RELEASED,
-                            leases.c.released_at >= since)
-        return tuple(past), tuple(self._extras(connection, since))
+        past = connection.execute(_RELEASED_SINCE, {"since": since})
+        return tuple(_to_lease(row) for row in past), tuple(self._extras(connection, since))
 
     @staticmethod
     def _extras(connection: Connection, since: datetime | None) -> list[Extra]:
-        query = select(budget_grants).order_by(budget_grants.c.id)
-        if since is not None:
-            query = query.where(budget_grants.c.granted_at >= since)
-        return [Extra(r.group_name, r.user_name, r.slice_seconds, r.granted_at)
-                for r in connection.execute(query)]
+        rows = (connection.execute(_EXTRAS) if since is None
+                else connection.execute(_EXTRAS_SINCE, {"since": since}))
+        return [Extra(r.group_name, r.user_name, r.slice_seconds, r.granted_at) for r in rows]
 
     def grant_hours(self, group: str, user: str | None, slice_seconds: float, *,
                     by: str, note: str = "") -> Extra:
@@ -485,19 +537,6 @@ class Ledger(WaitList, LayoutChanges):
             lease = self._lock_startable(connection, lease_id, "record an instance")
             return self._update(connection, lease, **self._new_facts(lease, learnt))
 
-    def record_holder(self, lease_id: str, *, host: str, pid: int, start: int) -> Lease:
-        """Store which process runs the lease's server, as soon as it exists.
-
-        Whoever later wants to release the lease (a restarted hub, the slice service)
-        checks this process first: the lease is released only once it is gone.
-        Raises ``LeaseStateError`` if the lease was released meanwhile (stop the
-        process: nobody else holds its slice for it).
-        """
-        learnt = {"holder_host": host, "holder_pid": pid, "holder_start": start}
-        with self._write() as connection:
-            lease = self._lock_startable(connection, lease_id, "record its server process")
-            return self._update(connection, lease, **learnt)
-
     def activate(
         self,
         lease_id: str,
@@ -509,30 +548,51 @@ class Ledger(WaitList, LayoutChanges):
         pod: str | None = None,
         server_url: str | None = None,
         pod_uid: str | None = None,
+        holder_host: str | None = None,
+        holder_pid: int | None = None,
+        holder_start: int | None = None,
     ) -> Lease:
         """Mark the lease's server as started, recording what the start learnt.
 
         Dynamic mode passes the created instance (``mig_uuid``, ``gi_id``,
         ``ci_id``) unless ``record_instance`` did; Kubernetes passes
         ``node``/``pod`` and ``pod_uid`` (the holder, see docs/ledger.md); every
-        spawner passes the server's internal ``server_url``.
+        spawner passes the server's internal ``server_url``. A local server's process
+        is its holder (``holder_host``, ``holder_pid`` and ``holder_start``, its start
+        time in clock ticks since boot, given together): whoever later releases the
+        lease (a restarted hub, the slice service) stops that process first. It is
+        recorded even when the other facts are refused, since it runs either way.
         Calling it again on an active lease is harmless.
         Raises ``LeaseStateError`` if the lease is being or has been released
         (the server must then be stopped), and ``LeaseNotFound`` for an unknown id.
         """
+        holder = {"holder_host": holder_host, "holder_pid": holder_pid,
+                  "holder_start": holder_start}
+        if None in holder.values():
+            if any(value is not None for value in holder.values()):
+                raise ValueError("holder_host, holder_pid and holder_start go together")
+            holder = {}
         now = self._now()
         learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id, "node": node, "pod": pod,
                   "server_url": server_url, "holder_pod_uid": pod_uid}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "become active")
-            return self._move(
-                connection,
-                lease,
-                LeaseState.ACTIVE,
-                started_at=lease.started_at or now,
-                last_activity_at=lease.last_activity_at or now,
-                **self._new_facts(lease, learnt),
-            )
+            try:
+                facts = self._new_facts(lease, learnt)
+            except LeaseStateError as e:
+                refused = e
+                self._update(connection, lease, **holder)
+            else:
+                return self._move(
+                    connection,
+                    lease,
+                    LeaseState.ACTIVE,
+                    started_at=lease.started_at or now,
+                    last_activity_at=lease.last_activity_at or now,
+                    **holder,
+                    **facts,
+                )
+        raise refused
 
     def _lock_startable(self, connection: Connection, lease_id: str, doing: str) -> Lease:
         lease = self._lock_lease(connection, lease_id)
@@ -818,8 +878,8 @@ class Ledger(WaitList, LayoutChanges):
             lease = self._lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            connection.execute(delete(lease_slots).where(lease_slots.c.lease_id == lease.id))
-            connection.execute(delete(lease_servers).where(lease_servers.c.lease_id == lease.id))
+            connection.execute(_DELETE_SLOTS, {"lease_id": lease.id})
+            connection.execute(_DELETE_SERVER, {"lease_id": lease.id})
             announce(connection, self._origin)  # for the grant loops (ledger/changes.py)
             return self._move(connection, lease, LeaseState.RELEASED, released_at=now,
                               held_by=None, **self._first_why(lease, code, detail))
@@ -868,22 +928,17 @@ class Ledger(WaitList, LayoutChanges):
 
     def active(self, host: str | None = None) -> list[Lease]:
         """Leases that hold a slice now (claimed, active or releasing), oldest first."""
-        where = [leases.c.state.in_(HELD_STATES)]
-        if host is not None:
-            where.append(leases.c.host == host)
         with self._read() as connection:
-            return self._select(connection, *where)
+            if host is None:
+                return self._held(connection)
+            return self._select(connection, _HELD, leases.c.host == host)
 
     def active_for_server(self, user: str, server_name: str = "") -> Lease | None:
         """The lease a server holds now, if any (at most one, by construction)."""
         with self._read() as connection:
-            found = self._select(
-                connection,
-                leases.c.state.in_(HELD_STATES),
-                leases.c.user_name == user,
-                leases.c.server_name == server_name,
-            )
-        return found[0] if found else None
+            row = connection.execute(
+                _SERVER_LEASE, {"user": user, "server_name": server_name}).first()
+        return None if row is None else _to_lease(row)
 
     def expired(self, now: datetime | None = None) -> list[Lease]:
         """Held leases whose ``expires_at`` (max session age) has passed."""

@@ -43,6 +43,8 @@ GrantDecide = Callable[["WaitEntry", LedgerView], Grant]
 
 _COLUMN_FOR = {"user": "user_name", "group": "group_name"}
 _REASON_MAX = waits.c.reason.type.length or 255
+#: The line in join order, built once: every claim looks at it first.
+_LINE = select(waits).where(waits.c.state == WaitState.WAITING.value).order_by(waits.c.id)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class WaitList:
     _new_lease: Callable[[LeaseRequest, Grant, datetime], Lease]
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
+    _held: Callable[[Connection], list[Lease]]
     _budget_book: Callable[[Connection, datetime], tuple[tuple[Lease, ...], tuple[Any, ...]]]
     _origin: str
 
@@ -129,7 +132,7 @@ class WaitList:
         with self._write() as connection:
             lock_claims(connection)
             now = self._now()
-            mine = [e for e in self._entries(connection, state="waiting")
+            mine = [e for e in self._waiting(connection)
                     if e.user == request.user]
             for entry in mine:
                 if entry.server_name == request.server_name:
@@ -194,7 +197,7 @@ class WaitList:
         """Every entry still waiting, in join order (order them with
         :func:`mig_spawner.core.waitlist.order` and the groups' shares)."""
         with self._read() as connection:
-            return self._entries(connection, state="waiting")
+            return self._waiting(connection)
 
     def grant_next(
         self,
@@ -236,8 +239,8 @@ class WaitList:
         """
         with self._write() as connection:
             lock_claims(connection)
-            entries = self._entries(connection, state="waiting")
-            held = tuple(self._select(connection, leases.c.state.in_(HELD_STATES)))
+            entries = self._waiting(connection)
+            held = tuple(self._held(connection))
             # Read after the held leases (as claim does): a release they show ended
             # before this time, so the history never shows one slot held twice.
             now = self._now()
@@ -291,8 +294,8 @@ class WaitList:
             known = {e.id: e for e in self._entries(connection, ids=ids)} if ids else {}
             return GrantRound(
                 granted=[known[i] for i in granted_ids],
-                line=self._entries(connection, state="waiting"),
-                held=tuple(self._select(connection, leases.c.state.in_(HELD_STATES))),
+                line=self._waiting(connection),
+                held=tuple(self._held(connection)),
                 watched={i: known[i] for i in watch if i in known},
                 capacity=fleet,
             )
@@ -317,6 +320,11 @@ class WaitList:
             .values(state=state, closed_at=now, lease_id=lease_id,
                     reason=None if reason is None else reason.strip()[:_REASON_MAX])
         )
+
+    @staticmethod
+    def _waiting(connection: Connection) -> list[WaitEntry]:
+        """Every entry still waiting, in join order."""
+        return [_to_entry(row) for row in connection.execute(_LINE)]
 
     @staticmethod
     def _entries(connection: Connection, **where: Any) -> list[WaitEntry]:

@@ -493,17 +493,13 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """
         details = {**self.activation_details(lease), **self.address_details(url)}
         spawned = holder.current(getattr(self, "pid", 0) or 0)
-
-        def activate() -> None:
-            ledger = self.runtime.ledger()
-            if spawned is not None:
-                ledger.record_holder(
-                    lease.id, host=holder.this_host(), pid=spawned.pid, start=spawned.start
-                )
-            ledger.activate(lease.id, **details)
-
+        if spawned is not None:
+            details.update(holder_host=holder.this_host(), holder_pid=spawned.pid,
+                           holder_start=spawned.start)
         try:
-            await self.runtime.run(activate)
+            # One write: the process is recorded in the same transaction that makes
+            # the lease active.
+            await self.runtime.run(lambda: self.runtime.ledger().activate(lease.id, **details))
         except LeaseStateError as e:
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting; "
