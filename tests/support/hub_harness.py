@@ -211,9 +211,10 @@ class HubProcess:
     def close(self) -> None:
         """Stop every server through the API, then the hub. For fixture teardown."""
         if self.proc is not None and self.proc.poll() is None:
-            for user in self.users():
-                if user.get("servers"):
-                    self.stop_server(user["name"], wait=False)
+            running = [user["name"] for user in self.users() if user.get("servers")]
+            # All at once: a stop request may take its server's whole shutdown to answer.
+            with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
+                list(pool.map(lambda name: self.stop_server(name, wait=False), running))
             self.wait_until(lambda: not any(u.get("servers") for u in self.users()), 30)
         self.stop_hub()
 
