@@ -96,10 +96,17 @@ class HubProcess:
         # (parallel test runs); the hub then dies at start. Try again on fresh ports.
         for attempt in range(1, PORT_ATTEMPTS + 1):
             hub = cls._configure(workdir, config_files, extra_config, env)
+            log = workdir / "hub.log"
+            start = log.stat().st_size if log.exists() else 0
             try:
                 hub._launch(timeout)
-            except HubError as e:
-                if attempt == PORT_ATTEMPTS or not any(m in str(e) for m in PORT_CLASH):
+            except HubError:
+                # This attempt's whole log: the clash is said early, and the proxy's
+                # complaints about the hub that never came up can fill any tail.
+                with log.open("rb") as f:
+                    f.seek(start)
+                    said = f.read().decode(errors="replace")
+                if attempt == PORT_ATTEMPTS or not any(m in said for m in PORT_CLASH):
                     raise
                 continue
             return hub
