@@ -2,10 +2,10 @@
 notification and a notice on the hub's home page, each with "Keep my server".
 
 A real hub + proxy + jupyter_server with JupyterLab, the slice service sweeping every
-second. Idle limits are the shipped snippet's "analysts" ones (30 min, 45 min while
-nobody waits, 25 min while someone does, warned 10 min ahead) shortened 60 times
-together, seconds for minutes, the sweep (1 min) too. Screenshots go to docs/img for
-the analyst guide.
+second: one of each per class of tests, so that the classes run side by side. Idle
+limits are the shipped snippet's "analysts" ones (30 min, 45 min while nobody waits,
+25 min while someone does, warned 10 min ahead) shortened 60 times together, seconds
+for minutes, the sweep (1 min) too. Screenshots go to docs/img for the analyst guide.
 """
 
 from __future__ import annotations
@@ -49,14 +49,16 @@ c.MIGPolicyConfig.group_policies.update({{
 """
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
+@pytest.fixture(scope="class")
+def env(request, tmp_path_factory):
+    """A hub of its own for each class of tests below, with the users its class names
+    (``USERS``: user -> group): the scenarios wait on their limits side by side, on
+    different pytest-xdist workers, instead of one after the other."""
     require_chromium()
     workdir = tmp_path_factory.mktemp("warnhub")
     hub = start_mig_hub(workdir, SIM, CONFIG)
-    hub.create_user("lena", groups=["age-warn"])
-    for user in ("hana", "tina", "tom"):
-        hub.create_user(user, groups=["idle-warn"])
+    for user, group in request.cls.USERS.items():
+        hub.create_user(user, groups=[group])
     service = Service(hub, hub.config_path)
     service.wait_up()
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
@@ -77,143 +79,157 @@ def seconds_until(when: datetime) -> float:
     return (when - datetime.now(UTC)).total_seconds()
 
 
-def test_jupyterlab_notification_keep_extends_then_says_why_not_then_stops(env):
-    hub, service, ledger, browser = env
-    assert hub.spawn("lena", {"profile": "small"}).status_code in (201, 202)
-    hub.wait_ready("lena", timeout=120)
-    lease = ledger.active_for_server("lena")
-    original = lease.expires_at
-    page = login(browser, hub, "lena", "/user/lena/lab")
-    page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
+class TestSessionAge:
+    """The longest session: warned in JupyterLab, kept once, then stopped."""
 
-    toast = page.locator(".Toastify__toast", has_text="longest session")
-    toast.wait_for(timeout=(MAX_AGE + 10) * 1000)
-    assert re.search(r"stops in about (\d+s|1m)", toast.inner_text()), toast.inner_text()
-    page.wait_for_timeout(1000)  # the toast slides in
-    page.screenshot(path=str(IMG / "warning-jupyterlab.png"))
-    toast.get_by_role("button", name="Keep my server").click()
-    page.locator(".Toastify__toast", has_text="Extended by 30s").wait_for(timeout=20_000)
-    extended = ledger.get(lease.id).expires_at
-    assert (extended - original).total_seconds() == EXTEND
+    USERS = {"lena": "age-warn"}
 
-    # Outlives the original deadline.
-    time.sleep(max(0.0, seconds_until(original)) + 3)
-    assert hub.server_model("lena")["ready"], service.log()
+    def test_jupyterlab_notification_keep_extends_then_says_why_not_then_stops(self, env):
+        hub, service, ledger, browser = env
+        assert hub.spawn("lena", {"profile": "small"}).status_code in (201, 202)
+        hub.wait_ready("lena", timeout=120)
+        lease = ledger.active_for_server("lena")
+        original = lease.expires_at
+        page = login(browser, hub, "lena", "/user/lena/lab")
+        page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
 
-    # Warned again before the new deadline: no extension left, and it says so.
-    again = page.locator(".Toastify__toast", has_text="No more extensions")
-    again.wait_for(timeout=(EXTEND + 10) * 1000)
-    again.get_by_role("button", name="Keep my server").click()
-    page.locator(".Toastify__toast", has_text="already extended 1 time").wait_for(
-        timeout=20_000)
-    page.wait_for_timeout(1000)
-    page.screenshot(path=str(IMG / "warning-jupyterlab-no-more.png"))
+        toast = page.locator(".Toastify__toast", has_text="longest session")
+        toast.wait_for(timeout=(MAX_AGE + 10) * 1000)
+        assert re.search(r"stops in about (\d+s|1m)", toast.inner_text()), toast.inner_text()
+        page.wait_for_timeout(1000)  # the toast slides in
+        page.screenshot(path=str(IMG / "warning-jupyterlab.png"))
+        toast.get_by_role("button", name="Keep my server").click()
+        page.locator(".Toastify__toast", has_text="Extended by 30s").wait_for(timeout=20_000)
+        extended = ledger.get(lease.id).expires_at
+        assert (extended - original).total_seconds() == EXTEND
 
-    # Without another way out, it stops at the (extended) deadline, within a sweep.
-    wait_for(lambda: hub.server_model("lena") is None, seconds_until(extended) + 20,
-             "lena's server stopped at its deadline", service)
-    assert -2 <= -seconds_until(extended) <= 8
-    page.close()
-    kinds = [e.kind for e in ledger.events(lease.id)]
-    assert kinds == ["warned", "extended", "warned", "refused"], kinds
-    assert service.metric("mig_spawner_service_warnings_total", reason="max_session_age",
-                          group="age-warn") == 2
+        # Outlives the original deadline.
+        time.sleep(max(0.0, seconds_until(original)) + 3)
+        assert hub.server_model("lena")["ready"], service.log()
 
+        # Warned again before the new deadline: no extension left, and it says so.
+        again = page.locator(".Toastify__toast", has_text="No more extensions")
+        again.wait_for(timeout=(EXTEND + 10) * 1000)
+        again.get_by_role("button", name="Keep my server").click()
+        page.locator(".Toastify__toast", has_text="already extended 1 time").wait_for(
+            timeout=20_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(IMG / "warning-jupyterlab-no-more.png"))
 
-def test_hub_home_notice_keeps_an_idle_server(env):
-    hub, service, ledger, browser = env
-    assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
-    hub.wait_ready("hana", timeout=120)
-    wait_for(lambda: (ledger.active_for_server("hana").warning or "") == "server_idle",
-             UNWAITED + 10, "hana warned", service)
-    deadline = ledger.active_for_server("hana").warning_deadline
-    page = login(browser, hub, "hana", "/hub/home")
-    page.goto(f"{hub.url}/hub/home")
-    notice = page.locator(".mig-warning")
-    notice.wait_for(timeout=15_000)
-    assert "has not been used" in notice.inner_text()
-    assert "Keep my server" in notice.inner_text()
-    page.screenshot(path=str(IMG / "warning-hub-home.png"))
-    notice.get_by_role("button", name="Keep my server").click()
-    page.locator(".mig-warning", has_text="Kept").wait_for(timeout=15_000)
-    lease = ledger.active_for_server("hana")
-    time.sleep(max(0.0, seconds_until(deadline)) + 4)
-    assert hub.server_model("hana")["ready"], service.log()
-    # Kept: no new warning until the next deadline comes near (warn_before ahead of
-    # the Keep plus the limit), however often the page looks.
-    quiet = (lease.kept_at - datetime.now(UTC)).total_seconds() + UNWAITED - IDLE_WARN - 2
-    time.sleep(max(0.0, quiet))
-    assert [e.kind for e in ledger.events(lease.id)] == ["warned", "kept"], service.log()
-    page.close()
-    hub.stop_server("hana")
-
-
-def test_an_untouched_jupyterlab_tab_is_warned_once_and_stopped_typing_keeps_one(env):
-    hub, service, ledger, browser = env
-    for user in ("tina", "tom"):
-        assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
-    for user in ("tina", "tom"):
-        hub.wait_ready(user, timeout=120)
-    leases = {user: ledger.active_for_server(user) for user in ("tina", "tom")}
-    # tina's last act: opening JupyterLab (counted when its page has loaded).
-    opened = datetime.now(UTC)
-    pages = {user: login(browser, hub, user, f"/user/{user}/lab") for user in leases}
-    pages["tom"].locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
-        timeout=120_000)
-    pages["tina"].locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
-
-    toasts = pages["tina"].locator(".Toastify__toast", has_text="has not been used")
-    stopped_at = None
-    while (datetime.now(UTC) - opened).total_seconds() < UNWAITED + 40:
-        # tom types (never running anything) every few seconds.
-        pages["tom"].locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
-        pages["tom"].keyboard.type("x = 1  ")
-        assert toasts.count() <= 1  # shown once, not again at every look
-        if stopped_at is None and hub.server_model("tina") is None:
-            stopped_at = datetime.now(UTC)
-        time.sleep(3)
-    assert stopped_at is not None, service.log()
-    # Stopped after its limit (nobody waits: the longer one) from the page's opening,
-    # which took some seconds of loading on this machine.
-    stopped_after = (stopped_at - opened).total_seconds()
-    assert UNWAITED - 1 <= stopped_after <= UNWAITED + 30, stopped_after
-    # Her slice is free again; tom, typing, was never warned and keeps his.
-    wait_for(lambda: ledger.active_for_server("tina") is None, 15, "tina's lease released",
-             service)
-    # Warned once, near the stop: warn_before ahead. Timed by the ledger, not by this
-    # loop, whose typing takes seconds on a loaded machine; the release follows the
-    # server's shutdown, which there takes up to ~10 s past the 1 s sweeps. A warning
-    # sent too early (the bug this guards: at start, a whole limit ahead) is >= 30 s.
-    [warned] = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
-    ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
-    assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
-    assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
-    assert hub.server_model("tom")["ready"], service.log()
-    assert ledger.events(leases["tom"].id) == [], service.log()
-
-    # Every warning endpoint answers an anonymous request with 401/403, not a redirect.
-    anonymous = [("GET", "/hub/api/mig-spawner/warnings"),
-                 ("POST", "/hub/api/mig-spawner/keep/"),
-                 ("GET", "/user/tom/mig-spawner/warning"),
-                 ("POST", "/user/tom/mig-spawner/keep"),
-                 ("GET", "/user/tom/mig-spawner/activity"),
-                 ("POST", "/user/tom/mig-spawner/activity")]
-    for method, path in anonymous:
-        r = requests.request(method, hub.url + path, allow_redirects=False, timeout=10)
-        assert r.status_code in (401, 403), (method, path, r.status_code)
-    for page in pages.values():
+        # Without another way out, it stops at the (extended) deadline, within a sweep.
+        wait_for(lambda: hub.server_model("lena") is None, seconds_until(extended) + 20,
+                 "lena's server stopped at its deadline", service)
+        assert -2 <= -seconds_until(extended) <= 8
         page.close()
-    hub.stop_server("tom")
+        kinds = [e.kind for e in ledger.events(lease.id)]
+        assert kinds == ["warned", "extended", "warned", "refused"], kinds
+        assert service.metric("mig_spawner_service_warnings_total", reason="max_session_age",
+                              group="age-warn") == 2
 
 
-def test_only_a_user_sees_and_keeps_their_own_servers(env):
-    hub, _, _, _ = env
-    lena = {"Authorization": f"token {hub.user_token('lena')}"}
-    api = f"{hub.url}/hub/api/mig-spawner"
-    # lena has no server now (hana's, warned, may still run): she sees nothing, and
-    # Keep names a server of her own only.
-    assert hub.server_model("lena") is None
-    assert requests.get(f"{api}/warnings", headers=lena, timeout=10).json() == {"warnings": []}
-    assert requests.post(f"{api}/keep/", headers=lena, json={}, timeout=10).status_code == 404
-    # A service (here the test's admin) is no user: refused, whatever its scopes.
-    assert hub.session.get(f"{api}/warnings", timeout=10).status_code == 403
+class TestIdleKept:
+    """An idle server kept from the hub's home page; warnings are each user's own."""
+
+    USERS = {"hana": "idle-warn", "lena": "age-warn"}
+
+    def test_hub_home_notice_keeps_an_idle_server(self, env):
+        hub, service, ledger, browser = env
+        assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
+        hub.wait_ready("hana", timeout=120)
+        wait_for(lambda: (ledger.active_for_server("hana").warning or "") == "server_idle",
+                 UNWAITED + 10, "hana warned", service)
+        deadline = ledger.active_for_server("hana").warning_deadline
+        page = login(browser, hub, "hana", "/hub/home")
+        page.goto(f"{hub.url}/hub/home")
+        notice = page.locator(".mig-warning")
+        notice.wait_for(timeout=15_000)
+        assert "has not been used" in notice.inner_text()
+        assert "Keep my server" in notice.inner_text()
+        page.screenshot(path=str(IMG / "warning-hub-home.png"))
+        notice.get_by_role("button", name="Keep my server").click()
+        page.locator(".mig-warning", has_text="Kept").wait_for(timeout=15_000)
+        lease = ledger.active_for_server("hana")
+        time.sleep(max(0.0, seconds_until(deadline)) + 4)
+        assert hub.server_model("hana")["ready"], service.log()
+        # Kept: no new warning until the next deadline comes near (warn_before ahead of
+        # the Keep plus the limit), however often the page looks.
+        quiet = (lease.kept_at - datetime.now(UTC)).total_seconds() + UNWAITED - IDLE_WARN - 2
+        time.sleep(max(0.0, quiet))
+        assert [e.kind for e in ledger.events(lease.id)] == ["warned", "kept"], service.log()
+        page.close()
+        hub.stop_server("hana")
+
+    def test_only_a_user_sees_and_keeps_their_own_servers(self, env):
+        hub, _, _, _ = env
+        lena = {"Authorization": f"token {hub.user_token('lena')}"}
+        api = f"{hub.url}/hub/api/mig-spawner"
+        # lena has no server now (hana's, warned, may still run): she sees nothing, and
+        # Keep names a server of her own only.
+        assert hub.server_model("lena") is None
+        assert requests.get(f"{api}/warnings", headers=lena, timeout=10).json() == {"warnings": []}
+        assert requests.post(f"{api}/keep/", headers=lena, json={}, timeout=10).status_code == 404
+        # A service (here the test's admin) is no user: refused, whatever its scopes.
+        assert hub.session.get(f"{api}/warnings", timeout=10).status_code == 403
+
+
+class TestUntouchedTab:
+    """An untouched JupyterLab tab stopped, a typing one kept."""
+
+    USERS = {"tina": "idle-warn", "tom": "idle-warn"}
+
+    def test_an_untouched_jupyterlab_tab_is_warned_once_and_stopped_typing_keeps_one(self, env):
+        hub, service, ledger, browser = env
+        for user in ("tina", "tom"):
+            assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+        for user in ("tina", "tom"):
+            hub.wait_ready(user, timeout=120)
+        leases = {user: ledger.active_for_server(user) for user in ("tina", "tom")}
+        # tina's last act: opening JupyterLab (counted when its page has loaded).
+        opened = datetime.now(UTC)
+        pages = {user: login(browser, hub, user, f"/user/{user}/lab") for user in leases}
+        pages["tom"].locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
+            timeout=120_000)
+        pages["tina"].locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
+
+        toasts = pages["tina"].locator(".Toastify__toast", has_text="has not been used")
+        stopped_at = None
+        while (datetime.now(UTC) - opened).total_seconds() < UNWAITED + 40:
+            # tom types (never running anything) every few seconds.
+            pages["tom"].locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
+            pages["tom"].keyboard.type("x = 1  ")
+            assert toasts.count() <= 1  # shown once, not again at every look
+            if stopped_at is None and hub.server_model("tina") is None:
+                stopped_at = datetime.now(UTC)
+            time.sleep(3)
+        assert stopped_at is not None, service.log()
+        # Stopped after its limit (nobody waits: the longer one) from the page's opening,
+        # which took some seconds of loading on this machine.
+        stopped_after = (stopped_at - opened).total_seconds()
+        assert UNWAITED - 1 <= stopped_after <= UNWAITED + 30, stopped_after
+        # Her slice is free again; tom, typing, was never warned and keeps his.
+        wait_for(lambda: ledger.active_for_server("tina") is None, 15, "tina's lease released",
+                 service)
+        # Warned once, near the stop: warn_before ahead. Timed by the ledger, not by this
+        # loop, whose typing takes seconds on a loaded machine; the release follows the
+        # server's shutdown, which there takes up to ~10 s past the 1 s sweeps. A warning
+        # sent too early (the bug this guards: at start, a whole limit ahead) is >= 30 s.
+        [warned] = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
+        ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
+        assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
+        assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
+        assert hub.server_model("tom")["ready"], service.log()
+        assert ledger.events(leases["tom"].id) == [], service.log()
+
+        # Every warning endpoint answers an anonymous request with 401/403, not a redirect.
+        anonymous = [("GET", "/hub/api/mig-spawner/warnings"),
+                     ("POST", "/hub/api/mig-spawner/keep/"),
+                     ("GET", "/user/tom/mig-spawner/warning"),
+                     ("POST", "/user/tom/mig-spawner/keep"),
+                     ("GET", "/user/tom/mig-spawner/activity"),
+                     ("POST", "/user/tom/mig-spawner/activity")]
+        for method, path in anonymous:
+            r = requests.request(method, hub.url + path, allow_redirects=False, timeout=10)
+            assert r.status_code in (401, 403), (method, path, r.status_code)
+        for page in pages.values():
+            page.close()
+        hub.stop_server("tom")

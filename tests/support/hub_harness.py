@@ -96,10 +96,17 @@ class HubProcess:
         # (parallel test runs); the hub then dies at start. Try again on fresh ports.
         for attempt in range(1, PORT_ATTEMPTS + 1):
             hub = cls._configure(workdir, config_files, extra_config, env)
+            log = workdir / "hub.log"
+            start = log.stat().st_size if log.exists() else 0
             try:
                 hub._launch(timeout)
-            except HubError as e:
-                if attempt == PORT_ATTEMPTS or not any(m in str(e) for m in PORT_CLASH):
+            except HubError:
+                # This attempt's whole log: the clash is said early, and the proxy's
+                # complaints about the hub that never came up can fill any tail.
+                with log.open("rb") as f:
+                    f.seek(start)
+                    said = f.read().decode(errors="replace")
+                if attempt == PORT_ATTEMPTS or not any(m in said for m in PORT_CLASH):
                     raise
                 continue
             return hub
@@ -211,9 +218,10 @@ class HubProcess:
     def close(self) -> None:
         """Stop every server through the API, then the hub. For fixture teardown."""
         if self.proc is not None and self.proc.poll() is None:
-            for user in self.users():
-                if user.get("servers"):
-                    self.stop_server(user["name"], wait=False)
+            running = [user["name"] for user in self.users() if user.get("servers")]
+            # All at once: a stop request may take its server's whole shutdown to answer.
+            with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
+                list(pool.map(lambda name: self.stop_server(name, wait=False), running))
             self.wait_until(lambda: not any(u.get("servers") for u in self.users()), 30)
         self.stop_hub()
 
