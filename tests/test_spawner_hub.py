@@ -35,8 +35,11 @@ HUB_EXTRA = """
         c.Spawner.poll_interval = 1
         c.Spawner.start_timeout = 180
         c.Spawner.http_timeout = 180
-        # A crowd of users with no quota, for the concurrency test.
+        # A crowd of users with no quota, for the concurrency test. Its refusals must be
+        # answered as refusals: on a loaded machine 30 claims at once can take longer than
+        # JupyterHub's 10 s before it answers 202 and lets the spawn fail later.
         c.MIGPolicyConfig.group_policies["crowd"] = {"allowed": ["small"]}
+        c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 60}
         # A user whose server cannot start: its slice must come back.
         def _break(spawner):
             if spawner.user.name == "broken":
