@@ -23,6 +23,7 @@ Run from the repository root (it imports the test harness as ``tests.support``):
 
     .venv/bin/python -m benchmarks.burst --quick          # N = 10, W = 10: a few minutes
     .venv/bin/python -m benchmarks.burst --n 20 50 100 --waiters 40
+    .venv/bin/python -m benchmarks.burst --n 20 --rounds 3 --skip claims waiting idle
 
 It prints figures and ratios; it is a benchmark, not a timed test.
 """
