@@ -190,8 +190,7 @@ def case_claims(n: int, tmp: Path) -> list[float]:
         tic = time.perf_counter()
         spawner.user_options = {"profile": "1g.18gb"}
         offer, mine = spawner._validate(spawner.user_options)
-        plan = await spawner._decide_after_stale_lease(offer, mine)
-        await waiting.claim(spawner, offer, mine, plan)
+        await waiting.claim(spawner, offer, mine)
         return time.perf_counter() - tic
 
     async def burst() -> list[float]:

@@ -41,8 +41,7 @@ def make_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
 async def start_claim(spawner: LocalMIGSpawner):
     mine = spawner.user_policy(spawner.policies())
     offer = mine.offer("1g.18gb")
-    plan = await spawner.claim_decide(offer, mine)
-    lease, _plan = await waiting.claim(spawner, offer, mine, plan)
+    lease, _plan = await waiting.claim(spawner, offer, mine)
     return lease
 
 

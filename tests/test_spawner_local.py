@@ -190,8 +190,8 @@ class ReleasedWhileStarting(LocalMIGSpawner):
     """The lease is released right after it was granted, before the instance is recorded
     (as when an admin or the slice service releases it at that moment)."""
 
-    async def claim_decide(self, offer, mine):
-        plan = await super().claim_decide(offer, mine)
+    def plan_claim(self, fleet, offer, mine):
+        plan = super().plan_claim(fleet, offer, mine)
 
         def granted(lease):
             with Ledger.open(self.ledger_url) as ledger:

@@ -144,21 +144,22 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
 
     async def read_fleet(self) -> LocalFleet:
-        """One read of this host's GPUs (shared with the reads under way; see
-        ``SpawnerRuntime.inventory``), and in dynamic mode the recent request mix."""
-        made_per_lease = self.slice_kind.made_per_lease
+        """One read of this host's GPUs (:meth:`fleet_here`), in one trip to a worker
+        thread."""
+        return await self.runtime.run(self.fleet_here)
 
-        def from_ledger() -> tuple[dict[str, int] | None,
-                                   dict[tuple[str, str], frozenset[int]]]:
-            # Dynamic placement keeps room for the sizes users ask for most.
-            demand = self.runtime.demand() if made_per_lease else None
-            return demand, self.runtime.ledger().holds()
+    def fleet_here(self) -> LocalFleet:
+        """On a worker thread: this host's GPUs (a read shared with the ones under way;
+        see ``SpawnerRuntime.inventory_here``), the layout holds, and in dynamic mode the
+        recent request mix."""
+        # Dynamic placement keeps room for the sizes users ask for most.
+        demand = self.runtime.demand() if self.slice_kind.made_per_lease else None
+        holds = self.runtime.ledger().holds()
+        return LocalFleet(self.runtime.inventory_here(), demand, holds)
 
-        # Side by side, each one trip to a worker thread: in a class start every trip
-        # waits for a turn of the hub's busy event loop.
-        inventory, (demand, holds) = await asyncio.gather(
-            self.runtime.inventory(), self.runtime.run(from_ledger))
-        return LocalFleet(inventory, demand, holds)
+    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:
+        """The claim's plan is read on the worker thread that claims (one trip)."""
+        return lambda: self.plan_claim(self.fleet_here(), offer, mine)
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases."""

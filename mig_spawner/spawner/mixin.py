@@ -254,6 +254,17 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         fresh read of the fleet. May raise any error in :attr:`backend_errors`."""
         return self.plan_claim(await self.read_fleet(), offer, mine)
 
+    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan] | None:
+        """A way to plan the claim on the worker thread that claims, so that the plan
+        and the claim take one trip (each trip waits for a turn of the hub's event loop,
+        which a class start keeps busy); ``None`` when the fleet is read with awaits (a
+        cluster's API): :meth:`claim_decide` plans first."""
+        return None
+
+    #: The plan of the claim under way, once read (``waiting.claim`` sets it): what a
+    #: refusal records beside its reason.
+    claim_plan: ClaimPlan | None = None
+
     async def after_claim(self, lease: Lease) -> Lease:
         """Make the claimed slice (e.g. create the instance) and return the lease as
         recorded then; by default the slice exists already. Raise SpawnException to
@@ -521,24 +532,15 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
 
-    async def _drop_stale_lease(self) -> bool:
-        """A lease still recorded for this server although it is starting belongs to a
-        server that is gone (e.g. the hub died mid-start): stop what still runs for it
-        and release it first, or refuse in plain words when that cannot be done now.
-        Returns whether there was one (released now)."""
-        name = self.name or ""
+    async def drop_stale_lease(self, stale: Lease) -> None:
+        """``stale``, a lease still recorded for this server although it is starting,
+        belongs to a server that is gone (e.g. the hub died mid-start): stop what still
+        runs for it and release it (``waiting.claim`` then claims again), or refuse in
+        plain words when that cannot be done now."""
         code, detail = ReleaseCode.STALE, "server was not running when it started again"
-        try:
-            stale = await self.runtime.run(
-                lambda: self.runtime.ledger().active_for_server(self.user.name, name)
-            )
-        except tuple(self.backend_errors) as e:
-            raise self._backend_error(e) from None
-        if stale is None:
-            return False
         outcome = await self.releaser().release(stale, code, detail)
         if outcome.done:
-            return True
+            return
         self.releaser().retry_later(stale.id, code, detail)
         try:
             held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
@@ -551,18 +553,17 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         # are headings ("Small: 1 of 7 compute slices").
         self.progress_log.add(10, progress.reserving(offer.key))
         tic = time.perf_counter()
-        plan = None
+        self.claim_plan = None
         try:
             with waiting.claim_timer(self):
-                plan = await self._decide_after_stale_lease(offer, mine)
                 # A plain claim, or a place in line when nothing is free (waiting.py).
-                lease, plan = await waiting.claim(self, offer, mine, plan)
+                lease, plan = await waiting.claim(self, offer, mine)
         except Refused as e:
-            raise self._refuse(e.reason, e.message, mine, offer, plan) from None
+            raise self._refuse(e.reason, e.message, mine, offer, self.claim_plan) from None
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, plan
+                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, self.claim_plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
@@ -578,24 +579,6 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         )
         self.progress_log.add(30, progress.reserved(lease.profile, plan.memory(lease), where))
         return lease
-
-    async def _decide_after_stale_lease(self, offer: Offer, mine: UserPolicy) -> ClaimPlan:
-        """The claim's plan, read while this server's stale lease (if any) is looked up.
-
-        Both wait for a worker thread and then for the hub's event loop; during a class
-        start each such trip takes a busy loop's turn, so they run side by side rather
-        than one after the other. A stale lease found and released may have changed the
-        fleet (a dynamic instance destroyed): the plan is then read again.
-        """
-        deciding = asyncio.ensure_future(self.claim_decide(offer, mine))
-        try:
-            dropped = await self._drop_stale_lease()
-        except BaseException:
-            deciding.cancel()
-            await asyncio.wait([deciding])
-            raise
-        plan = await deciding
-        return await self.claim_decide(offer, mine) if dropped else plan
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Hook for concrete spawners: make the slice usable (device cgroup, nodes) after it

@@ -80,9 +80,12 @@ class SpawnerRuntime:
     _gpu: GpuAdapter | None = None
     _demand: tuple[float, dict[str, int]] | None = None
     _opening: threading.Lock = field(default_factory=threading.Lock)
-    # The inventory read under way and the one queued after it (see inventory()).
-    _reading: asyncio.Future | None = None
-    _queued: asyncio.Future | None = None
+    # The shared GPU reads (see inventory_here()): how many have started, whether one is
+    # under way, and the last one's number and result (or error).
+    _reads: threading.Condition = field(default_factory=threading.Condition)
+    _reads_started: int = 0
+    _read_running: bool = False
+    _last_read: tuple[int, Inventory | None, Exception | None] = (0, None, None)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on a worker thread and await its result."""
@@ -94,25 +97,45 @@ class SpawnerRuntime:
         return self.executor.submit(fn, *args)
 
     async def inventory(self) -> Inventory:
-        """A read of the GPUs that started after this call: callers that arrive while
-        one read is under way all share the one queued after it."""
-        queued = self._queued
-        if queued is None or queued.get_loop() is not asyncio.get_running_loop():
-            queued = self._queued = asyncio.ensure_future(self._read_after(self._reading))
-        return await asyncio.shield(queued)
-
-    async def _read_after(self, before: asyncio.Future | None) -> Inventory:
-        if before is not None and before.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait([before])
-        this = asyncio.current_task()
-        self._reading, self._queued = this, None
-        try:
-            return await self.run(lambda: self.gpu().inventory())
-        finally:
-            if self._reading is this:
-                self._reading = None
+        """A read of the GPUs that started after this call (:meth:`inventory_here`), in
+        one trip to a worker thread."""
+        return await self.run(self.inventory_here)
 
     # The accessors below run on a worker thread (called from inside ``run``).
+
+    def inventory_here(self) -> Inventory:
+        """A read of the GPUs that started after this call; the callers that arrive
+        while one read is under way share the next one, so a class start reads the GPUs
+        a few times, not once per spawn. On a worker thread: a claim reads its fleet in
+        the same trip as it claims (``waiting.claim``)."""
+        with self._reads:
+            wanted = self._reads_started + 1  # the next read to start is new enough
+            while self._last_read[0] < wanted:
+                if not self._read_running:
+                    self._reads_started = wanted = self._reads_started + 1
+                    self._read_running = True
+                    break
+                self._reads.wait()
+            else:
+                _, inventory, error = self._last_read
+                if error is not None:
+                    raise error
+                assert inventory is not None
+                return inventory
+        inventory, error = None, None
+        try:
+            inventory = self.gpu().inventory()
+            return inventory
+        except Exception as e:
+            error = e
+            raise
+        finally:
+            if inventory is None and error is None:  # interrupted: the others must not wait
+                error = RuntimeError("the GPU read was interrupted")
+            with self._reads:
+                self._last_read = (wanted, inventory, error)
+                self._read_running = False
+                self._reads.notify_all()
 
     def ledger(self) -> Ledger:
         """The ledger, opened (and its schema migrated) on first use."""

@@ -66,6 +66,7 @@ from mig_spawner.ledger import (
     LeaseRequest,
     LedgerView,
     ReleaseCode,
+    ServerHasLease,
     WaitEntry,
     WaitRequest,
 )
@@ -524,12 +525,14 @@ def claim_timer(spawner: MIGSpawnerMixin) -> Iterator[None]:
         CLAIM_DURATION.observe(max(0.0, time.perf_counter() - tic - spawner._in_line))
 
 
-async def claim(
-    spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy, plan: ClaimPlan
-) -> tuple[Lease, ClaimPlan]:
+async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
+                ) -> tuple[Lease, ClaimPlan]:
     """A lease for this spawn, claimed at once or granted after waiting in line, and
     the backend's plan that granted it.
 
+    The first try is one trip to a worker thread: the plan (where the backend can read
+    its fleet there, ``plan_here``), a stale lease of this server, the line, and the
+    claim. A stale lease is released (``drop_stale_lease``) and the try made again.
     Raises ``Refused`` as the claim does; a wait that reaches ``max_wait`` is refused
     with what is free instead.
     """
@@ -539,19 +542,22 @@ async def claim(
     request = LeaseRequest(spawner.user.name, spawner.name or "")
     group = charged_group(mine, offer)
     queue = group is not None and group.queue
-    def claim_unless_others_wait() -> Lease | None:
-        # One trip to a worker thread: a claim waits behind the hub's own work once.
-        ledger = runtime.ledger()
-        return None if ledger.waiting() else ledger.claim(request, plan.decide)
-
-    try:
-        lease = await runtime.run(claim_unless_others_wait)
-    except Refused as e:
-        if e.reason not in FIT_REASONS or not queue:
-            raise
+    tried = await _first_try(spawner, offer, mine, request)
+    if tried.stale is not None:
+        # Released (or refused in words), then tried again on a fresh plan: the release
+        # may have destroyed a dynamic instance.
+        await spawner.drop_stale_lease(tried.stale)
+        tried = await _first_try(spawner, offer, mine, request)
+        if tried.stale is not None:  # a concurrent start got one meanwhile
+            raise ServerHasLease(tried.stale)
+    plan = tried.plan
+    assert plan is not None  # planned whenever no stale lease was found
+    if tried.lease is not None:
+        return tried.lease, plan
+    if tried.refused is not None:
+        if tried.refused.reason not in FIT_REASONS or not queue:
+            raise tried.refused
     else:
-        if lease is not None:
-            return lease, plan
         # Others wait: join the line rather than jump it; only "nothing free" is queued.
         held, holds = await runtime.run(lambda: (runtime.ledger().active(),
                                                  runtime.ledger().holds()))
@@ -584,6 +590,53 @@ async def claim(
     finally:
         grant_loop.leave(entry.id)
         spawner._in_line = time.perf_counter() - joined
+
+
+@dataclass(frozen=True)
+class _FirstTry:
+    """What a claim's first trip found: its plan, and a lease, or this server's stale
+    lease, or the claim's refusal, or none of them (others wait in line)."""
+
+    plan: ClaimPlan | None  # None only beside a stale lease found before planning
+    lease: Lease | None = None
+    stale: Lease | None = None
+    refused: Refused | None = None
+
+
+async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
+                     request: LeaseRequest) -> _FirstTry:
+    runtime = spawner.runtime
+    plan_here = spawner.plan_here(offer, mine)
+    planned = None
+    if plan_here is None:
+        # The plan reads the cluster with awaits: a stale lease first, which says more
+        # than a cluster that cannot be read (its release needs the cluster too).
+        stale = await runtime.run(lambda: runtime.ledger().active_for_server(
+            request.user, request.server_name))
+        if stale is not None:
+            return _FirstTry(None, stale=stale)
+        planned = await spawner.claim_decide(offer, mine)
+
+    def first_try() -> _FirstTry:
+        if planned is None:
+            assert plan_here is not None
+            plan = plan_here()
+        else:
+            plan = planned
+        ledger = runtime.ledger()
+        stale = ledger.active_for_server(request.user, request.server_name)
+        if stale is not None:
+            return _FirstTry(plan, stale=stale)
+        if ledger.waiting():
+            return _FirstTry(plan)
+        try:
+            return _FirstTry(plan, lease=ledger.claim(request, plan.decide))
+        except Refused as e:
+            return _FirstTry(plan, refused=e)
+
+    tried = await runtime.run(first_try)
+    spawner.claim_plan = tried.plan  # for a refusal's record (MIGSpawnerMixin._claim)
+    return tried
 
 
 async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
