@@ -80,11 +80,10 @@ class SpawnerRuntime:
     _gpu: GpuAdapter | None = None
     _demand: tuple[float, dict[str, int]] | None = None
     _opening: threading.Lock = field(default_factory=threading.Lock)
-    # The shared GPU reads (see inventory_here()): how many have started, whether one is
-    # under way, and the last one's number and result (or error).
+    # The shared GPU reads (see inventory_here()): how many have started, and the last
+    # one's number and result (or error). One is under way while the two numbers differ.
     _reads: threading.Condition = field(default_factory=threading.Condition)
     _reads_started: int = 0
-    _read_running: bool = False
     _last_read: tuple[int, Inventory | None, Exception | None] = (0, None, None)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -111,9 +110,8 @@ class SpawnerRuntime:
         with self._reads:
             wanted = self._reads_started + 1  # the next read to start is new enough
             while self._last_read[0] < wanted:
-                if not self._read_running:
-                    self._reads_started = wanted = self._reads_started + 1
-                    self._read_running = True
+                if self._reads_started == self._last_read[0]:  # none under way: read now
+                    self._reads_started = wanted
                     break
                 self._reads.wait()
             else:
@@ -134,7 +132,6 @@ class SpawnerRuntime:
                 error = RuntimeError("the GPU read was interrupted")
             with self._reads:
                 self._last_read = (wanted, inventory, error)
-                self._read_running = False
                 self._reads.notify_all()
 
     def ledger(self) -> Ledger:

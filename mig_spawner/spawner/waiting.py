@@ -607,26 +607,29 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
                      request: LeaseRequest) -> _FirstTry:
     runtime = spawner.runtime
     plan_here = spawner.plan_here(offer, mine)
-    planned = None
+
+    def stale_lease() -> Lease | None:
+        return runtime.ledger().active_for_server(request.user, request.server_name)
+
+    planned: ClaimPlan | None = None
     if plan_here is None:
         # The plan reads the cluster with awaits: a stale lease first, which says more
         # than a cluster that cannot be read (its release needs the cluster too).
-        stale = await runtime.run(lambda: runtime.ledger().active_for_server(
-            request.user, request.server_name))
-        if stale is not None:
+        if (stale := await runtime.run(stale_lease)) is not None:
             return _FirstTry(None, stale=stale)
         planned = await spawner.claim_decide(offer, mine)
 
     def first_try() -> _FirstTry:
-        if planned is None:
+        # A stale lease is looked for once, before the plan: its release changes the
+        # fleet, so a plan read beside it would be read again anyway. One that appears
+        # after the look (a concurrent start) is refused by the claim (ServerHasLease).
+        plan = planned
+        if plan is None:
             assert plan_here is not None
+            if (stale := stale_lease()) is not None:
+                return _FirstTry(None, stale=stale)
             plan = plan_here()
-        else:
-            plan = planned
         ledger = runtime.ledger()
-        stale = ledger.active_for_server(request.user, request.server_name)
-        if stale is not None:
-            return _FirstTry(plan, stale=stale)
         if ledger.waiting():
             return _FirstTry(plan)
         try:
