@@ -368,7 +368,13 @@ class HubProcess:
                         continue  # the spawn ended between the two requests
                     return posted.result(timeout), events
                 if posted.done() and (model is None or model.get("ready")):
-                    return posted.result(), []
+                    # Over before it was seen pending: the stream still gives its end
+                    # (JupyterHub keeps a failed spawn's error for it).
+                    try:
+                        events = self.progress(name, timeout=timeout)
+                    except requests.HTTPError:
+                        events = []
+                    return posted.result(), events
                 time.sleep(0.05)
         raise HubError(f"spawn of {name} did not progress within {timeout}s")
 
