@@ -12,7 +12,10 @@ single-user servers) on a simulated H200 host, and one without servers:
    (one after the other, never at once), with at least N slices. Measured: the hub's
    own API (``GET /hub/api/``, probed every 0.1 s) p95 during the burst, time from
    Start to ready, and (MIG) the claim's duration from the hub log. Goals: API p95 <=
-   1.2x plain, time to ready <= 1.0x plain, claim p95 <= 1 s at N = 100.
+   1.2x plain, time to ready <= 1.0x plain, claim p95 <= 1 s at N = 100. With
+   ``--nice 10`` both hubs start their servers behind the hub (``LocalMIGSpawner.nice``):
+   without it, on Linux each starting server gets as much CPU as the whole hub, and every
+   figure measures that more than either spawner.
 2. **Fewer slices than users**: S slices, N users; the S servers are stopped one by
    one and each release's time to the next waiter's grant is read from the ledger
    (release ``released_at`` -> grant ``claimed_at``). Goal: <= 0.2 s.
@@ -24,6 +27,7 @@ Run from the repository root (it imports the test harness as ``tests.support``):
     .venv/bin/python -m benchmarks.burst --quick          # N = 10, W = 10: a few minutes
     .venv/bin/python -m benchmarks.burst --n 20 50 100 --waiters 40
     .venv/bin/python -m benchmarks.burst --n 20 --rounds 3 --skip claims waiting idle
+    .venv/bin/python -m benchmarks.burst --n 50 --nice 10 --skip claims waiting idle
 
 It prints figures and ratios; it is a benchmark, not a timed test.
 """
@@ -82,8 +86,28 @@ def p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))] if ordered else 0.0
 
 
-def start_hub(workdir: Path, spawner: str, slices: int, users: list[str]) -> HubProcess:
-    hub = start_mig_hub(workdir, sim_for(slices), EXTRA, spawner=spawner)
+#: ``--nice`` for the plain hub: the step ``LocalMIGSpawner.nice`` adds, on JupyterHub's
+#: own spawner, so that both hubs' servers come behind their hub the same way.
+NICE_PLAIN = """
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+from mig_spawner.spawner.local import lower_priority
+
+class BehindTheHub(SimpleLocalProcessSpawner):
+    def make_preexec_fn(self, name):
+        lower, then = lower_priority({nice}), super().make_preexec_fn(name)
+        return lambda: (lower(), then())
+
+c.JupyterHub.spawner_class = BehindTheHub
+"""
+
+
+def start_hub(workdir: Path, spawner: str, slices: int, users: list[str],
+              nice: int = 0) -> HubProcess:
+    extra = EXTRA
+    if nice:
+        extra += (f"c.LocalMIGSpawner.nice = {nice}\n" if spawner.startswith("mig")
+                  else NICE_PLAIN.format(nice=nice))
+    hub = start_mig_hub(workdir, sim_for(slices), extra, spawner=spawner)
     hub.create_users(users, groups=["burst"])
     return hub
 
@@ -200,16 +224,17 @@ def case_claims(n: int, tmp: Path) -> list[float]:
     return asyncio.run(burst())
 
 
-def case_burst(n: int, tmp: Path, rounds: int) -> dict[str, list]:
+def case_burst(n: int, tmp: Path, rounds: int, nice: int = 0) -> dict[str, list]:
     """``rounds`` bursts of ``n`` users on each hub, alternating plain and MIG (never at
     once): per round, each hub's API p95, median time to ready and the hub process's
-    CPU seconds during the burst; the claims pooled."""
+    CPU seconds during the burst; the claims pooled. ``nice``: both hubs start their
+    servers at that nice value."""
     users = [f"b{i:03d}" for i in range(n)]
     out: dict[str, list] = {"plain": [], "mig": [], "claims": []}
     for r in range(rounds):
         for label, spawner, options in (("plain", "simple", None),
                                         ("mig", "mig-simple", {"profile": "small"})):
-            hub = start_hub(tmp / f"burst-{n}-{label}-{r}", spawner, n, users)
+            hub = start_hub(tmp / f"burst-{n}-{label}-{r}", spawner, n, users, nice)
             try:
                 cpu = hub_cpu_seconds(hub)
                 burst = press_start(hub, users, options)
@@ -286,6 +311,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="bursts per hub and size, alternating plain and MIG: one burst's "
                              "tail swings by 10-20 %% on a loaded machine")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="both hubs start their servers at this nice value "
+                             "(LocalMIGSpawner.nice; the plain hub the same way): the hub "
+                             "ahead of the servers, as docs/admin-install.md advises")
     parser.add_argument("--quick", action="store_true",
                         help="N = 10, 4 slices for 10 users, W = 10, short windows")
     parser.add_argument("--skip", choices=["claims", "burst", "waiting", "idle"], nargs="*",
@@ -305,13 +334,14 @@ def main() -> int:
                       f"{GOALS['claim']} s at N = 100: {verdict(p95(took), GOALS['claim'])})",
                       flush=True)
         if "burst" not in args.skip:
+            behind = f"; servers at nice {args.nice}" if args.nice else ""
             print(f"1. Burst: N users press Start within 1 s (plain hub, then MIG; "
-                  f"{rounds} round(s), the median of the rounds' figures)")
+                  f"{rounds} round(s), the median of the rounds' figures{behind})")
             print(f"{'N':>5}{'api p95 plain':>15}{'api p95 mig':>13}{'ratio':>7}"
                   f"{'ready med plain':>17}{'ready med mig':>15}{'ratio':>7}"
                   f"{'claim p95':>11}")
             for n in sizes:
-                got = case_burst(n, tmp, rounds)
+                got = case_burst(n, tmp, rounds, args.nice)
                 (api_plain, ready_plain, cpu_plain), (api_mig, ready_mig, cpu_mig) = (
                     [statistics.median(figures) for figures in zip(*got[label], strict=True)]
                     for label in ("plain", "mig"))

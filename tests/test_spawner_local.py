@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
 from dataclasses import replace
 from datetime import UTC, datetime
 from html.parser import HTMLParser
@@ -240,3 +242,35 @@ async def test_a_stale_lease_whose_holder_cannot_be_checked_is_kept_and_said(
         )
         kept = ledger.get(old.id)
         assert kept.held and kept.state == "releasing"  # held, and the slice map says why
+
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _started_with(preexec) -> tuple[int, str | None]:
+    """The nice value and scheduling group (None: no autogroup scheduling here) of a
+    child started as JupyterHub starts a server: in a session of its own."""
+    child = subprocess.run(
+        ["/bin/sh", "-c", "nice; cat /proc/self/autogroup 2>/dev/null || true"],
+        preexec_fn=preexec, start_new_session=True, capture_output=True, text=True,
+        check=True, timeout=30)
+    nice, *group = child.stdout.splitlines()
+    return int(nice), (group or [None])[0]
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_nice_puts_each_server_and_its_session_behind_the_hub(tmp_path, ledger_url, user):
+    """A server in a session of its own is a scheduling group of its own: without the
+    group's value the hub got no more CPU than any one server of a class start."""
+    s = spawner(tmp_path, ledger_url)
+    hub = AUTOGROUP.read_text() if AUTOGROUP.exists() else None
+    nice, group = _started_with(s.make_preexec_fn(user))
+    assert nice == os.nice(0)
+    assert group is None or group.endswith(" nice 0")
+    s.nice = 10
+    # Lowered before the child becomes the user: "nobody" could not write its /proc.
+    nice, group = _started_with(s.make_preexec_fn(user))
+    assert nice == 10
+    assert group is None or group.endswith(" nice 10")
+    assert (AUTOGROUP.read_text() if hub else None) == hub  # the hub's is untouched

@@ -50,7 +50,7 @@ def test_every_setting_of_a_spawner_acts_there(get):
 
 def test_local_only_settings_are_not_on_the_kubernetes_spawner():
     kube = _kube_spawner()
-    for name in ("mig_mode", "strategy", "isolation", "nvidia_modprobe"):
+    for name in ("mig_mode", "strategy", "isolation", "nvidia_modprobe", "nice"):
         assert name in LocalMIGSpawner.class_traits(config=True)
         assert name not in kube.class_traits(config=True), name
 

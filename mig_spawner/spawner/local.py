@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
-from traitlets import Bool, Enum, Unicode
+from traitlets import Bool, Enum, Integer, Unicode
 
 from mig_spawner import device_cgroup
 from mig_spawner.core.inventory import Inventory
@@ -126,6 +126,24 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     nvidia_modprobe = Unicode(
         "nvidia-modprobe",
         help="Command that creates the MIG capability device nodes (with isolation on).",
+    ).tag(config=True)
+
+    nice = Integer(
+        0,
+        min=0,
+        max=19,
+        help="""The servers' CPU nice value (0 to 19): how far behind the hub they come
+        when the CPU is short, for the server and everything it starts.
+
+        When a class presses Start at once, the servers starting use every core, and on
+        Linux each one (in a session of its own) gets as much CPU as the whole hub: the
+        hub's pages and API then answer in seconds, and every spawn waits for the hub.
+        10 keeps the hub ahead of the servers while they compete; it costs the servers
+        nothing while the host is not busy. It is applied to the server's scheduling
+        group too (``/proc/self/autogroup``), where a plain nice would change nothing
+        against other sessions. 0 (default): the same priority as the hub, as JupyterHub's
+        own spawner. See docs/admin-install.md ("A class starts at once").
+        """,
     ).tag(config=True)
 
     #: What a confined server may open besides its slice: the pseudo devices, as
@@ -369,21 +387,29 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     runs_as_user = True
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
-        """Join the slice's cgroup first (still root), then become the user. In a
-        systemd scope, systemd-run becomes the user itself (it must start as root)."""
-        if self._scope_user is not None:
-            home = pwd.getpwnam(name).pw_dir
-            return lambda: os.chdir(home) if os.path.isdir(home) else None
-        then = super().make_preexec_fn(name)
-        join = self._join
-        if join is None:
+        """Lower the server's priority (``nice``) and join the slice's cgroup first
+        (still root), then become the user."""
+        then = self._become(name)
+        steps = [lower_priority(self.nice)] if self.nice else []
+        if self._join is not None:
+            steps.append(self._join)
+        if not steps:
             return then
 
         def preexec() -> None:
-            join()
+            for step in steps:
+                step()
             then()
 
         return preexec
+
+    def _become(self, name: str) -> Callable[[], None]:
+        """The child's last step: JupyterHub's (become the user). In a systemd scope,
+        systemd-run becomes the user itself (it must start as root): only go home."""
+        if self._scope_user is None:
+            return super().make_preexec_fn(name)
+        home = pwd.getpwnam(name).pw_dir
+        return lambda: os.chdir(home) if os.path.isdir(home) else None
 
     async def start(self) -> Any:
         try:
@@ -427,6 +453,28 @@ class SimpleLocalMIGSpawner(LocalMIGSpawner, SimpleLocalProcessSpawner):
     """
 
     runs_as_user = False
+
+
+def lower_priority(nice: int) -> Callable[[], None]:
+    """What a child runs before it execs the server: take nice value ``nice`` (or keep a
+    higher one it inherited), for itself and for its session's scheduling group. The
+    child runs in a new session (``start_new_session``), so Linux's autogroup scheduling
+    puts it in a group of its own, which shares the CPU with the hub's group as an equal
+    whatever the processes' nice values: the group's value is the one that counts.
+    Before the child becomes the user: a process that changed user cannot write its own
+    ``/proc`` files."""
+
+    def lower() -> None:
+        now = os.nice(0)
+        if now < nice:
+            os.nice(nice - now)
+        try:
+            with open("/proc/self/autogroup", "w") as group:
+                group.write(str(nice))
+        except OSError:
+            pass  # no autogroup scheduling in this kernel: the nice value is enough
+
+    return lower
 
 
 def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
