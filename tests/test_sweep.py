@@ -247,9 +247,30 @@ def test_busy_device_without_a_lease_is_reported():
     )
     inventory = Inventory(host="h", driver_version="580", nvml_version="13",
                           cuda_driver_version=13000, gpus=(gpu,))
-    leases = [lease("L1", "ana", mig_uuid="MIG-a"), lease("L2", "bob", mig_uuid="MIG-b",
-                                                         state="released")]
-    assert [d.uuid for d in unleased_busy_devices(inventory, leases)] == ["MIG-b"]
+    # MIG-a is held; MIG-b's lease ended; MIG-c runs nothing.
+    assert [d.uuid for d in unleased_busy_devices(inventory, ["MIG-a"])] == ["MIG-b"]
+
+
+def whole(uuid: str, pids: tuple[int, ...], mig: bool = False, pending: bool | None = None,
+          supported: bool = True, unknown: bool = False) -> Gpu:
+    return Gpu(index=1, uuid=uuid, product="NVIDIA H200", model_key="h200", minor=1,
+               memory_total_mib=143000, mig_current=mig,
+               mig_pending=mig if pending is None else pending, mig_supported=supported,
+               processes=tuple(GpuProcess(p, 100) for p in pids), processes_unknown=unknown)
+
+
+def test_a_busy_whole_gpu_without_a_lease_is_reported_as_a_slice_would_be():
+    gpus = (whole("GPU-held", (11,)), whole("GPU-stray", (12, 13)), whole("GPU-idle", ()),
+            whole("GPU-unlisted", (), unknown=True),
+            # Its processes are the ones a mode change waits for (reported elsewhere).
+            whole("GPU-resetting", (14,), mig=False, pending=True),
+            # Not a GPU mig-spawner could lease (a display GPU).
+            whole("GPU-other", (15,), supported=False))
+    inventory = Inventory(host="h", driver_version="580", nvml_version="13",
+                          cuda_driver_version=13000, gpus=gpus)
+    found = unleased_busy_devices(inventory, ["GPU-held"])
+    assert [(d.uuid, d.what, d.pids) for d in found] == [
+        ("GPU-stray", "whole GPU", (12, 13)), ("GPU-unlisted", "whole GPU", ())]
 
 
 def leased(claimed_ago: float, expires_in: float | None) -> Lease:

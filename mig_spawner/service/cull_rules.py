@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Protocol
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 
 if TYPE_CHECKING:
-    from mig_spawner.core.inventory import Inventory, MigDevice
+    from mig_spawner.core.inventory import Inventory
     from mig_spawner.ledger.records import Lease
 
 
@@ -555,11 +555,30 @@ def find_orphans(
     return orphans, still_missing
 
 
-def unleased_busy_devices(inventory: Inventory, leases: Iterable[Lease]) -> list[MigDevice]:
-    """MIG devices running processes that no held lease accounts for.
+@dataclass(frozen=True)
+class UnleasedDevice:
+    """A device running processes that no held lease accounts for."""
 
-    Someone is using a slice outside the hub (or a lease was lost). The service
-    reports these; it never kills the processes.
+    uuid: str  # what CUDA_VISIBLE_DEVICES names: MIG-... or, with MIG off, GPU-...
+    what: str  # its profile ("1g.18gb"), or "whole GPU"
+    gpu_index: int
+    pids: tuple[int, ...]
+
+
+def unleased_busy_devices(inventory: Inventory, leased: Iterable[str]) -> list[UnleasedDevice]:
+    """The devices running processes that none of ``leased`` (the devices the held
+    leases name, as their kinds say) accounts for: MIG devices, and MIG-capable GPUs
+    with MIG off (a whole GPU, leased or not). A GPU that waits for a reset to change
+    mode is left out: its processes are the ones the change waits for.
+
+    Someone is using a slice or a GPU outside the hub (or a lease was lost). The
+    service reports these; it never kills the processes.
     """
-    leased = {lease.mig_uuid for lease in leases if lease.held and lease.mig_uuid}
-    return [d for d in inventory.mig_devices if d.busy and d.uuid not in leased]
+    held = set(leased)
+    found = [UnleasedDevice(d.uuid, d.profile, d.gpu_index, d.pids)
+             for d in inventory.mig_devices if d.busy and d.uuid not in held]
+    found += [UnleasedDevice(g.uuid, "whole GPU", g.index, tuple(p.pid for p in g.processes))
+              for g in inventory.gpus
+              if g.mig_supported and not g.mig_current and not g.mig_pending
+              and (g.processes or g.processes_unknown) and g.uuid not in held]
+    return found

@@ -51,7 +51,8 @@ class ServiceMetrics:
         )
         self.unleased_devices = Gauge(
             f"{PREFIX}_unleased_busy_devices",
-            "MIG devices running processes that no lease accounts for (reported, not killed).",
+            "MIG devices, and whole GPUs with MIG off, running processes that no lease "
+            "accounts for (reported, not killed).",
             registry=r,
         )
         self.errors = Counter(

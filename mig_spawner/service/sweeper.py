@@ -701,12 +701,12 @@ class Sweeper:
         except Exception as e:
             self._error("gpu", f"cannot read the GPU inventory: {e}", report)
             return
-        devices = unleased_busy_devices(inventory, leases)
+        devices = unleased_busy_devices(
+            inventory, (_device_of(lease) for lease in leases if lease.held))
         self.metrics.unleased_devices.set(len(devices))
         for device in devices:
             self.log.warning(
-                "MIG device %s (%s, GPU %d) runs processes %s but no lease holds it; "
-                "not killing them", device.uuid, device.profile, device.gpu_index,
-                list(device.pids),
+                "%s (%s, GPU %d) runs processes %s but no lease holds it; not killing "
+                "them", device.uuid, device.what, device.gpu_index, list(device.pids),
             )
         report.unleased_devices = [d.uuid for d in devices]
