@@ -322,6 +322,10 @@ def test_an_admin_sees_usage_per_group_and_member_and_grants_hours(tmp_path, cap
     assert "group 'nobody' has no budget" in capsys.readouterr().err
     assert main(["report", "-f", str(config), "--ledger-url", url]) == 0
     assert "GPU budgets (compute-slice-hours" in capsys.readouterr().out
+    # The report's JSON has them too, as the budget command gives them.
+    assert main(["report", "-f", str(config), "--ledger-url", url, "--json"]) == 0
+    budgets = {(r["group"], r["user"]): r for r in json.loads(capsys.readouterr().out)["budgets"]}
+    assert budgets == rows
 
 
 def connect_sim():

@@ -16,11 +16,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ..core.durations import DurationError, parse_duration
 from ..core.policy import PolicySet
 from .report import ledger_url
 from .settings import hub_config
+
+if TYPE_CHECKING:
+    from ..ledger import Ledger
 
 
 def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
@@ -46,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
     grant.set_defaults(func=cmd_grant)
 
 
-def _policies(args: argparse.Namespace) -> PolicySet:
+def hub_policies(args: argparse.Namespace) -> PolicySet:
+    """The policies of the hub's config (``--config-dir``)."""
     from ..config import MIGPolicyConfig
 
     return MIGPolicyConfig(config=hub_config(args)).build()
@@ -61,7 +66,7 @@ def cmd_grant(args: argparse.Namespace) -> int:
     except DurationError as e:
         print(f"error: hours: {e}", file=sys.stderr)
         return 2
-    policies = _policies(args)
+    policies = hub_policies(args)
     group = policies.groups.get(args.group)
     if group is None or not group.has_budget:
         print(f"error: group {args.group!r} has no budget in the hub's config "
@@ -90,27 +95,34 @@ def cmd_grant(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace, now: datetime | None = None) -> int:
     """Run ``mig-spawner budget``: the budget table; returns the exit status."""
     from ..ledger import Ledger, LedgerError
-    from ..report.budgets import budget_rows, budgets_text
 
-    now = now or datetime.now(UTC)
-    policies = _policies(args)
-    if policies.budget_horizon is None:
-        print("no group of the hub's config has a budget (see docs/policies.md, "
-              "\"Budgets\")", file=sys.stderr)
-        return 0
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
-            leases, extras = ledger.budget_usage(
-                now - timedelta(seconds=policies.budget_horizon))
+            section = budget_section(hub_policies(args), ledger, now or datetime.now(UTC))
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    rows = budget_rows(policies, leases, extras, {x.id for x in leases if x.held}, now)
-    if args.json:
-        print(json.dumps([{**asdict(r), "left_hours": r.left_hours} for r in rows], indent=2))
-    else:
-        print(budgets_text(rows))
+    if section is None:
+        print("no group of the hub's config has a budget (see docs/policies.md, "
+              "\"Budgets\")", file=sys.stderr)
+        return 0
+    text, rows = section
+    print(json.dumps(rows, indent=2) if args.json else text)
     return 0
+
+
+def budget_section(policies: PolicySet, ledger: Ledger, now: datetime
+                   ) -> tuple[str, list[dict]] | None:
+    """Where each budget of ``policies`` stands at ``now``: the table as text and its rows
+    as JSON (``mig-spawner budget``, and ``report`` with ``--config-dir``); ``None`` when
+    no group has a budget."""
+    from ..report.budgets import budget_rows, budgets_text
+
+    if policies.budget_horizon is None:
+        return None
+    leases, extras = ledger.budget_usage(now - timedelta(seconds=policies.budget_horizon))
+    rows = budget_rows(policies, leases, extras, {x.id for x in leases if x.held}, now)
+    return budgets_text(rows), [{**asdict(r), "left_hours": r.left_hours} for r in rows]
 
 
 def _budgeted(policies: PolicySet) -> list[str]:

@@ -19,7 +19,7 @@ from .settings import hub_config
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..core.rightsize import RightsizeRule
     from ..gpu.errors import GpuError
-    from ..ledger import Lease
+    from ..ledger import Lease, Ledger
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
@@ -175,8 +175,11 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             waits = wait_rows(ledger.waits(since, until))
             held = ledger.active() if args.advise else []
             measured = ledger.usage(x.id for x in leases) if rule is not None else {}
+            budgets = _budgets(args, ledger, now)
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
         extra = _purpose_and_rightsize(args, leases, measured, rule, since, until)
+        if budgets is not None:
+            extra["budgets"] = budgets
     except LedgerMissing as e:
         print(f"error: {e}", file=sys.stderr)
         print("hint: point --ledger-url at the ledger the hub uses (by default "
@@ -205,11 +208,6 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         advice = advise(fleet, requests_of(leases, refusals, until),
                         min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
     _print(args, rows, advice, since, until, waits, extra)
-    if args.config_dir and not args.json:
-        from .budget import cmd_budget
-
-        print()
-        cmd_budget(args, now)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml
 
@@ -229,6 +227,17 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         for path in write_plots(args.plots, leases, rows, since, until, capacity(fleet)):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _budgets(args: argparse.Namespace, ledger: Ledger, now: datetime
+             ) -> tuple[str, list[dict]] | None:
+    """Where each budget stands, with the hub's config (``--config-dir``) only: the
+    budgets are in its policies."""
+    if not args.config_dir:
+        return None
+    from .budget import budget_section, hub_policies
+
+    return budget_section(hub_policies(args), ledger, now)
 
 
 def _rightsize_rule(args: argparse.Namespace) -> RightsizeRule:
