@@ -353,10 +353,10 @@ def main() -> int:
                 print(f"      hub process CPU during the burst: plain {cpu_plain:.2f} s, MIG "
                       f"{cpu_mig:.2f} s ({cpu_mig / cpu_plain:.2f}x)")
                 if rounds > 1:
-                    print("      rounds (api p95 s, ready median s, hub CPU s): plain "
-                          + ", ".join(f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got["plain"])
-                          + "; MIG "
-                          + ", ".join(f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got["mig"]))
+                    print("      rounds (api p95 s, ready median s, hub CPU s): "
+                          + "; ".join(f"{name} " + ", ".join(
+                              f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got[label])
+                              for name, label in (("plain", "plain"), ("MIG", "mig"))))
                 print(f"      goals: api <= {GOALS['api']}x plain ({verdict(api, GOALS['api'])}),"
                       f" ready <= {GOALS['ready']}x ({verdict(ready, GOALS['ready'])}), claim "
                       f"p95 <= {GOALS['claim']} s ({verdict(p95(claims), GOALS['claim'])})",

@@ -577,7 +577,7 @@ def unleased_busy_devices(inventory: Inventory, leased: Iterable[str]) -> list[U
     held = set(leased)
     found = [UnleasedDevice(d.uuid, d.profile, d.gpu_index, d.pids)
              for d in inventory.mig_devices if d.busy and d.uuid not in held]
-    found += [UnleasedDevice(g.uuid, "whole GPU", g.index, tuple(p.pid for p in g.processes))
+    found += [UnleasedDevice(g.uuid, "whole GPU", g.index, g.pids_on(g.uuid))
               for g in inventory.gpus
               if g.mig_supported and not g.mig_current and not g.mig_pending
               and (g.processes or g.processes_unknown) and g.uuid not in held]
