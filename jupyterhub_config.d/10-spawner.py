@@ -36,6 +36,12 @@ c.MIGSettings.ledger_url = ""
 # not), off with simulated GPUs. True: on, or every spawn fails. False: off.
 # c.LocalMIGSpawner.isolation = True
 
+# A class pressing Start at once: each starting server gets as much CPU as the whole hub,
+# whose pages and API then answer in seconds. 10 starts the servers (and their session's
+# scheduling group) behind the hub; they lose nothing while the CPU is not short.
+# 0 (default): the hub's own priority. docs/admin-install.md, "A class starts at once".
+# c.LocalMIGSpawner.nice = 10
+
 # No GPU on this machine? Try everything with the NVML simulator instead (shared, like
 # the ledger, by the hub, the slice service and the mig-spawner command):
 # c.MIGSettings.simulate = "h200x2:layout=1g.18gb*4,2g.35gb,1g.35gb"
