@@ -28,7 +28,14 @@ from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core import budget
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import REPO, HubProcess, free_port, simulated_spawner
-from tests.support.slice_service import SCOPES, SERVICE_CONFIG, Service, new_kernel, wait_for
+from tests.support.slice_service import (
+    SCOPES,
+    SERVICE_CONFIG,
+    Service,
+    kernels,
+    new_kernel,
+    wait_for,
+)
 
 pytestmark = pytest.mark.hub
 
@@ -114,12 +121,6 @@ def env(tmp_path_factory):
 def start(hub: HubProcess, user: str) -> None:
     r = hub.spawn(user, {"profile": "small"})
     assert r.status_code in (201, 202), r.text
-
-
-def kernels(hub: HubProcess, user: str) -> dict[str, str]:
-    r = hub.session.get(f"{hub.url}/user/{user}/api/kernels", timeout=10)
-    r.raise_for_status()
-    return {k["id"]: k["execution_state"] for k in r.json()}
 
 
 def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):

@@ -73,7 +73,7 @@ def gpus(hub) -> SimulatedHost:
 def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     hub, service, ledger = env
     start(hub, "ana")
-    new_kernel(hub, "ana")  # the user's last act, through the proxy
+    new_kernel(hub, "ana", booted=True)  # the user's last act, through the proxy
     touched = time.monotonic()
     touched_at = datetime.now(UTC)
     lease = ledger.active_for_server("ana")

@@ -273,4 +273,6 @@ def test_nice_puts_each_server_and_its_session_behind_the_hub(tmp_path, ledger_u
     nice, group = _started_with(s.make_preexec_fn(user))
     assert nice == 10
     assert group is None or group.endswith(" nice 10")
-    assert (AUTOGROUP.read_text() if hub else None) == hub  # the hub's is untouched
+    # The hub's is untouched. In a container whose cpu cgroup is not an autogroup the file
+    # is there and empty: the kernel shows no group.
+    assert (AUTOGROUP.read_text() if AUTOGROUP.exists() else None) == hub

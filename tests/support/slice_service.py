@@ -100,8 +100,21 @@ def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
     pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
 
 
-def new_kernel(hub: HubProcess, user: str) -> str:
+def new_kernel(hub: HubProcess, user: str, *, booted: bool = False) -> str:
+    """Start a kernel in ``user``'s server through the proxy and return its id; with
+    ``booted``, once it has booted: a kernel's first status messages are activity, and on
+    a loaded machine they come seconds after the request."""
     r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
                          timeout=60)
     r.raise_for_status()
-    return r.json()["id"]
+    kernel = r.json()["id"]
+    if booted:
+        HubProcess.wait_until(lambda: kernels(hub, user).get(kernel) != "starting", 60)
+    return kernel
+
+
+def kernels(hub: HubProcess, user: str) -> dict[str, str]:
+    """``user``'s kernels and their execution states, read through the proxy."""
+    r = hub.session.get(f"{hub.url}/user/{user}/api/kernels", timeout=10)
+    r.raise_for_status()
+    return {k["id"]: k["execution_state"] for k in r.json()}
