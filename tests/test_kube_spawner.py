@@ -229,8 +229,12 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledg
     assert info.value.status_code == 503
     assert "All 'Large' slices of the cluster are in use" in str(info.value)
     assert held(ledger_url) == []
-    await s.runtime.run(lambda: None)  # the refusal is written on the worker thread
     with Ledger.open(ledger_url) as ledger:
+        # Written on one of the worker threads without waiting: it comes, soon.
+        for _ in range(100):
+            if ledger.refusals():
+                break
+            await asyncio.sleep(0.1)
         assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
     assert [p["metadata"]["name"] for p in standin.pods] == ["batch-train"]
