@@ -35,8 +35,12 @@ CLAIM_DURATION = Histogram(
     "Time from asking the backend for a slice to the lease being granted or refused.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-
-
+WORKER_WAIT = Histogram(
+    "mig_spawner_worker_wait_seconds",
+    "Time a ledger or GPU call of the hub waited for one of the spawners' worker threads "
+    "before it ran: high while every thread is busy (a class start), near zero otherwise.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 RELEASES_HELD_BACK = Counter(
     "mig_spawner_releases_held_back",
     "Releases the hub did not do, by why: holder_unknown (its server process could not "

@@ -28,6 +28,8 @@ from mig_spawner.core.inventory import Inventory
 from mig_spawner.gpu import GpuAdapter, connect
 from mig_spawner.ledger import Ledger
 
+from .metrics import WORKER_WAIT
+
 T = TypeVar("T")
 
 #: Threads for ledger (and GPU) calls: enough that a slow one (a release that waits for
@@ -38,6 +40,18 @@ DEMAND_WINDOW = timedelta(days=7)
 #: ...re-read at most this often: a week's mix hardly moves in a minute, and a claim
 #: should not pay for a history query each time.
 DEMAND_TTL_SECONDS = 60.0
+
+
+def _timed(job: Callable[[], T]) -> Callable[[], T]:
+    """``job``, observing on ``mig_spawner_worker_wait_seconds`` how long it waited for
+    a worker thread: the one figure that says whether :data:`THREADS` is too few."""
+    queued = time.perf_counter()
+
+    def timed() -> T:
+        WORKER_WAIT.observe(time.perf_counter() - queued)
+        return job()
+
+    return timed
 
 
 @dataclass(frozen=True)
@@ -89,11 +103,11 @@ class SpawnerRuntime:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on a worker thread and await its result."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.executor, _timed(partial(fn, *args, **kwargs)))
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn`` on a worker thread without waiting for it."""
-        return self.executor.submit(fn, *args)
+        return self.executor.submit(_timed(partial(fn, *args)))
 
     async def inventory(self) -> Inventory:
         """A read of the GPUs that started after this call (:meth:`inventory_here`), in

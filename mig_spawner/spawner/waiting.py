@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -637,7 +638,18 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
         except Refused as e:
             return _FirstTry(plan, refused=e)
 
-    tried = await runtime.run(first_try)
+    times = [time.perf_counter()]  # asked; then began and ended on the thread; back
+
+    def timed_try() -> _FirstTry:
+        times.append(time.perf_counter())
+        try:
+            return first_try()
+        finally:
+            times.append(time.perf_counter())
+
+    tried = await runtime.run(timed_try)
+    times.append(time.perf_counter())
+    spawner.claim_trip = tuple(b - a for a, b in itertools.pairwise(times))
     spawner.claim_plan = tried.plan  # for a refusal's record (MIGSpawnerMixin._claim)
     return tried
 
