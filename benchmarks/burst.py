@@ -11,8 +11,9 @@ single-user servers) on a simulated H200 host, and one without servers:
    ``SimpleLocalProcessSpawner`` hub runs first, then the ``SimpleLocalMIGSpawner`` hub
    (one after the other, never at once), with at least N slices. Measured: the hub's
    own API (``GET /hub/api/``, probed every 0.1 s) p95 during the burst, time from
-   Start to ready, and (MIG) the claim's duration from the hub log, and the part of it
-   spent waiting for a worker thread. Goals: API p95 <= 1.2x plain, time to ready <=
+   Start to ready, each hub's CPU and how late its event loop ran (a 20 ms timer), and
+   (MIG) the claim's duration from the hub log, in parts: the wait for a worker thread,
+   the work there, the wait for the event loop. Goals: API p95 <= 1.2x plain, time to ready <=
    1.0x plain, claim p95 <= 1 s at N = 100. With
    ``--nice 10`` both hubs start their servers behind the hub (``LocalMIGSpawner.nice``):
    without it, on Linux each starting server gets as much CPU as the whole hub, and every
@@ -89,6 +90,26 @@ def p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))] if ordered else 0.0
 
 
+#: A probe both hubs load: a timer every 20 ms on the hub's event loop writes how late it
+#: ran (wall time, seconds late) to LAG_FILE. A claim's result waits for that loop as
+#: everything else in the hub does; the plain hub's stalls say how much of that wait is
+#: JupyterHub's own.
+LOOP_PROBE = """
+import asyncio as _asyncio, time as _time
+def _probe_loop(path, every=0.02):
+    loop, out = _asyncio.get_running_loop(), open(path, "w", buffering=1)
+    due = [_time.perf_counter() + every]
+    def tick():
+        now = _time.perf_counter()
+        out.write(f"{_time.time():.3f} {now - due[0]:.4f}\\n")
+        due[0] = now + every
+        loop.call_later(every, tick)
+    loop.call_later(every, tick)
+_probe_loop(LAG_FILE)
+"""
+LAG_FILE = "loop-lag.txt"
+
+
 #: ``--nice`` for the plain hub: the step ``LocalMIGSpawner.nice`` adds, on JupyterHub's
 #: own spawner, so that both hubs' servers come behind their hub the same way.
 NICE_PLAIN = """
@@ -106,7 +127,7 @@ c.JupyterHub.spawner_class = BehindTheHub
 
 def start_hub(workdir: Path, spawner: str, slices: int, users: list[str],
               nice: int = 0) -> HubProcess:
-    extra = EXTRA
+    extra = EXTRA + LOOP_PROBE.replace("LAG_FILE", repr(str(workdir / LAG_FILE)))
     if nice:
         extra += (f"c.LocalMIGSpawner.nice = {nice}\n" if spawner.startswith("mig")
                   else NICE_PLAIN.format(nice=nice))
@@ -136,6 +157,16 @@ class Burst:
     ready: dict[str, float] = field(default_factory=dict)
     pressed: dict[str, float] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
+    began: float = 0.0  # wall clock, the first press
+    ended: float = 0.0  # wall clock, the last server ready
+
+    def loop_stalls(self, hub: HubProcess) -> tuple[float, float]:
+        """Seconds the hub's event loop ran late during the burst, in all and at most
+        once (:data:`LOOP_PROBE`)."""
+        late = [float(lag) for at, lag in (
+            line.split() for line in (hub.workdir / LAG_FILE).read_text().splitlines())
+            if self.began <= float(at) <= self.ended]
+        return sum(late), max(late, default=0.0)
 
     def to_ready(self) -> list[float]:
         return [self.ready[n] - self.pressed[n] for n in self.ready]
@@ -169,6 +200,7 @@ def press_start(hub: HubProcess, names: list[str], options: dict | None, spread:
 
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
+    result.began = time.time()
     pressers = [threading.Thread(target=press, args=(i, n), daemon=True)
                 for i, n in enumerate(names)]
     for t in pressers:
@@ -185,6 +217,7 @@ def press_start(hub: HubProcess, names: list[str], options: dict | None, spread:
         if result.refused:
             break
         time.sleep(0.25)
+    result.ended = time.time()
     done.set()
     for t in pressers:
         t.join(5)
@@ -244,7 +277,7 @@ def case_burst(n: int, tmp: Path, rounds: int, nice: int = 0) -> dict[str, list]
                 cpu = hub_cpu_seconds(hub)
                 burst = press_start(hub, users, options)
                 out[label].append((p95(burst.api), statistics.median(burst.to_ready()),
-                                   hub_cpu_seconds(hub) - cpu))
+                                   hub_cpu_seconds(hub) - cpu, *burst.loop_stalls(hub)))
                 if label == "mig":
                     out["claims"] += claim_times(hub)
             finally:
@@ -350,9 +383,11 @@ def main() -> int:
                   " there, its wait for the event loop to take the result back")
             for n in sizes:
                 got = case_burst(n, tmp, rounds, args.nice)
-                (api_plain, ready_plain, cpu_plain), (api_mig, ready_mig, cpu_mig) = (
+                plain, mig = (
                     [statistics.median(figures) for figures in zip(*got[label], strict=True)]
                     for label in ("plain", "mig"))
+                (api_plain, ready_plain, cpu_plain), (api_mig, ready_mig, cpu_mig) = (
+                    plain[:3], mig[:3])
                 claims, waits, work, back = ([c[i] for c in got["claims"]] for i in range(4))
                 api, ready = api_mig / api_plain, ready_mig / ready_plain
                 print(f"{n:>5}{api_plain:>15.3f}{api_mig:>13.3f}{api:>7.2f}"
@@ -360,11 +395,13 @@ def main() -> int:
                       f"{p95(claims):>11.3f}{p95(waits):>13.3f}{p95(work):>11.3f}"
                       f"{p95(back):>11.3f}", flush=True)
                 print(f"      hub process CPU during the burst: plain {cpu_plain:.2f} s, MIG "
-                      f"{cpu_mig:.2f} s ({cpu_mig / cpu_plain:.2f}x)")
+                      f"{cpu_mig:.2f} s ({cpu_mig / cpu_plain:.2f}x); its event loop ran "
+                      f"late by {plain[3]:.1f} s in all, at most {plain[4]:.2f} s at once "
+                      f"(plain), {mig[3]:.1f} s, at most {mig[4]:.2f} s (MIG)")
                 if rounds > 1:
                     print("      rounds (api p95 s, ready median s, hub CPU s): "
                           + "; ".join(f"{name} " + ", ".join(
-                              f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c in got[label])
+                              f"({a:.3f}, {b:.1f}, {c:.2f})" for a, b, c, *_ in got[label])
                               for name, label in (("plain", "plain"), ("MIG", "mig"))))
                 print(f"      goals: api <= {GOALS['api']}x plain ({verdict(api, GOALS['api'])}),"
                       f" ready <= {GOALS['ready']}x ({verdict(ready, GOALS['ready'])}), claim "
