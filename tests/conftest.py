@@ -1,15 +1,16 @@
-"""Fixtures the whole suite shares: the PostgreSQL server started for the session, and
-a fresh ledger database on each backend, the stand-ins for a hub and for the
+"""Fixtures the whole suite shares: the PostgreSQL server started for the session, a
+fresh ledger database on each backend and an open SQLite ledger, the stand-ins for a hub and for the
 Kubernetes API, each stopped when its test ends; and how the tests spread over the
 pytest-xdist workers (tests/support/scheduling.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from mig_spawner.ledger import Ledger
 from tests.support.hub_standin import StandinState, listen
 from tests.support.kube_standin import KubeStandin
 from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
@@ -48,3 +49,11 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    """A new ledger on SQLite in the test's directory, open for the test (modules that
+    need another clock or backend define their own)."""
+    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as opened:
+        yield opened

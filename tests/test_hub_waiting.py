@@ -24,8 +24,9 @@ import pytest
 import requests
 
 from mig_spawner.ledger import Ledger
+from tests.support.browser import launch_chromium
 from tests.support.hub_harness import REPO, HubProcess, start_mig_hub
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -135,29 +136,25 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         joined = time.monotonic()
         places(hub, followers, {n: i for i, n in enumerate(CROWD[3:], 1)})
 
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                # The form: the exhausted choice joins the wait list, with count and estimate.
-                form = login(browser, hub, VIEWER)
-                form.goto(f"{hub.url}/hub/spawn")
-                text = form.locator("#spawn_form").inner_text()
-                assert "All 3 in use \u2014 join the wait list (5 waiting, " in text, text
-                assert form.get_by_role("radio", name=re.compile("Small")).is_enabled()
-                form.locator("#spawn_form").screenshot(path=str(IMG / "spawn-form-wait.png"))
-                # The pending page of the last in line: its place, then the line moving.
-                pending = login(browser, hub, "u8")
-                pending.goto(f"{hub.url}/hub/spawn-pending/u8")
-                pending.locator("text=/5th in line for a small slice/").first.wait_for(
-                    timeout=15_000)
-                pending.screenshot(path=str(IMG / "spawn-pending-wait.png"))
+        with launch_chromium() as browser:
+            # The form: the exhausted choice joins the wait list, with count and estimate.
+            form = login(browser, hub, VIEWER)
+            form.goto(f"{hub.url}/hub/spawn")
+            text = form.locator("#spawn_form").inner_text()
+            assert "All 3 in use \u2014 join the wait list (5 waiting, " in text, text
+            assert form.get_by_role("radio", name=re.compile("Small")).is_enabled()
+            form.locator("#spawn_form").screenshot(path=str(IMG / "spawn-form-wait.png"))
+            # The pending page of the last in line: its place, then the line moving.
+            pending = login(browser, hub, "u8")
+            pending.goto(f"{hub.url}/hub/spawn-pending/u8")
+            pending.locator("text=/5th in line for a small slice/").first.wait_for(
+                timeout=15_000)
+            pending.screenshot(path=str(IMG / "spawn-pending-wait.png"))
 
-                # A release starts the first waiter's server within 2 s.
-                hub.stop_server("u1")
-                pending.locator("text=/4th in line for a small slice/").first.wait_for(
-                    timeout=15_000)
-            finally:
-                browser.close()
+            # A release starts the first waiter's server within 2 s.
+            hub.stop_server("u1")
+            pending.locator("text=/4th in line for a small slice/").first.wait_for(
+                timeout=15_000)
         hub.wait_ready("u4")
         released = next(lease for lease in ledger.history(user="u1") if lease.released_at)
         granted = ledger.active_for_server("u4")

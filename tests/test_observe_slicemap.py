@@ -107,8 +107,9 @@ def test_slice_map_json_and_table_show_gib_beside_the_profile(tmp_path):
 
 @pytest.mark.browser
 def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api")
-    from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+    pytest.importorskip("playwright.sync_api")
+    from tests.support.browser import launch_chromium
+    from tests.support.system_deps import require_chromium
 
     require_chromium()
     world = _h200_every_size(tmp_path)
@@ -120,12 +121,8 @@ def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
             states=slicemap.SLICE_STATES, xsrf="x").decode()
     finally:
         world.close()
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.set_content(page_html)
-            labels = page.locator(".slice .profile").all_inner_texts()
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page = browser.new_page()
+        page.set_content(page_html)
+        labels = page.locator(".slice .profile").all_inner_texts()
     assert sorted(labels) == sorted(f"{name} · {gib} · free" for name, gib in SHOWN.items())

@@ -19,10 +19,10 @@ import pytest
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
-from tests.support.browser import sign_in
+from tests.support.browser import launch_chromium, sign_in
 from tests.support.hub_harness import start_mig_hub
 from tests.support.slice_service import SERVICE_CONFIG, Service, new_kernel, wait_for
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = pytest.mark.hub
 
@@ -105,27 +105,23 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
 
 def test_a_user_working_in_jupyterlab_keeps_the_server(env):
     require_chromium()
-    playwright = pytest.importorskip("playwright.sync_api")
+    pytest.importorskip("playwright.sync_api")
     hub, service, ledger = env
     start(hub, "mia")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 800})
-            sign_in(page, hub.url, "mia", "/user/mia/lab")
-            page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
-                timeout=120_000)
-            began = time.monotonic()
-            # Run a cell every few seconds for well past the idle limit: the user's
-            # traffic goes through the proxy and counts, as real use must.
-            while time.monotonic() - began < SERVER_IDLE * 1.6:
-                page.locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
-                page.keyboard.type("1 + 1")
-                page.keyboard.press("Shift+Enter")
-                time.sleep(3)
-                assert hub.server_model("mia") is not None, service.log()
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        sign_in(page, hub.url, "mia", "/user/mia/lab")
+        page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click(
+            timeout=120_000)
+        began = time.monotonic()
+        # Run a cell every few seconds for well past the idle limit: the user's
+        # traffic goes through the proxy and counts, as real use must.
+        while time.monotonic() - began < SERVER_IDLE * 1.6:
+            page.locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
+            page.keyboard.type("1 + 1")
+            page.keyboard.press("Shift+Enter")
+            time.sleep(3)
+            assert hub.server_model("mia") is not None, service.log()
     assert hub.server_model("mia")["ready"]
     lease = ledger.active_for_server("mia")
     # A server in use has no idle deadline: never warned of one.

@@ -14,7 +14,7 @@ import pytest
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core.refusal import Refused
 from mig_spawner.gpu import connect
-from mig_spawner.ledger import LeaseRequest, Ledger
+from mig_spawner.ledger import LeaseRequest
 from mig_spawner.spawner.decide import free_now, make_decide
 from mig_spawner.spawner.progress import ProgressLog
 
@@ -32,12 +32,6 @@ def policies():
 def inventory():
     with connect(simulate=SIM) as adapter:
         return adapter.inventory()
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        yield ledger
 
 
 def claim(ledger, policies, inventory, user, groups, offer, mode="pool", server=""):

@@ -53,12 +53,6 @@ def inventory():
         return adapter.inventory()
 
 
-@pytest.fixture
-def ledger(tmp_path):
-    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        yield ledger
-
-
 def claim(ledger, inventory, user, offer, mode="pool", server="", **group):
     mine = policies(**group).for_user(["ml"])
     return ledger.claim(LeaseRequest(user, server),

@@ -16,7 +16,7 @@ import pytest
 from mig_spawner.gpu.simulator import SimulatedHost
 from tests.support.browser import sign_in
 from tests.support.hub_harness import start_mig_hub
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -57,14 +57,6 @@ def hub(tmp_path_factory):
         hub.wait_ready(holder)
     yield hub
     hub.close()
-
-
-@pytest.fixture(scope="module")
-def chromium(hub):
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def read_form(chromium, hub, user: str) -> tuple[str, dict[str, tuple[str, bool]]]:

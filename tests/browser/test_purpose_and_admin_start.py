@@ -26,7 +26,7 @@ import requests
 from mig_spawner.ledger import Ledger
 from tests.support.browser import sign_in
 from tests.support.hub_harness import MIG_SNIPPETS, REPO, HubProcess, free_port, simulated_spawner
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 from tests.support.usage import seed_sessions
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
@@ -71,14 +71,6 @@ def hub(tmp_path_factory):
     hub.ledger_url = ledger_url
     yield hub
     hub.close()
-
-
-@pytest.fixture(scope="module")
-def chromium(hub):
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @contextlib.contextmanager

@@ -26,9 +26,10 @@ from mig_spawner.layout import LayoutApplier, begin, end_change, holders_of
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
 from mig_spawner.service.handlers import METRICS_SCOPE
+from tests.support.browser import launch_chromium
 from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 from tests.support.observe_world import POLICY, make_world
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -114,60 +115,56 @@ def open_as(browser, hub_url: str, url: str, name: str):
 
 def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
     hub, url, state_file, ledger_url = setup
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page, _ = open_as(browser, hub.url, url, "boss")  # login, OAuth, then the map
-            page.locator("section.gpu").first.wait_for(timeout=30_000)
-            assert page.locator("section.gpu").count() == 2
-            states = {
-                (b.get_attribute("data-state"), b.get_attribute("data-user"))
-                for b in page.locator(".slice").all()
-            }
-            assert ("leased", "ada") in states and ("leased", "cy") in states
-            assert ("idle", "bob") in states  # 2 h without activity, idle after 20 min
-            assert ("orphan", "") in states  # processes but no lease
-            ada = page.locator('.slice[data-user="ada"]')
-            text = ada.inner_text()
-            assert "3g.71gb" in text and "ada/llm" in text and "group research" in text
-            assert "age 2h 0" in text and "idle 1m" in text and "1 proc" in text
-            assert "research" in page.locator("#groups").inner_text()
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
+    with launch_chromium() as browser:
+        page, _ = open_as(browser, hub.url, url, "boss")  # login, OAuth, then the map
+        page.locator("section.gpu").first.wait_for(timeout=30_000)
+        assert page.locator("section.gpu").count() == 2
+        states = {
+            (b.get_attribute("data-state"), b.get_attribute("data-user"))
+            for b in page.locator(".slice").all()
+        }
+        assert ("leased", "ada") in states and ("leased", "cy") in states
+        assert ("idle", "bob") in states  # 2 h without activity, idle after 20 min
+        assert ("orphan", "") in states  # processes but no lease
+        ada = page.locator('.slice[data-user="ada"]')
+        text = ada.inner_text()
+        assert "3g.71gb" in text and "ada/llm" in text and "group research" in text
+        assert "age 2h 0" in text and "idle 1m" in text and "1 proc" in text
+        assert "research" in page.locator("#groups").inner_text()
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
 
-            # A stray process appears on a free slice: the page redraws it as an orphan.
-            free = page.locator('section.gpu[data-gpu="0"] .slice[data-state="free"]')
-            assert free.count() == 2
-            data = page.evaluate(FETCH_JSON)
-            stray = next(s["mig_uuid"] for s in data["gpus"][0]["slices"] if s["state"] == "free")
-            SimulatedHost.open(state_file).set_processes(stray, [(31337, 2048)])
-            page.wait_for_function(
-                "n => document.querySelectorAll("
-                "'section.gpu .slice[data-state=\"orphan\"]').length === n", arg=2,
-                timeout=15_000)
-            assert free.count() == 1
+        # A stray process appears on a free slice: the page redraws it as an orphan.
+        free = page.locator('section.gpu[data-gpu="0"] .slice[data-state="free"]')
+        assert free.count() == 2
+        data = page.evaluate(FETCH_JSON)
+        stray = next(s["mig_uuid"] for s in data["gpus"][0]["slices"] if s["state"] == "free")
+        SimulatedHost.open(state_file).set_processes(stray, [(31337, 2048)])
+        page.wait_for_function(
+            "n => document.querySelectorAll("
+            "'section.gpu .slice[data-state=\"orphan\"]').length === n", arg=2,
+            timeout=15_000)
+        assert free.count() == 1
 
-            table = page.context.new_page()  # same cookies: no second OAuth round trip
-            table.goto(url + "/table")
-            rows = table.locator("#slices tbody tr")
-            assert rows.count() == 8
-            assert "ada/llm" in table.locator("#slices").inner_text()
-            data = page.evaluate(FETCH_JSON)
-            assert data["counts"]["orphan"] == 2 and len(data["gpus"]) == 2
+        table = page.context.new_page()  # same cookies: no second OAuth round trip
+        table.goto(url + "/table")
+        rows = table.locator("#slices tbody tr")
+        assert rows.count() == 8
+        assert "ada/llm" in table.locator("#slices").inner_text()
+        data = page.evaluate(FETCH_JSON)
+        assert data["counts"]["orphan"] == 2 and len(data["gpus"]) == 2
 
-            # An admin re-cuts GPU 1 (docs/layout.md): one pass of the change drains it.
-            with Ledger.open(ledger_url) as ledger:
-                recut_gpu_1(ledger, state_file)
-                change = page.locator('section.gpu[data-gpu="1"] .change')
-                change.wait_for(timeout=15_000)
-                assert "being re-cut (draining): waits for bob" in change.inner_text()
-                gpu1 = page.locator('section.gpu[data-gpu="1"]')
-                assert gpu1.get_by_text("being re-cut", exact=True).count() >= 1
-                page.screenshot(path=str(DRAIN_SCREENSHOT), full_page=True)
-                for opened in ledger.layout_changes():
-                    end_change(ledger, opened, PlanState.FAILED, "the test ends it")
-        finally:
-            browser.close()
+        # An admin re-cuts GPU 1 (docs/layout.md): one pass of the change drains it.
+        with Ledger.open(ledger_url) as ledger:
+            recut_gpu_1(ledger, state_file)
+            change = page.locator('section.gpu[data-gpu="1"] .change')
+            change.wait_for(timeout=15_000)
+            assert "being re-cut (draining): waits for bob" in change.inner_text()
+            gpu1 = page.locator('section.gpu[data-gpu="1"]')
+            assert gpu1.get_by_text("being re-cut", exact=True).count() >= 1
+            page.screenshot(path=str(DRAIN_SCREENSHOT), full_page=True)
+            for opened in ledger.layout_changes():
+                end_change(ledger, opened, PlanState.FAILED, "the test ends it")
 
 
 def recut_gpu_1(ledger: Ledger, state_file: str) -> None:
@@ -187,42 +184,34 @@ def recut_gpu_1(ledger: Ledger, state_file: str) -> None:
 
 def test_user_without_the_scope_is_refused(setup):
     hub, url, *_ = setup
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page, response = open_as(browser, hub.url, url, "ann")
-            assert response.status == 403
-            assert SLICEMAP_SCOPE in page.inner_text("body")
-            assert page.locator("section.gpu").count() == 0
-            json_response = page.goto(url + ".json")
-            assert json_response is not None and json_response.status == 403
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page, response = open_as(browser, hub.url, url, "ann")
+        assert response.status == 403
+        assert SLICEMAP_SCOPE in page.inner_text("body")
+        assert page.locator("section.gpu").count() == 0
+        json_response = page.goto(url + ".json")
+        assert json_response is not None and json_response.status == 403
 
 
 def test_user_the_hub_refuses_at_the_oauth_step_hears_which_scope_to_ask_for(setup):
     """zed lacks even access:services for the service: the hub's own 403 (at the OAuth
     step), which names the scope and who to ask, and shows nothing of the map."""
     hub, url, *_ = setup
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(f"{hub.url}/hub/login?next={quote(url)}")
-            page.get_by_label("Username").fill("zed")
-            page.get_by_label("Password").fill("any password")
-            with page.expect_navigation(url=lambda u: "oauth2/authorize" in u) as navigation:
-                page.get_by_role("button", name="Sign in").click()
-            assert navigation.value.status == 403
-            text = page.inner_text("body")
-            assert SLICEMAP_SCOPE in text and "Ask a hub admin" in text
-            assert page.locator("section.gpu").count() == 0
-            # Any other 403 of the hub stays the hub's own page.
-            other = page.goto(f"{hub.url}/hub/admin")
-            assert other is not None and other.status == 403
-            assert SLICEMAP_SCOPE not in page.inner_text("body")
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{hub.url}/hub/login?next={quote(url)}")
+        page.get_by_label("Username").fill("zed")
+        page.get_by_label("Password").fill("any password")
+        with page.expect_navigation(url=lambda u: "oauth2/authorize" in u) as navigation:
+            page.get_by_role("button", name="Sign in").click()
+        assert navigation.value.status == 403
+        text = page.inner_text("body")
+        assert SLICEMAP_SCOPE in text and "Ask a hub admin" in text
+        assert page.locator("section.gpu").count() == 0
+        # Any other 403 of the hub stays the hub's own page.
+        other = page.goto(f"{hub.url}/hub/admin")
+        assert other is not None and other.status == 403
+        assert SLICEMAP_SCOPE not in page.inner_text("body")
 
 
 def test_no_token_no_map(setup):

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from tests.support.browser import sign_in
+from tests.support.browser import launch_chromium, sign_in
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, REPO, start_mig_hub
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -58,41 +58,37 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
     # A colleague holds the only 3g.71gb, so "large" must show as unavailable.
     assert hub.spawn("max", {"profile": "large"}).status_code in (201, 202)
     hub.wait_ready("max")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 900, "height": 1000})
-            sign_in(page, hub.url, "mia")
-            page.goto(f"{hub.url}/hub/spawn")
+    with launch_chromium() as browser:
+        page = browser.new_page(viewport={"width": 900, "height": 1000})
+        sign_in(page, hub.url, "mia")
+        page.goto(f"{hub.url}/hub/spawn")
 
-            radios = page.get_by_role("radio")
-            labels = [radios.nth(i).get_attribute("value") for i in range(radios.count())]
-            assert labels == ["medium", "large", "1g.35gb"]  # ml-team's offers, nothing else
-            medium = page.get_by_role("radio", name=re.compile("Medium"))
-            large = page.get_by_role("radio", name=re.compile("Large"))
-            assert medium.is_enabled() and medium.is_checked()
-            assert large.is_disabled()
-            text = page.locator("#spawn_form").inner_text()
-            assert "2 free now" in text and "the only large slice is in use right now" in text
-            assert "2/7 of the GPU's compute" in text
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))
+        radios = page.get_by_role("radio")
+        labels = [radios.nth(i).get_attribute("value") for i in range(radios.count())]
+        assert labels == ["medium", "large", "1g.35gb"]  # ml-team's offers, nothing else
+        medium = page.get_by_role("radio", name=re.compile("Medium"))
+        large = page.get_by_role("radio", name=re.compile("Large"))
+        assert medium.is_enabled() and medium.is_checked()
+        assert large.is_disabled()
+        text = page.locator("#spawn_form").inner_text()
+        assert "2 free now" in text and "the only large slice is in use right now" in text
+        assert "2/7 of the GPU's compute" in text
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))
 
-            # Keyboard only: move to the next enabled choice, then submit with Enter.
-            medium.focus()
-            page.keyboard.press("ArrowDown")  # skips the disabled "large"
-            memory_heavy = page.get_by_role("radio", name=re.compile("Memory-heavy"))
-            assert memory_heavy.is_checked()
-            page.keyboard.press("Enter")
+        # Keyboard only: move to the next enabled choice, then submit with Enter.
+        medium.focus()
+        page.keyboard.press("ArrowDown")  # skips the disabled "large"
+        memory_heavy = page.get_by_role("radio", name=re.compile("Memory-heavy"))
+        assert memory_heavy.is_checked()
+        page.keyboard.press("Enter")
 
-            page.wait_for_url(re.compile(r"/hub/spawn-pending/mia"), timeout=30_000)
-            log = page.locator("#progress-log")
-            log.locator("text=/Reserved 1g.35gb .*GiB.* on GPU/").wait_for(
-                state="attached", timeout=60_000
-            )
-            page.wait_for_url(re.compile(r"/user/mia/tree"), timeout=120_000)
-        finally:
-            browser.close()
+        page.wait_for_url(re.compile(r"/hub/spawn-pending/mia"), timeout=30_000)
+        log = page.locator("#progress-log")
+        log.locator("text=/Reserved 1g.35gb .*GiB.* on GPU/").wait_for(
+            state="attached", timeout=60_000
+        )
+        page.wait_for_url(re.compile(r"/user/mia/tree"), timeout=120_000)
     model = hub.server_model("mia")
     assert model is not None and model["ready"]
     assert model["user_options"] == {"profile": "1g.35gb"}
@@ -101,8 +97,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
 def test_the_pending_page_headline_follows_the_steps(hub):
     pause = hub.workdir / "pause"
     pause.touch()  # the start stops after its claim, as a slow device preparation would
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with launch_chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 900, "height": 600})
             page.add_init_script(RECORD_HEADLINES)
@@ -136,33 +131,28 @@ def test_the_pending_page_headline_follows_the_steps(hub):
             page.wait_for_url(re.compile(r"/user/ana/tree"), timeout=120_000)
         finally:
             pause.unlink(missing_ok=True)
-            browser.close()
     hub.stop_server("ana")
 
 
 def test_a_group_allowed_a_whole_gpu_sees_and_gets_one_beside_the_slices(hub):
     """On a host with GPUs in MIG mode and one with MIG off, the whole GPU is a choice
     of its own for its group, and the server gets it (docs/policies.md, "Whole GPUs")."""
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 900, "height": 800})
-            sign_in(page, hub.url, "gia")
-            page.goto(f"{hub.url}/hub/spawn")
-            whole = page.get_by_role("radio", name=re.compile("Whole GPU"))
-            assert page.get_by_role("radio").count() == 1
-            assert whole.is_enabled() and whole.is_checked()
-            text = page.locator("#spawn_form").inner_text()
-            assert "1 free now" in text and "7/7 of the GPU's compute" in text
-            assert "140.4 GiB" in text
-            page.get_by_role("button", name="Start").click()
-            page.wait_for_url(re.compile(r"/hub/spawn-pending/gia"), timeout=30_000)
-            page.locator("#progress-log").locator(
-                "text=/Reserved a whole GPU .*GiB.* on GPU 2/").wait_for(
-                state="attached", timeout=60_000)
-            page.wait_for_url(re.compile(r"/user/gia/tree"), timeout=120_000)
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page = browser.new_page(viewport={"width": 900, "height": 800})
+        sign_in(page, hub.url, "gia")
+        page.goto(f"{hub.url}/hub/spawn")
+        whole = page.get_by_role("radio", name=re.compile("Whole GPU"))
+        assert page.get_by_role("radio").count() == 1
+        assert whole.is_enabled() and whole.is_checked()
+        text = page.locator("#spawn_form").inner_text()
+        assert "1 free now" in text and "7/7 of the GPU's compute" in text
+        assert "140.4 GiB" in text
+        page.get_by_role("button", name="Start").click()
+        page.wait_for_url(re.compile(r"/hub/spawn-pending/gia"), timeout=30_000)
+        page.locator("#progress-log").locator(
+            "text=/Reserved a whole GPU .*GiB.* on GPU 2/").wait_for(
+            state="attached", timeout=60_000)
+        page.wait_for_url(re.compile(r"/user/gia/tree"), timeout=120_000)
     model = hub.server_model("gia")
     assert model is not None and model["ready"]
     assert model["user_options"] == {"profile": "gpu"}

@@ -18,10 +18,10 @@ import pytest
 import requests
 
 from mig_spawner.ledger import Ledger
-from tests.support.browser import sign_in
+from tests.support.browser import launch_chromium, sign_in
 from tests.support.hub_harness import REPO, start_mig_hub
 from tests.support.slice_service import SERVICE_CONFIG, Service, wait_for
-from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -62,10 +62,8 @@ def env(request, tmp_path_factory):
     service = Service(hub, hub.config_path)
     service.wait_up()
     with Ledger(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger, \
-            playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            launch_chromium() as browser:
         yield hub, service, ledger, browser
-        browser.close()
     service.close()
     hub.close()
 
