@@ -106,8 +106,8 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             assert took >= NOTICE
             assert ledger.active_for_server("bob") is not None  # bob was never touched
         HubProcess.wait_until(lambda: hub.server_model("ana") is None, 30)
-        assert service.metric("mig_spawner_service_slices_reclaimed_total",
-                              reason="drain") == 1
+        assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,
+                               reason="drain") == 1
     finally:
         if service is not None:
             service.close()

@@ -161,8 +161,8 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
         assert kernels(hub, "ana") == {busy: "busy"}
         assert hub.server_model("ana")["ready"]  # the server and its slice stay
         assert ledger.active_for_server("ana") is not None
-        assert service.metric("mig_spawner_service_culls_total", kind="kernel",
-                              reason="kernel_idle", group="kernel-quick") == 1
+        assert service.counted("mig_spawner_service_culls_total", 1, kind="kernel",
+                               reason="kernel_idle", group="kernel-quick") == 1
     finally:
         ws.close()
 
@@ -176,10 +176,10 @@ def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouche
              service)
     wait_for(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released", service)
     assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
-    assert service.metric("mig_spawner_service_culls_total", kind="server",
-                          reason="server_idle", group="server-short") == 1
-    assert service.metric("mig_spawner_service_slices_reclaimed_total",
-                          reason="server_idle", group="server-short") == 1
+    assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
+                           reason="server_idle", group="server-short") == 1
+    assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,
+                           reason="server_idle", group="server-short") == 1
     # ana's group has no server idle limit: her server, idle just as long, still runs.
     assert hub.server_model("ana")["ready"]
 
@@ -195,8 +195,8 @@ def test_max_session_age_stops_a_busy_server(env):
         wait_for(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", service)
     finally:
         ws.close()
-    assert service.metric("mig_spawner_service_culls_total", kind="server",
-                          reason="max_session_age", group="age-capped") == 1
+    assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
+                           reason="max_session_age", group="age-capped") == 1
     wait_for(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released", service)
 
 
@@ -222,8 +222,8 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     ended = ledger.get(lease.id)
     assert ended.release_code == "budget", ended
     assert (ended.released_at - lease.claimed_at).total_seconds() >= 35
-    assert service.metric("mig_spawner_service_culls_total", kind="server",
-                          reason="budget", group="budgeted") == 1
+    assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
+                           reason="budget", group="budgeted") == 1
     # The next spawn is refused with the time it can succeed.
     held, extras = ledger.budget_usage(ended.claimed_at)
     retry = budget.retry_at(group, "dee", 1, budget.spans_of([], held), extras,

@@ -83,6 +83,17 @@ class Service:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def counted(self, name: str, expected: float, timeout: float = 15, **labels: str) -> float:
+        """:meth:`metric` once it reaches ``expected`` (or after ``timeout`` seconds).
+
+        A stop the service asked for is over in the hub (the server gone, its lease
+        released) before the hub's answer reaches the service, which counts it then: on
+        a loaded machine a read at once can come first."""
+        deadline = time.monotonic() + timeout
+        while (value := self.metric(name, **labels)) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return value
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
