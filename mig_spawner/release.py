@@ -296,6 +296,9 @@ class Releaser:
                 self.log.warning("Lease %s of %s: stopping %s that the hub does not track "
                                  "before releasing it", lease.id, lease.server, what)
                 self.events.stopping(lease, found)
+                # Why first: once its process dies, the hub's poll may give the lease
+                # back as server_exited before this release does; the first code stays.
+                await self.run(lambda: self.ledger().end_for(lease.id, code, detail))
                 found = await probe.stop(lease, found, self.grace)
         if found.state == holder.GONE:
             return None

@@ -98,6 +98,34 @@ async def test_a_process_that_keeps_the_device_but_names_another_lease_is_stoppe
         GiveBack.ALREADY_RELEASED)
 
 
+async def test_a_holder_stopped_for_a_drain_keeps_drain_though_the_hubs_poll_releases_first(
+    world,
+):
+    """The slice service stops a held server's process to drain its GPU; the hub's poll
+    sees the process gone and releases the lease itself, before the service's give-back.
+    The lease keeps why it ended (drain), not the poll's server_exited."""
+    ledger, gpus, _, releaser, _, spawn = world
+    device = gpus.inventory().mig_devices[0]
+    lease = claim(ledger, "ana", mig_uuid=device.uuid)
+    server = spawn(CUDA_VISIBLE_DEVICES=device.uuid, MIG_SPAWNER_LEASE_ID=lease.id)
+    hub = Releaser(lambda: ledger, lambda: gpus,
+                   HolderProbes(local=LocalProcesses(asyncio.to_thread, lambda: gpus)),
+                   run=asyncio.to_thread, grace=0.5)
+
+    class PolledByTheHub(LocalProcesses):
+        async def stop(self, lease, found, grace):
+            stopped = await super().stop(lease, found, grace)
+            assert (await hub.release(lease.id, ReleaseCode.SERVER_EXITED)).result is (
+                GiveBack.RELEASED)
+            return stopped
+
+    releaser.probes = HolderProbes(local=PolledByTheHub(asyncio.to_thread, lambda: gpus))
+    await releaser.release(lease.id, ReleaseCode.DRAIN, "GPU 0 is re-cut")
+    assert server.wait(5) == -signal.SIGTERM
+    done = ledger.get(lease.id)
+    assert (done.state, done.release_code) == (LeaseState.RELEASED, ReleaseCode.DRAIN)
+
+
 async def test_what_the_gpu_lists_on_the_slice_keeps_it_held_until_gone_then_a_retry_frees_it(
     world, monkeypatch,
 ):
