@@ -72,7 +72,7 @@ c.MIGPolicyConfig.group_policies["burst"] = {
 """
 PROBE_EVERY = 0.1
 CLAIMED = re.compile(r"Lease \w+: .* claimed in (\d+) ms "
-                     r"\(first trip: (\d+) ms waiting for a worker thread, (\d+) ms there, "
+                     r"\(the claim's trip: (\d+) ms waiting for a worker thread, (\d+) ms there, "
                      r"(\d+) ms waiting for the event loop\)")
 
 
@@ -228,9 +228,9 @@ def press_start(hub: HubProcess, names: list[str], options: dict | None, spread:
 
 
 def claim_times(hub: HubProcess) -> list[tuple[float, ...]]:
-    """Each claim's duration (leaving out time in line), and of its first trip the wait
-    for a worker thread (the issue's "claim wait") and the work there, in seconds, from
-    the MIG hub's log. The rest of a claim is the wait for the hub's event loop."""
+    """Each claim's duration (leaving out time in line), then of the trip that claimed
+    the wait for a worker thread (the issue's "claim wait"), the work there and the wait
+    for the hub's event loop, in seconds, from the MIG hub's log."""
     text = (hub.workdir / "hub.log").read_text(errors="replace")
     return [tuple(int(ms) / 1000 for ms in found) for found in CLAIMED.findall(text)]
 
@@ -379,7 +379,7 @@ def main() -> int:
                   f"{'ready med plain':>17}{'ready med mig':>15}{'ratio':>7}"
                   f"{'claim p95':>11}{'thread p95':>13}{'work p95':>11}{'loop p95':>11}")
             print("      claim: asked for a slice -> the lease back on the hub's event loop;"
-                  " thread, work, loop: its first trip's wait for a worker thread, its work"
+                  " thread, work, loop: the claim's trip's wait for a worker thread, its work"
                   " there, its wait for the event loop to take the result back")
             for n in sizes:
                 got = case_burst(n, tmp, rounds, args.nice)

@@ -1,7 +1,7 @@
 """Fixtures the whole suite shares: the PostgreSQL server started for the session, a
-fresh ledger database on each backend and an open SQLite ledger, the stand-ins for a hub and for the
-Kubernetes API, each stopped when its test ends; and how the tests spread over the
-pytest-xdist workers (tests/support/scheduling.py)."""
+fresh ledger database on each backend and an open SQLite ledger, the stand-ins for a
+hub and for the Kubernetes API, each stopped when its test ends; and how the tests
+spread over the pytest-xdist workers (tests/support/scheduling.py)."""
 
 from __future__ import annotations
 

@@ -264,9 +264,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     #: The plan of the claim under way, once read (``waiting.claim`` sets it): what a
     #: refusal records beside its reason.
     claim_plan: ClaimPlan | None = None
-    #: The claim's first trip to a worker thread (``waiting.claim`` sets it): seconds it
-    #: waited for a thread, worked there, and waited for the hub's event loop to take
-    #: the result back.
+    #: The trip to a worker thread that made the claim (``waiting.claim`` sets it; on
+    #: Kubernetes the cluster is read in trips before it): seconds it waited for a
+    #: thread, worked there, and waited for the hub's event loop to take the result back.
     claim_trip: tuple[float, ...] = (0.0, 0.0, 0.0)
 
     async def after_claim(self, lease: Lease) -> Lease:
@@ -578,7 +578,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         where = plan.granted(lease)
         self.log.info(
             "Lease %s: %s on %s (%s) for %s, charged to %s, claimed in %.0f ms "
-            "(first trip: %.0f ms waiting for a worker thread, %.0f ms there, %.0f ms "
+            "(the claim's trip: %.0f ms waiting for a worker thread, %.0f ms there, %.0f ms "
             "waiting for the event loop)",
             lease.id, lease.profile, where, lease.mig_uuid or lease.pod or "to be created",
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,

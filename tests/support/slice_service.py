@@ -84,15 +84,15 @@ class Service:
         return total
 
     def counted(self, name: str, expected: float, timeout: float = 15, **labels: str) -> float:
-        """:meth:`metric` once it reaches ``expected`` (or after ``timeout`` seconds).
+        """:meth:`metric` once it reaches ``expected``; fails with the service's log if it
+        has not after ``timeout`` seconds.
 
         A stop the service asked for is over in the hub (the server gone, its lease
         released) before the hub's answer reaches the service, which counts it then: on
         a loaded machine a read at once can come first."""
-        deadline = time.monotonic() + timeout
-        while (value := self.metric(name, **labels)) < expected and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return value
+        wait_for(lambda: self.metric(name, **labels) >= expected, timeout,
+                 f"{name} {labels} at {expected}", self)
+        return self.metric(name, **labels)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
