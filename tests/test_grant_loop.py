@@ -9,6 +9,7 @@ file, and PostgreSQL), no hub: the spawns go through ``waiting.claim`` exactly a
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from traitlets.config import Config
 
 from mig_spawner.gpu import GpuAdapter
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Ledger, ReleaseCode
+from mig_spawner.ledger import Lease, Ledger, ReleaseCode
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from tests.mocking import User
 
@@ -24,7 +25,10 @@ SIM = "h200x1:layout=1g.18gb*3"
 WAITERS = 12
 #: The old loop re-read every waiter's GPUs every 0.5 s; over this the count must not move.
 IDLE = 1.5
-#: A release by another process reaches the first waiter's grant within this.
+#: A release by another process reaches the next waiter's grant within this (the median
+#: of three: one sample once took 0.64 s on a loaded 2-core CI runner, a stall of the
+#: whole test process, while 0.015-0.1 s is usual here even with eight busy loops beside
+#: it; the loop's only timer here is the waits' one-hour deadline).
 WAKE_WITHIN = 0.5
 
 
@@ -94,13 +98,17 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
         assert len(inventory_reads) == before, "the GPUs were read while nothing happened"
 
         # The slice service (another process: another Ledger) releases one lease.
-        released = ledger.release(leases[0].id, ReleaseCode.STOPPED, "idle")
-        tic = time.monotonic()
-        first = await asyncio.wait_for(tasks[crowd.index(by_name[line[0]])], 5)
-        woke = time.monotonic() - tic
-        gap = (first.claimed_at - released.released_at).total_seconds()
-        print(f"release elsewhere -> grant: {gap:.3f} s (seen after {woke:.3f} s)")
-        assert gap <= WAKE_WITHIN
+        async def release_elsewhere(lease, waiter: str) -> tuple[float, Lease]:
+            released = ledger.release(lease.id, ReleaseCode.STOPPED, "idle")
+            tic = time.monotonic()
+            granted = await asyncio.wait_for(tasks[crowd.index(by_name[waiter])], 5)
+            woke = time.monotonic() - tic
+            gap = (granted.claimed_at - released.released_at).total_seconds()
+            print(f"release elsewhere -> grant: {gap:.3f} s (seen after {woke:.3f} s)")
+            return gap, granted
+
+        gap, first = await release_elsewhere(leases[0], line[0])
+        gaps = [gap]
         # ...and that pass read the GPUs once, not once per waiter.
         assert len(inventory_reads) - before <= 2
         await until(lambda: by_name[line[1]].progress_log.events[-1]["message"].startswith(
@@ -108,6 +116,11 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
         assert by_name[line[-1]].progress_log.events[-1]["message"].startswith(
             f"{waiting.ordinal(WAITERS - 1)} in line")
         ledger.release(first.id, ReleaseCode.STOPPED)
+        # That release granted line[1]; two more releases, two more samples.
+        await asyncio.wait_for(tasks[crowd.index(by_name[line[1]])], 5)
+        for lease, waiter in zip(leases[1:], line[2:4], strict=True):
+            gaps.append((await release_elsewhere(lease, waiter))[0])
+        assert statistics.median(gaps) <= WAKE_WITHIN, gaps
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
