@@ -81,15 +81,15 @@ def claim(ledger: Ledger, user: str, start: int) -> str:
 
 @pytest.fixture
 async def world(tmp_path, serve_hub):
-    """The stand-in hub (user00001 active a minute ago, user00000 idle for 2 h) and a
-    ledger whose leases were claimed 90 minutes ago."""
+    """The stand-in hub (user00001 active a minute ago, user00000 idle for 2 h), a
+    ledger whose leases were claimed 90 minutes ago, and the stand-in's state."""
     now = datetime.now(UTC)
     state = StandinState.build(3, idle_every=3, now=now)
     base = serve_hub(state)
     claimed = now - timedelta(minutes=90)
     with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite", clock=lambda: claimed) as ledger:
         leases = {user: claim(ledger, user, i) for i, user in enumerate(state.users)}
-        yield base, ledger, leases, now
+        yield base, ledger, leases, now, state
 
 
 def sweeper(base: str, ledger: Ledger, **kw) -> Sweeper:
@@ -98,7 +98,7 @@ def sweeper(base: str, ledger: Ledger, **kw) -> Sweeper:
 
 
 async def test_a_sweep_writes_the_hubs_activity_on_each_lease(world):
-    base, ledger, leases, now = world
+    base, ledger, leases, now, _ = world
     before = ledger.get(leases["user00001"]).last_activity_at
     assert before < now - timedelta(minutes=89)  # as claimed: "idle" for 90 minutes
 
@@ -110,7 +110,7 @@ async def test_a_sweep_writes_the_hubs_activity_on_each_lease(world):
 
 
 async def test_a_dry_run_writes_nothing(world):
-    base, ledger, leases, _ = world
+    base, ledger, leases, *_ = world
     before = ledger.get(leases["user00001"]).last_activity_at
     await sweeper(base, ledger, dry_run=True).sweep()
     assert ledger.get(leases["user00001"]).last_activity_at == before
@@ -118,7 +118,7 @@ async def test_a_dry_run_writes_nothing(world):
 
 @pytest.mark.parametrize("dry_run", [True, False])
 async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
-    base, ledger, leases, _ = world
+    base, ledger, leases, *_ = world
     # Warn 59.5 min ahead of a 1 h limit: user00001, active a minute ago, is due one;
     # user00000, idle for 2 h, is warned too (never stopped unannounced; a dry run,
     # which records no warning, says it would be stopped).
@@ -138,3 +138,32 @@ async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
     if not dry_run:  # once per coming stop, not every sweep
         await sweeper.sweep()
         assert len(ledger.events(leases["user00001"])) == 1
+
+
+async def test_a_warning_stands_while_its_server_cannot_be_read(world):
+    """Not knowing is not activity: a sweep that cannot read a warned server (a moment of
+    load, a proxy hiccup) neither withdraws the warning nor gives it again after, which
+    put the stop off by ``warn_before`` and showed the user a second warning."""
+    base, ledger, leases, _, state = world
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "warn_before": "59m30s"}}).build()
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+    sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=True)
+    lease = leases["user00001"]
+    await sweeper.sweep()
+    warned = ledger.get(lease)
+    assert warned.warning == "server_idle"
+
+    state.unreachable.add("user00001")
+    await sweeper.sweep()
+    assert sweeper.metrics.registry.get_sample_value(
+        "mig_spawner_service_errors_total", {"kind": "server_unreachable"}) >= 1
+    during = ledger.get(lease)
+    assert (during.warning, during.warning_deadline) == ("server_idle",
+                                                         warned.warning_deadline)
+
+    state.unreachable.clear()
+    await sweeper.sweep()
+    after = ledger.get(lease)
+    assert (after.warning, after.warning_deadline) == ("server_idle", warned.warning_deadline)
+    assert [e.kind for e in ledger.events(lease)] == ["warned"]

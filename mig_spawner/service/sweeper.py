@@ -499,14 +499,17 @@ class Sweeper:
         warned of: ``budget_warns``) (once per rule: the
         ledger keeps the pending warning, which the user's pages read), or withdraw a
         warning whose stop is no longer due (activity, a Keep, or a stop that did not
-        come)."""
+        come). A server that could not be read keeps its warning: not knowing is not
+        activity, and a withdrawn warning given again would put the stop off by
+        ``warn_before`` and show the user a second one."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
         if lease.warning == DRAIN_RULE:
             return  # the layout change's warning: it stands until its stop (_apply_layouts)
         warning = warning_due(now, server, limits, probe, lease, budget_warns)
         if warning is None:
-            if lease.warning is not None and not self.dry_run:
+            unread = probe is not None and not probe.reachable
+            if lease.warning is not None and not unread and not self.dry_run:
                 await asyncio.to_thread(self.ledger.clear_warning, lease.id)
             return
         if (lease.warning, lease.warning_deadline) == (warning.rule.value, warning.deadline):

@@ -41,7 +41,8 @@ class StandinState:
     ``ok_before_failing`` requests have been answered normally);
     ``delay`` holds every answer back that long (``max_in_flight`` then shows how
     many requests a client had open at once); ``requests`` counts every request
-    by (method, first path part).
+    by (method, first path part); the servers of the users in ``unreachable`` answer
+    502, as the proxy does for a server that does not answer.
     """
 
     users: dict[str, dict] = field(default_factory=dict)
@@ -54,6 +55,7 @@ class StandinState:
     stopped: list[str] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    unreachable: set[str] = field(default_factory=set)
 
     @classmethod
     def build(cls, n_users: int, *, idle_every: int = 5, kernels_per_server: int = 0,
@@ -171,12 +173,22 @@ class ServerHandler(StandinHandler):
         self.finish()
 
 
-class KernelsHandler(StandinHandler):
+class ServerApiHandler(StandinHandler):
+    """A handler of a user's server, which answers only while it is reachable."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        user = self.path_args[0] if self.path_args else None
+        if not self._finished and user in self.state.unreachable:
+            raise web.HTTPError(502)
+
+
+class KernelsHandler(ServerApiHandler):
     def get(self, user: str) -> None:
         self.write_json(self.state.kernels.get(user, []))
 
 
-class KernelHandler(StandinHandler):
+class KernelHandler(ServerApiHandler):
     def delete(self, user: str, kernel_id: str) -> None:
         self.state.kernels[user] = [k for k in self.state.kernels.get(user, [])
                                     if k["id"] != kernel_id]
@@ -184,7 +196,7 @@ class KernelHandler(StandinHandler):
         self.finish()
 
 
-class StatusHandler(StandinHandler):
+class StatusHandler(ServerApiHandler):
     def get(self, user: str) -> None:
         model = self.state.users[user]["servers"][""]
         self.write_json({"started": model["started"], "last_activity": model["last_activity"],
