@@ -399,24 +399,51 @@ class HubProcess:
         r = self.session.post(base, json={"name": "python3"}, timeout=timeout)
         r.raise_for_status()
         kernel_id = r.json()["id"]
-        ws_url = base.replace("http://", "ws://") + f"/{kernel_id}/channels"
+        try:
+            with self._kernel_channels(name, kernel_id, timeout) as ws:
+                msg_id = uuid.uuid4().hex
+                ws.send(json.dumps(_shell_request(msg_id, "execute_request", {
+                    "code": code, "silent": False, "store_history": False,
+                    "user_expressions": {}, "allow_stdin": False})))
+                return "".join(_stdout_until_idle(ws, msg_id, timeout))
+        finally:
+            self.session.delete(f"{base}/{kernel_id}", timeout=timeout)
+
+    def greet_kernel(self, name: str, kernel_id: str, timeout: float = 60) -> None:
+        """Connect to a kernel of ``name``'s server as JupyterLab does when it opens a
+        notebook, and return once the kernel has answered ``kernel_info``: it has booted.
+        (Without a client, jupyter_server shows a kernel as ``starting`` until it dies.)"""
+        with self._kernel_channels(name, kernel_id, timeout) as ws:
+            msg_id = uuid.uuid4().hex
+            ws.send(json.dumps(_shell_request(msg_id, "kernel_info_request", {})))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = json.loads(ws.recv())
+                if (msg.get("parent_header", {}).get("msg_id") == msg_id
+                        and msg["msg_type"] == "kernel_info_reply"):
+                    return
+            raise HubError(f"kernel did not answer within {timeout}s")
+
+    @contextlib.contextmanager
+    def _kernel_channels(self, name: str, kernel_id: str,
+                         timeout: float) -> Iterator[websocket.WebSocket]:
+        """The kernel's websocket channels, through the proxy, with the admin token."""
+        ws_url = (f"{self.url}/user/{name}/api/kernels/{kernel_id}/channels"
+                  .replace("http://", "ws://"))
         ws = websocket.create_connection(
             ws_url, header=[f"Authorization: token {self.token}"], timeout=timeout
         )
         try:
-            msg_id = uuid.uuid4().hex
-            ws.send(json.dumps(_execute_request(msg_id, code)))
-            return "".join(_stdout_until_idle(ws, msg_id, timeout))
+            yield ws
         finally:
             ws.close()
-            self.session.delete(f"{base}/{kernel_id}", timeout=timeout)
 
 
-def _execute_request(msg_id: str, code: str) -> dict:
+def _shell_request(msg_id: str, msg_type: str, content: dict) -> dict:
     return {
         "header": {
             "msg_id": msg_id,
-            "msg_type": "execute_request",
+            "msg_type": msg_type,
             "username": "test",
             "session": uuid.uuid4().hex,
             "version": "5.3",
@@ -424,13 +451,7 @@ def _execute_request(msg_id: str, code: str) -> dict:
         "parent_header": {},
         "metadata": {},
         "channel": "shell",
-        "content": {
-            "code": code,
-            "silent": False,
-            "store_history": False,
-            "user_expressions": {},
-            "allow_stdin": False,
-        },
+        "content": content,
     }
 
 

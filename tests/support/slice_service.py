@@ -113,14 +113,15 @@ def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
 
 def new_kernel(hub: HubProcess, user: str, *, booted: bool = False) -> str:
     """Start a kernel in ``user``'s server through the proxy and return its id; with
-    ``booted``, once it has booted: a kernel's first status messages are activity, and on
-    a loaded machine they come seconds after the request."""
+    ``booted``, once it has booted and answered a client (``HubProcess.greet_kernel``): a
+    kernel's first status message is activity, and on a loaded machine it comes seconds
+    after the request."""
     r = hub.session.post(f"{hub.url}/user/{user}/api/kernels", json={"name": "python3"},
                          timeout=60)
     r.raise_for_status()
     kernel = r.json()["id"]
     if booted:
-        HubProcess.wait_until(lambda: kernels(hub, user).get(kernel) != "starting", 60)
+        hub.greet_kernel(user, kernel)
     return kernel
 
 
