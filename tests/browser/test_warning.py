@@ -211,7 +211,9 @@ class TestUntouchedTab:
         # loop, whose typing takes seconds on a loaded machine; the release follows the
         # server's shutdown, which there takes up to ~10 s past the 1 s sweeps. A warning
         # sent too early (the bug this guards: at start, a whole limit ahead) is >= 30 s.
-        [warned] = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
+        warnings = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
+        assert len(warnings) == 1, service.log()
+        [warned] = warnings
         ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
         assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
         assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
