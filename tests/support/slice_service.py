@@ -5,6 +5,7 @@ lines that let the harness read its metrics, and waiting on what it does."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,9 @@ SERVICE = "mig-slices"
 #: Seconds a starting service has to answer: its imports alone take most of that on a
 #: loaded test machine.
 START_TIMEOUT = 90
+#: Seconds JupyterHub waits for a managed service it stops before it kills it
+#: (``LocalProcessSpawner``'s ``interrupt_timeout`` plus ``term_timeout``).
+STOP_TIMEOUT = 10 + 5
 TOKEN = "slice-service-e2e-token-" + "0" * 16
 #: Config lines that let the harness's admin token read the services' metrics (private
 #: by default): every hub that runs the service under test adds them.
@@ -48,7 +52,9 @@ class Service:
         self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
         env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
                "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
-               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/"}
+               "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/",
+               # A service slow to stop is asked where it is (close()).
+               "PYTHONFAULTHANDLER": "1"}
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "mig-spawner-service"),
              f"--config-dir={config_d}", f"--proxy-url={hub.url}",
@@ -98,8 +104,17 @@ class Service:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def close(self) -> None:
+        """Stop it, giving it the time JupyterHub gives a managed service before it
+        kills it (SIGINT, 10 s, SIGTERM, 5 s); one that takes longer fails the test
+        with its threads' stacks."""
         self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler writes every stack
+            self.proc.wait(10)
+            pytest.fail(f"the slice service did not stop within {STOP_TIMEOUT} s\n"
+                        f"{self.log()}")
 
 
 def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
