@@ -431,8 +431,9 @@ def warning_due(
 ) -> StopWarning | None:
     """The stop to warn the user of now: one that the rules will apply, due within the
     group's ``warn_before`` (the sooner, when both are), or ``None``: nothing to warn
-    of, and a pending warning is withdrawn. Call it when ``decide_server`` stops
-    nothing; a server that cannot be reached is warned only of its session age.
+    of, and a pending warning is withdrawn, unless the server could not be read (the
+    sweeper keeps it then). Call it when ``decide_server`` stops nothing; a server that
+    cannot be reached is warned only of its session age.
     ``budget``: a budget stop due to be warned of (:func:`budget_warning`), which
     competes with the others."""
     if not is_cullable(server):
