@@ -9,25 +9,28 @@ gone or still there, leases released, metrics counted, the service alive.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
 import sys
 import textwrap
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
-import websocket
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
 from mig_spawner.core import budget
 from mig_spawner.ledger import Ledger
-from tests.support.hub_harness import REPO, HubProcess, free_port, simulated_spawner
+from tests.support.hub_harness import (
+    REPO,
+    HubProcess,
+    execute,
+    free_port,
+    simulated_spawner,
+)
 from tests.support.slice_service import (
     SCOPES,
     SERVICE_CONFIG,
@@ -125,17 +128,8 @@ def start(hub: HubProcess, user: str) -> None:
 
 def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
     """Send ``code`` to a kernel and return the open websocket (the kernel stays busy)."""
-    ws = websocket.create_connection(
-        f"{hub.url.replace('http', 'ws')}/user/{user}/api/kernels/{kernel_id}/channels",
-        header=[f"Authorization: token {hub.token}"], timeout=30,
-    )
-    ws.send(json.dumps({
-        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request",
-                   "username": user, "session": uuid.uuid4().hex, "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": code, "silent": False, "store_history": False,
-                    "user_expressions": {}, "allow_stdin": False},
-    }))
+    ws = hub.open_kernel(user, kernel_id, 30)
+    execute(ws, code)
     return ws
 
 

@@ -20,7 +20,7 @@ import pytest
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium, sign_in
-from tests.support.hub_harness import start_mig_hub
+from tests.support.hub_harness import STOP_TIMEOUT, start_mig_hub
 from tests.support.slice_service import SERVICE_CONFIG, Service, new_kernel, wait_for
 from tests.support.system_deps import require_chromium
 
@@ -93,9 +93,9 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     # Its stop began at the warned time: the limit, or warn_before after the sweep that
     # warned (a sweep late at most), plus the hub's answer on a loaded machine.
     assert SERVER_IDLE - 1 <= stopped <= SERVER_IDLE + 2 * SWEEP + 4, stopped
-    # The stop itself is JupyterHub's and jupyter_server's: SIGINT, SIGTERM after
-    # interrupt_timeout (10 s), SIGKILL after term_timeout (5 s).
-    wait_for(lambda: hub.server_model("ana") is None, 10 + 5 + 5, "ana's server gone", service)
+    # The stop itself is JupyterHub's and jupyter_server's (STOP_TIMEOUT before a kill).
+    wait_for(lambda: hub.server_model("ana") is None, STOP_TIMEOUT + 5, "ana's server gone",
+             service)
     wait_for(lambda: ledger.active_for_server("ana") is None, 15, "ana's lease released", service)
     assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
     # Warned warn_before ahead of the stop (within a sweep), once.

@@ -45,6 +45,10 @@ ADMIN_SERVICE = "test-harness"
 # The shipped snippets a MIG hub under test runs on: the spawner and the group policies.
 MIG_SNIPPETS = tuple(REPO / "jupyterhub_config.d" / n for n in ("10-spawner.py", "20-groups.py"))
 PORT_ATTEMPTS = 3
+#: Seconds JupyterHub's LocalProcessSpawner gives a process it stops (a server, a managed
+#: service) before it kills it: SIGINT, ``interrupt_timeout`` (10 s), SIGTERM,
+#: ``term_timeout`` (5 s), then SIGKILL.
+STOP_TIMEOUT = 10 + 5
 # What a hub's log says when one of its ports was taken by someone else.
 PORT_CLASH = ("Address already in use", "EADDRINUSE", "api_request to proxy failed")
 #: What JupyterHub (5.3+) logs when a spawn's user_options reach no spawner hook; a hub
@@ -400,11 +404,8 @@ class HubProcess:
         r.raise_for_status()
         kernel_id = r.json()["id"]
         try:
-            with self._kernel_channels(name, kernel_id, timeout) as ws:
-                msg_id = uuid.uuid4().hex
-                ws.send(json.dumps(_shell_request(msg_id, "execute_request", {
-                    "code": code, "silent": False, "store_history": False,
-                    "user_expressions": {}, "allow_stdin": False})))
+            with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
+                msg_id = execute(ws, code)
                 return "".join(_stdout_until_idle(ws, msg_id, timeout))
         finally:
             self.session.delete(f"{base}/{kernel_id}", timeout=timeout)
@@ -413,34 +414,32 @@ class HubProcess:
         """Connect to a kernel of ``name``'s server as JupyterLab does when it opens a
         notebook, and return once the kernel has answered ``kernel_info``: it has booted.
         (Without a client, jupyter_server shows a kernel as ``starting`` until it dies.)"""
-        with self._kernel_channels(name, kernel_id, timeout) as ws:
-            msg_id = uuid.uuid4().hex
-            ws.send(json.dumps(_shell_request(msg_id, "kernel_info_request", {})))
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                msg = json.loads(ws.recv())
-                if (msg.get("parent_header", {}).get("msg_id") == msg_id
-                        and msg["msg_type"] == "kernel_info_reply"):
+        with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
+            msg_id = _send(ws, "kernel_info_request", {})
+            for msg in _replies(ws, msg_id, timeout):
+                if msg["msg_type"] == "kernel_info_reply":
                     return
-            raise HubError(f"kernel did not answer within {timeout}s")
 
-    @contextlib.contextmanager
-    def _kernel_channels(self, name: str, kernel_id: str,
-                         timeout: float) -> Iterator[websocket.WebSocket]:
-        """The kernel's websocket channels, through the proxy, with the admin token."""
+    def open_kernel(self, name: str, kernel_id: str, timeout: float) -> websocket.WebSocket:
+        """The websocket channels of a kernel of ``name``'s server, through the proxy,
+        with the admin token; the caller closes it."""
         ws_url = (f"{self.url}/user/{name}/api/kernels/{kernel_id}/channels"
                   .replace("http://", "ws://"))
-        ws = websocket.create_connection(
+        return websocket.create_connection(
             ws_url, header=[f"Authorization: token {self.token}"], timeout=timeout
         )
-        try:
-            yield ws
-        finally:
-            ws.close()
 
 
-def _shell_request(msg_id: str, msg_type: str, content: dict) -> dict:
-    return {
+def execute(ws: websocket.WebSocket, code: str) -> str:
+    """Send ``code`` to run on the kernel behind ``ws``; the request's message id."""
+    return _send(ws, "execute_request", {"code": code, "silent": False,
+                                         "store_history": False, "user_expressions": {},
+                                         "allow_stdin": False})
+
+
+def _send(ws: websocket.WebSocket, msg_type: str, content: dict) -> str:
+    msg_id = uuid.uuid4().hex
+    ws.send(json.dumps({
         "header": {
             "msg_id": msg_id,
             "msg_type": msg_type,
@@ -452,15 +451,22 @@ def _shell_request(msg_id: str, msg_type: str, content: dict) -> dict:
         "metadata": {},
         "channel": "shell",
         "content": content,
-    }
+    }))
+    return msg_id
 
 
-def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> Iterator[str]:
+def _replies(ws: websocket.WebSocket, msg_id: str, timeout: float) -> Iterator[dict]:
+    """The kernel's messages in answer to ``msg_id``, for up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         msg = json.loads(ws.recv())
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            yield msg
+    raise HubError(f"kernel did not answer within {timeout}s")
+
+
+def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> Iterator[str]:
+    for msg in _replies(ws, msg_id, timeout):
         kind = msg["msg_type"]
         if kind == "stream" and msg["content"]["name"] == "stdout":
             yield msg["content"]["text"]
@@ -468,7 +474,6 @@ def _stdout_until_idle(ws: websocket.WebSocket, msg_id: str, timeout: float) -> 
             raise HubError("kernel error: " + "\n".join(msg["content"]["traceback"]))
         elif kind == "status" and msg["content"]["execution_state"] == "idle":
             return
-    raise HubError(f"kernel did not finish within {timeout}s")
 
 
 #: Config (for ``extra_config``) that makes the MIG spawner wait between the claim and the

@@ -16,15 +16,12 @@ import requests
 
 from mig_spawner.service.app import REQUIRED_SCOPES
 from mig_spawner.service.handlers import METRICS_SCOPE
-from tests.support.hub_harness import ADMIN_SERVICE, HubProcess, free_port
+from tests.support.hub_harness import ADMIN_SERVICE, STOP_TIMEOUT, HubProcess, free_port
 
 SERVICE = "mig-slices"
 #: Seconds a starting service has to answer: its imports alone take most of that on a
 #: loaded test machine.
 START_TIMEOUT = 90
-#: Seconds JupyterHub waits for a managed service it stops before it kills it
-#: (``LocalProcessSpawner``'s ``interrupt_timeout`` plus ``term_timeout``).
-STOP_TIMEOUT = 10 + 5
 TOKEN = "slice-service-e2e-token-" + "0" * 16
 #: Config lines that let the harness's admin token read the services' metrics (private
 #: by default): every hub that runs the service under test adds them.
