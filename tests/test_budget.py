@@ -104,21 +104,74 @@ def test_with_nothing_running_the_retry_time_is_exact(raw, extras_raw, budget_s,
     done=st.lists(_span, max_size=4),
     running=st.lists(_span, min_size=1, max_size=3),
     budget_s=st.floats(min_value=50, max_value=900),
+    hold=st.sampled_from([0.0, 5.0, 20.0]),
     runs_on=st.floats(min_value=0, max_value=150),
     compute=st.sampled_from([1, 7]),
 )
-def test_with_servers_running_the_retry_time_is_never_late(done, running, budget_s, runs_on,
-                                                           compute):
-    g = group(budget_s, None, 100.0)
+def test_with_servers_running_the_retry_time_is_never_late(done, running, budget_s, hold,
+                                                           runs_on, compute):
+    g = group(budget_s, None, 100.0, hold)
     live = past_spans(running, running=True)
     spans = past_spans(done) + live
     retry = budget.retry_at(g, "ana", compute, spans, [], NOW)
-    # The running servers run on for ``runs_on`` seconds, then stop.
-    stop = at(runs_on)
-    truly = [replace(s, end=stop) if s.end is None else s for s in spans]
-    true_time = first_covered(g, "ana", compute, truly, [], NOW, 2 * 100 + runs_on + 2)
+    # The running servers run on for ``runs_on`` seconds, but at least their minimum
+    # hold (one stopped sooner frees the budget sooner: its release wakes the wait
+    # list), then stop; until then each is charged its minimum hold at least.
+    stops = {id(s): max(at(runs_on), s.start + timedelta(seconds=hold)) for s in live}
+
+    def truly(t: datetime) -> list[Span]:
+        return [s if s.end is not None or t < stops[id(s)] else replace(s, end=stops[id(s)])
+                for s in spans]
+
+    true_time = next((t for t in (at(k) for k in range(int(2 * 100 + runs_on + hold) + 3))
+                      if budget.covered(g, "ana", compute, truly(t), [], t)), None)
     if true_time is not None:
         assert retry is not None and retry <= true_time
+
+
+# Spawns: (second from NOW, user, compute slices, share of the minimum hold it runs).
+# Few seconds to pick from: several spawns fall on the same second, as spawns at once do.
+_spawn = st.tuples(st.integers(min_value=0, max_value=40), st.sampled_from(["ana", "ben"]),
+                   st.sampled_from([1, 2, 7]), st.floats(min_value=0, max_value=1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    done=st.lists(_span, max_size=4),
+    spawns=st.lists(_spawn, min_size=1, max_size=10),
+    budget_s=st.floats(min_value=20, max_value=300),
+    user_s=st.one_of(st.none(), st.floats(min_value=20, max_value=300)),
+    hold=st.sampled_from([5.0, 10.0, 30.0]),
+    window=st.sampled_from([60.0, 100.0]),
+)
+def test_spawns_at_once_never_spend_past_the_budget(done, spawns, budget_s, user_s, hold,
+                                                   window):
+    """Spawns granted one after another as the serialised claims grant them (several in
+    the same second), each server running at most its minimum hold: scanned second by
+    second, no budget ever holds more than it has (or than the past leases alone held
+    before: spawns add nothing to a spent budget). A refusal says when to retry."""
+    g = group(budget_s, user_s, window, hold)
+    past = past_spans(done)
+    spans = list(past)
+    for second, user, compute, share in sorted(spawns, key=lambda s: s[0]):
+        now = at(second)
+        # What the claim's transaction reads: released servers, and the running ones.
+        seen = [s if s.end is None or s.end <= now else replace(s, end=None) for s in spans]
+        if budget.covered(g, user, compute, seen, [], now):
+            spans.append(Span("team", user, compute, now,
+                              now + timedelta(seconds=round(share * hold, 6))))
+        else:
+            refused = budget.refusal(g, user, compute, seen, [], now)
+            assert refused is not None and refused.reason is Reason.BUDGET_SPENT
+            assert refused.retry_at is None or refused.retry_at > now
+    for second in range(-10, int(40 + hold + 2)):
+        t = at(second)
+        for user in ("ana", "ben"):
+            before = budget.standings(g, user, past, [], t)  # what the spawns found
+            for standing, earlier in zip(budget.standings(g, user, spans, [], t), before,
+                                         strict=True):
+                assert standing.used <= max(standing.amount, earlier.used) + 1e-6, (
+                    second, standing)
 
 
 def test_a_whole_gpu_burns_seven_times_as_fast_and_monday_leaves_the_window():

@@ -9,6 +9,15 @@ budget is spent over a rolling ``window``: at time ``t`` the usage is what lease
 within ``[t - window, t]``. An admin's extra hours (:class:`Extra`) add to a budget for
 one window from when they were given.
 
+A spawn is covered when the budget pays for ``budget_min_hold`` of its size, and every
+server that runs is charged at least that minimum hold from its claim
+(:func:`covered`): a server granted a moment ago has used next to nothing, but it was
+granted its minimum hold, so spawns granted one after another in the same instant (the
+claim's and the grant pass's serialised transactions call this rule with the leases
+they read, those just granted included) never promise together more than the budget
+has. Usage (:func:`standings`, :func:`exhausted_at`: what the slice service stops by)
+is the time actually held.
+
 Every time is computed on whole microseconds, so the answers are exact: with no
 running servers, :func:`retry_at` is the first whole second at which :func:`covered`
 holds, and one second earlier it does not. Pure: no I/O, no JupyterHub import.
@@ -61,6 +70,9 @@ class Limit:
     #: Compute-slice-seconds per window.
     amount: float
     window: float
+    #: The group's ``budget_min_hold``: what a spawn needs, per compute slice, and what
+    #: a running lease is charged at least.
+    min_hold: float = 0.0
 
     def counts(self, span: Span) -> bool:
         """Whether ``span`` is charged to this budget."""
@@ -116,9 +128,11 @@ def limits(group: BudgetPolicy, user: str) -> tuple[Limit, ...]:
     the member's own (each only where set)."""
     found = []
     if group.budget is not None:
-        found.append(Limit(group.name, None, group.budget, group.budget_window))
+        found.append(Limit(group.name, None, group.budget, group.budget_window,
+                           group.budget_min_hold))
     if group.user_budget is not None:
-        found.append(Limit(group.name, user, group.user_budget, group.budget_window))
+        found.append(Limit(group.name, user, group.user_budget, group.budget_window,
+                           group.budget_min_hold))
     return tuple(found)
 
 
@@ -140,6 +154,7 @@ class _Book:
 
     amount: int  # compute-slice-microseconds
     window: int
+    hold: int  # the minimum hold a running span is charged at least
     spans: tuple[tuple[int, int, int | None], ...]  # (compute slices, start, end or None)
     extras: tuple[tuple[int, int], ...]  # (amount, at)
 
@@ -148,35 +163,56 @@ class _Book:
         return cls(
             amount=round(limit.amount * _US),
             window=round(limit.window * _US),
+            hold=round(limit.min_hold * _US),
             spans=tuple((s.compute_slices, _us(s.start), None if s.end is None else _us(s.end))
                         for s in spans if limit.counts(s)),
             extras=tuple((round(e.slice_seconds * _US), _us(e.at))
                          for e in extras if limit.adds(e)),
         )
 
-    def used(self, t: int, stop: int | None) -> int:
-        """Compute-slice-microseconds used within ``[t - window, t]``; running spans
-        end at ``stop`` (``None``: they run on to ``t``)."""
+    def _end(self, start: int, end: int | None, now: int) -> int:
+        """Where a span is charged to from ``now`` on: a released one to its release, a
+        running one to the later of ``now`` and the end of its minimum hold."""
+        return end if end is not None else max(now, start + self.hold)
+
+    def used(self, t: int) -> int:
+        """Compute-slice-microseconds used within ``[t - window, t]``, running spans
+        running on to ``t``."""
+        since = t - self.window
+        return sum(compute * max(0, min(t, t if end is None else end) - max(start, since))
+                   for compute, start, end in self.spans)
+
+    def charged(self, t: int, now: int) -> int:
+        """What a spawn at ``t >= now`` finds spent: the usage within ``[t - window,
+        t]``, with every span that runs at ``now`` charged from its claim to the later
+        of ``now`` and the end of its minimum hold (as if it stopped then: the end of
+        that hold may be after ``t``)."""
         since = t - self.window
         total = 0
         for compute, start, end in self.spans:
-            until = min(t, end if end is not None else (t if stop is None else stop))
+            until = min(t, end) if end is not None else self._end(start, end, now)
             total += compute * max(0, until - max(start, since))
         return total
 
     def granted(self, t: int) -> int:
         return sum(amount for amount, at in self.extras if at <= t < at + self.window)
 
-    def remaining(self, t: int, stop: int | None) -> int:
-        return self.amount + self.granted(t) - self.used(t, stop)
+    def remaining(self, t: int) -> int:
+        """What is left at ``t`` of what leases used, the running ones running on."""
+        return self.amount + self.granted(t) - self.used(t)
 
-    def breaks(self, now: int, stop: int | None) -> set[int]:
-        """Times after ``now`` where the remaining budget's slope or level may change."""
+    def free(self, t: int, now: int) -> int:
+        """What a spawn at ``t >= now`` can have (:meth:`charged`)."""
+        return self.amount + self.granted(t) - self.charged(t, now)
+
+    def breaks(self, now: int, charged: bool) -> set[int]:
+        """Times after ``now`` where :meth:`free` (``charged``) or :meth:`remaining` may
+        change its slope or level."""
         points = {a + self.window for _, a in self.extras}
         for _, start, end in self.spans:
             points.add(start + self.window)
-            if end is not None or stop is not None:
-                until = end if end is not None else stop
+            if end is not None or charged:
+                until = self._end(start, end, now)
                 points.update((until, until + self.window))
         return {p for p in points if p > now}
 
@@ -210,16 +246,25 @@ def _first(now: int, breaks: Iterable[int], linear: Sequence[Callable[[int], int
 
 @dataclass(frozen=True)
 class Standing:
-    """Where one budget stands at ``now``: its size with extras, and what is used."""
+    """Where one budget stands at ``now``: its size with extras, what is used, and what
+    the minimum holds of its running servers set aside beyond that."""
 
     limit: Limit
     amount: float
     extra: float
     used: float
+    #: Compute-slice-seconds of the running servers' minimum holds not used yet: a
+    #: spawn cannot have them (:func:`covered`).
+    reserved: float = 0.0
 
     @property
     def remaining(self) -> float:
         return self.amount + self.extra - self.used
+
+    @property
+    def free(self) -> float:
+        """What a spawn now can have: what remains less what is set aside."""
+        return self.remaining - self.reserved
 
     @property
     def share_used(self) -> float:
@@ -235,35 +280,44 @@ def standings(group: BudgetPolicy, user: str, spans: Iterable[Span], extras: Ite
     out = []
     for limit in limits(group, user):
         book = _Book.of(limit, spans, extras)
-        out.append(Standing(limit, limit.amount, book.granted(t) / _US, book.used(t, None) / _US))
+        used = book.used(t)
+        out.append(Standing(limit, limit.amount, book.granted(t) / _US, used / _US,
+                            (book.charged(t, t) - used) / _US))
     return tuple(out)
 
 
 def covered(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
             extras: Iterable[Extra], now: datetime) -> bool:
     """Whether every budget of ``group`` (and ``user``'s own in it) pays for
-    ``budget_min_hold`` of a lease of ``compute_slices`` at ``now``."""
+    ``budget_min_hold`` of a lease of ``compute_slices`` at ``now``, every running lease
+    (``spans`` without an end, those granted a moment ago included) charged at least its
+    own minimum hold from its claim.
+
+    The claim's and the wait list's grant transactions call it with the leases they
+    read, one spawn after another, so N spawns at once are granted only as many
+    minimum holds as the budget has."""
     spans, extras = tuple(spans), tuple(extras)
     need = round(compute_slices * group.budget_min_hold * _US)
     t = _us(now)
-    return all(_Book.of(limit, spans, extras).remaining(t, None) >= need
+    return all(_Book.of(limit, spans, extras).free(t, t) >= need
                for limit in limits(group, user))
 
 
 def retry_at(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
              extras: Iterable[Extra], now: datetime) -> datetime | None:
     """The first whole second from ``now`` on at which a spawn of ``compute_slices`` is
-    covered, assuming the servers that run now stop now (so, with servers running, the
-    earliest time: it is later if they run on). ``None``: never (the budget, with no
-    usage at all, cannot pay for the minimum hold)."""
+    covered, assuming the servers that run now stop as soon as they may: now, or once
+    they have run their minimum hold (so, with servers running, the earliest time: it is
+    later if they run on). ``None``: never (the budget, with no usage at all, cannot pay
+    for the minimum hold)."""
     spans, extras = tuple(spans), tuple(extras)
     t = _us(now)
     need = round(compute_slices * group.budget_min_hold * _US)
     books = [_Book.of(limit, spans, extras) for limit in limits(group, user)]
     if not books:
         return _time(_ceil_second(t))
-    breaks = set().union(*(b.breaks(t, t) for b in books))
-    found = _first(t, breaks, [lambda x, b=b: b.remaining(x, t) for b in books],
+    breaks = set().union(*(b.breaks(t, charged=True) for b in books))
+    found = _first(t, breaks, [lambda x, b=b: b.free(x, t) for b in books],
                    [need] * len(books), every=True)
     return None if found is None else _time(found)
 
@@ -272,14 +326,16 @@ def exhausted_at(group: BudgetPolicy, user: str, spans: Iterable[Span],
                  extras: Iterable[Extra], now: datetime) -> datetime | None:
     """When the first budget of ``user`` in ``group`` is spent (nothing left) if the
     servers that run now keep running and nobody starts another; ``None``: never
-    (nothing runs, or what runs fits the window). At or before ``now``: spent already."""
+    (nothing runs, or what runs fits the window). At or before ``now``: spent already.
+    Counts the time actually held (a minimum hold is what a spawn needs, not a charge
+    that stops a server early)."""
     spans, extras = tuple(spans), tuple(extras)
     t = _us(now)
     books = [_Book.of(limit, spans, extras) for limit in limits(group, user)]
     if not books:
         return None
-    breaks = set().union(*(b.breaks(t, None) for b in books))
-    found = _first(t, breaks, [lambda x, b=b: -b.remaining(x, None) for b in books],
+    breaks = set().union(*(b.breaks(t, charged=False) for b in books))
+    found = _first(t, breaks, [lambda x, b=b: -b.remaining(x) for b in books],
                    [0] * len(books), every=False)
     return None if found is None else _time(found)
 
@@ -298,43 +354,50 @@ def refusal(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable
         return None
     when = retry_at(group, user, compute_slices, spans, extras, now)
     need = compute_slices * group.budget_min_hold
-    low = min(standings(group, user, spans, extras, now), key=lambda s: s.remaining)
-    left = max(0.0, low.remaining)
-    hours = _hours(left)
-    message = (f"{low.limit.what} has {hours} compute-slice-hour{'' if hours == '1' else 's'} "
-               "left of "
-               f"{_hours(low.amount + low.extra)} per {format_duration(group.budget_window)}; "
-               f"this size needs {_hours(need)} ({format_duration(group.budget_min_hold)} of "
-               f"{compute_slices} compute slice{'s' if compute_slices != 1 else ''})")
+    low = min(standings(group, user, spans, extras, now), key=lambda s: s.free)
+    hold = format_duration(group.budget_min_hold)
+    if low.reserved > 0:
+        left, total, aside, needed = slice_amounts(max(0.0, low.free), low.amount + low.extra,
+                                                   low.reserved, need)
+        total += (f" per {format_duration(group.budget_window)} (after {aside} set aside for "
+                  f"the servers started less than {hold} ago)")
+    else:
+        left, total, needed = slice_amounts(max(0.0, low.free), low.amount + low.extra, need)
+        total += f" per {format_duration(group.budget_window)}"
+    message = (f"{low.limit.what} has {left} left of {total}; this size needs {needed} "
+               f"({hold} of {compute_slices} compute slice{'s' if compute_slices != 1 else ''})")
     if when is None:
         hint = "pick a smaller size, or ask an admin for more hours"
     else:
-        running = any(s.end is None and limit.counts(s) for s in spans
-                      for limit in limits(group, user))
+        running = [s for s in spans if s.end is None and low.limit.counts(s)]
         hint = (f"Retry at {when_text(when)}, when the hours used "
                 f"{when_text(leaving(group, when), day_only=True)} leave the window")
         if running:
-            hint += " (the earliest time: it assumes your group's running servers stop now)"
+            hint += " (the earliest time: it assumes your group's running servers stop now"
+            if low.reserved > 0:
+                hint += f", those started less than {hold} ago once they have run {hold}"
+            hint += ")"
     return Refused(Reason.BUDGET_SPENT, message, hint, retry_at=when)
 
 
 def form_line(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterable[Span],
               extras: Iterable[Extra], now: datetime) -> str | None:
-    """What the spawn form says beside a size of ``compute_slices``: the budget left
-    (the lower of the group's and the member's own), in compute-slice-hours and in
-    hours of this size; ``None`` when ``group`` has no budget."""
+    """What the spawn form says beside a size of ``compute_slices``: the budget a spawn
+    can have (the lower of the group's and the member's own), in compute-slice-hours
+    and in hours of this size; ``None`` when ``group`` has no budget."""
     found = standings(group, user, spans, extras, now)
     if not found:
         return None
-    low = min(found, key=lambda s: s.remaining)
-    left = max(0.0, low.remaining)
+    low = min(found, key=lambda s: s.free)
+    left = max(0.0, low.free)
     minutes = left / compute_slices // 60
     last = format_duration(60 * minutes) if minutes else "under a minute"
     whose = "your own budget" if low.limit.user is not None else "your group's budget"
-    return (f"{_hours(left)} of {_hours(low.amount + low.extra)} compute-slice-hours left "
-            f"in {whose} this {format_duration(group.budget_window)} "
-            f"({_hours(left / 7)} whole-GPU hours): this size uses {compute_slices} an "
-            f"hour, so about {last}")
+    left_text, total = slice_amounts(left, low.amount + low.extra, unit_last=True)
+    (whole,) = slice_amounts(left / 7, noun="whole-GPU ")
+    return (f"{left_text} of {total} left in {whose} this "
+            f"{format_duration(group.budget_window)} ({whole}): this size uses "
+            f"{compute_slices} an hour, so about {last}")
 
 
 def when_text(when: datetime, day_only: bool = False) -> str:
@@ -348,6 +411,45 @@ def when_text(when: datetime, day_only: bool = False) -> str:
     return f"{minute:%A %H:%M} UTC"
 
 
-def _hours(slice_seconds: float) -> str:
-    hours = slice_seconds / 3600
-    return f"{hours:.1f}".rstrip("0").rstrip(".") if hours % 1 else f"{hours:.0f}"
+#: The units budget amounts are said in: (seconds, word, the table's mark).
+_UNITS = ((3600, "hour", ""), (60, "minute", "m"), (1, "second", "s"))
+
+
+def _unit(slice_seconds: float) -> tuple[int, str, str]:
+    """Hours, unless they would round to 0 (a budget of minutes); then minutes, unless
+    under one; then seconds."""
+    if round(slice_seconds / 3600, 1) > 0:
+        return _UNITS[0]
+    return _UNITS[1] if slice_seconds >= 60 else _UNITS[2]
+
+
+def slice_amounts(*slice_seconds: float, unit_last: bool = False, noun: str = "compute-slice-",
+                  short: bool = False) -> list[str]:
+    """Budget amounts as every budget message says them, in the order it says them:
+    each in compute-slice-hours, or in minutes or seconds where hours would round to 0.
+
+    The unit is named once per run of amounts in the same unit, at its first amount
+    (``"1 compute-slice-hour"``, ``"400"``, ``"3.5"``) or, ``unit_last``, at its last
+    (``"12"``, ``"40 compute-slice-hours"``); a 0 takes the unit of the amount after it
+    (else before it); a negative one (a budget overspent), the unit of its size.
+    ``noun``: e.g. ``"whole-GPU "`` for whole-GPU hours. ``short``: for a table whose
+    heading says compute-slice-hours: hours as ``14.0``, minutes and seconds marked
+    (``2m``, ``34s``)."""
+    found: list[tuple[int, str, str] | None] = [_unit(abs(x)) if x else None
+                                                for x in slice_seconds]
+    units = [unit or next((u for u in [*found[i + 1:], *found[:i][::-1]] if u), _UNITS[0])
+             for i, unit in enumerate(found)]
+    out = []
+    for i, (amount, unit) in enumerate(zip(slice_seconds, units, strict=True)):
+        size, word, mark = unit
+        if short:
+            out.append(f"{amount / size:.1f}" if not mark
+                       else f"{amount / size:.1f}".removesuffix(".0") + mark)
+            continue
+        number = f"{amount / size:.1f}".removesuffix(".0")
+        beside = i + 1 if unit_last else i - 1
+        if 0 <= beside < len(units) and units[beside] == unit:
+            out.append(number)
+        else:
+            out.append(f"{number} {noun}{word}{'' if number == '1' else 's'}")
+    return out
