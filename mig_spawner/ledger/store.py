@@ -392,24 +392,38 @@ class Ledger(WaitList, LayoutChanges):
         """
         with self._write() as connection:
             lock_claims(connection)
-            held = self._held(connection)
-            # Read after the held leases: a release they show committed, and so read its
-            # time, before this one; the history never shows one slot held twice.
-            now = self._now()
-            for lease in held:
-                if (lease.user, lease.server_name) == (request.user, request.server_name):
-                    raise ServerHasLease(lease)
-            past, extras = self._budget_book(connection, now)
-            decision = decide(LedgerView(request=request, leases=tuple(held), now=now,
-                                         past=past, extras=extras,
-                                         holds=read_holds(connection)))
-            if not isinstance(decision, Grant):
-                raise InvalidDecision(
-                    f"decide() must return a Grant, it returned {type(decision).__name__}"
-                )
+            decision, now = self._decide(connection, request, decide)
             lease = self._new_lease(request, decision, now)
             self._insert(connection, lease)
         return lease
+
+    def would_claim(self, request: LeaseRequest, decide: Decide) -> Grant:
+        """What :meth:`claim` would grant ``request`` now, or what it would raise, from
+        the same view of the ledger (the budgets' past leases and extra hours
+        included); writes nothing. For a spawn that joins the wait list rather than
+        claim before others: whether waiting can serve it at all."""
+        with self._read() as connection:
+            return self._decide(connection, request, decide)[0]
+
+    def _decide(self, connection: Connection, request: LeaseRequest, decide: Decide
+                ) -> tuple[Grant, datetime]:
+        """``decide``'s grant for ``request`` on what ``connection`` reads, and the time
+        it was decided at."""
+        held = self._held(connection)
+        # Read after the held leases: a release they show committed, and so read its
+        # time, before this one; the history never shows one slot held twice.
+        now = self._now()
+        for lease in held:
+            if (lease.user, lease.server_name) == (request.user, request.server_name):
+                raise ServerHasLease(lease)
+        past, extras = self._budget_book(connection, now)
+        decision = decide(LedgerView(request=request, leases=tuple(held), now=now,
+                                     past=past, extras=extras, holds=read_holds(connection)))
+        if not isinstance(decision, Grant):
+            raise InvalidDecision(
+                f"decide() must return a Grant, it returned {type(decision).__name__}"
+            )
+        return decision, now
 
     @staticmethod
     def _new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,13 +93,16 @@ _FIELDS = tuple(f.name for f in fields(WaitEntry))
 class GrantRound:
     """What one grant transaction did and saw: the entries it ``granted``, the
     ``line`` still waiting and the ``held`` leases after it, the ``watched`` entries
-    as they stand, and the fleet's slice count it used for shares (``capacity``)."""
+    as they stand, and the fleet's slice count it used for shares (``capacity``);
+    ``refused``: why ``decide`` last refused each watched entry still waiting (a spent
+    budget, with the time it can be served), where the pass asked it."""
 
     granted: list[WaitEntry]
     line: list[WaitEntry]
     held: tuple[Lease, ...]
     watched: dict[int, WaitEntry]
     capacity: int
+    refused: dict[int, Refused] = field(default_factory=dict)
 
 
 def _to_entry(row: Row[Any]) -> WaitEntry:
@@ -254,15 +257,20 @@ class WaitList:
             by_id = {entry.id: entry for entry in waiting}
             past, extras = self._budget_book(connection, now)
             holds = read_holds(connection)
+            refused: dict[int, Refused] = {}
 
             def serve(waiter: Waiter, view: Sequence[Lease]) -> Grant:
                 entry = by_id[waiter.id]
                 if any((lease.user, lease.server_name) == (entry.user, entry.server_name)
                        for lease in view):
                     raise Refused(Reason.PREVIOUS_LEASE, "this server holds a slice")
-                decision = decide(entry, LedgerView(request=entry.request, leases=tuple(view),
-                                                    now=now, past=past, extras=extras,
-                                                    holds=holds))
+                try:
+                    decision = decide(entry, LedgerView(
+                        request=entry.request, leases=tuple(view), now=now, past=past,
+                        extras=extras, holds=holds))
+                except Refused as refusal:
+                    refused[waiter.id] = refusal  # the latest word wins
+                    raise
                 if not isinstance(decision, Grant):
                     raise InvalidDecision(
                         f"decide() must return a Grant, it returned {type(decision).__name__}"
@@ -298,6 +306,8 @@ class WaitList:
                 held=tuple(self._held(connection)),
                 watched={i: known[i] for i in watch if i in known},
                 capacity=fleet,
+                refused={i: refused[i] for i in watch
+                         if i in refused and i in known and known[i].waiting},
             )
 
     @staticmethod

@@ -41,15 +41,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from mig_spawner.core import budget
-from mig_spawner.core.budget import spans_of
-from mig_spawner.core.catalog import model
 from mig_spawner.core.policy import GroupPolicy, Offer, UserPolicy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import (
@@ -318,7 +315,7 @@ class GrantLoop:
         history = await self._holds()
         shares = group_shares(_held_by_group(done.held), quotas, done.capacity)
         now = datetime.now(UTC)
-        spent = await self._budget_spent(tickets, plans, done.held, now)
+        spent = self._budget_spent(done.refused)
         skipped = [t.entry.user for t in tickets if _at_user_limit(t.mine, t.entry.user,
                                                                    done.held)
                    or t.entry.id in spent]
@@ -342,33 +339,14 @@ class GrantLoop:
         for entry in done.line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
 
-    async def _budget_spent(self, tickets: list[Ticket], plans: dict[int, ClaimPlan],
-                            held: Sequence[Lease], now: datetime) -> dict[int, Refused]:
-        """The waits whose group's budget cannot pay for them now (the grant step
-        passes them over): entry id -> the refusal with its retry time. One ledger read
-        per pass, only where a waiter's group has a budget; the earliest retry time
-        becomes a deadline of the loop, when they may be served."""
-        self._budget_at = None
-        policies = tickets[0].spawner.policies()
-        groups = {t.entry.id: policies.group(t.entry.group) for t in tickets}
-        windows = [g.budget_window for g in groups.values() if g.has_budget]
-        if not windows:
-            return {}
-        since = now - timedelta(seconds=max(windows))
-        leases, extras = await self.runtime.run(
-            lambda: self.runtime.ledger().budget_usage(since))
-        spans = spans_of(held, [x for x in leases if not x.held])
-        spent = {}
-        for ticket in tickets:
-            group, wants = groups[ticket.entry.id], plans[ticket.entry.id].wants
-            if not group.has_budget or not wants:
-                continue
-            compute = min(model(k).profile(p).compute_slices for k, p in wants.items())
-            refused = budget.refusal(group, ticket.entry.user, compute, spans, extras, now)
-            if refused is not None:
-                spent[ticket.entry.id] = refused
-        times = [r.retry_at for r in spent.values() if r.retry_at is not None]
-        self._budget_at = min(times, default=None)
+    def _budget_spent(self, refused: dict[int, Refused]) -> dict[int, Refused]:
+        """The waits whose budget cannot pay for them now: entry id -> the refusal,
+        with its retry time, that the grant transaction's own check gave (the grant
+        step passed them over). The earliest retry time becomes a deadline of the
+        loop, when they may be served."""
+        spent = {i: r for i, r in refused.items() if r.reason is Reason.BUDGET_SPENT}
+        self._budget_at = min((r.retry_at for r in spent.values() if r.retry_at is not None),
+                              default=None)
         return spent
 
     async def _observe_grants(self, granted: list[WaitEntry]) -> None:
@@ -555,19 +533,8 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     assert plan is not None  # planned whenever no stale lease was found
     if tried.lease is not None:
         return tried.lease, plan
-    if tried.refused is not None:
-        if tried.refused.reason not in FIT_REASONS or not queue:
-            raise tried.refused
-    else:
-        # Others wait: join the line rather than jump it; only "nothing free" is queued.
-        held, holds = await runtime.run(lambda: (runtime.ledger().active(),
-                                                 runtime.ledger().holds()))
-        try:
-            plan.decide(LedgerView(request=request, leases=tuple(held), now=datetime.now(UTC),
-                                   holds=holds))
-        except Refused as e:
-            if e.reason not in FIT_REASONS:
-                raise
+    if tried.refused is not None and (tried.refused.reason not in FIT_REASONS or not queue):
+        raise tried.refused
     assert group is not None  # validated: some group allows the offer
     entry = await runtime.run(lambda: runtime.ledger().join_wait(
         WaitRequest(request.user, request.server_name, group.name, group.priority, offer.key,
@@ -632,6 +599,14 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
             plan = plan_here()
         ledger = runtime.ledger()
         if ledger.waiting():
+            # Others wait: join the line rather than jump it, unless the claim would be
+            # refused for a reason that waiting does not cure (a spent budget, a quota):
+            # the claim's own check on the ledger's view, writing nothing.
+            try:
+                ledger.would_claim(request, plan.decide)
+            except Refused as e:
+                if e.reason not in FIT_REASONS:
+                    return _FirstTry(plan, refused=e)
             return _FirstTry(plan)
         try:
             return _FirstTry(plan, lease=ledger.claim(request, plan.decide))
