@@ -387,6 +387,39 @@ def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
     assert [opens(p) for p in made[:3]] == [errno.ENXIO] * 3
 
 
+async def test_the_demo_confines_a_whole_gpu_server_to_its_stand_in_node(tmp_path):
+    """A GPU with MIG off gets its stand-in node too: a whole-GPU spawn with simulated
+    isolation starts (it failed with 500, the hub finding no node to confine it to), and
+    its server opens its GPU's node (no driver behind it: ENXIO), not the other GPU's."""
+    require_device_cgroup()
+    args = build_parser().parse_args([
+        "demo", "--simulate", "h200x1:layout=1g.18gb*2+h200x1:mig=off", "--isolation",
+        "--dir", str(tmp_path)])
+    path = demo.write_config(args, tmp_path)
+    demo.make_stand_ins(args, tmp_path)
+    config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    config.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    config.MIGPolicyConfig.group_policies = {  # as jupyterhub_config.d/25-whole-gpus.py
+        **config.MIGPolicyConfig.group_policies, "gpu-users": {"allowed": ["gpu"]}}
+    s = ConfinedSpawner(config=config, user=User("gia", ["gpu-users"]), hub=Hub())
+    dev = Path(s.device_dir)
+    own, other = str(dev / "nvidia1"), str(dev / "nvidia0")
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "probe.py").write_text(PROBE)
+    s.cmd = [sys.executable, str(tmp_path / "probe.py"), str(out)]
+    s.environment = {"PROBE_PATHS": json.dumps([own, other])}
+    s.user_options = {"profile": "gpu"}
+    s.interrupt_timeout = s.term_timeout = 2
+    await s.start()
+    try:
+        assert s._lease.mode == "gpu" and s._lease.gpu_index == 1
+        server = wait_for(out / "server.json")
+        assert server["opens"] == {own: errno.ENXIO, other: errno.EPERM}
+    finally:
+        await s.stop()
+
+
 NOBODY, BOBS_UID = pwd.getpwnam("nobody").pw_uid, 4242
 
 

@@ -224,14 +224,14 @@ STAND_IN_MAJOR, STAND_IN_FIRST_MINOR = 1, 64
 
 
 def make_stand_ins(args: argparse.Namespace, workdir: Path) -> list[str]:
-    """The device nodes every simulated MIG device would have under
-    :func:`stand_in_dir` (control nodes, GPUs, GI and CI capabilities), made with
-    mknod; returns their paths."""
+    """The device nodes the simulated GPUs would have under :func:`stand_in_dir`
+    (control nodes, every GPU's own, a GPU with MIG off included, and the GI and CI
+    capabilities of every MIG device), made with mknod; returns their paths."""
     import stat
 
     from mig_spawner.gpu import connect
 
-    from ..spawner.isolation import device_rules
+    from ..spawner.isolation import device_rules, gpu_rules
 
     adapter = connect(simulate=args.simulate, state_file=str(workdir / "sim-gpus.json"))
     try:
@@ -240,8 +240,10 @@ def make_stand_ins(args: argparse.Namespace, workdir: Path) -> list[str]:
         adapter.close()
     dev = stand_in_dir(workdir)
     shutil.rmtree(dev, ignore_errors=True)
-    paths = sorted({rule.path for g in inventory.gpus for d in g.mig_devices
-                    for rule in device_rules(g.minor, d.gi_id, d.ci_id, str(dev))})
+    rules = [rule for g in inventory.gpus for rule in gpu_rules(g.minor, str(dev))]
+    rules += [rule for g in inventory.gpus for d in g.mig_devices
+              for rule in device_rules(g.minor, d.gi_id, d.ci_id, str(dev))]
+    paths = sorted({rule.path for rule in rules})
     for i, path in enumerate(paths):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         os.mknod(path, 0o666 | stat.S_IFCHR,
