@@ -493,3 +493,55 @@ def test_extra_hours_that_expire_before_the_hours_free_up_are_not_counted_on():
     # Without the expiry the spawn would be covered 6 s from now; with it, 11 s.
     assert budget.retry_at(g, "ana", 1, spans, extras, NOW) == at(11)
     assert not budget.covered(g, "ana", 1, spans, extras, at(10))
+
+
+# --- small budgets: minutes or seconds where hours would round to 0 ----------------------
+
+
+def test_a_small_budget_is_said_in_minutes_and_seconds_not_as_0_hours():
+    g = group(budget_s=120.0, window=600.0, hold=30.0)  # "2m" per "10m", 30 s minimum hold
+    spans = [Span("team", "ana", 1, at(-120), at(-20))]  # 100 s used: 20 left
+    refused = budget.refusal(g, "ben", 1, spans, [], NOW)
+    assert refused.message == (
+        "the GPU budget of group 'team' has 20 compute-slice-seconds left of 2 "
+        "compute-slice-minutes per 10m; this size needs 30 compute-slice-seconds (30s of 1 "
+        "compute slice)")
+    assert budget.form_line(g, "ben", 1, spans, [], NOW).startswith(
+        "20 compute-slice-seconds of 2 compute-slice-minutes left in your group's budget "
+        "this 10m (2.9 whole-GPU seconds)")
+    # A server started now keeps its minimum hold aside, and the message says so.
+    running = [*spans, Span("team", "ana", 1, at(-2), None)]
+    g = group(budget_s=120.0, window=600.0, hold=10.0)
+    assert budget.refusal(g, "ben", 2, running, [], NOW).message == (
+        "the GPU budget of group 'team' has 10 compute-slice-seconds left of 2 "
+        "compute-slice-minutes per 10m (after 8 compute-slice-seconds set aside for the "
+        "servers started less than 10s ago); this size needs 20 (10s of 2 compute slices)")
+
+
+def test_the_budget_command_says_a_small_budget_in_minutes_and_seconds(tmp_path, capsys):
+    from mig_spawner.cli.main import main
+    from mig_spawner.spawner.decide import make_decide
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    config = tmp_path / "jupyterhub_config.d"
+    config.mkdir()
+    (config / "20-groups.py").write_text(
+        "c = get_config()  # noqa: F821\n"
+        "c.MIGPolicyConfig.group_policies = {'team': {'allowed': ['7g.141gb'], "
+        "'budget': '2m', 'budget_window': '10m', 'budget_min_hold': '10s'}}\n")
+    clock = Clock()
+    clock.now = datetime.now(UTC) - timedelta(seconds=60)
+    with connect_sim() as inventory, Ledger.open(url, clock=clock) as ledger:
+        mine = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}}).for_user(["team"])
+        whole = ledger.claim(LeaseRequest("ana"), make_decide(
+            mine, mine.offer("7g.141gb"), inventory, "pool", "pack"))
+        clock.now += timedelta(seconds=15)
+        ledger.release(whole.id, "stopped")  # 15 s of 7 compute slices: 105 s
+    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "team", "30s"]) == 0
+    assert "granted 30 compute-slice-seconds to the budget of group 'team'" in \
+        capsys.readouterr().out
+    assert main(["budget", "-f", str(config), "--ledger-url", url]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("GPU budgets (compute-slice-hours, or minutes (m) and seconds")
+    # Used 1.75 minutes of 2, 30 s extra: 45 s left (not "0.0" hours each).
+    assert table[2].split() == ["team", "(all)", "10m", "1.8m", "2m", "30s", "45s"]

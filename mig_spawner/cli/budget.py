@@ -18,6 +18,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..core.budget import slice_amounts
 from ..core.durations import DurationError, parse_duration
 from ..core.policy import PolicySet
 from .report import ledger_url
@@ -87,8 +88,9 @@ def cmd_grant(args: argparse.Namespace) -> int:
         return 1
     whose = f"{args.user}'s own budget in" if args.user else "the budget of"
     until = extra.at + timedelta(seconds=group.budget_window)
-    print(f"granted {seconds / 3600:g} compute-slice-hours to "
-          f"{whose} group {args.group!r}, valid until {until:%Y-%m-%d %H:%M} UTC")
+    (amount,) = slice_amounts(seconds)
+    print(f"granted {amount} to {whose} group {args.group!r}, valid until "
+          f"{until:%Y-%m-%d %H:%M} UTC")
     return 0
 
 

@@ -77,14 +77,19 @@ def _overlap(span: budget.Span, now: datetime, window: float) -> float:
 
 
 def budgets_text(rows: Sequence[BudgetRow]) -> str:
-    """The rows as a table, in compute-slice-hours (a whole H200 is 7 an hour)."""
-    lines = ["GPU budgets (compute-slice-hours; a whole H200 uses 7 an hour, a 1g slice 1):",
+    """The rows as a table, in compute-slice-hours (a whole H200 is 7 an hour), or in
+    minutes or seconds, marked, where hours would round to 0."""
+    lines = ["GPU budgets (compute-slice-hours, or minutes (m) and seconds (s) where marked; "
+             "a whole H200 uses 7 an hour, a 1g slice 1):",
              f"{'group':<16} {'user':<16} {'window':>8} {'used':>8} {'budget':>8} "
              f"{'extra':>7} {'left':>8}"]
     for row in rows:
-        budget_text = "-" if row.budget_hours is None else f"{row.budget_hours:.1f}"
-        left = "-" if row.left_hours is None else f"{row.left_hours:.1f}"
+        used, extra = budget.slice_amounts(row.used_hours * 3600, row.extra_hours * 3600,
+                                           short=True)
+        budget_text, left = (
+            ("-", "-") if row.budget_hours is None or row.left_hours is None
+            else budget.slice_amounts(row.budget_hours * 3600, row.left_hours * 3600,
+                                      short=True))
         lines.append(f"{row.group:<16} {row.user or '(all)':<16} {row.window:>8} "
-                     f"{row.used_hours:>8.1f} {budget_text:>8} {row.extra_hours:>7.1f} "
-                     f"{left:>8}")
+                     f"{used:>8} {budget_text:>8} {extra:>7} {left:>8}")
     return "\n".join(lines)
