@@ -482,7 +482,8 @@ def test_the_slice_map_shows_each_group_budgets_use(world):
     rows = {g.name: g for g in view.groups}
     assert rows["team"].budget_used_hours * 3600 == pytest.approx(80)
     assert rows["team"].budget_hours * 3600 == pytest.approx(100)
-    assert rows["spare"].budget_hours is None
+    assert rows["team"].budget_text == "1.3 of 1.7 compute-slice-minutes"
+    assert rows["spare"].budget_hours is None and rows["spare"].budget_text is None
 
 
 def test_extra_hours_that_expire_before_the_hours_free_up_are_not_counted_on():

@@ -161,6 +161,9 @@ class GroupRow:
     #: hours (``None``: the group has no group budget; docs/policies.md, "Budgets").
     budget_used_hours: float | None = None
     budget_hours: float | None = None
+    #: The same in words: ``12 of 40 compute-slice-hours`` (minutes or seconds where
+    #: hours would round to 0).
+    budget_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -384,15 +387,17 @@ def _groups(leases: Iterable[Lease], policy: PolicySet | None, now: datetime,
 
 
 def _budget_fields(group: GroupPolicy | None, now: datetime,
-                   budgets: tuple[list[Lease], list[Extra]] | None) -> dict[str, float]:
+                   budgets: tuple[list[Lease], list[Extra]] | None) -> dict[str, Any]:
     """The group budget's use and size in compute-slice-hours, where it has one."""
     if group is None or group.budget is None or budgets is None:
         return {}
     leases, extras = budgets
     spans = budget.spans_of([x for x in leases if x.held], [x for x in leases if not x.held])
     standing = budget.standings(group, "", spans, extras, now)[0]
-    return {"budget_used_hours": standing.used / 3600,
-            "budget_hours": (standing.amount + standing.extra) / 3600}
+    total = standing.amount + standing.extra
+    used, size = budget.slice_amounts(standing.used, total, unit_last=True)
+    return {"budget_used_hours": standing.used / 3600, "budget_hours": total / 3600,
+            "budget_text": f"{used} of {size}"}
 
 
 def slice_map(
