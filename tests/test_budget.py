@@ -339,44 +339,52 @@ def test_a_spent_group_passes_the_lease_to_another_group_and_extra_hours_help(wo
 # --- the admin's view: usage per group and member, extra hours --------------------------
 
 
-def test_an_admin_sees_usage_per_group_and_member_and_grants_hours(tmp_path, capsys):
-    from mig_spawner.cli.main import main
+def admin_world(tmp_path, team: str, held: tuple[float, float]) -> tuple[str, str]:
+    """A hub config folder whose group 'team' has the policy ``team`` (its keys, as
+    Python source), and a ledger where ana held a whole GPU from ``held[0]`` to
+    ``held[1]`` seconds ago; returns the ledger's URL and the folder."""
+    from mig_spawner.spawner.decide import make_decide
 
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     config = tmp_path / "jupyterhub_config.d"
     config.mkdir()
     (config / "20-groups.py").write_text(
         "c = get_config()  # noqa: F821\n"
-        "c.MIGPolicyConfig.group_policies = {'team': {'allowed': ['1g.18gb', '7g.141gb'], "
-        "'budget': '40h', 'user_budget': '30h'}}\n")
+        f"c.MIGPolicyConfig.group_policies = {{'team': {{{team}}}}}\n")
     now = datetime.now(UTC)
     clock = Clock()
-    clock.now = now - timedelta(hours=3)
+    clock.now = now - timedelta(seconds=held[0])
     with connect_sim() as inventory, Ledger.open(url, clock=clock) as ledger:
-        policies = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}})
-        mine = policies.for_user(["team"])
-        from mig_spawner.spawner.decide import make_decide
-
+        mine = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}}).for_user(["team"])
         whole = ledger.claim(LeaseRequest("ana"), make_decide(
             mine, mine.offer("7g.141gb"), inventory, "pool", "pack"))
-        clock.now = now - timedelta(hours=1)
-        ledger.release(whole.id, "stopped")  # 2h of a whole GPU: 14 compute-slice-hours
-    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "team", "10h",
+        clock.now = now - timedelta(seconds=held[1])
+        ledger.release(whole.id, "stopped")
+    return url, str(config)
+
+
+def test_an_admin_sees_usage_per_group_and_member_and_grants_hours(tmp_path, capsys):
+    from mig_spawner.cli.main import main
+
+    # 2h of a whole GPU: 14 compute-slice-hours.
+    url, config = admin_world(tmp_path, "'allowed': ['1g.18gb', '7g.141gb'], 'budget': '40h', "
+                                        "'user_budget': '30h'", (3 * H, H))
+    assert main(["budget", "-f", config, "--ledger-url", url, "grant", "team", "10h",
                  "--note", "deadline"]) == 0
     assert "granted 10 compute-slice-hours to the budget of group 'team'" in \
         capsys.readouterr().out
-    assert main(["budget", "-f", str(config), "--ledger-url", url, "--json"]) == 0
+    assert main(["budget", "-f", config, "--ledger-url", url, "--json"]) == 0
     rows = {(r["group"], r["user"]): r for r in json.loads(capsys.readouterr().out)}
     assert rows[("team", "")]["used_hours"] == pytest.approx(14)
     assert rows[("team", "")]["left_hours"] == pytest.approx(40 + 10 - 14)
     assert rows[("team", "ana")]["left_hours"] == pytest.approx(30 - 14)
-    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "nobody",
+    assert main(["budget", "-f", config, "--ledger-url", url, "grant", "nobody",
                  "1h"]) == 2
     assert "group 'nobody' has no budget" in capsys.readouterr().err
-    assert main(["report", "-f", str(config), "--ledger-url", url]) == 0
+    assert main(["report", "-f", config, "--ledger-url", url]) == 0
     assert "GPU budgets (compute-slice-hours" in capsys.readouterr().out
     # The report's JSON has them too, as the budget command gives them.
-    assert main(["report", "-f", str(config), "--ledger-url", url, "--json"]) == 0
+    assert main(["report", "-f", config, "--ledger-url", url, "--json"]) == 0
     budgets = {(r["group"], r["user"]): r for r in json.loads(capsys.readouterr().out)["budgets"]}
     assert budgets == rows
 
@@ -521,27 +529,15 @@ def test_a_small_budget_is_said_in_minutes_and_seconds_not_as_0_hours():
 
 def test_the_budget_command_says_a_small_budget_in_minutes_and_seconds(tmp_path, capsys):
     from mig_spawner.cli.main import main
-    from mig_spawner.spawner.decide import make_decide
 
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    config = tmp_path / "jupyterhub_config.d"
-    config.mkdir()
-    (config / "20-groups.py").write_text(
-        "c = get_config()  # noqa: F821\n"
-        "c.MIGPolicyConfig.group_policies = {'team': {'allowed': ['7g.141gb'], "
-        "'budget': '2m', 'budget_window': '10m', 'budget_min_hold': '10s'}}\n")
-    clock = Clock()
-    clock.now = datetime.now(UTC) - timedelta(seconds=60)
-    with connect_sim() as inventory, Ledger.open(url, clock=clock) as ledger:
-        mine = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}}).for_user(["team"])
-        whole = ledger.claim(LeaseRequest("ana"), make_decide(
-            mine, mine.offer("7g.141gb"), inventory, "pool", "pack"))
-        clock.now += timedelta(seconds=15)
-        ledger.release(whole.id, "stopped")  # 15 s of 7 compute slices: 105 s
-    assert main(["budget", "-f", str(config), "--ledger-url", url, "grant", "team", "30s"]) == 0
+    # 15 s of 7 compute slices: 105 s.
+    url, config = admin_world(tmp_path, "'allowed': ['7g.141gb'], 'budget': '2m', "
+                                        "'budget_window': '10m', 'budget_min_hold': '10s'",
+                              (60, 45))
+    assert main(["budget", "-f", config, "--ledger-url", url, "grant", "team", "30s"]) == 0
     assert "granted 30 compute-slice-seconds to the budget of group 'team'" in \
         capsys.readouterr().out
-    assert main(["budget", "-f", str(config), "--ledger-url", url]) == 0
+    assert main(["budget", "-f", config, "--ledger-url", url]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("GPU budgets (compute-slice-hours, or minutes (m) and seconds")
     # Used 1.75 minutes of 2, 30 s extra: 45 s left (not "0.0" hours each).
