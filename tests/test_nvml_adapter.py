@@ -137,6 +137,40 @@ def test_create_at_chosen_placements_fits_what_naive_creation_cannot(adapters):
     assert len(adapter.inventory().mig_devices) == 4
 
 
+@pytest.mark.parametrize(("spec", "profile"), [
+    ("h200x1", "1g.35gb"), ("h100x1", "1g.20gb"), ("gh200x1", "1g.24gb"), ("b200x1", "1g.45gb"),
+    ("a100-80gbx1", "1g.20gb"), ("h200x1", "1g.18gb"), ("a30x1", "2g.12gb+me"),
+])
+def test_every_profile_is_made_with_the_compute_instance_its_driver_offers(
+        adapters, spec, profile):
+    """Hopper and Blackwell's double-memory 1g spans its GPU instance with compute profile
+    1_SLICE_REV1 (7), not 1_SLICE (0): asked of the GPU instance, the driver offers it."""
+    gpus = adapters(spec)
+    device = gpus.create_instance(0, profile, 0)
+    [gi] = [g for g in gpus.gpu(0).gpu_instances if g.gi_id == device.gi_id]
+    [ci] = gi.compute_instances
+    slices = {"1g": 1, "2g": 2}[profile[:2]]
+    assert ci.slice_count == slices
+    double_memory_1g = profile == {"h200x1": "1g.35gb", "h100x1": "1g.20gb",
+                                   "gh200x1": "1g.24gb", "b200x1": "1g.45gb"}.get(spec)
+    assert ci.profile_index == (7 if double_memory_1g else slices - 1)
+
+
+def test_the_full_compute_profile_is_the_spanning_one_not_the_first_of_its_size():
+    from mig_spawner.gpu.nvml import ComputeProfile, full_compute_profile
+
+    # A driver that offered a 16-SM 1_SLICE beside the 26-SM 1_SLICE_REV1 in a double-memory
+    # 1g: the one with the GI's SMs spans it.
+    both = [ComputeProfile(0, 0, 1, 16), ComputeProfile(7, 7, 1, 26)]
+    assert full_compute_profile(both, 1).enum_index == 7
+    # An equal pair (as some listings show for a plain 1g): the lowest enum, the default.
+    assert full_compute_profile([ComputeProfile(7, 7, 1, 16), ComputeProfile(0, 0, 1, 16)],
+                                1).enum_index == 0
+    four = [ComputeProfile(0, 0, 1, 14), ComputeProfile(1, 1, 2, 28), ComputeProfile(3, 3, 4, 56)]
+    assert full_compute_profile(four, 4).profile_id == 3
+    assert full_compute_profile(four, 3) is None
+
+
 def test_destroy_frees_the_slices(adapters):
     adapter = adapters("h200x1:layout=7g.141gb")
     adapter.destroy_instance(0, 0)

@@ -209,6 +209,46 @@ def test_compute_instance_is_full_size_and_listed(nvml):
     assert count.value == 1
 
 
+def _offered(gi) -> dict[int, tuple[int, int]]:
+    """What the GPU instance's compute-instance profile info call answers, per enum:
+    (slices, SMs), as `nvidia-smi mig -lcip` lists it."""
+    offered = {}
+    for enum_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        try:
+            info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, enum_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        except pynvml.NVMLError_NotSupported:
+            continue
+        offered[enum_index] = (info.sliceCount, info.multiprocessorCount)
+    return offered
+
+
+@pytest.mark.parametrize(("spec", "profile_id", "size", "offered"), [
+    # A100 -lcip: a 1g offers only itself; a 2g 1c and itself; a 4g 1c, 2c and itself (no
+    # 3c); a 7g 1c to 4c and itself.
+    ("a100-40gbx1", 19, 1, {0: (1, 14)}),
+    ("a100-40gbx1", 14, 2, {0: (1, 14), 1: (2, 28)}),
+    ("a100-40gbx1", 5, 4, {0: (1, 14), 1: (2, 28), 3: (4, 56)}),
+    ("a100-40gbx1", 0, 8, {0: (1, 14), 1: (2, 28), 2: (3, 42), 3: (4, 56), 4: (7, 98)}),
+    # Hopper's double-memory 1g: only 1_SLICE_REV1 (enum 7), with the GI's 26 SMs;
+    # `nvidia-smi mig -cgi 15 -C` makes "MIG 1g.20gb (ID 7)" on an H100.
+    ("h100x1", 15, 2, {7: (1, 26)}),
+    ("h200x1", 15, 2, {7: (1, 26)}),
+])
+def test_a_gpu_instance_offers_the_compute_profiles_the_real_driver_lists(
+        nvml, spec, profile_id, size, offered):
+    nvml(spec)
+    gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+        gpu(), profile_id, byref(pynvml.c_nvmlGpuInstancePlacement_t(0, size)))
+    assert _offered(gi) == offered
+    full = max(offered, key=lambda e: (offered[e][1], -e))
+    ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, full)
+    assert pynvml.nvmlComputeInstanceGetInfo(ci).profileId == full
+    for smaller in set(offered) - {full}:
+        with pytest.raises(pynvml.NVMLError):  # several CIs per GI: out of scope
+            pynvml.nvmlGpuInstanceCreateComputeInstance(gi, smaller)
+
+
 def test_busy_instances_cannot_be_destroyed(nvml):
     host = nvml("h100x1:layout=7g.80gb")
     host.set_processes((0, 0, 0), [(777, 100)])

@@ -33,13 +33,32 @@ GI_PROFILE_2_SLICE_ALL_ME = 0x10
 GI_PROFILE_3_SLICE_GFX = 0x11
 GI_PROFILE_COUNT = 0x12
 
-# NVML_COMPUTE_INSTANCE_PROFILE_* enum indexes for the full-size compute instance.
+# NVML_COMPUTE_INSTANCE_PROFILE_* enum indexes (what a GPU instance's compute-instance
+# profile info call takes).
 CI_PROFILE_1_SLICE = 0
 CI_PROFILE_2_SLICE = 1
 CI_PROFILE_3_SLICE = 2
 CI_PROFILE_4_SLICE = 3
 CI_PROFILE_7_SLICE = 4
+CI_PROFILE_8_SLICE = 5
+CI_PROFILE_6_SLICE = 6
 CI_PROFILE_1_SLICE_REV1 = 7
+#: Compute slices of each compute-instance profile enum.
+CI_PROFILE_SLICES = {
+    CI_PROFILE_1_SLICE: 1, CI_PROFILE_2_SLICE: 2, CI_PROFILE_3_SLICE: 3,
+    CI_PROFILE_4_SLICE: 4, CI_PROFILE_7_SLICE: 7, CI_PROFILE_8_SLICE: 8,
+    CI_PROFILE_6_SLICE: 6, CI_PROFILE_1_SLICE_REV1: 1,
+}
+# The smaller compute instances a GPU instance of N compute slices offers beside its
+# full-size one, as `nvidia-smi mig -lcip` lists them (docs/mig-facts.md, "Compute
+# instances"): a 2g offers 1c; a 3g 1c and 2c; a 4g 1c and 2c but no 3c; a 7g 1c to 4c.
+_SMALLER_CI_PROFILES = {
+    1: (),
+    2: (CI_PROFILE_1_SLICE,),
+    3: (CI_PROFILE_1_SLICE, CI_PROFILE_2_SLICE),
+    4: (CI_PROFILE_1_SLICE, CI_PROFILE_2_SLICE),
+    7: (CI_PROFILE_1_SLICE, CI_PROFILE_2_SLICE, CI_PROFILE_3_SLICE, CI_PROFILE_4_SLICE),
+}
 
 # Every suffix NVIDIA uses: +me (one media engine set), +me.all (all of them), -me (none,
 # where the plain profile carries one), +gfx (graphics-capable; RTX PRO).
@@ -104,6 +123,18 @@ class Profile:
     def placement_size(self) -> int:
         """Memory slices a placement of this profile covers (NVML's ``placement.size``)."""
         return self.memory_slices
+
+    @property
+    def compute_profiles(self) -> dict[int, int]:
+        """The compute-instance profiles a GPU instance of this profile offers, as the
+        driver answers its compute-instance profile info call (enum -> compute slices):
+        the smaller ones and the full-size one (:attr:`ci_profile_index`), which on
+        Hopper and Blackwell's double-memory 1g is ``1_SLICE_REV1``, not ``1_SLICE``."""
+        offered = {ci: CI_PROFILE_SLICES[ci]
+                   for ci in _SMALLER_CI_PROFILES.get(self.compute_slices, ())}
+        if self.ci_profile_index >= 0:
+            offered[self.ci_profile_index] = self.compute_slices
+        return offered
 
 
 @dataclass(frozen=True)

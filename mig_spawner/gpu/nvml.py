@@ -11,8 +11,9 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from ctypes import Structure, byref, c_uint, c_ulonglong
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -474,7 +475,7 @@ class GpuAdapter:
                 ofa=info.ofaCount,
                 max_instances=info.instanceCount,
                 placement_starts=tuple(p.start for p in placements),
-                ci_profile_index=-1,  # found by slice count when creating
+                ci_profile_index=-1,  # asked of the GPU instance when creating
                 variant=_variant(name),
                 source="driver",
             ))
@@ -521,21 +522,27 @@ class GpuAdapter:
         )
 
     def _full_ci_profile(self, gi: Any, uuid: str, profile: catalog.Profile) -> int:
-        """The compute-instance profile that spans the whole GI (cached per GI profile)."""
+        """The ID of the compute-instance profile that spans the whole GI, as the driver
+        offers it for this GI (cached per GI profile): every compute-instance profile is
+        asked of the GI itself, as NVIDIA's mig-parted and DCGM do, and
+        :func:`full_compute_profile` picks (docs/mig-facts.md, "Compute instances")."""
         key = (uuid, profile.profile_id)
         if key not in self._ci_profiles:
+            offered = []
             for enum_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
                 try:
                     info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                         gi, enum_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
                 except _NO_PROFILE:
-                    continue
-                if info.sliceCount == profile.compute_slices:
-                    self._ci_profiles[key] = info.id
-                    break
-            else:
+                    continue  # the driver does not offer this one in this GI
+                offered.append(ComputeProfile(enum_index, info.id, info.sliceCount,
+                                              info.multiprocessorCount))
+            chosen = full_compute_profile(offered, profile.compute_slices)
+            if chosen is None:
                 raise errors.NvmlCallFailed(
-                    f"the driver offers no full-size compute instance for {profile.name}")
+                    f"the driver offers no full-size compute instance for {profile.name} "
+                    f"(it offers {', '.join(str(c) for c in offered) or 'none'})")
+            self._ci_profiles[key] = chosen.profile_id
         return self._ci_profiles[key]
 
     @staticmethod
@@ -544,6 +551,30 @@ class GpuAdapter:
         if pids:
             raise errors.InstanceInUse(
                 f"{doing}: processes still run on it ({', '.join(map(str, pids))})", pids)
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """One compute-instance profile a GPU instance offers, as the driver answers it."""
+
+    enum_index: int
+    profile_id: int
+    slices: int
+    sm_count: int
+
+    def __str__(self) -> str:
+        return f"profile {self.enum_index}: {self.slices} slice(s), {self.sm_count} SMs"
+
+
+def full_compute_profile(offered: Iterable[ComputeProfile], gi_slices: int
+                         ) -> ComputeProfile | None:
+    """The compute-instance profile spanning a GPU instance of ``gi_slices`` compute
+    slices, of those its driver ``offered``: the GI's slice count, then the most SMs (the
+    whole GI's), then the lowest enum (the default `nvidia-smi mig -lcip` marks). Not the
+    first with a matching slice count: on Hopper the double-memory 1g's is
+    ``1_SLICE_REV1`` (enum 7), which `nvidia-smi mig -cgi 15 -C` creates."""
+    spanning = [p for p in offered if p.slices == gi_slices]
+    return min(spanning, key=lambda p: (-p.sm_count, p.enum_index), default=None)
 
 
 def _variant(name: str) -> str:

@@ -24,17 +24,6 @@ class SimError(Exception):
         self.code = code
 
 
-# Compute slices of each full-size compute-instance profile enum.
-CI_SLICES = {
-    catalog.CI_PROFILE_1_SLICE: 1,
-    catalog.CI_PROFILE_2_SLICE: 2,
-    catalog.CI_PROFILE_3_SLICE: 3,
-    catalog.CI_PROFILE_4_SLICE: 4,
-    catalog.CI_PROFILE_7_SLICE: 7,
-    catalog.CI_PROFILE_1_SLICE_REV1: 1,
-}
-
-
 def mig_model(gpu: SimGpu) -> catalog.GpuModel:
     """The GPU's catalog model; NOT_SUPPORTED for a GPU without MIG."""
     model = gpu.model
@@ -174,12 +163,13 @@ def gi_id_for(gpu: SimGpu, model: catalog.GpuModel, start: int, size: int) -> in
 
 
 def ci_profile_slices(gpu: SimGpu, gi: SimGpuInstance, ci_profile: int) -> int:
-    """Compute slices of a CI profile inside ``gi``; NOT_SUPPORTED when it does not fit."""
-    gi_slices = mig_model(gpu).profile_by_id(gi.profile_id).compute_slices
-    slices = CI_SLICES.get(ci_profile)
+    """Compute slices of a CI profile inside ``gi``: the catalog's table of what the real
+    driver offers in a GPU instance of that profile (:attr:`catalog.Profile.compute_profiles`);
+    NOT_SUPPORTED for one it does not offer, as the driver answers."""
     if ci_profile < 0 or ci_profile >= pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
         raise SimError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    if slices is None or slices > gi_slices:
+    slices = mig_model(gpu).profile_by_id(gi.profile_id).compute_profiles.get(ci_profile)
+    if slices is None:
         raise SimError(pynvml.NVML_ERROR_NOT_SUPPORTED)
     return slices
 
