@@ -25,11 +25,16 @@ layout apply``, the slice service's sweep):
 from __future__ import annotations
 
 import logging
+import os
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
+from uuid import uuid4
 
+from mig_spawner.core.catalog import model
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
@@ -46,7 +51,9 @@ from mig_spawner.core.layout import (
     plan_gpu,
 )
 from mig_spawner.gpu.errors import GpuError, InstanceInUse
+from mig_spawner.holder import start_time, this_host
 from mig_spawner.ledger import KUBE_NODE, LayoutChange, Lease, Ledger
+from mig_spawner.ledger.layout import Replan
 
 #: The warning rule a drain writes on a lease (beside ``server_idle``, ``max_session_age``).
 DRAIN_RULE = "drain"
@@ -73,20 +80,35 @@ class LayoutGpus(Protocol):
 
 
 def holders_of(leases: Iterable[Lease]) -> list[Holder]:
-    """The held leases that sit on a placement of this host's GPUs, as the plan reads them."""
+    """The held leases that sit on a placement of this host's GPUs, as the plan reads them
+    (a whole-GPU lease starts at 0: it holds the whole GPU of a MIG-off GPU)."""
     return [Holder(x.id, x.user, x.server_name, x.group, x.profile, x.gpu_uuid, x.start,
                    x.expires_at)
             for x in leases if x.gpu_uuid and x.start is not None]
 
 
-def target_json(entry: TargetEntry) -> dict[str, Any]:
-    """One GPU's target as the ledger keeps it."""
-    return {"mig_enabled": entry.mig_enabled, "counts": dict(sorted(entry.counts.items()))}
+def target_json(entry: TargetEntry, before: TargetEntry | None = None) -> dict[str, Any]:
+    """One GPU's target as the ledger keeps it; ``before``: the layout it had when the
+    change began, which a change that fails midway puts back where it can."""
+    data: dict[str, Any] = {"mig_enabled": entry.mig_enabled,
+                            "counts": dict(sorted(entry.counts.items()))}
+    if before is not None:
+        data["before"] = target_json(before)
+    return data
 
 
 def entry_of(target: Mapping[str, Any]) -> TargetEntry:
     """The ledger's target of one GPU as a target entry."""
     return TargetEntry((), bool(target.get("mig_enabled", True)), dict(target.get("counts", {})))
+
+
+def layout_before(plan: GpuPlan) -> TargetEntry:
+    """What ``plan``'s GPU carries now, as a target: MIG off (the whole GPU), or its
+    instances per profile."""
+    instances = (*plan.keep, *plan.destroy)
+    if any(i.whole for i in instances):
+        return TargetEntry((), False, {})
+    return TargetEntry((), True, dict(Counter(i.profile for i in instances)))
 
 
 def begin(ledger: Ledger, host: str, plan: LayoutPlan, target: Target) -> list[LayoutChange]:
@@ -96,7 +118,8 @@ def begin(ledger: Ledger, host: str, plan: LayoutPlan, target: Target) -> list[L
     for g in plan.changing:
         entry = target.for_gpu(g.index)
         assert entry is not None  # the plan covers only GPUs the target names
-        opened.append(ledger.open_change(host, g.uuid, g.index, target_json(entry),
+        opened.append(ledger.open_change(host, g.uuid, g.index,
+                                         target_json(entry, layout_before(g)),
                                          g.changing_slices, whole_gpu=g.mode_change))
     return opened
 
@@ -107,6 +130,42 @@ def drain(ledger: Ledger, host: str, gpu: Gpu) -> LayoutChange:
     ends it (``mig-spawner layout end``)."""
     return ledger.open_change(host, gpu.uuid, gpu.index, DRAIN_TARGET, (), whole_gpu=True,
                               state=PlanState.DRAINING)
+
+
+# --- who steps a change ------------------------------------------------------------------
+
+#: How long a stepper whose process cannot be looked up from here (another PID
+#: namespace: the slice service in a container beside the host) may go without taking
+#: or checking a step before another stepper takes its change over. Far above one NVML
+#: call; a stepper checks in before each step.
+STEPPER_SILENCE = timedelta(minutes=10)
+_STEPPER = re.compile(r"^(?P<host>\S+) pid (?P<pid>\d+) start (?P<start>\d+) "
+                      r"ns (?P<ns>\d+) (?P<token>\w+)$")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def this_stepper() -> str:
+    """A new stepper's name in this process: host, PID, the process's start time, its PID
+    namespace and a token of its own (two appliers in one process exclude each other)."""
+    pid = os.getpid()
+    return (f"{this_host()} pid {pid} start {start_time(pid) or 0} ns {_pid_namespace()} "
+            f"{uuid4().hex[:12]}")
+
+
+def stepper_gone(change: LayoutChange, now: datetime) -> bool:
+    """Whether the stepper that has ``change`` is provably gone: its process (same PID and
+    start time) no longer runs on this host (kill -9 included); or, when it cannot be
+    looked up from here, it has not checked in for :data:`STEPPER_SILENCE`."""
+    found = _STEPPER.match(change.stepper or "")
+    if found and found["host"] == this_host() and int(found["ns"]) == _pid_namespace():
+        return start_time(int(found["pid"])) != int(found["start"])
+    return change.stepper_seen is None or now - change.stepper_seen > STEPPER_SILENCE
 
 
 @dataclass
@@ -146,70 +205,57 @@ class LayoutApplier:
         self.notice_for = notice_for
         self.allow_reset = allow_reset
         self.clock = clock
+        #: This applier's name as the stepper of a change (the ledger records it).
+        self.stepper = this_stepper()
 
     def step(self) -> Pass:
-        """One pass over every open change of this host."""
+        """One pass over every open change of this host that no other stepper has."""
         result = Pass()
         if not self.ledger.layout_changes():
             return result  # the common case: one indexed read, no GPU read
-        inventory = self.gpus.inventory()
-        changes = [c for c in self.ledger.layout_changes(inventory.host)
-                   if c.gpu_uuid != KUBE_NODE]
-        leases = self.ledger.active(inventory.host)
-        for change in changes:
-            outcome = self._one(change, inventory, leases, result)
-            result.gpus.append(outcome)
-            if any(d for d in outcome.done):
-                inventory = self.gpus.inventory()  # the next GPU reads what this one made
+        host = self.gpus.inventory().host
+        for change in self.ledger.layout_changes(host):
+            if change.gpu_uuid == KUBE_NODE:
+                continue
+            mine = self.ledger.take_change(change.id, self.stepper,
+                                           lambda c: stepper_gone(c, self.clock()))
+            if mine is None:
+                result.gpus.append(GpuOutcome(change.gpu_index, change.state,
+                                              why="another process is applying it"))
+                continue
+            try:
+                result.gpus.append(self._one(mine, result))
+            finally:
+                self.ledger.let_go(change.id, self.stepper)
         return result
 
-    def _one(self, change: LayoutChange, inventory: Inventory, leases: Sequence[Lease],
-             result: Pass) -> GpuOutcome:
+    def _one(self, change: LayoutChange, result: Pass) -> GpuOutcome:
+        inventory = self.gpus.inventory()  # read once this change is ours alone
         gpu = inventory.gpu_by_uuid(change.gpu_uuid)
         if gpu is None:
             return self._end(change, PlanState.FAILED, "the GPU is no longer on this host")
-        on_gpu = [x for x in leases if x.gpu_uuid == gpu.uuid]
         if change.target.get("drain"):
+            on_gpu = [x for x in self.ledger.active(inventory.host) if x.gpu_uuid == gpu.uuid]
             return self._drain_only(change, gpu, on_gpu, result)
-        plan = plan_gpu(gpu, entry_of(change.target),
-                        instances_of(gpu, {(h.gpu_uuid, h.start): h for h in holders_of(on_gpu)}))
+        planned = self._replan(change, gpu, entry_of(change.target))
+        if planned is None:
+            return GpuOutcome(gpu.index, change.state, why="another process took it over")
+        change, on_gpu, plan = planned
         if plan.problem is not None:
-            return self._end(change, PlanState.FAILED, plan.problem)
+            return self._fail(change, plan.problem)
         if not plan.steps:
             return self._end(change, PlanState.DONE, f"GPU {gpu.index} is {plan.target}")
         outcome = GpuOutcome(gpu.index, change.state)
         change = self._warn(change, plan_holders(plan), on_gpu, outcome, result)
         if plan.needs_reset and not self.allow_reset:
             switch = "on" if entry_of(change.target).mig_enabled else "off"
-            return self._end(change, PlanState.FAILED,
-                             f"turning MIG {switch} on GPU {gpu.index} needs a GPU reset "
-                             "(Ampere); apply with --allow-reset once nothing else runs on it")
-        blocked = False
-        kept: set[int] = set()  # slices of the instances that cannot go yet
-        for s in plan.steps:
-            if s.waits_for or (s.instance is not None and not s.instance.free):
-                blocked = True
-                kept.update(s.instance.slices if s.instance is not None else ())
-                continue  # the drain's: it runs once the holder or the process is gone
-            if s.new is not None and kept.intersection(s.new.slices):
-                continue  # its room is still taken (processes without a lease there)
-            if s.kind is StepKind.MIG_OFF and blocked:
-                continue  # MIG goes off only once every instance is gone
-            if change.state is not PlanState.APPLYING:
-                change = self.ledger.move_change(change.id, PlanState.APPLYING) or change
-            try:
-                self._run(s, plan)
-            except InstanceInUse as e:
-                # A process came between the read and the step: the next pass retries.
-                outcome.why = f"{s.describe()}: {e}"
-                break
-            except GpuError as e:
-                why = f"{s.describe()}: {e}"
-                self._end(change, PlanState.FAILED, why)
-                outcome.state, outcome.why = PlanState.FAILED, why
-                return outcome
-            outcome.done.append(s.describe())
-            log.info("layout: GPU %d: %s", gpu.index, s.describe())
+            return self._fail(change, f"turning MIG {switch} on GPU {gpu.index} needs a GPU "
+                                      "reset (Ampere); apply with --allow-reset once nothing "
+                                      "else runs on it")
+        error = self._run_steps(change, gpu, plan, outcome)
+        if error is not None:
+            outcome = self._fail(change, error, outcome)
+            return outcome
         waiting = [s for s in plan.steps if s.waits_for or
                    (s.instance is not None and not s.instance.free)]
         if not waiting and not outcome.why and len(outcome.done) == len(plan.steps):
@@ -218,10 +264,86 @@ class LayoutApplier:
         state = PlanState.DRAINING if waiting else PlanState.APPLYING
         detail = outcome.why or (f"waits for {', '.join(waiting_for(waiting))}" if waiting
                                  else f"{len(outcome.done)} step(s) done")
-        moved = self.ledger.move_change(change.id, state, detail=detail,
-                                        held_slices=plan.changing_slices)
+        moved = self.ledger.move_change(change.id, state, detail=detail)
         outcome.state = moved.state if moved else state
         return outcome
+
+    def _replan(self, change: LayoutChange, gpu: Gpu, entry: TargetEntry) -> Replan | None:
+        """``gpu``'s plan towards ``entry`` against the leases as of the claim lock, its
+        changing slices held before that lock is let go (:meth:`Ledger.replan`)."""
+        def plan(leases: list[Lease]) -> GpuPlan:
+            holders = {(h.gpu_uuid, h.start): h for h in holders_of(leases)}
+            return plan_gpu(gpu, entry, instances_of(gpu, holders))
+
+        return self.ledger.replan(change.id, self.stepper, plan)
+
+    def _run_steps(self, change: LayoutChange, gpu: Gpu, plan: GpuPlan,
+                   outcome: GpuOutcome) -> str | None:
+        """Run, one at a time, every step of ``plan`` that waits for nobody, each checked
+        against the hold under the claim lock just before it runs. Returns why the change
+        must fail (an NVML error other than *in use*), else None; ``outcome`` says what was
+        done and why a step stopped the pass."""
+        blocked = False
+        kept: set[int] = set()  # slices of the instances that cannot go yet
+        every_slice = range(model(gpu.model_key).memory_slices) if gpu.model_key else range(0)
+        for s in plan.steps:
+            if s.waits_for or (s.instance is not None and not s.instance.free):
+                blocked = True
+                kept.update(s.instance.slices if s.instance is not None else ())
+                continue  # the drain's: it runs once the holder or the process is gone
+            if s.new is not None and kept.intersection(s.new.slices):
+                continue  # its room is still taken (processes without a lease there)
+            if s.kind in (StepKind.MIG_ON, StepKind.MIG_OFF) and blocked:
+                continue  # MIG mode changes only once nothing is held or busy on the GPU
+            on = (s.instance.slices if s.kind is StepKind.DESTROY and s.instance is not None
+                  else s.new.slices if s.new is not None else every_slice)
+            why = self.ledger.check_step(change.id, self.stepper, on)
+            if why is not None:
+                # Never touch what the hold does not cover: the next pass plans again.
+                outcome.why = f"{s.describe()}: not now: {why}"
+                return None
+            if change.state is not PlanState.APPLYING:
+                change = self.ledger.move_change(change.id, PlanState.APPLYING) or change
+            try:
+                self._run(s)
+            except InstanceInUse as e:
+                # A process came between the read and the step: the next pass retries.
+                outcome.why = f"{s.describe()}: {e}"
+                return None
+            except GpuError as e:
+                return f"{s.describe()}: {e}"
+            outcome.done.append(s.describe())
+            log.info("layout: GPU %d: %s", gpu.index, s.describe())
+        return None
+
+    def _fail(self, change: LayoutChange, why: str, outcome: GpuOutcome | None = None
+              ) -> GpuOutcome:
+        """End ``change`` failed, having first put back what it destroyed where it can
+        (the layout it began from): every step of that way back that waits for nobody,
+        each checked against the hold as any step is. What cannot be put back is logged
+        and said in the change's detail; the hold ends."""
+        before = change.target.get("before")
+        if before is None:
+            return self._end(change, PlanState.FAILED, why, outcome)
+        entry = entry_of(before)
+        back = GpuOutcome(change.gpu_index, change.state)
+        error: str | None = None
+        inventory = self.gpus.inventory()
+        gpu = inventory.gpu_by_uuid(change.gpu_uuid)
+        if gpu is not None:
+            planned = self._replan(change, gpu, entry)
+            if planned is not None and planned.plan.problem is None:
+                error = self._run_steps(planned.change, gpu, planned.plan, back)
+                gpu = self.gpus.inventory().gpu_by_uuid(change.gpu_uuid)
+        missing = _missing(gpu, entry)
+        put_back = f"put back {len(back.done)} step(s)" if back.done else "nothing put back"
+        if missing:
+            log.warning("layout: GPU %d: could not put back %s after the change failed (%s)%s",
+                        change.gpu_index, missing, why, f"; {error}" if error else "")
+            put_back += f"; could not put back {missing}"
+        outcome = outcome or GpuOutcome(change.gpu_index, change.state)
+        outcome.done += [f"put back: {d}" for d in back.done]
+        return self._end(change, PlanState.FAILED, f"{why} ({put_back})", outcome)
 
     def _drain_only(self, change: LayoutChange, gpu: Gpu, on_gpu: Sequence[Lease],
                     result: Pass) -> GpuOutcome:
@@ -242,7 +364,7 @@ class LayoutApplier:
         return warn_holders(self.ledger, change, holders, on_gpu, self.notice_for,
                             self.clock(), outcome, result)
 
-    def _run(self, s: Step, plan: GpuPlan) -> None:
+    def _run(self, s: Step) -> None:
         if s.kind is StepKind.DESTROY:
             assert s.instance is not None
             self.gpus.destroy_instance(s.gpu_index, s.instance.gi_id)
@@ -265,6 +387,19 @@ class LayoutApplier:
         return outcome
 
 
+def _missing(gpu: Gpu | None, entry: TargetEntry) -> str:
+    """What of ``entry`` (the layout a change began from) ``gpu`` lacks now, in words."""
+    if gpu is None:
+        return "the GPU"
+    if not entry.mig_enabled:
+        return "MIG off" if gpu.mig_current else ""
+    if not gpu.mig_current:
+        return "MIG on"
+    have = Counter(gi.profile for gi in gpu.gpu_instances)
+    lacking = Counter(entry.counts) - have
+    return ", ".join(f"{n}x {p}" for p, n in sorted(lacking.items()))
+
+
 def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: str) -> None:
     """End ``change`` (done or failed): its hold ends, and a drain warning it gave a
     server that still runs there is withdrawn (that stop is no longer due)."""
@@ -279,34 +414,34 @@ def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: s
 def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder],
                  leases: Sequence[Lease], notice_for: Callable[[str], float | None],
                  now: datetime, outcome: GpuOutcome, result: Pass) -> LayoutChange:
-    """Warn each holder once (rule ``drain``, deadline: its group's notice after the
-    drain began); put those whose notice has ended in ``result.due``."""
+    """Warn each holder once (rule ``drain``, deadline: its group's notice from now, the
+    same for a holder a later plan reaches as for the first ones); put those whose
+    deadline has passed in ``result.due``."""
     if not holders:
         return change
     if change.notice_from is None:
         change = ledger.move_change(change.id, PlanState.DRAINING, notice_from=now) or change
-    began = change.notice_from or now
     by_id = {x.id: x for x in leases}
     for h in holders:
         lease = by_id.get(h.lease_id)
         notice = notice_for(h.group)
         if lease is None or notice is None:
             continue  # no notice in the group's policy: the change waits for it
-        deadline = began + timedelta(seconds=notice)
         if lease.warning != DRAIN_RULE:
             # Users may read it: the node's name stays out (no host in their messages).
             where = "its node" if change.gpu_uuid == KUBE_NODE else f"GPU {change.gpu_index}"
             detail = (f"{where} is re-cut by an admin: the server stops within "
                       f"{format_duration(notice)}")
-            if ledger.warn(lease.id, DRAIN_RULE, deadline, detail) is not None:
+            if ledger.warn(lease.id, DRAIN_RULE, now + timedelta(seconds=notice),
+                           detail) is not None:
                 outcome.warned.append(lease.id)
-        elif deadline <= now:
+        elif lease.warning_deadline is not None and lease.warning_deadline <= now:
             result.due.append(lease)
     return change
 
 
 def plan_holders(plan: GpuPlan) -> list[Holder]:
-    """The holders of the instances ``plan`` must destroy."""
+    """The holders of the instances ``plan`` must destroy (the whole GPU's too)."""
     return [i.holder for i in plan.destroy if i.holder is not None]
 
 
@@ -319,7 +454,6 @@ def waiting_for(steps: Iterable[Step]) -> list[str]:
         if s.instance is not None and s.instance.holder is None and s.instance.busy:
             found[f"processes on {s.instance.describe()}"] = None
     return list(found)
-
 
 
 # --- Kubernetes: the node's label and NVIDIA's MIG Manager -------------------------------

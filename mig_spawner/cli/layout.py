@@ -274,7 +274,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps([{"id": c.id, "host": c.host, "gpu": c.gpu_index, "uuid": c.gpu_uuid,
                            "state": c.state.value, "target": c.target,
                            "held_slices": sorted(c.held_slices), "whole_gpu": c.whole_gpu,
-                           "since": c.created_at.isoformat(), "detail": c.detail}
+                           "since": c.created_at.isoformat(), "detail": c.detail,
+                           "stepper": c.stepper}
                           for c in changes], indent=2))
         return 0
     if not changes:

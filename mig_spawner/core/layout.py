@@ -28,7 +28,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from .catalog import CatalogError, GpuModel, model, normalize_profile_name, profile_sort_key
+from .catalog import (
+    WHOLE_GPU,
+    CatalogError,
+    GpuModel,
+    model,
+    normalize_profile_name,
+    profile_sort_key,
+)
 from .inventory import Gpu, Inventory
 
 #: What a GPU that the target does not name gets.
@@ -216,6 +223,10 @@ class Holder:
         return f"{self.user}/{self.server_name}" if self.server_name else self.user
 
 
+#: The GPU-instance id of :attr:`Instance.whole`: a GPU with MIG off has none.
+WHOLE_GI = -1
+
+
 @dataclass(frozen=True)
 class Instance:
     """A GPU instance that exists now: where it lies, its MIG device, whether a lease
@@ -234,10 +245,18 @@ class Instance:
         return self.holder is None and not self.busy
 
     @property
+    def whole(self) -> bool:
+        """The whole GPU with MIG off (no GPU instance): capacity like any slice, which a
+        MIG mode change takes away from its holder."""
+        return self.gi_id == WHOLE_GI
+
+    @property
     def slices(self) -> range:
         return range(self.start, self.start + self.size)
 
     def describe(self) -> str:
+        if self.whole:
+            return "the whole GPU (MIG off)"
         return f"{self.profile} at {self.start} (GI {self.gi_id})"
 
 
@@ -402,7 +421,14 @@ class LayoutPlan:
 
 def instances_of(gpu: Gpu, holders: Mapping[tuple[str, int], Holder]) -> tuple[Instance, ...]:
     """``gpu``'s GPU instances, with their MIG device, holder (``holders`` keyed by
-    ``(gpu_uuid, start)``) and whether processes run on them."""
+    ``(gpu_uuid, start)``) and whether processes run on them. A MIG-capable GPU with MIG
+    off is one instance, the whole GPU, held by a whole-GPU lease (which starts at 0)."""
+    if not gpu.mig_current:
+        if gpu.model_key is None or not gpu.mig_supported:
+            return ()
+        return (Instance(WHOLE_GI, WHOLE_GPU, 0, model(gpu.model_key).memory_slices, None,
+                         holders.get((gpu.uuid, 0)),
+                         bool(gpu.processes) or gpu.processes_unknown),)
     devices = {d.gi_id: d for d in gpu.mig_devices}
     out = []
     for gi in sorted(gpu.gpu_instances, key=lambda g: g.start):
@@ -463,9 +489,14 @@ def plan_gpu(gpu: Gpu, entry: TargetEntry, instances: Sequence[Instance]) -> Gpu
         if placed is None:
             return _problem(base, f"GPU {gpu.index}: {entry.describe()} does not fit on a "
                                   f"{gpu_model.display_name}")
-        steps = [Step(StepKind.MIG_ON, gpu.index),
-                 *(Step(StepKind.CREATE, gpu.index, new=n) for n in placed)]
-        return _with_steps(base, create=placed, steps=steps, mode_change=True,
+        # The whole GPU goes as an instance would: MIG goes on, and every instance is
+        # created, only once its holder (a whole-GPU lease) or its processes are gone.
+        whole = tuple(i for i in instances if i.whole)
+        waits = _holders(whole)
+        steps = [*(Step(StepKind.MIG_ON, gpu.index, instance=i, waits_for=waits)
+                   for i in whole or (None,)),
+                 *(Step(StepKind.CREATE, gpu.index, new=n, waits_for=waits) for n in placed)]
+        return _with_steps(base, destroy=whole, create=placed, steps=steps, mode_change=True,
                            needs_reset=reset)
     choice = _keep_and_place(gpu_model, wanted, instances)
     if choice is None:

@@ -14,17 +14,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Connection, Row, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
-from mig_spawner.core.layout import HOLDING_STATES, PlanState
+from mig_spawner.core.layout import HOLDING_STATES, GpuPlan, PlanState
 
 from .changes import announce
 from .engine import lock_claims
 from .models import layout_changes
+
+if TYPE_CHECKING:
+    from .records import Lease
 
 #: The ``gpu_uuid`` of a hold on a whole Kubernetes node (its name is the ``host``):
 #: MIG Manager re-cuts a node's GPUs whole, so the node is held whole.
@@ -51,11 +54,28 @@ class LayoutChange:
     updated_at: datetime
     notice_from: datetime | None = None
     detail: str | None = None
+    #: The process stepping the change now (None: nobody), and when it last took or
+    #: checked a step (see :meth:`LayoutChanges.take_change`).
+    stepper: str | None = None
+    stepper_seen: datetime | None = None
 
     @property
     def open(self) -> bool:
         """Not done nor failed: its slices are held."""
         return self.state in HOLDING_STATES
+
+    def holds(self, slices: Iterable[int]) -> bool:
+        """Whether the change holds every one of ``slices`` from new grants."""
+        return self.whole_gpu or set(slices) <= self.held_slices
+
+
+class Replan(NamedTuple):
+    """What :meth:`LayoutChanges.replan` read and decided in one transaction: the change
+    with its hold as written, the leases held on its GPU, and the plan."""
+
+    change: LayoutChange
+    leases: list[Lease]
+    plan: GpuPlan
 
 
 def _mask(slices: Iterable[int]) -> int:
@@ -76,7 +96,12 @@ def _to_change(row: Row[Any]) -> LayoutChange:
         target=json.loads(m["target"]), state=PlanState(m["state"]),
         held_slices=_slices(m["held_slices"]), whole_gpu=bool(m["whole_gpu"]),
         created_at=m["created_at"], updated_at=m["updated_at"],
-        notice_from=m["notice_from"], detail=m["detail"])
+        notice_from=m["notice_from"], detail=m["detail"], stepper=m["stepper"],
+        stepper_seen=m["stepper_seen"])
+
+
+_LOCK_CHANGE = select(layout_changes).where(
+    layout_changes.c.id == bindparam("change_id")).with_for_update()
 
 
 #: What :func:`read_holds` reads, built once: every claim and grant pass reads it.
@@ -105,6 +130,7 @@ class LayoutChanges:
     _write: Callable[[], AbstractContextManager[Connection]]
     _now: Callable[[], datetime]
     _origin: str
+    _held_on: Callable[[Connection, str, str], list[Lease]]
 
     def open_change(self, host: str, gpu_uuid: str, gpu_index: int, target: Mapping[str, Any],
                     held_slices: Iterable[int], *, whole_gpu: bool = False,
@@ -170,3 +196,87 @@ class LayoutChanges:
         """The slices open changes hold now, per (host, GPU UUID)."""
         with self._read() as connection:
             return read_holds(connection)
+
+    # -- stepping a change: one stepper at a time, each step inside the hold ----------
+
+    def take_change(self, change_id: int, stepper: str,
+                    gone: Callable[[LayoutChange], bool]) -> LayoutChange | None:
+        """Become the one process that steps change ``change_id`` (the slice service's
+        sweep and ``mig-spawner layout apply --wait`` both step changes). None when the
+        change has ended, or another stepper has it and ``gone(change)`` does not say
+        that stepper is provably gone (a stepper killed with -9 never lets go; the next
+        one takes the change over, so a crash never wedges it)."""
+        with self._write() as connection:
+            row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
+            if row is None:
+                return None
+            change = _to_change(row)
+            if not change.open or (change.stepper not in (None, stepper) and not gone(change)):
+                return None
+            now = self._now()
+            connection.execute(update(layout_changes).where(layout_changes.c.id == change_id)
+                               .values(stepper=stepper, stepper_seen=now))
+            return replace(change, stepper=stepper, stepper_seen=now)
+
+    def let_go(self, change_id: int, stepper: str) -> None:
+        """Stop stepping change ``change_id`` (when ``stepper`` still has it)."""
+        with self._write() as connection:
+            connection.execute(
+                update(layout_changes)
+                .where(layout_changes.c.id == change_id, layout_changes.c.stepper == stepper)
+                .values(stepper=None, stepper_seen=None))
+
+    def replan(self, change_id: int, stepper: str, plan: Callable[[list[Lease]], GpuPlan]
+               ) -> Replan | None:
+        """Plan change ``change_id`` again and hold what the plan changes, in one
+        transaction under the claim lock: ``plan(leases)`` gets the leases held on the
+        change's GPU as of that lock, and its changing slices become the change's hold
+        before the transaction ends. So a claim either committed before (its lease is
+        among ``leases``: a holder the plan waits for) or sees the hold; a slice the plan
+        destroys is never granted between the read and the destroy. None when
+        ``stepper`` no longer steps the change (it ended, or was taken over)."""
+        with self._write() as connection:
+            lock_claims(connection)
+            row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
+            change = None if row is None else _to_change(row)
+            if change is None or not change.open or change.stepper != stepper:
+                return None
+            held = self._held_on(connection, change.host, change.gpu_uuid)
+            planned = plan(held)
+            now = self._now()
+            values: dict[str, Any] = {"stepper_seen": now}
+            if planned.problem is None and planned.steps:
+                whole, slices = planned.mode_change, planned.changing_slices
+                if (whole, frozenset(slices)) != (change.whole_gpu, change.held_slices):
+                    values.update(held_slices=_mask(slices), whole_gpu=int(whole),
+                                  updated_at=now)
+                    announce(connection, self._origin)  # a hold that shrank frees slices
+                    change = replace(change, held_slices=frozenset(slices), whole_gpu=whole)
+            connection.execute(update(layout_changes)
+                               .where(layout_changes.c.id == change_id).values(values))
+            return Replan(replace(change, stepper_seen=now), held, planned)
+
+    def check_step(self, change_id: int, stepper: str, slices: Iterable[int]) -> str | None:
+        """Why a step on ``slices`` of the change's GPU may not run now, in words (None:
+        it may). Under the claim lock: the change is still open and ``stepper``'s, it
+        holds every one of ``slices``, and no lease holds any of them. Read just before
+        the step, so nothing granted is ever destroyed or built over."""
+        wanted = frozenset(slices)
+        with self._write() as connection:
+            lock_claims(connection)
+            row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
+            change = None if row is None else _to_change(row)
+            if change is None or not change.open:
+                return "the change has ended"
+            if change.stepper != stepper:
+                return "another process took the change over"
+            if not change.holds(wanted):
+                outside = sorted(wanted - change.held_slices)
+                return f"memory slices {', '.join(map(str, outside))} are not held by the change"
+            leased = [x for x in self._held_on(connection, change.host, change.gpu_uuid)
+                      if wanted.intersection(x.memory_slices)]
+            if leased:
+                return f"{leased[0].server} holds it"
+            connection.execute(update(layout_changes).where(layout_changes.c.id == change_id)
+                               .values(stepper_seen=self._now()))
+            return None

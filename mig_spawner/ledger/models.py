@@ -265,5 +265,8 @@ layout_changes = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
     Column("notice_from", UtcDateTime(), comment="when the holders were warned"),
     Column("detail", String(255), comment="the last step done, or why it failed"),
+    Column("stepper", String(255),
+           comment="the process stepping the change now (host, pid, start); none: nobody"),
+    Column("stepper_seen", UtcDateTime(), comment="when that stepper last took or checked a step"),
     Index("ix_layout_changes_state", "state"),
 )

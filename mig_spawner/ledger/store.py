@@ -344,6 +344,11 @@ class Ledger(WaitList, LayoutChanges):
         self._held_rows = fresh
         return list(fresh.values())
 
+    def _held_on(self, connection: Connection, host: str, gpu_uuid: str) -> list[Lease]:
+        """The leases that hold a slice of one GPU now, in the caller's transaction."""
+        return self._select(connection, _HELD, leases.c.host == host,
+                            leases.c.gpu_uuid == gpu_uuid)
+
     @staticmethod
     def _lock_lease(connection: Connection, lease_id: str) -> Lease | None:
         row = connection.execute(_LOCK_LEASE, {"lease_id": lease_id}).first()
