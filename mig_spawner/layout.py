@@ -278,11 +278,13 @@ class LayoutApplier:
         return self.ledger.replan(change.id, self.stepper, plan)
 
     def _run_steps(self, change: LayoutChange, gpu: Gpu, plan: GpuPlan,
-                   outcome: GpuOutcome) -> str | None:
+                   outcome: GpuOutcome, *, keep_going: bool = False) -> str | None:
         """Run, one at a time, every step of ``plan`` that waits for nobody, each checked
         against the hold under the claim lock just before it runs. Returns why the change
         must fail (an NVML error other than *in use*), else None; ``outcome`` says what was
-        done and why a step stopped the pass."""
+        done and why a step stopped the pass. ``keep_going``: an NVML error skips that
+        step only (putting back, every step that can be done is)."""
+        failed: list[str] = []
         blocked = False
         kept: set[int] = set()  # slices of the instances that cannot go yet
         every_slice = range(model(gpu.model_key).memory_slices) if gpu.model_key else range(0)
@@ -311,10 +313,15 @@ class LayoutApplier:
                 outcome.why = f"{s.describe()}: {e}"
                 return None
             except GpuError as e:
-                return f"{s.describe()}: {e}"
+                if not keep_going:
+                    return f"{s.describe()}: {e}"
+                failed.append(f"{s.describe()}: {e}")
+                if s.instance is not None:
+                    kept.update(s.instance.slices)  # still there: nothing goes in its room
+                continue
             outcome.done.append(s.describe())
             log.info("layout: GPU %d: %s", gpu.index, s.describe())
-        return None
+        return "; ".join(failed) or None
 
     def _fail(self, change: LayoutChange, why: str, outcome: GpuOutcome | None = None
               ) -> GpuOutcome:
@@ -333,17 +340,20 @@ class LayoutApplier:
         if gpu is not None:
             planned = self._replan(change, gpu, entry)
             if planned is not None and planned.plan.problem is None:
-                error = self._run_steps(planned.change, gpu, planned.plan, back)
+                error = self._run_steps(planned.change, gpu, planned.plan, back,
+                                        keep_going=True)
                 gpu = self.gpus.inventory().gpu_by_uuid(change.gpu_uuid)
         missing = _missing(gpu, entry)
-        put_back = f"put back {len(back.done)} step(s)" if back.done else "nothing put back"
+        said = [f"put back {len(back.done)} step(s)"] if back.done else []
         if missing:
             log.warning("layout: GPU %d: could not put back %s after the change failed (%s)%s",
                         change.gpu_index, missing, why, f"; {error}" if error else "")
-            put_back += f"; could not put back {missing}"
+            said.append(f"could not put back {missing}")
         outcome = outcome or GpuOutcome(change.gpu_index, change.state)
         outcome.done += [f"put back: {d}" for d in back.done]
-        return self._end(change, PlanState.FAILED, f"{why} ({put_back})", outcome)
+        # The detail column is short: what was put back comes first, the error after it.
+        detail = f"{'; '.join(said)}: {why}" if said else why
+        return self._end(change, PlanState.FAILED, detail, outcome)
 
     def _drain_only(self, change: LayoutChange, gpu: Gpu, on_gpu: Sequence[Lease],
                     result: Pass) -> GpuOutcome:

@@ -340,6 +340,51 @@ def test_an_nvml_error_at_any_step_stops_that_gpu_with_the_reason_and_the_rest_g
         assert len({gi.start for gi in g.gpu_instances}) == len(g.gpu_instances)
 
 
+def test_a_change_that_fails_midway_puts_back_what_it_destroyed(world, caplog):
+    """A create that fails after free instances went: the change ends failed, having
+    made again what it destroyed where it could, and says what it could not."""
+    ledger, gpus, sim, clock = world
+    target = parse_spec("0=3g.71gb,2g.35gb,1g.18gb*2")
+    inventory = gpus.inventory()
+    begin(ledger, inventory.host, plan_layout(inventory, target), target)
+    sim.inject_error("nvmlGpuInstanceCreateComputeInstance", "UNKNOWN")
+    applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
+    [gpu0] = applier.step().gpus
+    assert gpu0.state is PlanState.FAILED
+    assert any(d.startswith("destroy") for d in gpu0.done)  # it had destroyed some
+    assert layout_of(gpus, 0) == [("1g.18gb", s) for s in range(7)]
+    [failed] = ledger.layout_changes(open_only=False)
+    assert failed.detail.startswith("put back") and "could not" not in failed.detail
+    assert ledger.holds() == {}
+    # Where the way back fails too, what is missing is said and logged; the hold ends.
+    begin(ledger, inventory.host, plan_layout(gpus.inventory(), target), target)
+    sim.inject_error("nvmlGpuInstanceCreateComputeInstance", "UNKNOWN", count=2)
+    with caplog.at_level("WARNING", logger="mig_spawner.layout"):
+        assert applier.step().gpus[0].state is PlanState.FAILED
+    failed = ledger.layout_changes(open_only=False)[-1]
+    assert "could not put back 1x 1g.18gb" in failed.detail, failed.detail
+    assert "could not put back 1x 1g.18gb" in caplog.text
+    assert len(gpus.gpu(0).gpu_instances) == 6 and ledger.holds() == {}
+
+
+def test_a_profile_the_driver_does_not_offer_is_refused_before_anything_is_destroyed(
+        tmp_path, capsys):
+    """An A30 on R515 lists no 2g.12gb+me (from R525, NVIDIA's guide): the plan says so
+    and `apply` changes nothing, where it used to destroy a 2g.12gb and then fail."""
+    state = tmp_path / "sim.json"
+    connect(simulate="a30x1:layout=2g.12gb*2:driver=515.86.01", state_file=str(state)).close()
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    common = ["--sim-state", str(state), "--ledger-url", url]
+    assert main(["layout", "plan", *common, "0=2g.12gb+me,2g.12gb"]) == 1
+    assert "driver does not offer 2g.12gb+me" in capsys.readouterr().out
+    assert main(["layout", "apply", *common, "0=2g.12gb+me,2g.12gb"]) == 1
+    assert "driver does not offer 2g.12gb+me" in capsys.readouterr().err
+    with connect(state_file=str(state)) as gpus:
+        assert layout_of(gpus, 0) == [("2g.12gb", 0), ("2g.12gb", 2)]
+    with Ledger.open(url) as ledger:
+        assert ledger.layout_changes(open_only=False) == []
+
+
 def test_a_compute_instance_lost_to_a_crash_is_cleaned_up_on_the_next_pass(world):
     """kill -9 between creating a GPU instance and its compute instance leaves a GPU
     instance no lease can use: the next pass destroys it and makes it again."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -481,7 +481,7 @@ def plan_gpu(gpu: Gpu, entry: TargetEntry, instances: Sequence[Instance]) -> Gpu
         return _with_steps(base, destroy=tuple(instances), steps=steps, mode_change=True,
                            needs_reset=reset)
     try:
-        wanted = _wanted(gpu_model, entry.counts)
+        wanted = _wanted(gpu_model, entry.counts, {p.name for p in gpu.driver_profiles})
     except LayoutError as e:
         return _problem(base, f"GPU {gpu.index}: {e}")
     if not on_now:
@@ -543,14 +543,24 @@ def _order(gpu_index: int, destroy: Sequence[Instance], create: Sequence[NewInst
     return steps
 
 
-def _wanted(gpu_model: GpuModel, counts: Mapping[str, int]) -> list[str]:
-    """The target's instances as profile names, biggest first; checked against the model."""
+def _wanted(gpu_model: GpuModel, counts: Mapping[str, int],
+            offered: Collection[str] = ()) -> list[str]:
+    """The target's instances as profile names, biggest first; checked against the model
+    and, where the GPU's driver reported its profile table (``offered``: MIG is on), the
+    driver's: a profile it does not list cannot be created, so nothing is changed for it
+    (a dry check before any instance is destroyed)."""
     names: list[str] = []
     for name, count in counts.items():
         try:
             profile = gpu_model.profile(name)
         except CatalogError as e:
             raise LayoutError(str(e)) from None
+        if profile.name == WHOLE_GPU:
+            raise LayoutError(f"{name!r} is a whole GPU, not a MIG instance: ask for 'off'")
+        if offered and profile.name not in offered:
+            raise LayoutError(f"this GPU's driver does not offer {profile.name} (it offers "
+                              f"{', '.join(sorted(offered, key=profile_sort_key))}); a newer "
+                              "driver may")
         if count > profile.max_instances:
             raise LayoutError(f"at most {profile.max_instances} {profile.name} fit on a "
                               f"{gpu_model.display_name}, not {count}")

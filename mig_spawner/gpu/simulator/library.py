@@ -185,6 +185,10 @@ class SimulatedNvmlLibrary(GpmFunctions):
         if not self.host.state.caller_monitor:
             raise SimError(NVML_ERROR_NO_PERMISSION)
 
+    def _offered(self, gpu: SimGpu, profile: Any) -> bool:
+        return rules.offered_by_driver(profile, gpu.model_key or "",
+                                       self.host.state.driver_version)
+
     def _reported(self, gpu: SimGpu, profile: Any) -> Any:
         return rules.as_driver_reports(profile, gpu.model_key or "",
                                        self.host.state.driver_version)
@@ -373,7 +377,7 @@ class SimulatedNvmlLibrary(GpmFunctions):
                                              ) -> int | None:
         gpu = self._gpu(self.host.state, handle)[1]
         p = self._reported(gpu, rules.profile_by_enum(gpu, _num(profile)))
-        if not gpu.mig_current:
+        if not gpu.mig_current or not self._offered(gpu, p):
             raise SimError(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: profiles need MIG on
         info = _out(ref)
         if hasattr(info, "version"):
@@ -423,6 +427,8 @@ class SimulatedNvmlLibrary(GpmFunctions):
         with self.host.mutate() as state:
             gpu = self._gpu(state, handle)[1]
             start, size = (None, None) if placement is None else (placement.start, placement.size)
+            if not self._offered(gpu, rules.profile_by_id(gpu, _num(profile_id))):
+                raise SimError(NVML_ERROR_INVALID_ARGUMENT)  # an ID this driver does not list
             gi = rules.create_gpu_instance(gpu, _num(profile_id), start, size)
             _set_handle(_out(ref), _GI, gpu.index, gi.gi_id)
 

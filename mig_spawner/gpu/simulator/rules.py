@@ -60,6 +60,23 @@ def as_driver_reports(profile: catalog.Profile, model_key: str, driver_version: 
     return profile
 
 
+# Profiles a driver lists only from some branch on (NVIDIA's MIG User Guide, "Supported
+# MIG Profiles": the A30's 1g.6gb+me from R470 and 2g.12gb+me from R525; the A100's 1g
+# with two memory slices from R525): (model key, profile) -> first branch.
+_DRIVER_FIRST = {("a30", "1g.6gb+me"): 470, ("a30", "2g.12gb+me"): 525,
+                 ("a100-40gb", "1g.10gb"): 525, ("a100-80gb", "1g.20gb"): 525}
+
+
+def offered_by_driver(profile: catalog.Profile, model_key: str, driver_version: str) -> bool:
+    """Whether this driver version lists ``profile`` at all (older ones answer its profile
+    info NOT_SUPPORTED and refuse to create it)."""
+    first = _DRIVER_FIRST.get((model_key, profile.name))
+    try:
+        return first is None or int(driver_version.split(".")[0]) >= first
+    except ValueError:
+        return True
+
+
 def profile_by_enum(gpu: SimGpu, enum_index: int) -> catalog.Profile:
     model = mig_model(gpu)
     if not 0 <= enum_index < catalog.GI_PROFILE_COUNT:
