@@ -5,21 +5,28 @@ that will change are held from new grants (every claim and grant pass reads the 
 in its transaction). :class:`LayoutApplier.step` then, each time it runs (``mig-spawner
 layout apply``, the slice service's sweep):
 
-1. reads the GPUs and the held leases once, and plans each open change again from its
-   target (:func:`mig_spawner.core.layout.plan_gpu`): what a step or a crash already did
-   is simply no longer to do, so a change resumes wherever it stopped;
-2. warns the holders of instances that must go through the warning flow (rule
-   ``drain``, deadline: the group's ``drain_notice`` after the drain began; Keep cannot
-   pass it), and returns the leases whose notice has ended, for the caller to stop and
-   release with ``ReleaseCode.DRAIN`` through the Releaser;
-3. runs the steps that wait for nobody, one instance at a time: destroys a free
-   instance, creates one at its planned placement, switches MIG mode on a GPU with no
-   instance. An instance that is held or runs processes is never touched. A GPU error
-   stops that GPU's step with the reason (``in use``: it waits for the next pass;
-   anything else: the change ``failed``), and the other GPUs go on;
-4. records each GPU's state: ``draining`` while a step waits for a holder, ``applying``
+1. takes each open change as its one stepper (:meth:`Ledger.take_change`; a change
+   another live stepper has is left for this pass), then reads its GPU;
+2. plans the change again from its target (:func:`mig_spawner.core.layout.plan_gpu`)
+   under the claim lock, from the leases read there, and holds what that plan changes
+   before the lock is let go (:meth:`Ledger.replan`): what a step or a crash already
+   did is simply no longer to do, so a change resumes wherever it stopped, and a slice
+   the plan destroys is never granted in between;
+3. warns the holders of instances that must go (a whole GPU held by a server too)
+   through the warning flow (rule ``drain``, deadline: the group's ``drain_notice`` from
+   the warning; Keep cannot pass it), and returns the leases whose notice has ended, for
+   the caller to stop and release with ``ReleaseCode.DRAIN`` through the Releaser;
+4. runs the steps that wait for nobody, one instance at a time, each checked against
+   the hold and the leases under the claim lock just before it runs
+   (:meth:`Ledger.check_step`): destroys a free instance, creates one at its planned
+   placement, switches MIG mode once nothing on the GPU is held or busy. An instance
+   that is held or runs processes is never touched. A GPU error stops that GPU's step
+   with the reason (``in use``: it waits for the next pass; anything else: the change
+   puts back the layout it began from where it can, then ``failed``), and the other
+   GPUs go on;
+5. records each GPU's state: ``draining`` while a step waits for a holder, ``applying``
    while steps run, ``done`` (the hold ends) or ``failed`` (the hold ends, the reason
-   kept).
+   kept), and lets the change go.
 """
 
 from __future__ import annotations
@@ -254,8 +261,7 @@ class LayoutApplier:
                                       "else runs on it")
         error = self._run_steps(change, gpu, plan, outcome)
         if error is not None:
-            outcome = self._fail(change, error, outcome)
-            return outcome
+            return self._fail(change, error, outcome)
         waiting = [s for s in plan.steps if s.waits_for or
                    (s.instance is not None and not s.instance.free)]
         if not waiting and not outcome.why and len(outcome.done) == len(plan.steps):
