@@ -40,25 +40,40 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.layout import LayoutApplier, begin, holders_of, stepper_gone, this_stepper
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner.decide import make_decide
+from tests.test_layout import Clock
 
 HOUR = 3600.0
 POLICY = build_policy({"gpu": {"display_name": "Whole GPU"}}, None,
                       {"a": {"allowed": ["1g.18gb", "gpu"], "max_slices_per_user": 99}})
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+@pytest.fixture
+def host_of(tmp_path, backend_url):
+    """``host_of(spec)``: a ledger, the simulated GPUs of ``spec``, a handle on them and
+    the ledger's clock; all closed after the test."""
+    opened = []
 
-    def __call__(self) -> datetime:
-        return self.now
+    def open_(spec: str):
+        state = tmp_path / "sim.json"
+        gpus = connect(simulate=spec, state_file=str(state))
+        clock = Clock()
+        ledger = Ledger.open(backend_url, clock=clock)
+        opened.append((ledger, gpus))
+        return ledger, gpus, SimulatedHost.open(state), clock
+
+    yield open_
+    for ledger, gpus in opened:
+        ledger.close()
+        gpus.close()
 
 
-def host_of(tmp_path: Path, spec: str, backend_url: str):
-    state = tmp_path / "sim.json"
-    gpus = connect(simulate=spec, state_file=str(state))
-    clock = Clock()
-    return Ledger.open(backend_url, clock=clock), gpus, SimulatedHost.open(state), clock
+def start_change(ledger: Ledger, gpus, clock, text: str) -> LayoutApplier:
+    """Open the change to ``text`` as `layout apply` does; the applier that steps it."""
+    target = parse_spec(text)
+    inventory = gpus.inventory()
+    begin(ledger, inventory.host, plan_layout(inventory, target, holders_of(ledger.active())),
+          target)
+    return LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
 
 
 def claim(ledger: Ledger, gpus, user: str, offer: str = "1g.18gb"):
@@ -95,114 +110,82 @@ def leases_on_destroyed_devices(ledger: Ledger, gpus) -> list[str]:
 
 
 def test_a_gpu_held_whole_is_named_by_the_plan_drained_and_its_mig_mode_waits(
-        tmp_path, backend_url, capsys):
-    ledger, gpus, _, clock = host_of(tmp_path, "h200x1:mig=off", backend_url)
-    try:
-        whole = claim(ledger, gpus, "ana", "gpu")
-        assert whole.profile == "gpu"
-        args = ["layout", "plan", "--sim-state", str(tmp_path / "sim.json"), "--ledger-url",
-                backend_url, "0=1g.18gb*7"]
-        assert main(args) == 0
-        text = capsys.readouterr().out
-        assert "destroys: the whole GPU (MIG off): held by ana (group a, gpu) until" in text
-        assert "turn MIG on once ana ended" in text
-        target = parse_spec("0=1g.18gb*7")
-        inventory = gpus.inventory()
-        begin(ledger, inventory.host,
-              plan_layout(inventory, target, holders_of(ledger.active())), target)
-        applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
-        [gpu0] = applier.step().gpus
-        # Warned through the drain notice, never switched under its server.
-        assert gpu0.state is PlanState.DRAINING and gpu0.warned == [whole.id]
-        assert not gpus.gpu(0).mig_current and layout_of(gpus) == []
-        assert ledger.get(whole.id).warning == "drain"
-        clock.now += timedelta(hours=1, minutes=1)
-        assert [x.id for x in applier.step().due] == [whole.id]
-        assert not gpus.gpu(0).mig_current  # due, but not gone: still nothing changes
-        ledger.release(whole.id, "drain")
-        assert applier.step().gpus[0].state is PlanState.DONE
-        assert layout_of(gpus) == [("1g.18gb", s) for s in range(7)]
-    finally:
-        ledger.close()
-        gpus.close()
+        tmp_path, backend_url, capsys, host_of):
+    ledger, gpus, _, clock = host_of("h200x1:mig=off")
+    whole = claim(ledger, gpus, "ana", "gpu")
+    assert whole.profile == "gpu"
+    args = ["layout", "plan", "--sim-state", str(tmp_path / "sim.json"), "--ledger-url",
+            backend_url, "0=1g.18gb*7"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "destroys: the whole GPU (MIG off): held by ana (group a, gpu) until" in text
+    assert "turn MIG on once ana ended" in text
+    applier = start_change(ledger, gpus, clock, "0=1g.18gb*7")
+    [gpu0] = applier.step().gpus
+    # Warned through the drain notice, never switched under its server.
+    assert gpu0.state is PlanState.DRAINING and gpu0.warned == [whole.id]
+    assert not gpus.gpu(0).mig_current and layout_of(gpus) == []
+    assert ledger.get(whole.id).warning == "drain"
+    clock.now += timedelta(hours=1, minutes=1)
+    assert [x.id for x in applier.step().due] == [whole.id]
+    assert not gpus.gpu(0).mig_current  # due, but not gone: still nothing changes
+    ledger.release(whole.id, "drain")
+    assert applier.step().gpus[0].state is PlanState.DONE
+    assert layout_of(gpus) == [("1g.18gb", s) for s in range(7)]
 
 
-def test_processes_on_a_gpu_held_by_nobody_keep_its_mig_mode_too(tmp_path, backend_url):
-    ledger, gpus, sim, clock = host_of(tmp_path, "h200x1:mig=off", backend_url)
-    try:
-        sim.set_processes(gpus.gpu(0).uuid, [(4242, 100)])
-        target = parse_spec("0=7g.141gb")
-        inventory = gpus.inventory()
-        begin(ledger, inventory.host, plan_layout(inventory, target), target)
-        applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
-        [gpu0] = applier.step().gpus
-        assert gpu0.state is PlanState.DRAINING
-        assert "processes on the whole GPU" in ledger.layout_changes()[0].detail
-        assert not gpus.gpu(0).mig_current
-        sim.set_processes(gpus.gpu(0).uuid, [])
-        assert applier.step().gpus[0].state is PlanState.DONE
-        assert layout_of(gpus) == [("7g.141gb", 0)]
-    finally:
-        ledger.close()
-        gpus.close()
+def test_processes_on_a_gpu_held_by_nobody_keep_its_mig_mode_too(host_of):
+    ledger, gpus, sim, clock = host_of("h200x1:mig=off")
+    sim.set_processes(gpus.gpu(0).uuid, [(4242, 100)])
+    applier = start_change(ledger, gpus, clock, "0=7g.141gb")
+    [gpu0] = applier.step().gpus
+    assert gpu0.state is PlanState.DRAINING
+    assert "processes on the whole GPU" in ledger.layout_changes()[0].detail
+    assert not gpus.gpu(0).mig_current
+    sim.set_processes(gpus.gpu(0).uuid, [])
+    assert applier.step().gpus[0].state is PlanState.DONE
+    assert layout_of(gpus) == [("7g.141gb", 0)]
 
 
-def test_mig_goes_off_only_once_every_held_instance_is_gone(tmp_path, backend_url):
-    ledger, gpus, _, clock = host_of(tmp_path, "h200x1:layout=1g.18gb*7", backend_url)
-    try:
-        held = claim_at(ledger, gpus, 3, "bo")
-        target = parse_spec("0=off")
-        inventory = gpus.inventory()
-        begin(ledger, inventory.host,
-              plan_layout(inventory, target, holders_of(ledger.active())), target)
-        applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
-        assert applier.step().gpus[0].warned == [held.id]
-        assert gpus.gpu(0).mig_current and layout_of(gpus) == [("1g.18gb", 3)]
-        ledger.release(held.id, "drain")
-        assert applier.step().gpus[0].state is PlanState.DONE
-        assert not gpus.gpu(0).mig_current
-    finally:
-        ledger.close()
-        gpus.close()
+def test_mig_goes_off_only_once_every_held_instance_is_gone(host_of):
+    ledger, gpus, _, clock = host_of("h200x1:layout=1g.18gb*7")
+    held = claim_at(ledger, gpus, 3, "bo")
+    applier = start_change(ledger, gpus, clock, "0=off")
+    assert applier.step().gpus[0].warned == [held.id]
+    assert gpus.gpu(0).mig_current and layout_of(gpus) == [("1g.18gb", 3)]
+    ledger.release(held.id, "drain")
+    assert applier.step().gpus[0].state is PlanState.DONE
+    assert not gpus.gpu(0).mig_current
 
 
 # --- each pass holds what it changes before it destroys ---------------------------------
 
 
-def test_a_claim_between_the_plan_and_a_destroy_never_gets_an_instance_that_goes(
-        tmp_path, backend_url):
+def test_a_claim_between_the_plan_and_a_destroy_never_gets_an_instance_that_goes(host_of):
     """Issue 37's case: 1g.18gb x7 to 1g.18gb x5 + 2g.35gb with servers at 0, 2 and 4. The
     first pass holds slices 4-5 (the 2g waits for the server at 4); once the server at 2
     has left, the next pass puts the 2g at 2, over slice 3, which the first hold never
     covered. A spawn that claims just before each destroy must not get what goes."""
-    ledger, gpus, _, clock = host_of(tmp_path, "h200x1:layout=1g.18gb*7", backend_url)
-    try:
-        servers = {s: claim_at(ledger, gpus, s, f"u{s}") for s in (0, 2, 4)}
-        target = parse_spec("0=1g.18gb*5,2g.35gb")
-        inventory = gpus.inventory()
-        begin(ledger, inventory.host,
-              plan_layout(inventory, target, holders_of(ledger.active())), target)
-        applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
-        applier.step()
-        ledger.release(servers[2].id, "stopped")
-        destroy, got = gpus.destroy_instance, []
+    ledger, gpus, _, clock = host_of("h200x1:layout=1g.18gb*7")
+    servers = {s: claim_at(ledger, gpus, s, f"u{s}") for s in (0, 2, 4)}
+    applier = start_change(ledger, gpus, clock, "0=1g.18gb*5,2g.35gb")
+    applier.step()
+    ledger.release(servers[2].id, "stopped")
+    destroy, got = gpus.destroy_instance, []
 
-        def claim_first(gpu_index: int, gi_id: int) -> None:
-            for n in range(3):
-                try:
-                    got.append(claim(ledger, gpus, f"late{len(got)}-{n}"))
-                except Refused:
-                    break
-            destroy(gpu_index, gi_id)
+    def claim_first(gpu_index: int, gi_id: int) -> None:
+        for n in range(3):
+            try:
+                got.append(claim(ledger, gpus, f"late{len(got)}-{n}"))
+            except Refused:
+                break
+        destroy(gpu_index, gi_id)
 
-        gpus.destroy_instance = claim_first
-        applier.step()
-        gpus.destroy_instance = destroy
-        assert got, "no claim came between the plan and a destroy"
-        assert leases_on_destroyed_devices(ledger, gpus) == []
-    finally:
-        ledger.close()
-        gpus.close()
+    gpus.destroy_instance = claim_first
+    applier.step()
+    gpus.destroy_instance = destroy
+    assert got, "no claim came between the plan and a destroy"
+    assert leases_on_destroyed_devices(ledger, gpus) == []
 
 
 TARGETS = ("1g.18gb*5,2g.35gb", "3g.71gb,2g.35gb,1g.18gb*2", "4g.71gb,1g.18gb*3",
@@ -397,31 +380,25 @@ time.sleep(600)
 """
 
 
-def test_a_stepper_killed_mid_change_never_wedges_it(tmp_path, backend_url):
-    ledger, gpus, _, clock = host_of(tmp_path, "h200x1:layout=1g.18gb*7", backend_url)
+def test_a_stepper_killed_mid_change_never_wedges_it(backend_url, host_of):
+    ledger, gpus, _, clock = host_of("h200x1:layout=1g.18gb*7")
+    applier = start_change(ledger, gpus, clock, "0=7g.141gb")
+    [change] = ledger.layout_changes()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))}
+    hung = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG, backend_url,
+                             str(change.id)], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        target = parse_spec("0=7g.141gb")
-        inventory = gpus.inventory()
-        [change] = begin(ledger, inventory.host, plan_layout(inventory, target), target)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))}
-        hung = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG, backend_url,
-                                 str(change.id)], env=env, stdout=subprocess.PIPE, text=True)
-        try:
-            assert hung.stdout.readline().strip() == "taken"
-            applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
-            # While it lives, nobody else steps the change.
-            assert applier.step().gpus[0].why == "another process is applying it"
-            assert len(layout_of(gpus)) == 7
-        finally:
-            hung.send_signal(signal.SIGKILL)
-            hung.wait()
-        # Killed outright, it never let go: the next stepper finds it gone and goes on.
-        assert applier.step().gpus[0].state is PlanState.DONE
-        assert layout_of(gpus) == [("7g.141gb", 0)]
+        assert hung.stdout.readline().strip() == "taken"
+        # While it lives, nobody else steps the change.
+        assert applier.step().gpus[0].why == "another process is applying it"
+        assert len(layout_of(gpus)) == 7
     finally:
-        ledger.close()
-        gpus.close()
+        hung.send_signal(signal.SIGKILL)
+        hung.wait()
+    # Killed outright, it never let go: the next stepper finds it gone and goes on.
+    assert applier.step().gpus[0].state is PlanState.DONE
+    assert layout_of(gpus) == [("7g.141gb", 0)]
 
 
 def test_a_stepper_this_host_cannot_look_up_is_gone_only_after_a_long_silence():
