@@ -41,7 +41,7 @@ def test_parse_duration(value: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [None, 0, 0.0, "0", "0m", "0h0m", "never", " Never ", math.inf, timedelta(0)]
+    "value", [None, 0, 0.0, "0", "0m", "0h0m", "never", " Never ", timedelta(0)]
 )
 def test_no_limit_values_parse_to_none(value: object) -> None:
     assert parse_duration(value) is None
@@ -61,6 +61,9 @@ def test_no_limit_values_parse_to_none(value: object) -> None:
         ("1..5h", "'1..5h' is not a duration"),
         ("thirty minutes", "'thirty minutes' is not a duration"),
         (math.nan, "nan is not a duration"),
+        # No limit is None, 'never' or 0: a budget of inf must not pass for "no budget".
+        (math.inf, "inf is not a duration: write 'never' or None for no limit"),
+        (-math.inf, "-inf is negative"),
         (True, "a duration must be a string or a number, got bool True"),
         ([30], "a duration must be a string or a number, got list [30]"),
     ],

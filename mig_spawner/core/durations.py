@@ -8,7 +8,9 @@ Rules (also in docs/policies.md):
   ``"1d12h"``, ``"1h 30m"``, ``"2h30m15s"``; decimals are allowed (``"1.5h"``);
 * ``None``, ``"never"`` and zero in any form (``0``, ``"0"``, ``"0m"``) mean *no limit*,
   returned as ``None``. This follows jupyterhub-idle-culler, where ``--max-age=0`` means
-  no limit, so an admin's habit carries over;
+  no limit, so an admin's habit carries over. An infinite number (``float("inf")``) is
+  refused, like NaN: no limit is written in one of those three ways, so that a budget of
+  ``inf`` is not taken for "no budget" unseen;
 * a ``datetime.timedelta`` is taken as is.
 """
 
@@ -115,12 +117,15 @@ def _seconds(value: object) -> float | None:
     return total
 
 
-def _number(seconds: float, original: object) -> float | None:
+def _number(seconds: float, original: object) -> float:
+    if not math.isfinite(seconds) and seconds > 0:
+        raise DurationError(f"{original!r} is not a duration: write 'never' or None for no "
+                            "limit")
     if math.isnan(seconds):
         raise DurationError(f"{original!r} is not a duration; {_HELP}")
     if seconds < 0:
         raise DurationError(_NEGATIVE.format(original))
-    return None if math.isinf(seconds) else seconds
+    return seconds
 
 
 def format_duration(seconds: float | None) -> str:
