@@ -19,6 +19,7 @@ from .errors import (
     ServerHasLease,
 )
 from .layout import KUBE_NODE, LayoutChange
+from .readonly import PROBE_TIMEOUT_S, probe
 from .records import (
     HELD_STATES,
     MODES,
@@ -42,6 +43,7 @@ __all__ = [
     "KUBE_NODE",
     "LEDGER_FILE",
     "MODES",
+    "PROBE_TIMEOUT_S",
     "STATES",
     "WAIT_STATES",
     "Conflict",
@@ -72,5 +74,6 @@ __all__ = [
     "WaitEntry",
     "WaitRequest",
     "WaitState",
+    "probe",
     "url_beside_hub_db",
 ]

@@ -96,13 +96,28 @@ def _create_private(url: URL) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-def create_ledger_engine(url: str, *, echo: bool = False) -> Engine:
-    """Create a thread-safe engine for ``url`` (see the module docstring for SQLite)."""
+#: How each database driver is told how long to try to connect (libpq's parameter for
+#: PostgreSQL), for :func:`create_ledger_engine`'s ``connect_timeout``.
+_CONNECT_TIMEOUT_ARG = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout",
+                        "pg8000": "timeout", "pymysql": "connect_timeout"}
+
+
+def create_ledger_engine(url: str, *, echo: bool = False,
+                         connect_timeout: float | None = None) -> Engine:
+    """Create a thread-safe engine for ``url`` (see the module docstring for SQLite).
+
+    ``connect_timeout``: seconds to try to connect to a database server, where its
+    driver takes such a limit (``None``: the driver's own; libpq's waits for the
+    operating system, minutes for a host that drops packets)."""
     parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite":
         try:
+            arg = _CONNECT_TIMEOUT_ARG.get(parsed.get_driver_name())  # loads the dialect
+            connect_args = {arg: max(1, round(connect_timeout))} if (
+                arg and connect_timeout is not None) else {}
             # pre_ping: a hub runs for months; PostgreSQL restarts must not break claims.
-            return create_engine(parsed, echo=echo, pool_pre_ping=True)
+            return create_engine(parsed, echo=echo, pool_pre_ping=True,
+                                 connect_args=connect_args)
         except NoSuchModuleError as e:  # SQLAlchemy has no such dialect or driver
             raise LedgerConfigError(
                 f"the ledger URL names the database driver {parsed.drivername!r}, which "
