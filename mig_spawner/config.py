@@ -12,6 +12,12 @@ The traits only hold the admin's dicts; :meth:`MIGPolicyConfig.build` checks the
 together (classes are referenced from groups, so no single trait can be checked alone)
 and returns the pure :class:`~mig_spawner.core.policy.PolicySet`.
 
+Every setting of mig-spawner's classes is checked when the hub, the slice service or
+``mig-spawner doctor`` starts, one line per mistake naming it (:func:`section_problems`):
+a name the class does not have, a value its trait refuses (the traits here say what is
+in range: :class:`Finite`, :class:`Share`), and what a class's settings refuse together
+(a class's ``config_problems()``, e.g. :meth:`RightsizeConfig.config_problems`).
+
 What the hub's spawner, the slice service and the ``mig-spawner`` command must agree on
 (the ledger, the simulated GPUs) lives in one more Configurable, :class:`MIGSettings`::
 
@@ -21,12 +27,15 @@ What the hub's spawner, the slice service and the ``mig-spawner`` command must a
 from __future__ import annotations
 
 import difflib
+import math
 import os
-from collections.abc import Iterable, Mapping
+import re
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, Float, Integer, TraitError, Unicode, validate
+from traitlets import Dict, Float, Integer, TraitError, TraitType, Unicode, validate
 from traitlets.config import Config, Configurable, LazyConfigValue, PyFileConfigLoader
 
 from mig_spawner.core.catalog import GpuModel
@@ -34,6 +43,35 @@ from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.core.rightsize import RightsizeRule
 
 PathLike = str | os.PathLike[str]
+
+
+class Finite(Float):
+    """A number setting that must be finite (and, with ``positive``, above 0).
+
+    traitlets' Float takes NaN and infinity, and NaN passes its ``min`` and ``max``: a
+    timeout or an interval of either breaks whatever waits or divides by it, later."""
+
+    def __init__(self, default_value: float, *, positive: bool = False, **kwargs: Any):
+        self.positive = positive
+        super().__init__(default_value, **kwargs)
+
+    def validate(self, obj: Any, value: Any) -> float:
+        value = super().validate(obj, value)
+        if not math.isfinite(value):
+            raise TraitError(f"must be a finite number, got {value!r}")
+        if self.positive and value <= 0:
+            raise TraitError(f"must be more than 0, got {value!r}")
+        return value
+
+
+class Share(Float):
+    """A share of something, above 0 and at most 1 (0.75 is 75 %)."""
+
+    def validate(self, obj: Any, value: Any) -> float:
+        value = super().validate(obj, value)
+        if not 0 < value <= 1:  # NaN fails this too
+            raise TraitError("must be a share above 0 and at most 1 (0.75 is 75 %)")
+        return value
 
 
 class MIGPolicyConfig(Configurable):
@@ -111,23 +149,35 @@ class RightsizeConfig(Configurable):
     the spawn form's hint and ``mig-spawner report --rightsize``."""
 
     min_sessions = Integer(
-        3, help="Measured sessions on one size needed before any verdict on it.",
+        3, min=1, help="Measured sessions on one size needed before any verdict on it (1 "
+        "or more).",
     ).tag(config=True)
     min_samples = Integer(
-        5, help="""Usage samples a session needs to count as measured (the slice
-        service takes one per ``usage_sample_interval``, 60 s by default).""",
+        5, min=1, help="""Usage samples a session needs to count as measured, 1 or more
+        (the slice service takes one per ``usage_sample_interval``, 60 s by default).""",
     ).tag(config=True)
     recent = Integer(
-        5, help="How many of the latest measured sessions on a size are judged.",
+        5, min=1, help="""How many of the latest measured sessions on a size are judged;
+        at least ``min_sessions``.""",
     ).tag(config=True)
-    fits_below = Float(
+    fits_below = Share(
         0.75, help="""Over-sized when every judged session's peak memory stayed below
-        this share of the next smaller size's memory (the rest is room to grow).""",
+        this share of the next smaller size's memory (the rest is room to grow); above 0
+        and at most 1.""",
     ).tag(config=True)
-    full_above = Float(
+    full_above = Share(
         0.95, help="""Under-sized when a judged session's peak memory reached this share
-        of its own slice's memory.""",
+        of its own slice's memory; above 0 and at most 1.""",
     ).tag(config=True)
+
+    def config_problems(self) -> list[str]:
+        """What these settings refuse together, one line each (each is right alone)."""
+        if self.recent >= self.min_sessions:
+            return []
+        return [f"c.RightsizeConfig.recent = {self.recent} is less than "
+                f"c.RightsizeConfig.min_sessions = {self.min_sessions}: no size could ever "
+                "have enough judged sessions for a verdict; raise recent or lower "
+                "min_sessions"]
 
     def rule(self) -> RightsizeRule:
         """The pure rule; raises ``TraitError`` naming the setting that is out of range."""
@@ -170,9 +220,10 @@ class MIGSettings(Configurable):
         Empty (default): a SQLite file ``mig_spawner_ledger.sqlite`` beside the hub's
         own SQLite database (``JupyterHub.db_url``), or in the hub's working directory
         when the hub's database is not a SQLite file. Use a PostgreSQL URL for a hub
-        with many users (docs/ledger.md).
+        with many users (docs/ledger.md). The hub, the slice service and ``mig-spawner
+        doctor`` refuse to start when it cannot be reached.
         """,
-    ).tag(config=True)
+    ).tag(config=True, secret=True)  # may hold a password: never echoed in a refusal
 
     simulate = Unicode(
         None,
@@ -199,10 +250,11 @@ class MIGSettings(Configurable):
 
             try:
                 make_url(url)
-            except Exception as e:
+            except Exception:
+                # Not the parser's words: they repeat the URL, password and all.
                 raise TraitError(
-                    f"ledger_url {url!r} is not a SQLAlchemy URL ({e}); "
-                    "use e.g. 'sqlite:////srv/jupyterhub/mig_ledger.sqlite' or "
+                    "ledger_url: not a SQLAlchemy URL; use e.g. "
+                    "'sqlite:////srv/jupyterhub/mig_ledger.sqlite' or "
                     "'postgresql://user@db/mig'"
                 ) from None
         return url
@@ -223,10 +275,11 @@ class MIGSettings(Configurable):
     @validate("sim_state_file")
     def _check_sim_state_file(self, proposal: dict) -> str | None:
         path = proposal["value"]
-        if path and not Path(path).expanduser().resolve().parent.is_dir():
+        folder = Path(path or ".").expanduser().resolve().parent
+        if path and not folder.is_dir():
             raise TraitError(
-                f"sim_state_file {path!r}: its folder does not exist; create it or pick "
-                "a file in an existing folder"
+                f"sim_state_file: the folder {folder} does not exist; create it or pick a "
+                "file in an existing folder"
             )
         return path or None
 
@@ -240,6 +293,26 @@ class MIGSettings(Configurable):
     def state_file(self) -> str | None:
         """The simulator's state file, when the GPUs are simulated at all."""
         return self.sim_state_file if self.simulate else None
+
+    def unreachable_ledger(self, hub_db_url: str | None) -> list[str]:
+        """The ledger (:meth:`ledger_location`) cannot be used from here now: one line
+        naming ``c.MIGSettings.ledger_url``, or none. Nothing is created or changed. The
+        line names no URL, host or path: the database's own answer goes to stderr (the
+        hub's and the service's log)."""
+        from mig_spawner.ledger import LedgerConfigError, LedgerError, probe
+
+        try:
+            probe(self.ledger_location(hub_db_url))
+        except LedgerError as e:
+            print(f"mig-spawner: {e}", file=sys.stderr)
+            setting = "c.MIGSettings.ledger_url" + (
+                "" if self.ledger_url else " (unset: a SQLite file beside the hub's database)")
+            why = ("no such folder or database driver, or no permission"
+                   if isinstance(e, LedgerConfigError) else
+                   "the database does not answer, refuses this connection, or is no database")
+            return [f"{setting}: the ledger cannot be used from here ({why}; the details are "
+                    "on stderr)"]
+        return []
 
 
 #: The names :class:`MIGSettings` owns; set on any other class they are refused.
@@ -266,24 +339,87 @@ def unknown_setting(section_name: str, key: str, names: Iterable[str]) -> str:
     return f"c.{section_name}.{key} is not a setting of {section_name}{hint}"
 
 
-def unknown_settings(config: Config, sections: Mapping[str, Iterable[str]]) -> list[str]:
-    """Names set in ``config`` under a section of ``sections`` (section name -> the
-    settings it has) that the section does not have, one line each. traitlets itself
-    only logs them and starts: a misspelt limit would silently keep its default."""
+def section_problems(config: Config, classes: Iterable[type[Configurable]]) -> list[str]:
+    """Settings in ``config`` of the sections of ``classes`` that the class does not
+    have (traitlets itself only logs them and starts: a misspelt limit would silently
+    keep its default), or whose value the class refuses, one line each naming the
+    setting (``c.RightsizeConfig.fits_below = 75: must be a share ...``)."""
+    classes = list(classes)
     problems = []
-    for section_name, names in sections.items():
-        section = config.get(section_name)
+    for cls in classes:
+        name = cls.__name__
+        section = config.get(name)
         if not isinstance(section, Config):
             continue
-        known = set(names)
-        problems += [
-            unknown_setting(section_name, key, sorted(known))
-            for key, value in section.items()
-            # A nested section (c.LocalMIGSpawner.MIGSettings...) is no setting;
-            # the shared ones set here are reported by misplaced_settings.
-            if key not in known and not isinstance(value, Config) and key not in SHARED_SETTINGS
-        ]
+        traits = _section_traits(cls, classes)
+        for key, value in section.items():
+            if isinstance(value, Config):
+                continue  # a nested section (c.LocalMIGSpawner.MIGSettings...)
+            if key not in traits:
+                if key not in SHARED_SETTINGS:  # those are reported by misplaced_settings
+                    problems.append(unknown_setting(name, key, sorted(traits)))
+                continue
+            trait, owner = traits[key]
+            if isinstance(value, LazyConfigValue):  # extended: c.X.y.update({...})
+                value = value.get_value(trait.default())
+            problem = _refused(trait, owner, value)
+            if problem is not None:
+                shown = "" if trait.metadata.get("secret") else f" = {value!r}"
+                problems.append(f"c.{name}.{key}{shown}: {problem}")
     return problems
+
+
+def _section_traits(cls: type[Configurable], classes: Iterable[type[Configurable]]
+                    ) -> dict[str, tuple[TraitType, type[Configurable]]]:
+    """The settings ``c.<cls>`` can hold, each with the class that has it: its own
+    traits and, for a base class such as ``MIGSpawnerMixin``, those of the classes below
+    it (traitlets hands a base's section to every subclass; a backend's own traits live
+    on that backend only)."""
+    traits: dict[str, tuple[TraitType, type[Configurable]]] = {}
+    for sub in classes:
+        if issubclass(sub, cls):
+            found = {key: (trait, sub) for key, trait in sub.class_traits(config=True).items()}
+            traits = {**found, **traits}
+    return traits
+
+
+def _refused(trait: TraitType, owner: type[Configurable], value: Any) -> str | None:
+    """Why ``owner`` refuses ``value`` for ``trait``, or None. Validated as setting it
+    would, the class's own validators (``@validate``) included, on an instance made
+    without ``__init__`` (KubeSpawner's needs a user)."""
+    try:
+        trait._validate(owner.__new__(owner), value)
+    except (TraitError, ValueError) as e:  # our validators raise ValueError too
+        return _in_words(str(e), trait.name)
+    return None
+
+
+#: traitlets' words for a number out of ``min`` / ``max``.
+_BOUND = re.compile(r"should not be (less|greater) than (\S+), but a value of .* was specified")
+
+
+def _in_words(text: str, name: str) -> str:
+    """An error of a setting's trait or validator as the reason alone: the refusal's
+    line names the setting and its value already."""
+    bound = _BOUND.search(text)
+    if bound:
+        return f"must be {bound[2]} or {'more' if bound[1] == 'less' else 'less'}"
+    # traitlets: "The 'mig_mode' trait of a LocalMIGSpawner instance expected any of ..."
+    if text.startswith("The '"):
+        text = re.sub(r"^The '\w+' trait of an? \w+ instance ", "", text)
+    # ours: "SliceServiceApp.cull_every: ...", "simulate: ...", "... concurrency must be"
+    return re.sub(rf"^(\w+\.)?{re.escape(name)}:?\s+", "", text)
+
+
+def where_set(config: Config, cls: type[Configurable], name: str) -> str:
+    """``c.<Section>.<name>`` as an admin wrote it for an instance of ``cls``: the
+    section of the most derived class in ``cls``'s hierarchy that sets ``name`` (the
+    one traitlets applies), else that of the class that has the setting."""
+    for klass in cls.__mro__:
+        section = config.get(klass.__name__)
+        if isinstance(section, Config) and name in section:
+            return f"c.{klass.__name__}.{name}"
+    return f"c.{cls.class_traits()[name].this_class.__name__}.{name}"
 
 
 def misspelt_sections(config: Config, class_names: Iterable[str]) -> list[str]:

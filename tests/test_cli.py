@@ -203,7 +203,7 @@ def test_doctor_reports_a_broken_hub_config(tmp_path, settings, says):
     ("args", "files", "says"),
     [
         (("doctor", "--sim-state", "/nonexistent/x"), {},
-         "sim_state_file '/nonexistent/x': its folder does not exist"),
+         "sim_state_file: the folder /nonexistent does not exist"),
         (("status", "--simulate", "h9000x1"), {}, "unknown GPU model 'h9000'"),
         (("doctor", "-f", "/nonexistent"), {}, "config path '/nonexistent' does not exist"),
         (("status", "-f", "{dir}"), {"10-a.py": "c.MIGSettings.simulate = (\n"},

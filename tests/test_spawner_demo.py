@@ -161,12 +161,21 @@ def test_point_service_needs_the_service_loaded():
         demo.point_service(Config(), "mig-slices", "http://127.0.0.1:1", "x.py")
 
 
-def test_the_shipped_jupyterhub_config_loads_every_snippet_in_order():
-    from pathlib import Path
+def test_the_shipped_jupyterhub_config_loads_every_snippet_in_order(monkeypatch):
+    """Every snippet loads, in order, and then the start-up check runs on them all. Its
+    host facts (a ledger folder in /srv/jupyterhub, a GPU host's nvidia-modprobe) are
+    those of the host the shipped config is written for, not this one: here the check
+    is recorded, and the settings' names and values are checked."""
+    from mig_spawner.config import section_problems
+    from mig_spawner.spawner import startup
 
+    checked = []
+    monkeypatch.setattr(startup, "check_hub_config", checked.append)
     repo = Path(demo.__file__).resolve().parents[2]
     config = PyFileConfigLoader("jupyterhub_config.py", path=str(repo)).load_config()
     assert config.JupyterHub.spawner_class == "mig"  # 10-spawner.py
     assert config.LocalMIGSpawner.mig_mode == "pool"
     assert "ml-team" in config.MIGPolicyConfig.group_policies  # 20-groups.py
     assert config.JupyterHub.cleanup_servers is False  # 00-hub.py
+    assert checked == [config]  # after the last snippet
+    assert section_problems(config, startup._checked_classes(config).values()) == []

@@ -146,18 +146,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         def offered_for(models):
             return offered_profiles_from_config(args.config_dir, models)
 
+    from traitlets import TraitError
+
     from ..config import MIGSettings
     from ..device_cgroup import host_support
 
     config = hub_config(args) if args.config_dir else None
-    setting = None if config is None else doctor.configured_isolation(config)
-    simulated = bool(MIGSettings(config=hub_config(args)).simulate)
-    support = host_support()
-    checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode,
-                               isolation=doctor.confines(setting, simulated, support))
-    checks.append(doctor.check_device_isolation(setting, simulated, support))
-    if config is not None:
-        checks += doctor.config_checks(config)
+    settings = [] if config is None else doctor.config_checks(config)
+    try:
+        simulated = bool(MIGSettings(config=hub_config(args)).simulate)
+    except TraitError:
+        if not settings:
+            raise  # main says it in one line
+        # The GPUs cannot be reached as set: the hub settings check names the setting.
+        checks = settings
+    else:
+        setting = None if config is None else doctor.configured_isolation(config)
+        support = host_support()
+        checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode,
+                                   isolation=doctor.confines(setting, simulated, support))
+        checks.append(doctor.check_device_isolation(setting, simulated, support))
+        checks += settings
     print(doctor.render_json(checks) if args.json else doctor.render(checks))
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
 

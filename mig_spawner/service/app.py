@@ -32,19 +32,21 @@ from urllib.parse import urlparse
 from tornado.httpserver import HTTPServer
 from tornado.log import LogFormatter
 from traitlets import Bool, Float, Int, Unicode, Union, default, validate
-from traitlets.config import Application
+from traitlets.config import Application, Config
 
 from mig_spawner import __version__, gpu, holder
 from mig_spawner.config import (
+    Finite,
     MIGPolicyConfig,
     MIGSettings,
+    RightsizeConfig,
     load_config_files,
     misplaced_settings,
     misspelt_sections,
-    unknown_settings,
+    section_problems,
 )
 from mig_spawner.core.durations import DurationError, parse_duration
-from mig_spawner.core.policy import PolicySet
+from mig_spawner.core.policy import PolicyError, PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
@@ -123,22 +125,24 @@ class SliceServiceApp(Application):
         The same meaning as jupyterhub-idle-culler's ``--concurrency``: higher sweeps
         faster, lower spares the hub.""",
     ).tag(config=True)
-    request_timeout = Float(
-        60.0, help="Seconds before one request to the hub or a server is given up and retried."
+    request_timeout = Finite(
+        60.0, positive=True,
+        help="Seconds before one request to the hub or a server is given up and retried.",
     ).tag(config=True)
     retries = Int(
-        4,
+        4, min=0,
         help="""Retries of a request that got a 5xx answer or no connection, with
         exponential backoff (``retry_backoff`` doubling each time, at most 30 s).""",
     ).tag(config=True)
-    retry_backoff = Float(
-        0.5, help="Seconds before the first retry of a failed request; doubles after each."
+    retry_backoff = Finite(
+        0.5, min=0.0,
+        help="Seconds before the first retry of a failed request; doubles after each.",
     ).tag(config=True)
     page_size = Int(
-        0, help="Users per page of ``GET /hub/api/users``; 0 uses the hub's default."
+        0, min=0, help="Users per page of ``GET /hub/api/users``; 0 uses the hub's default."
     ).tag(config=True)
-    usage_sample_interval = Float(
-        60.0,
+    usage_sample_interval = Finite(
+        60.0, positive=True,
         help="""Seconds between two usage samples of one leased slice (memory held, SM
         activity) in the ledger's ``lease_samples``, from which right-sizing reads each
         session's peak, p95 and time active. Sampled at the sweeps, so never finer than
@@ -164,7 +168,7 @@ class SliceServiceApp(Application):
 
         False (the default) keeps a kernel someone has open, however idle.""",
     ).tag(config=True)
-    holder_stop_grace = Float(
+    holder_stop_grace = Finite(
         holder.STOP_GRACE,
         help="""Seconds between SIGTERM and SIGKILL when the service stops a server
         process that the hub no longer tracks before releasing its orphan lease (as
@@ -208,7 +212,7 @@ class SliceServiceApp(Application):
     ).tag(config=True)
     api_token = Unicode(
         help="Token for the hub API. Default: $JUPYTERHUB_API_TOKEN, set by the hub."
-    ).tag(config=True)
+    ).tag(config=True, secret=True)
     proxy_url = Unicode(
         help="""Origin of the hub's proxy (``http://127.0.0.1:8000``), to reach servers
         at ``/user/<name>/`` where the hub gives no ``full_url`` for them.
@@ -341,26 +345,41 @@ class SliceServiceApp(Application):
     # -- wiring -------------------------------------------------------------------
 
     def initialize(self, argv: list[str] | None = None) -> None:
-        """Parse the command line, then load ``config_dir`` under it."""
+        """Parse the command line, then load ``config_dir`` under it; refuse (exit with
+        one line per mistake) what the hub would refuse of these settings."""
         super().initialize(argv)
         if self.config_dir:
             self.update_config(load_config_files(self.config_dir))
             self.update_config(self.cli_config)  # the command line wins
-        if problems := self.setting_problems():
-            # The hub refuses such a config at start too: never run on another ledger,
-            # nor with a limit whose misspelling left it at its default.
+        # Each right alone (update_config checked that), and together:
+        if problems := RightsizeConfig(config=self.config).config_problems():
             raise SystemExit("mig-spawner-service: " + "; ".join(problems))
 
-    def setting_problems(self) -> list[str]:
-        """Shared settings out of their place, and names set for this service's classes
-        (in ``config_dir`` or on the command line) that those classes do not have."""
-        own = [type(self), *self.classes]
-        return (
-            misplaced_settings(self.config)
-            + misspelt_sections(self.config, [cls.__name__ for cls in own])
-            + unknown_settings(self.config, {cls.__name__: cls.class_trait_names(config=True)
-                                             for cls in own})
-        )
+    #: The classes whose settings the service checks: its own, and those of the
+    #: snippets it shares with the hub (the spawners' are the hub's to check).
+    checked_classes = (MIGSettings, MIGPolicyConfig, RightsizeConfig)
+
+    def update_config(self, config: Config) -> None:
+        """Apply ``config`` (the command line's, ``config_dir``'s) once every setting in
+        it for this service's classes is right, else exit naming each wrong one: the
+        hub refuses such a config at start too. Never run on another ledger, nor with a
+        limit whose misspelling left it at its default."""
+        own = [type(self), *self.checked_classes]
+        problems = (misplaced_settings(config)
+                    + misspelt_sections(config, [cls.__name__ for cls in own])
+                    + section_problems(config, own))
+        if problems:
+            raise SystemExit("mig-spawner-service: " + "; ".join(problems))
+        super().update_config(config)
+
+    def start_problems(self) -> list[str]:
+        """What stops the service at start, one line each: a wrong group policy, a
+        ledger that cannot be reached."""
+        try:
+            self.load_policy()
+        except PolicyError as e:
+            return e.problems
+        return self.shared.unreachable_ledger(hub_db_url(self.config))
 
     def load_policy(self) -> PolicySet:
         """The group policies from the loaded config, checked as the hub checks them."""
@@ -507,7 +526,10 @@ class SliceServiceApp(Application):
         return server
 
     def start(self) -> None:
-        """Run until SIGINT or SIGTERM, then close the endpoints, ledger and GPUs."""
+        """Check the policy and the ledger (:meth:`start_problems`), then run until
+        SIGINT or SIGTERM, and close the endpoints, ledger and GPUs."""
+        if problems := self.start_problems():
+            raise SystemExit("mig-spawner-service: " + "; ".join(problems))
         asyncio.run(self._run_until_signalled())
 
     async def _run_until_signalled(self) -> None:

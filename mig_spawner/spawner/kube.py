@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Dict, Enum, Float, List, TraitError, Unicode, validate
+from traitlets import Dict, Enum, List, TraitError, Unicode, validate
 
+from mig_spawner.config import Finite
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
@@ -138,8 +139,8 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         ``{"NVIDIA-H200-SXM-141GB": "h200"}``. Keys: the label without ``-MIG-...``.""",
     ).tag(config=True)
 
-    mig_availability_ttl = Float(
-        10.0,
+    mig_availability_ttl = Finite(
+        10.0, min=0.0,
         help="""Seconds a read of the cluster's nodes and pods is reused for spawn forms.
         Claims always re-read when the cached read is older than 2 seconds.""",
     ).tag(config=True)
@@ -180,15 +181,6 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
             return {label: model(key).key for label, key in proposal["value"].items()}
         except CatalogError as e:
             raise TraitError(f"KubeMIGSpawner.mig_product_models: {e}") from None
-
-    @validate("mig_availability_ttl")
-    def _check_ttl(self, proposal: dict) -> float:
-        if proposal["value"] < 0:
-            raise TraitError(
-                f"KubeMIGSpawner.mig_availability_ttl must be >= 0 seconds, "
-                f"got {proposal['value']}"
-            )
-        return proposal["value"]
 
     # --- the cluster ------------------------------------------------------------------
 

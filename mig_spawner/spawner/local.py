@@ -28,6 +28,7 @@ from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import Bool, Enum, Integer, Unicode
 
 from mig_spawner import device_cgroup
+from mig_spawner.config import where_set
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
 from mig_spawner.core.policy import Offer, UserPolicy
@@ -271,6 +272,36 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
 
     # --- isolation ---------------------------------------------------------------
+
+    def config_problems(self) -> list[str]:
+        """What the isolation settings refuse on this host, one line each (the hub's
+        start-up check and ``mig-spawner doctor`` ask): isolation on (``True``) where the
+        host cannot confine servers; on without the folder of device nodes
+        (``device_dir``), or, with the real driver, without ``nvidia_modprobe``. Every
+        spawn would fail on them."""
+        simulated = bool(self.shared.simulate)
+        if self.isolation is False or (self.isolation is None and simulated):
+            return []  # off: nothing else of it is read
+
+        def setting(name: str) -> str:
+            return where_set(self.config, type(self), name)
+
+        if not Path(self.device_dir).is_dir():
+            return [f"{setting('device_dir')} = {self.device_dir!r}: no such folder; "
+                    f"isolation ({setting('isolation')} = {self.isolation}) reads the NVIDIA "
+                    "device nodes there"]
+        support = self.host_support(caps_dir=self._caps_dir)
+        try:
+            plan = device_cgroup.isolation_plan(self.isolation, simulated, support)
+        except device_cgroup.IsolationUnavailable as e:
+            return [f"{setting('isolation')} = True: this host cannot confine servers "
+                    f"({e}); set it to None (confined where the host can) or False "
+                    "(mig-spawner doctor, docs/admin-install.md)"]
+        if plan.mechanism and not simulated and shutil.which(self.nvidia_modprobe) is None:
+            return [f"{setting('nvidia_modprobe')} = {self.nvidia_modprobe!r}: not found in "
+                    "the hub's PATH; isolation needs it to create the slices' capability "
+                    "nodes (give its full path)"]
+        return []
 
     @property
     def simulated(self) -> bool:

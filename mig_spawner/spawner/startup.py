@@ -14,21 +14,22 @@ from __future__ import annotations
 import copy
 import difflib
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from importlib.metadata import entry_points
 
 from sqlalchemy.engine import make_url
-from traitlets import HasTraits, TraitError
+from traitlets import TraitError, import_item
 from traitlets.config import Config, Configurable
 
 from mig_spawner.config import (
-    SHARED_SETTINGS,
     MIGPolicyConfig,
     MIGSettings,
+    RightsizeConfig,
     configured_mode,
     misplaced_settings,
     misspelt_sections,
+    section_problems,
     setting_value,
-    unknown_setting,
 )
 from mig_spawner.core.catalog import GpuModel, model
 from mig_spawner.core.inventory import Inventory
@@ -59,8 +60,9 @@ _checking = False
 #: names one of them is a misspelling (the Kubernetes spawner and the slice service are
 #: named, not imported, so that checking a local hub needs neither).
 CLASS_NAMES = (
-    "MIGPolicyConfig", "MIGSettings", "MIGSpawnerSettings", "MIGSpawnerMixin",
-    "LocalMIGSpawner", "SimpleLocalMIGSpawner", "KubeMIGSpawner", "SliceServiceApp",
+    "MIGPolicyConfig", "MIGSettings", "RightsizeConfig", "MIGSpawnerSettings",
+    "MIGSpawnerMixin", "LocalMIGSpawner", "SimpleLocalMIGSpawner", "KubeMIGSpawner",
+    "SliceServiceApp",
 )
 
 
@@ -98,7 +100,7 @@ def _is_kube(config: Config) -> bool:
 def _checked_classes(config: Config) -> dict[str, type[Configurable]]:
     """The config sections whose every name and value mig-spawner can check."""
     classes: list[type[Configurable]] = [
-        MIGPolicyConfig, MIGSettings, MIGSpawnerSettings, MIGSpawnerMixin,
+        MIGPolicyConfig, MIGSettings, RightsizeConfig, MIGSpawnerSettings, MIGSpawnerMixin,
         LocalMIGSpawner, SimpleLocalMIGSpawner,
     ]
     if "KubeMIGSpawner" in config or _is_kube(config):
@@ -116,51 +118,33 @@ def _checked_classes(config: Config) -> dict[str, type[Configurable]]:
 
 def setting_problems(config: Config) -> list[str]:
     """Settings of mig-spawner's classes that are misspelt (the setting or the class),
-    hold a value their trait refuses, or sit where they are no longer read; one line
-    each."""
-    problems = misplaced_settings(config) + misspelt_sections(config, CLASS_NAMES)
-    checked = _checked_classes(config)
-    for name, cls in checked.items():
-        if name not in config or not isinstance(config[name], Config):
-            continue
-        traits = _section_traits(cls, checked.values())
-        for key, value in config[name].items():
-            if isinstance(value, Config):
-                continue  # a nested section (c.LocalMIGSpawner.MIGSettings...)
-            trait = traits.get(key)
-            if trait is None:
-                if key not in SHARED_SETTINGS:  # those are reported by misplaced_settings
-                    problems.append(unknown_setting(name, key, traits))
-                continue
-            try:
-                # Some traits (a Union: the service's durations) validate against an
-                # object; any one does here, its own validators are not in question.
-                trait.validate(HasTraits(), value)
-            except TraitError as e:
-                problems.append(f"c.{name}.{key} = {value!r}: {_trait_error(e)}")
-    if not problems:
-        try:  # its own checks (a URL that parses, a simulator spec that exists)
-            MIGSettings(config=config)
-        except TraitError as e:
-            problems.append(f"c.MIGSettings: {e}")
-    return problems
+    hold a value their class refuses, sit where they are no longer read, or, each right
+    alone, refuse each other or this host (a class's ``config_problems()``: right-sizing,
+    the hub's spawner's isolation); one line each."""
+    problems = (misplaced_settings(config) + misspelt_sections(config, CLASS_NAMES)
+                + section_problems(config, _checked_classes(config).values()))
+    if problems:
+        return problems  # the classes below cannot be made with such values
+    spawner = hub_spawner_class(config)
+    together = [RightsizeConfig(config=config)]
+    if spawner is not None and issubclass(spawner, LocalMIGSpawner):
+        together.append(spawner(config=config))
+    return [line for configured in together for line in configured.config_problems()]
 
 
-def _section_traits(cls: type[Configurable], checked: Iterable[type[Configurable]]) -> dict:
-    """The settings ``c.<cls>`` can hold: its own traits and, for a base class such as
-    ``MIGSpawnerMixin``, those of the spawners below it (traitlets hands a base's
-    section to every subclass; a backend's own traits live on that backend only)."""
-    traits: dict = {}
-    for sub in checked:
-        if issubclass(sub, cls):
-            traits = {**sub.class_traits(config=True), **traits}
-    return traits
-
-
-def _trait_error(e: TraitError) -> str:
-    # traitlets says "The 'mig_mode' trait expected any of [...], not the str 'x'."
-    text = str(e)
-    return text.split(" trait ", 1)[-1] if text.startswith("The '") else text
+def hub_spawner_class(config: Config) -> type | None:
+    """The class ``c.JupyterHub.spawner_class`` names (an entry point such as
+    ``mig-simple``, a dotted name, or the class), or None: unset, or not found
+    (JupyterHub refuses that itself)."""
+    value = config.JupyterHub.get("spawner_class")
+    if isinstance(value, str):
+        named = {e.name.lower(): e for e in entry_points(group="jupyterhub.spawners")}
+        try:
+            value = (named[value.lower()].load() if value.lower() in named
+                     else import_item(value))
+        except (ImportError, AttributeError, ValueError):
+            return None
+    return value if isinstance(value, type) else None
 
 
 def _service_argvs(config: Config) -> Iterator[tuple[str, list[str]]]:
@@ -183,10 +167,14 @@ def _shown(url: str) -> str:
 
 
 def ledger_problems(config: Config) -> list[str]:
-    """Slice services in ``c.JupyterHub.services`` that would use another ledger than
-    the hub's spawner: they would see none of its leases."""
-    hub_ledger = MIGSettings(config=config).ledger_location(hub_db_url(config))
-    problems = []
+    """The hub's ledger cannot be used from here (every spawn would fail), or slice
+    services in ``c.JupyterHub.services`` would use another ledger than the hub's
+    spawner: they would see none of its leases."""
+    shared = MIGSettings(config=config)
+    problems = shared.unreachable_ledger(hub_db_url(config))
+    if problems:
+        return problems
+    hub_ledger = shared.ledger_location(hub_db_url(config))
     for name, argv in _service_argvs(config):
         # The service's own option and config loading, so that the check sees exactly
         # what the service will (its --config-dir, --ledger-url, ...).
@@ -256,8 +244,10 @@ def _mode(config: Config) -> str | None:
 def check_hub_config(config: Config) -> PolicySet:
     """Check ``config`` and return its group policy; exit the hub with the problems.
 
-    Refused: misspelt names and wrong values of mig-spawner's settings, shared settings
-    in their old places, a slice service on another ledger, and a wrong group policy. On
+    Refused: misspelt names and wrong values of mig-spawner's settings, settings that
+    refuse each other or this host (isolation), shared settings in their old places, a
+    ledger that cannot be reached, a slice service on another ledger, and a wrong group
+    policy; one line each, naming the setting. On
     a local GPU host the profiles are also checked against the GPUs present; on
     Kubernetes the hub has no GPU, and the cluster's models are not known at start.
     Warned about on stderr: see :func:`policy_warnings`.

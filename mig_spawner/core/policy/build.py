@@ -467,6 +467,17 @@ class _Checker:
                         f"of its smallest offer; lower max_slices_per_user to {fits} or "
                         "raise quota_compute_slices"
                     )
+        extend, times = policy.extend_by, policy.max_extensions
+        if times and extend is None:
+            self.problems.append(
+                f"{where}: max_extensions {times} without extend_by: Keep could never extend "
+                "a session; set extend_by (what one Keep adds, e.g. '1h') or remove "
+                "max_extensions")
+        elif extend is not None and not times:
+            self.problems.append(
+                f"{where}: extend_by {format_duration(extend)} with max_extensions 0: Keep "
+                "could never extend a session; set max_extensions (how many times, e.g. 2) "
+                "or remove extend_by")
         idle, when_waited = policy.server_idle_timeout, policy.server_idle_timeout_when_waited
         if idle is not None and when_waited is not None and when_waited >= idle:
             self.problems.append(
