@@ -385,8 +385,9 @@ def _section_traits(cls: type[Configurable], classes: Iterable[type[Configurable
 
 def _refused(trait: TraitType, owner: type[Configurable], value: Any) -> str | None:
     """Why ``owner`` refuses ``value`` for ``trait``, or None. Validated as setting it
-    would, the class's own validators (``@validate``) included, on an instance made
-    without ``__init__`` (KubeSpawner's needs a user)."""
+    would (traitlets' ``_validate``: the trait's type and bounds, then the class's own
+    ``@validate``), on an instance made without ``__init__``: KubeSpawner's needs a user,
+    and nothing else of the instance is wanted."""
     try:
         trait._validate(owner.__new__(owner), value)
     except (TraitError, ValueError) as e:  # our validators raise ValueError too
@@ -405,8 +406,7 @@ def _in_words(text: str, name: str) -> str:
     if bound:
         return f"must be {bound[2]} or {'more' if bound[1] == 'less' else 'less'}"
     # traitlets: "The 'mig_mode' trait of a LocalMIGSpawner instance expected any of ..."
-    if text.startswith("The '"):
-        text = re.sub(r"^The '\w+' trait of an? \w+ instance ", "", text)
+    text = re.sub(r"^The '\w+' trait of an? \w+ instance ", "", text)
     # ours: "SliceServiceApp.cull_every: ...", "simulate: ...", "... concurrency must be"
     return re.sub(rf"^(\w+\.)?{re.escape(name)}:?\s+", "", text)
 

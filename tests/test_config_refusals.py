@@ -28,7 +28,8 @@ from tests.test_hub_start_check import GROUPS, JUPYTERHUB, REPO, write_snippets
 SHARE = "must be a share above 0 and at most 1 (0.75 is 75 %)"
 INF = "inf is not a duration: write 'never' or None for no limit"
 KEEP = "Keep could never extend a session"
-LEDGER = "c.MIGSettings.ledger_url: the ledger cannot be used from here ({}; the details are on stderr)"
+LEDGER = ("c.MIGSettings.ledger_url: the ledger cannot be used from here ({}; the details "
+          "are on stderr)")
 NO_ANSWER = "the database does not answer, refuses this connection, or is no database"
 
 
@@ -129,6 +130,11 @@ CORPUS = {
         "c.LocalMIGSpawner.nvidia_modprobe = 'nvidia-modprobe-not-here': not found in the "
         "hub's PATH; isolation needs it to create the slices' capability nodes (give its "
         "full path)", HUB_AND_DOCTOR),
+    "spawner-of-a-wrong-jupyterhub-setting": (
+        "c.Spawner.cmd = 5",
+        "c.JupyterHub.spawner_class: SimpleLocalMIGSpawner cannot be made from this config: "
+        "The 'cmd' trait of a SimpleLocalMIGSpawner instance expected a list or None, not "
+        "the int 5.", HUB_AND_DOCTOR),
     # -- numbers of our classes that traitlets takes: NaN, infinity, negative
     "service-timeout-nan": (
         "c.SliceServiceApp.request_timeout = float('nan')",
@@ -149,6 +155,17 @@ CORPUS = {
         "c.KubeMIGSpawner.mig_availability_ttl = float('inf')",
         "c.KubeMIGSpawner.mig_availability_ttl = inf: must be a finite number, got inf",
         HUB_AND_DOCTOR),
+    # -- what the cluster would refuse at every read or pod: a selector, a label
+    "kube-label-selector": (
+        "c.KubeMIGSpawner.mig_node_label_selector = 'nvidia.com/gpu.present=true='",
+        "c.KubeMIGSpawner.mig_node_label_selector = 'nvidia.com/gpu.present=true=': "
+        "'nvidia.com/gpu.present=true=' is not a label selector requirement; write e.g. "
+        "'nvidia.com/gpu.present=true', 'pool!=cpu' or 'zone in (a,b)', comma separated",
+        HUB_AND_DOCTOR),
+    "kube-node-label": (
+        "c.KubeMIGSpawner.mig_node_selector = {'gpu pool': 'yes'}",
+        "c.KubeMIGSpawner.mig_node_selector = {'gpu pool': 'yes'}: 'gpu pool' is not a "
+        "Kubernetes label key (e.g. 'pool' or 'example.com/pool')", HUB_AND_DOCTOR),
 }
 CASES = [pytest.param(text, line, id=name) for name, (text, line, _) in CORPUS.items()]
 

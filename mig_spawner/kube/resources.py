@@ -275,6 +275,46 @@ def check_toleration(toleration: Mapping[str, Any]) -> dict[str, Any]:
     return dict(toleration)
 
 
+# Kubernetes' label syntax (apimachinery's validation): a name of up to 63 characters,
+# alphanumeric at both ends; a key is a name with an optional DNS-subdomain prefix.
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}"
+_LABEL_VALUE = rf"(?:{_LABEL_NAME})?"
+_VALUES = rf"\(\s*{_LABEL_VALUE}(?:\s*,\s*{_LABEL_VALUE})*\s*\)"
+# One requirement of a label selector: key, !key, key=v, key==v, key!=v, key in (v,...),
+# key notin (v,...), key>N, key<N.
+_REQUIREMENT = re.compile(
+    rf"\s*(?:!\s*{_LABEL_KEY}|{_LABEL_KEY}(?:\s*(?:==?|!=)\s*{_LABEL_VALUE}"
+    rf"|\s+(?:in|notin)\s*{_VALUES}|\s*[<>]\s*-?\d+)?)\s*")
+
+
+def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:
+    """Validate node selector labels (key -> value) as Kubernetes would take them in a
+    pod; one it refuses would fail every spawn that carries it."""
+    for key, value in labels.items():
+        if not isinstance(key, str) or not re.fullmatch(_LABEL_KEY, key):
+            raise KubeConfigError(f"{key!r} is not a Kubernetes label key (e.g. 'pool' or "
+                                  "'example.com/pool')")
+        if not isinstance(value, str) or not re.fullmatch(_LABEL_VALUE, value):
+            raise KubeConfigError(f"{key}: {value!r} is not a Kubernetes label value (up to "
+                                  "63 letters, digits, '-', '_' or '.', alphanumeric at both "
+                                  "ends)")
+    return dict(labels)
+
+
+def check_label_selector(selector: str) -> str:
+    """Validate a label selector (``nvidia.com/gpu.present=true,pool in (a,b)``) as the
+    API server would parse it; one it refuses would fail every read of the nodes."""
+    # Commas inside "in (a,b)" do not separate requirements.
+    for requirement in re.split(r",(?![^()]*\))", selector) if selector.strip() else ():
+        if not _REQUIREMENT.fullmatch(requirement):
+            raise KubeConfigError(
+                f"{requirement.strip()!r} is not a label selector requirement; write e.g. "
+                "'nvidia.com/gpu.present=true', 'pool!=cpu' or 'zone in (a,b)', comma "
+                "separated")
+    return selector
+
+
 def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
     """Whether a taint is tolerated, by Kubernetes' matching rules."""
     for t in tolerations:

@@ -32,6 +32,8 @@ from mig_spawner.kube import (
     KubeConfigError,
     SliceRequest,
     apply_to_pod,
+    check_label_selector,
+    check_labels,
     check_toleration,
     slice_request,
 )
@@ -174,6 +176,20 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
             return [check_toleration(t) for t in proposal["value"]]
         except KubeConfigError as e:
             raise TraitError(f"KubeMIGSpawner.mig_tolerations: {e}") from None
+
+    @validate("mig_node_selector")
+    def _check_node_selector(self, proposal: dict) -> dict[str, str]:
+        try:
+            return check_labels(proposal["value"])
+        except KubeConfigError as e:
+            raise TraitError(f"KubeMIGSpawner.mig_node_selector: {e}") from None
+
+    @validate("mig_node_label_selector")
+    def _check_label_selector(self, proposal: dict) -> str:
+        try:
+            return check_label_selector(proposal["value"])
+        except KubeConfigError as e:
+            raise TraitError(f"KubeMIGSpawner.mig_node_label_selector: {e}") from None
 
     @validate("mig_product_models")
     def _check_product_models(self, proposal: dict) -> dict[str, str]:

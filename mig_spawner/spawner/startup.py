@@ -125,10 +125,14 @@ def setting_problems(config: Config) -> list[str]:
                 + section_problems(config, _checked_classes(config).values()))
     if problems:
         return problems  # the classes below cannot be made with such values
+    together: list[Configurable] = [RightsizeConfig(config=config)]
     spawner = hub_spawner_class(config)
-    together = [RightsizeConfig(config=config)]
     if spawner is not None and issubclass(spawner, LocalMIGSpawner):
-        together.append(spawner(config=config))
+        try:
+            together.append(spawner(config=config))
+        except TraitError as e:  # a setting of JupyterHub's own (c.Spawner.cmd = 5)
+            return [f"c.JupyterHub.spawner_class: {spawner.__name__} cannot be made from "
+                    f"this config: {e}"]
     return [line for configured in together for line in configured.config_problems()]
 
 
