@@ -198,9 +198,9 @@ def test_form_without_any_offer_explains_instead_of_showing_radios(policies):
     [
         ("LocalMIGSpawner", "mig_mode", "elastic", "mig_mode"),
         ("LocalMIGSpawner", "strategy", "random", "strategy"),
-        ("MIGSettings", "ledger_url", "not a url", "is not a SQLAlchemy URL"),
+        ("MIGSettings", "ledger_url", "not a url", "not a SQLAlchemy URL"),
         ("MIGSettings", "simulate", "h999x2", "simulate:"),
-        ("MIGSettings", "sim_state_file", "/no/such/folder/sim.json", "its folder does not exist"),
+        ("MIGSettings", "sim_state_file", "/no/such/folder/sim.json", "does not exist"),
     ],
 )
 def test_bad_settings_are_refused_when_the_hub_reads_its_config(cls, trait, value, words):
