@@ -35,10 +35,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, Float, Integer, TraitError, TraitType, Unicode, validate
+from traitlets import Dict, Float, Integer, List, TraitError, TraitType, Unicode, validate
 from traitlets.config import Config, Configurable, LazyConfigValue, PyFileConfigLoader
 
 from mig_spawner.core.catalog import GpuModel
+from mig_spawner.core.health import APPLICATION_XIDS, check_xids
 from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.core.rightsize import RightsizeRule
 
@@ -208,9 +209,10 @@ def load_config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> Config:
 
 class MIGSettings(Configurable):
     """What the hub's spawner, the slice service and ``mig-spawner`` share: the lease
-    ledger and the (simulated) GPUs. Set once, as ``c.MIGSettings.<name>``; the hub
-    refuses to start when these are set anywhere else (``c.LocalMIGSpawner.ledger_url``),
-    so that no process can use another ledger than the rest."""
+    ledger, the (simulated) GPUs and which of the GPUs' Xids are faults. Set once, as
+    ``c.MIGSettings.<name>``; the hub refuses to start when these are set anywhere else
+    (``c.LocalMIGSpawner.ledger_url``), so that no process can use another ledger than
+    the rest."""
 
     ledger_url = Unicode(
         "",
@@ -242,6 +244,22 @@ class MIGSettings(Configurable):
         service and the CLI see one simulated host. Only used with ``simulate``.""",
     ).tag(config=True)
 
+    ignored_xids = List(
+        Integer(),
+        default_value=list(APPLICATION_XIDS),
+        help="""Xids that applications cause, which leave the GPU healthy: the driver's
+        reports of these are not hardware faults.
+
+        The default is NVIDIA's device plugin's list: 13 (graphics engine exception),
+        31 (GPU memory page fault), 43 (GPU stopped processing), 45 (preemptive
+        cleanup), 68 (video processor exception), 109 (context switch timeout). Any
+        other critical Xid (79: the GPU has fallen off the bus, 48: a double-bit ECC
+        error, ...) is a fault of the GPU, or of the one MIG device the driver names.
+        Add to it with ``c.MIGSettings.ignored_xids.append(...)``; an empty list makes
+        every Xid a fault (docs/health.md).
+        """,
+    ).tag(config=True)
+
     @validate("ledger_url")
     def _check_ledger_url(self, proposal: dict) -> str:
         url = proposal["value"].strip()
@@ -271,6 +289,13 @@ class MIGSettings(Configurable):
         except SpecError as e:
             raise TraitError(f"simulate: {e}") from None
         return spec.strip()
+
+    @validate("ignored_xids")
+    def _check_ignored_xids(self, proposal: dict) -> list[int]:
+        try:
+            return list(check_xids(proposal["value"]))
+        except ValueError as e:
+            raise TraitError(f"ignored_xids: {e}") from None
 
     @validate("sim_state_file")
     def _check_sim_state_file(self, proposal: dict) -> str | None:
