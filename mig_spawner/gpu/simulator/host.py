@@ -24,11 +24,22 @@ import pynvml
 from . import rules
 from .activity import ActivityScript
 from .spec import SpecError, parse_spec
-from .state import Fault, HostState, SimComputeInstance, SimGpu, mig_device_uuid, new_host_state
+from .state import (
+    HostState,
+    InjectedError,
+    SimComputeInstance,
+    SimGpu,
+    SimGpuInstance,
+    mig_device_uuid,
+    new_host_state,
+)
 
 #: A MIG UUID, or (gpu index, GI ID, CI ID); or the UUID of a GPU with MIG off.
 DeviceRef = str | tuple[int, int, int]
 _GENERATION = struct.Struct("<Q")
+# How often a wait for a change (the simulated nvmlEventSetWait) looks at the state
+# file for other processes' changes; this process's own changes wake it at once.
+FILE_POLL = 0.05
 
 
 class SimulatedHost(ActivityScript):
@@ -41,6 +52,8 @@ class SimulatedHost(ActivityScript):
         self._generation = -1  # the counter value our in-memory state was loaded at
         # Threads of one process share the in-memory state; flock covers other processes.
         self._thread_lock = threading.RLock()
+        self._changed = threading.Condition(self._thread_lock)
+        self._changes = 0  # changes made through this object (wakes wait_for_change)
         # NVML calls made through this process's simulated library, by function name.
         self.calls: Counter[str] = Counter()
 
@@ -108,23 +121,40 @@ class SimulatedHost(ActivityScript):
         with self._thread_lock:
             if self.state_file is None:
                 yield self._state
-                return
-            with self._locked():
-                self._reload_if_changed()
-                yield self._state
-                self._save()
+            else:
+                with self._locked():
+                    self._reload_if_changed()
+                    yield self._state
+                    self._save()
+            self._changes += 1
+            self._changed.notify_all()
 
-    def take_fault(self, function: str) -> int | None:
+    @property
+    def changes(self) -> int:
+        """How many changes this process made: read it before looking at the state, then
+        :meth:`wait_for_change` cannot miss one made in between."""
+        return self._changes
+
+    def wait_for_change(self, seen: int, timeout: float) -> None:
+        """Block until a change after :attr:`changes` read ``seen``, or ``timeout`` s.
+        With a state file, other processes' changes are noticed within ``FILE_POLL`` s
+        (so the caller looks again at least that often)."""
+        with self._changed:
+            if self._changes == seen:
+                self._changed.wait(timeout if self.state_file is None
+                                   else min(timeout, FILE_POLL))
+
+    def take_injected_error(self, function: str) -> int | None:
         """The injected return code for this call of ``function``, if any (and count it)."""
-        if not self._state.faults:
+        if not self._state.injected_errors:
             return None
-        if not any(f.function == function for f in self._state.faults):
+        if not any(f.function == function for f in self._state.injected_errors):
             return None
         with self.mutate() as state:
-            for fault in state.faults:
+            for fault in state.injected_errors:
                 if fault.function == function:
                     fault.remaining -= 1
-                    state.faults = [f for f in state.faults if f.remaining > 0]
+                    state.injected_errors = [f for f in state.injected_errors if f.remaining > 0]
                     return fault.code
         return None
 
@@ -151,11 +181,11 @@ class SimulatedHost(ActivityScript):
         if count < 1:
             raise ValueError("count must be at least 1")
         with self.mutate() as state:
-            state.faults.append(Fault(function, value, count))
+            state.injected_errors.append(InjectedError(function, value, count))
 
     def clear_errors(self) -> None:
         with self.mutate() as state:
-            state.faults.clear()
+            state.injected_errors.clear()
 
     def set_permissions(self, *, root: bool | None = None, mig_config: bool | None = None
                         ) -> None:
@@ -167,9 +197,87 @@ class SimulatedHost(ActivityScript):
                 state.mig_config = mig_config
 
     def reset_gpu(self, index: int) -> None:
-        """Reset a GPU: a pending MIG mode takes effect, and all its instances are gone."""
+        """Reset a GPU: a pending MIG mode takes effect, all its instances are gone, and
+        it is back if lost (a reset here also stands for the reboot a real lost GPU may
+        need); its volatile ECC counters restart and a pending remap or page retirement
+        is applied."""
         with self.mutate() as state:
             rules.reset_gpu(state.gpus[index])
+
+    # --- health (docs/health.md) ----------------------------------------------------
+
+    def inject_xid(self, xid: int, on: int | DeviceRef) -> None:
+        """The driver reports critical Xid ``xid``: on GPU ``on`` (an index), attributed
+        to no instance; or on a MIG device (its UUID, or (gpu, GI ID, CI ID)), with its
+        GPU and compute instance IDs, as a driver with MIG on does where it can tell.
+        Event sets registered for the GPU's Xid events deliver it."""
+        if xid < 1:
+            raise ValueError(f"{xid} is not an Xid")
+        with self.mutate() as state:
+            if isinstance(on, int):
+                state.post_event(_gpu_at(state, on).index,
+                                 pynvml.nvmlEventTypeXidCriticalError, xid)
+            else:
+                gpu, gi, ci = _mig_device(state, on)
+                state.post_event(gpu.index, pynvml.nvmlEventTypeXidCriticalError, xid,
+                                 gi.gi_id, ci.ci_id)
+
+    def inject_ecc_error(self, gpu: int, count: int = 1) -> None:
+        """``count`` uncorrectable (double-bit) ECC memory errors on GPU ``gpu``: its
+        volatile and aggregate counters rise and a double-bit ECC event is posted (never
+        attributed to an instance: nvml.h names instances for Xid events only). A real
+        driver also logs Xid 48 and, from Ampere on, marks the row for remapping: inject
+        those too where a test needs them. ``ValueError`` with ECC off: nothing would
+        detect the error."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        with self.mutate() as state:
+            target = _gpu_at(state, gpu)
+            if not target.ecc_enabled:
+                raise ValueError(f"ECC is off on simulated GPU {gpu}")
+            target.ecc_uncorrected = [n + count for n in target.ecc_uncorrected]
+            state.post_event(gpu, pynvml.nvmlEventTypeDoubleBitEccError)
+
+    def set_ecc_mode(self, gpu: int, enabled: bool) -> None:
+        """ECC on or off on GPU ``gpu`` (as after the reboot a real change needs). Off,
+        the ECC counters and ECC events are NOT_SUPPORTED."""
+        with self.mutate() as state:
+            _gpu_at(state, gpu).ecc_enabled = bool(enabled)
+
+    def set_remapped_rows(self, gpu: int, *, pending: bool | None = None,
+                          failed: bool | None = None, correctable: int | None = None,
+                          uncorrectable: int | None = None) -> None:
+        """What ``nvmlDeviceGetRemappedRows`` answers for GPU ``gpu`` (unchanged where
+        None): a remap pending until the next reset, a remap that failed (for good), and
+        the rows remapped so far. ``ValueError`` on a GPU before Ampere, which retires
+        pages instead."""
+        with self.mutate() as state:
+            target = _gpu_at(state, gpu)
+            if not rules.remaps_rows(target):
+                raise ValueError(f"simulated GPU {gpu} ({target.product}) retires pages; "
+                                 "it does not remap rows")
+            for slot, value in enumerate((correctable, uncorrectable, pending, failed)):
+                if value is not None:
+                    target.remapped_rows[slot] = int(value)
+
+    def set_retired_pages_pending(self, gpu: int, pending: bool = True) -> None:
+        """Retired pages wait for a reset on GPU ``gpu``. ``ValueError`` on Ampere and
+        later, which remap rows instead (and answer NOT_SUPPORTED here)."""
+        with self.mutate() as state:
+            target = _gpu_at(state, gpu)
+            if rules.remaps_rows(target):
+                raise ValueError(f"simulated GPU {gpu} ({target.product}) remaps rows; it "
+                                 "does not retire pages")
+            target.pages_pending = bool(pending)
+
+    def lose_gpu(self, gpu: int) -> None:
+        """GPU ``gpu`` falls off the bus: the driver posts Xid 79, and from then on
+        every call on it (its handle, its MIG devices, instances, inventory reads)
+        answers GPU_IS_LOST, until :meth:`reset_gpu`."""
+        with self.mutate() as state:
+            target = _gpu_at(state, gpu)
+            target.lost = True
+            state.post_event(target.index, pynvml.nvmlEventTypeXidCriticalError, 79)
 
     def device_uuids(self) -> list[str]:
         """Every MIG device UUID, GPU by GPU, in NVML's enumeration order."""
@@ -181,11 +289,7 @@ class SimulatedHost(ActivityScript):
         for gpu in state.gpus:
             if device == gpu.uuid and not gpu.mig_current:
                 return gpu  # a whole GPU: processes run on it as on a compute instance
-            for gi, ci in rules.mig_devices(gpu):
-                if device in ((gpu.index, gi.gi_id, ci.ci_id),
-                              mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id)):
-                    return ci
-        raise KeyError(f"no simulated MIG device {device!r}")
+        return _mig_device(state, device)[2]
 
     # --- file handling ------------------------------------------------------------
 
@@ -220,6 +324,22 @@ class SimulatedHost(ActivityScript):
         os.replace(tmp, self.state_file)  # readers never see a half-written file
         self._generation = _GENERATION.unpack_from(self._generation_map)[0] + 1
         _GENERATION.pack_into(self._generation_map, 0, self._generation)
+
+
+def _mig_device(state: HostState, device: DeviceRef
+                ) -> tuple[SimGpu, SimGpuInstance, SimComputeInstance]:
+    for gpu in state.gpus:
+        for gi, ci in rules.mig_devices(gpu):
+            if device in ((gpu.index, gi.gi_id, ci.ci_id),
+                          mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id)):
+                return gpu, gi, ci
+    raise KeyError(f"no simulated MIG device {device!r}")
+
+
+def _gpu_at(state: HostState, index: int) -> SimGpu:
+    if not 0 <= index < len(state.gpus):
+        raise KeyError(f"no simulated GPU {index}; the host has {len(state.gpus)}")
+    return state.gpus[index]
 
 
 def _private(path: str, flags: int) -> int:

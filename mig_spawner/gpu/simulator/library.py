@@ -10,16 +10,21 @@ what they point at (kind, GPU, GI, CI); pynvml never dereferences them.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 from pynvml import (
+    NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INSUFFICIENT_SIZE,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
     NVML_ERROR_UNINITIALIZED,
     NVML_SUCCESS,
 )
@@ -29,9 +34,16 @@ from . import rules
 from .activity import GpmFunctions
 from .host import SimulatedHost
 from .rules import SimError
-from .state import HostState, SimComputeInstance, SimGpu, SimGpuInstance, mig_device_uuid
+from .state import (
+    HostState,
+    SimComputeInstance,
+    SimEvent,
+    SimGpu,
+    SimGpuInstance,
+    mig_device_uuid,
+)
 
-_DEVICE, _MIG, _GI, _CI = 1, 2, 3, 4
+_DEVICE, _MIG, _GI, _CI, _EVENT_SET = 1, 2, 3, 4, 5
 _MIB = 1024 * 1024
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 # Calls that work before nvmlInit (or are init itself).
@@ -49,6 +61,11 @@ _PROCS = "nvmlDeviceGetComputeRunningProcesses"
 # A process record's GPU/compute instance ID on a GPU with MIG off, as NVML sets it.
 _NO_INSTANCE = 0xFFFFFFFF
 _MISSING_BY_API = {"v2": (f"{_PROCS}_v3",), "v1": (f"{_PROCS}_v3", f"{_PROCS}_v2")}
+# The event types a GPU supports (nvmlDeviceGetSupportedEventTypes); nvml.h: "ECC
+# events are available only on ECC enabled devices".
+_BASE_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypePState
+                | pynvml.nvmlEventTypeClock)
+_ECC_EVENTS = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
 
 
 def _addr(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
@@ -92,6 +109,26 @@ def _put_text(buf: Any, length: Any, text: str) -> None:
     buf.value = data
 
 
+@dataclass
+class _EventSet:
+    """One ``nvmlEventSet_t`` of this process: the GPUs registered (index -> event
+    types, and the last event posted before registering: NVML records none of those)
+    and the last event it looked at."""
+
+    cursor: int
+    registered: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def next(self, events: list[SimEvent]) -> SimEvent | None:
+        for event in events:
+            if event.seq <= self.cursor:
+                continue
+            self.cursor = event.seq
+            types, since = self.registered.get(event.gpu, (0, 0))
+            if types & event.event_type and event.seq > since:
+                return event
+        return None
+
+
 class _Function:
     """One simulated C symbol: checks init, replays injected faults, maps SimError."""
 
@@ -109,7 +146,7 @@ class _Function:
             return NVML_ERROR_UNINITIALIZED
         host.refresh()  # once per call: see what other processes changed
         if self.name != "nvmlErrorString":
-            fault = host.take_fault(self.name)
+            fault = host.take_injected_error(self.name)
             if fault is not None:
                 return fault
         try:
@@ -125,6 +162,8 @@ class SimulatedNvmlLibrary(GpmFunctions):
     def __init__(self, host: SimulatedHost) -> None:
         self.host = host
         self.init_count = 0
+        self._event_sets: dict[int, _EventSet] = {}
+        self._event_set_ids = itertools.count(1)
 
     def reset_gpu(self, index: int) -> None:
         """What ``nvidia-smi -r`` does to a real GPU (not an NVML call; see
@@ -147,6 +186,8 @@ class SimulatedNvmlLibrary(GpmFunctions):
         if kind not in kinds or not 0 <= g < len(state.gpus):
             raise SimError(NVML_ERROR_INVALID_ARGUMENT)
         gpu = state.gpus[g]
+        if gpu.lost:
+            raise SimError(NVML_ERROR_GPU_IS_LOST)  # nvml.h: on any call naming it
         if kind == _DEVICE:
             return kind, gpu, None, None
         gi = gpu.gis.get(gi_id) if gpu.mig_current else None
@@ -229,17 +270,22 @@ class SimulatedNvmlLibrary(GpmFunctions):
         i = _num(index)
         if not 0 <= i < len(self.host.state.gpus):
             raise SimError(NVML_ERROR_INVALID_ARGUMENT)
+        if self.host.state.gpus[i].lost:
+            raise SimError(NVML_ERROR_GPU_IS_LOST)
         _set_handle(_out(ref), _DEVICE, i)
 
     def _nvmlDeviceGetHandleByUUID(self, uuid: Any, ref: Any) -> None:
         wanted = getattr(uuid, "value", uuid)
         wanted = wanted.decode() if isinstance(wanted, bytes) else str(wanted)
         for gpu in self.host.state.gpus:
-            if gpu.uuid == wanted:
-                return _set_handle(_out(ref), _DEVICE, gpu.index)
-            for gi, ci in rules.mig_devices(gpu):
-                if mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id) == wanted:
-                    return _set_handle(_out(ref), _MIG, gpu.index, gi.gi_id, ci.ci_id)
+            found = (_DEVICE, 0, 0) if gpu.uuid == wanted else next(
+                ((_MIG, gi.gi_id, ci.ci_id) for gi, ci in rules.mig_devices(gpu)
+                 if mig_device_uuid(gpu.uuid, gi.gi_id, ci.ci_id) == wanted), None)
+            if found is not None:
+                if gpu.lost:
+                    raise SimError(NVML_ERROR_GPU_IS_LOST)
+                kind, gi_id, ci_id = found
+                return _set_handle(_out(ref), kind, gpu.index, gi_id, ci_id)
         raise SimError(NVML_ERROR_NOT_FOUND)
 
     def _nvmlDeviceGetName(self, handle: Any, buf: Any, length: Any) -> None:
@@ -322,6 +368,87 @@ class SimulatedNvmlLibrary(GpmFunctions):
             if hasattr(slot, "gpuInstanceId"):
                 slot.gpuInstanceId, slot.computeInstanceId = gi_id, ci_id
         return None
+
+    # --- health: ECC, row remapping, page retirement ----------------------------------
+
+    def _nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: Any, counter: Any,
+                                     ref: Any) -> None:
+        gpu = self._gpu(self.host.state, handle)[1]
+        if not gpu.ecc_enabled:
+            raise SimError(NVML_ERROR_NOT_SUPPORTED)
+        kind, which = _num(error_type), _num(counter)
+        if which not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC) or kind not in (
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+            raise SimError(NVML_ERROR_INVALID_ARGUMENT)
+        # Corrected errors are not simulated: they need no action.
+        uncorrected = kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        _out(ref).value = gpu.ecc_uncorrected[which] if uncorrected else 0
+
+    def _nvmlDeviceGetRemappedRows(self, handle: Any, correctable: Any, uncorrectable: Any,
+                                   pending: Any, failure: Any) -> None:
+        gpu = self._gpu(self.host.state, handle)[1]
+        if not rules.remaps_rows(gpu):
+            raise SimError(NVML_ERROR_NOT_SUPPORTED)
+        for ref, value in zip((correctable, uncorrectable, pending, failure),
+                              gpu.remapped_rows, strict=True):
+            _out(ref).value = value
+
+    def _nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, ref: Any) -> None:
+        gpu = self._gpu(self.host.state, handle)[1]
+        if rules.remaps_rows(gpu):
+            raise SimError(NVML_ERROR_NOT_SUPPORTED)  # nvidia-smi shows N/A on an A100
+        _out(ref).value = int(gpu.pages_pending)
+
+    # --- events -------------------------------------------------------------------------
+
+    def _nvmlDeviceGetSupportedEventTypes(self, handle: Any, ref: Any) -> None:
+        _out(ref).value = _supported_events(self._gpu(self.host.state, handle)[1])
+
+    def _nvmlEventSetCreate(self, ref: Any) -> None:
+        set_id = next(self._event_set_ids)
+        self._event_sets[set_id] = _EventSet(cursor=self.host.state.event_seq)
+        _set_handle(_out(ref), _EVENT_SET, set_id)
+
+    def _event_set(self, handle: Any) -> _EventSet:
+        kind, set_id, _, _ = _decode(handle)
+        event_set = self._event_sets.get(set_id) if kind == _EVENT_SET else None
+        if event_set is None:
+            raise SimError(NVML_ERROR_INVALID_ARGUMENT)
+        return event_set
+
+    def _nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> None:
+        # On the GPU itself, as NVIDIA's device plugin registers (MIG device handles are
+        # not taken: their events come on the GPU with instance IDs).
+        gpu = self._gpu(self.host.state, handle)[1]
+        wanted, registered = _num(types), self._event_set(event_set).registered
+        if wanted & ~_supported_events(gpu):
+            # nvml.h: then none of the requested types is registered.
+            raise SimError(NVML_ERROR_NOT_SUPPORTED)
+        before = registered.get(gpu.index, (0, 0))[0]
+        registered[gpu.index] = (before | wanted, self.host.state.event_seq)
+
+    def _nvmlEventSetWait_v2(self, event_set: Any, ref: Any, timeout_ms: Any) -> int | None:
+        """Deliver the next event registered for, or wait for one up to the timeout."""
+        waiting = self._event_set(event_set)
+        deadline = time.monotonic() + _num(timeout_ms) / 1000
+        while True:
+            seen = self.host.changes
+            event = waiting.next(self.host.refresh().events)
+            if event is not None:
+                data = _out(ref)
+                data.device = _handle(pynvml.c_nvmlDevice_t, _DEVICE, event.gpu)
+                data.eventType, data.eventData = event.event_type, event.data
+                data.gpuInstanceId, data.computeInstanceId = event.gi_id, event.ci_id
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return NVML_ERROR_TIMEOUT
+            self.host.wait_for_change(seen, left)
+
+    def _nvmlEventSetFree(self, event_set: Any) -> None:
+        self._event_set(event_set)
+        del self._event_sets[_decode(event_set)[1]]
 
     # --- MIG mode and MIG device handles -------------------------------------------
 
@@ -547,6 +674,10 @@ class SimulatedNvmlLibrary(GpmFunctions):
         with self.host.mutate() as state:
             _, gi, ci = self._ci(state, handle)
             rules.destroy_compute_instance(gi, ci.ci_id)
+
+
+def _supported_events(gpu: SimGpu) -> int:
+    return _BASE_EVENTS | (_ECC_EVENTS if gpu.ecc_enabled else 0)
 
 
 def _used_mib(ci: SimComputeInstance | SimGpu) -> int:

@@ -13,6 +13,7 @@ import pynvml
 
 from mig_spawner.core import catalog
 
+from .spec import NON_MIG_MODELS
 from .state import SimComputeInstance, SimGpu, SimGpuInstance
 
 
@@ -234,11 +235,24 @@ def set_mig_mode(gpu: SimGpu, mode: int) -> int:
 
 
 def reset_gpu(gpu: SimGpu) -> None:
-    """A GPU reset: the pending MIG mode takes effect and every instance is gone."""
+    """A GPU reset: the pending MIG mode takes effect and every instance is gone; a lost
+    GPU answers again, the volatile ECC counters restart, a pending row remap or page
+    retirement takes effect (a failed remap stays: the GPU needs service)."""
     gpu.mig_current = gpu.mig_pending
     gpu.gis.clear()
     gpu.processes.clear()
     gpu.memory_used_mib = None
+    gpu.lost = False
+    gpu.ecc_uncorrected[0] = 0
+    gpu.remapped_rows[2] = 0
+    gpu.pages_pending = False
+
+
+def remaps_rows(gpu: SimGpu) -> bool:
+    """Row remapping replaced page retirement from Ampere on (NVIDIA, "A100 GPU Memory
+    Error Management": GA100, GA10x, AD10x, GH100); of the simulated GPUs only the T4
+    (Turing) retires pages. Each answers NOT_SUPPORTED for the other's call."""
+    return gpu.product != NON_MIG_MODELS["t4"][0]
 
 
 def mig_devices(gpu: SimGpu) -> list[tuple[SimGpuInstance, SimComputeInstance]]:

@@ -1,4 +1,5 @@
-"""The simulated host's state: GPUs, their GPU/compute instances, processes and faults.
+"""The simulated host's state: GPUs, their instances, processes, health and events, and
+the errors a test injected.
 
 Plain mutable records with a JSON form, so that the state can live in a shared file.
 The rules that change it (NVIDIA's MIG rules) are in ``rules.py``.
@@ -19,6 +20,11 @@ from .spec import NON_MIG_MODELS, HostSpec
 _NAMESPACE = uuid.UUID("6c0b3f3e-5b8e-4c4e-9a57-4d1f6b2a9c10")
 
 # CUDA driver API version that each driver branch reports (nvmlSystemGetCudaDriverVersion).
+# nvml.h: an event's GPU/compute instance ID when the event names no instance.
+NOT_ATTRIBUTED = 0xFFFFFFFF
+# Events kept in the state for event sets that have not read them yet.
+EVENTS_KEPT = 256
+
 _CUDA_BY_BRANCH = {450: 11000, 470: 11040, 525: 12000, 535: 12020, 550: 12040, 560: 12060,
                    570: 12080, 575: 12090, 580: 13000}
 
@@ -55,6 +61,14 @@ class SimGpu:
     # With MIG off, what runs on the GPU as a whole (as a compute instance's, with MIG on).
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
     memory_used_mib: int | None = None  # None: the sum of the processes' memory
+    # Health (docs/health.md): every call on a lost GPU answers GPU_IS_LOST.
+    lost: bool = False
+    ecc_enabled: bool = True
+    ecc_uncorrected: list[int] = field(default_factory=lambda: [0, 0])  # volatile, aggregate
+    # nvmlDeviceGetRemappedRows: rows remapped for correctable and for uncorrectable
+    # errors, a remap pending (until a reset), a remap failed (for good).
+    remapped_rows: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    pages_pending: bool = False  # retired pages wait for a reset (GPUs before Ampere)
 
     @property
     def model(self) -> catalog.GpuModel | None:
@@ -62,12 +76,24 @@ class SimGpu:
 
 
 @dataclass
-class Fault:
+class InjectedError:
     """Make ``function`` return ``code`` for its next ``remaining`` calls."""
 
     function: str
     code: int
     remaining: int
+
+
+@dataclass
+class SimEvent:
+    """An NVML event (``nvmlEventData_t``) the driver posted, numbered in order."""
+
+    seq: int
+    gpu: int
+    event_type: int
+    data: int  # the Xid of an Xid event, else 0
+    gi_id: int  # 0xFFFFFFFF: not attributed to a GPU instance
+    ci_id: int
 
 
 @dataclass
@@ -77,7 +103,7 @@ class HostState:
     root: bool
     mig_config: bool
     gpus: list[SimGpu]
-    faults: list[Fault] = field(default_factory=list)
+    injected_errors: list[InjectedError] = field(default_factory=list)
     process_api: str = "v3"  # newest nvmlDeviceGetComputeRunningProcesses this library has
     # spec perm=uid: the caller is root exactly when the calling process's euid is 0, so
     # each process sharing the state file is judged as itself.
@@ -85,6 +111,16 @@ class HostState:
     # The MIG monitor capability is world-readable (NVIDIA's default, 0444); False: root
     # only, as on a host or container that restricted it.
     monitor_world: bool = True
+    # Events posted (the latest EVENTS_KEPT), for every process's event sets to read.
+    events: list[SimEvent] = field(default_factory=list)
+    event_seq: int = 0
+
+    def post_event(self, gpu: int, event_type: int, data: int = 0,
+                   gi_id: int = NOT_ATTRIBUTED, ci_id: int = NOT_ATTRIBUTED) -> None:
+        """The driver posts an event on GPU ``gpu`` (for the event sets registered)."""
+        self.event_seq += 1
+        self.events.append(SimEvent(self.event_seq, gpu, event_type, data, gi_id, ci_id))
+        del self.events[:-EVENTS_KEPT]
 
     @property
     def caller_root(self) -> bool:
@@ -118,10 +154,13 @@ class HostState:
             "driver_version": self.driver_version,
             "root": self.root,
             "mig_config": self.mig_config,
-            "faults": [[f.function, f.code, f.remaining] for f in self.faults],
+            "injected_errors": [[f.function, f.code, f.remaining] for f in self.injected_errors],
             "process_api": self.process_api,
             "follows_uid": self.follows_uid,
             "monitor_world": self.monitor_world,
+            "events": [[e.seq, e.gpu, e.event_type, e.data, e.gi_id, e.ci_id]
+                       for e in self.events],
+            "event_seq": self.event_seq,
             "gpus": [_gpu_json(g) for g in self.gpus],
         }
 
@@ -132,10 +171,12 @@ class HostState:
             driver_version=data["driver_version"],
             root=data["root"],
             mig_config=data["mig_config"],
-            faults=[Fault(*f) for f in data["faults"]],
+            injected_errors=[InjectedError(*f) for f in data.get("injected_errors", ())],
             process_api=data.get("process_api", "v3"),
             follows_uid=data.get("follows_uid", False),
             monitor_world=data.get("monitor_world", True),
+            events=[SimEvent(*e) for e in data.get("events", ())],
+            event_seq=data.get("event_seq", 0),
             gpus=[_gpu_from_json(g) for g in data["gpus"]],
         )
 
@@ -190,6 +231,8 @@ def _gpu_json(g: SimGpu) -> dict:
         "index": g.index, "uuid": g.uuid, "product": g.product, "model": g.model_key,
         "memory_mib": g.memory_mib, "mig": [g.mig_current, g.mig_pending],
         "ids": g.id_scheme, "processes": g.processes, "memory_used_mib": g.memory_used_mib,
+        "lost": g.lost, "ecc": [g.ecc_enabled, *g.ecc_uncorrected],
+        "remapped_rows": g.remapped_rows, "pages_pending": g.pages_pending,
         "gis": [
             {
                 "id": gi.gi_id, "profile_id": gi.profile_id, "start": gi.start, "size": gi.size,
@@ -208,7 +251,12 @@ def _gpu_from_json(d: dict) -> SimGpu:
     gpu = SimGpu(d["index"], d["uuid"], d["product"], d["model"], d["memory_mib"], *d["mig"],
                  id_scheme=d.get("ids", "forward"),
                  processes=[tuple(p) for p in d.get("processes", ())],
-                 memory_used_mib=d.get("memory_used_mib"))
+                 memory_used_mib=d.get("memory_used_mib"), lost=d.get("lost", False),
+                 remapped_rows=list(d.get("remapped_rows", (0, 0, 0, 0))),
+                 pages_pending=d.get("pages_pending", False))
+    ecc = d.get("ecc")
+    if ecc is not None:
+        gpu.ecc_enabled, gpu.ecc_uncorrected = bool(ecc[0]), list(ecc[1:])
     for gi in d["gis"]:
         sim_gi = SimGpuInstance(gi["id"], gi["profile_id"], gi["start"], gi["size"])
         for ci in gi["cis"]:
