@@ -246,7 +246,7 @@ def test_destroying_a_missing_instance(adapters):
     ("function", "code", "error"),
     [("nvmlInitWithFlags", "LIBRARY_NOT_FOUND", errors.NvmlLibraryNotFound),
      ("nvmlInitWithFlags", "DRIVER_NOT_LOADED", errors.DriverNotLoaded),
-     ("nvmlDeviceGetCount_v2", "GPU_IS_LOST", errors.NvmlCallFailed)],
+     ("nvmlDeviceGetCount_v2", "GPU_IS_LOST", errors.GpuLost)],
 )
 def test_injected_driver_failures_become_typed_errors(tmp_path, adapters, function, code, error):
     state = tmp_path / "sim.json"

@@ -95,6 +95,12 @@ class Gpu:
     processes: tuple[GpuProcess, ...] = ()
     processes_unknown: bool = False
     memory_used_mib: int = 0
+    # NVML answers GPU_IS_LOST for it (fallen off the bus, or otherwise unreachable):
+    # nothing of its state is known. It then reads as a GPU without MIG and without
+    # instances whose processes are unknown (busy), so that nothing is offered on it and
+    # nothing on it counts as free; index, uuid, product, minor and memory are what
+    # this process last read of it ("", -1 and 0 where it never did).
+    lost: bool = False
 
     def pids_on(self, device: str) -> tuple[int, ...]:
         """The PIDs NVML lists on ``device`` of this GPU: one of its MIG devices (by

@@ -117,6 +117,16 @@ class InstanceInUse(GpuError):
         self.pids = tuple(pids)
 
 
+class GpuLost(GpuError):
+    """NVML answers GPU_IS_LOST: the GPU fell off the bus (Xid 79) or cannot be reached."""
+
+    default_hint = (
+        "the GPU has fallen off the bus or is otherwise unreachable: look for Xid errors "
+        "in the kernel log (dmesg); stop what runs on it and reset it as root "
+        "(nvidia-smi -i <gpu> -r), or reboot; its slices are not offered meanwhile"
+    )
+
+
 class NvmlCallFailed(GpuError):
     """Any other NVML failure; ``code`` holds NVML's return code."""
 
@@ -130,6 +140,8 @@ def from_nvml(exc: pynvml.NVMLError, doing: str) -> GpuError:
                                    code=code)
     if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
         return DriverNotLoaded("the NVIDIA kernel driver is not loaded", code=code)
+    if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return GpuLost(text, code=code)
     if code == pynvml.NVML_ERROR_IN_USE:
         return InstanceInUse(text)
     if code == pynvml.NVML_ERROR_NO_PERMISSION:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from ctypes import Structure, byref, c_uint, c_ulonglong
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import pynvml
 
 from mig_spawner.core import catalog
+from mig_spawner.core.health import DriverEvent, GpuHealth
 from mig_spawner.core.inventory import (
     ComputeInstance,
     Gpu,
@@ -29,6 +30,7 @@ from mig_spawner.core.inventory import (
 )
 
 from . import errors
+from .health import WAIT_MS, DriverEvents, read_health
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,9 @@ class GpuAdapter:
         self._privilege_probe = privilege_probe
         self._profiles: dict[str, tuple[catalog.Profile, ...]] = {}  # by GPU UUID; per driver
         self._ci_profiles: dict[tuple[str, int], int] = {}  # (GPU UUID, GI profile) -> CI ID
+        self._seen: dict[int, Gpu] = {}  # by index: the last good read (a lost GPU's name)
+        self._lost: set[int] = set()  # GPU indexes the last inventory found lost
+        self._watchers: list[DriverEvents] = []
         self._open = False
         with self._nvml("initialising NVML"):
             pynvml.nvmlInit()
@@ -99,7 +104,9 @@ class GpuAdapter:
     # --- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release NVML (idempotent)."""
+        """Stop the event watchers and release NVML (idempotent)."""
+        for watcher in self._watchers:
+            watcher.close()
         if self._open:
             self._open = False
             with self._nvml("shutting NVML down"):
@@ -114,10 +121,14 @@ class GpuAdapter:
     # --- reading ----------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
-        """A snapshot of every GPU, its MIG mode, instances and MIG devices (read-only)."""
+        """A snapshot of every GPU, its MIG mode, instances and MIG devices (read-only).
+
+        A GPU the driver reports lost (GPU_IS_LOST) is in it with ``lost`` set and
+        nothing usable (see :class:`~mig_spawner.core.inventory.Gpu`); the others are
+        read as ever."""
         with self._nvml("reading the GPU inventory"):
             count = pynvml.nvmlDeviceGetCount()
-            gpus = tuple(self._gpu(i) for i in range(count))
+            gpus = tuple(self._gpu_or_lost(i) for i in range(count))
             return Inventory(
                 host=socket.gethostname(),
                 driver_version=pynvml.nvmlSystemGetDriverVersion(),
@@ -127,9 +138,32 @@ class GpuAdapter:
             )
 
     def gpu(self, index: int) -> Gpu:
-        """A snapshot of one GPU (cheaper than a full inventory)."""
+        """A snapshot of one GPU (cheaper than a full inventory); :class:`GpuLost
+        <mig_spawner.gpu.errors.GpuLost>` for a GPU the driver reports lost (what runs
+        on it cannot be read, which a caller must not take for "nothing")."""
         with self._nvml(f"reading GPU {index}"):
             return self._gpu(index)
+
+    def health(self, expected: Mapping[str, Collection[str]] | None = None
+               ) -> tuple[GpuHealth, ...]:
+        """Every GPU's health now, for one sweep (read-only): volatile uncorrectable ECC
+        errors, remapped rows pending or failed, retired pages pending, lost; and, of
+        ``expected`` (GPU UUID -> the MIG device UUIDs the caller expects there), the
+        devices the driver no longer lists. A value the driver does not report is None.
+        Judge it with :func:`mig_spawner.core.health.health_faults`."""
+        with self._nvml("reading the GPUs' health"):
+            known = {index: gpu.uuid for index, gpu in self._seen.items()}
+            return read_health(known, expected or {})
+
+    def watch_events(self, on_event: Callable[[DriverEvent], None],
+                     wait_ms: int = WAIT_MS) -> DriverEvents:
+        """Start reading the driver's critical Xid and double-bit ECC events of every GPU
+        (one event set, one thread): ``on_event`` is called from that thread with each.
+        Judge them with :func:`mig_spawner.core.health.event_fault`. Close the watcher,
+        or the adapter, to stop (within ``wait_ms``)."""
+        watcher = DriverEvents(on_event, self._nvml, wait_ms)
+        self._watchers.append(watcher)
+        return watcher
 
     def can_configure(self) -> bool:
         """Whether creating/destroying instances is allowed to this process (read-only)."""
@@ -282,6 +316,27 @@ class GpuAdapter:
             )
         return handle, pynvml.nvmlDeviceGetUUID(handle)
 
+    def _gpu_or_lost(self, index: int) -> Gpu:
+        """GPU ``index``, or what is known of it when the driver reports it lost."""
+        try:
+            gpu = self._gpu(index)
+        except pynvml.NVMLError_GpuIsLost:
+            if index not in self._lost:
+                self._lost.add(index)
+                log.error("GPU %d is lost (fallen off the bus or unreachable): its slices "
+                          "are not offered; the other GPUs serve on", index)
+            seen = self._seen.get(index)
+            return Gpu(index=index, uuid=seen.uuid if seen else "",
+                       product=seen.product if seen else "", model_key=None,
+                       minor=seen.minor if seen else -1,
+                       memory_total_mib=seen.memory_total_mib if seen else 0,
+                       mig_current=False, mig_pending=False, mig_supported=False,
+                       processes_unknown=True, lost=True)
+        if index in self._lost:
+            self._lost.discard(index)
+            log.warning("GPU %d answers again (%s)", index, gpu.uuid)
+        return gpu
+
     def _gpu(self, index: int) -> Gpu:
         handle = self._handle(index)
         product = pynvml.nvmlDeviceGetName(handle)
@@ -322,7 +377,7 @@ class GpuAdapter:
             processes, unknown = self._processes(handle, _NO_INSTANCE, _NO_INSTANCE,
                                                  f"GPU {index}")
             used = self._memory_used_mib(handle, index)
-        return Gpu(
+        gpu = self._seen[index] = Gpu(
             index=index,
             uuid=uuid,
             product=product,
@@ -339,6 +394,7 @@ class GpuAdapter:
             processes_unknown=unknown,
             memory_used_mib=used,
         )
+        return gpu
 
     @staticmethod
     def _memory_used_mib(handle: Any, index: int) -> int:
@@ -346,6 +402,8 @@ class GpuAdapter:
         will not tell: the process list still says whether it is in use)."""
         try:
             return pynvml.nvmlDeviceGetMemoryInfo(handle).used // _MIB
+        except pynvml.NVMLError_GpuIsLost:
+            raise
         except pynvml.NVMLError as exc:
             log.warning("cannot read the memory in use on GPU %d: %s", index, exc)
             return 0
@@ -432,6 +490,8 @@ class GpuAdapter:
                 procs = read(mig)
             except _NO_SUCH_CALL:
                 continue
+            except pynvml.NVMLError_GpuIsLost:
+                raise
             except pynvml.NVMLError as exc:
                 log.warning("cannot list the processes of %s: %s", what, exc)
                 return (), True
