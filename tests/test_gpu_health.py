@@ -58,6 +58,21 @@ def events(gpus):
     return watch
 
 
+@pytest.fixture
+def xid_events(gpus, events):
+    """``read(*xids)`` -> the events the driver delivers for those Xids, posted on GPU 0
+    of a fresh adapter, in order."""
+
+    def read(*xids):
+        adapter, host = gpus()
+        seen, _ = events(adapter)
+        for xid in xids:
+            host.inject_xid(xid, on=0)
+        return [seen.get(timeout=EVENT_TIMEOUT) for _ in xids]
+
+    return read
+
+
 def faults_of(adapter, expected=None):
     return [f for h in adapter.health(expected) for f in health_faults(h)]
 
@@ -91,22 +106,14 @@ def test_an_xid_the_driver_attributes_to_a_mig_device_concerns_that_device(gpus,
                           "Xid 94 (contained ECC error)")
 
 
-def test_an_application_xid_is_no_fault(gpus, events):
-    adapter, host = gpus()
-    seen, _ = events(adapter)
-    host.inject_xid(13, on=0)
-    host.inject_xid(48, on=0)
-    first, second = seen.get(timeout=EVENT_TIMEOUT), seen.get(timeout=EVENT_TIMEOUT)
+def test_an_application_xid_is_no_fault(xid_events):
+    first, second = xid_events(13, 48)
     assert (first.xid, event_fault(first)) == (13, None)
     assert event_fault(second).detail == "Xid 48 (double-bit ECC error)"
 
 
-def test_the_ignored_xids_are_configurable(gpus, events):
-    adapter, host = gpus()
-    seen, _ = events(adapter)
-    host.inject_xid(13, on=0)
-    host.inject_xid(119, on=0)
-    app, gsp = seen.get(timeout=EVENT_TIMEOUT), seen.get(timeout=EVENT_TIMEOUT)
+def test_the_ignored_xids_are_configurable(xid_events):
+    app, gsp = xid_events(13, 119)
     settings = MIGSettings()
     assert tuple(settings.ignored_xids) == APPLICATION_XIDS == (13, 31, 43, 45, 68, 109)
     settings.ignored_xids = [119, 119]
