@@ -1,9 +1,16 @@
 """Allocator benchmark: decision latency and dynamic-mode acceptance.
 
-Run: ``.venv/bin/python benchmarks/allocator.py`` (about a minute on 2 cores).
+Run from the repository root (the baseline is the test suite's reference,
+``tests.allocator_reference``): ``nice .venv/bin/python -m benchmarks.allocator`` (a few
+minutes on 2 cores).
 
-(a) Latency of ``pick_pool`` and ``pick_dynamic`` from a fresh Inventory at 10 to 10,000
-    GPUs at half occupancy (median and p95 over repeated calls).
+(a) Latency of a decision at 1,000, 10,000 and 50,000 GPUs, pool and dynamic: the
+    product's indexed allocator (``SliceIndex``, kept across decisions as the spawner
+    keeps it: each decision picks and counts its grant, and an earlier grant is released
+    so that the fleet stays half used) against the allocator as it was, one full pass
+    over the inventory per decision (``tests/allocator_reference.py``), in the same
+    process on the same fleet and requests. Also: building the index, and taking a new
+    read of the GPUs in which one GPU changed.
 (b) Acceptance of dynamic placement against the driver's own order (what a spawner gets
     when it creates an instance without a placement) and first-fit (lowest GPU, lowest
     start), on one seeded random process of requests and releases:
@@ -19,22 +26,26 @@ Run: ``.venv/bin/python benchmarks/allocator.py`` (about a minute on 2 cores).
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from mig_spawner.core.allocator import (
     GpuSlots,
     Occupancy,
     Placement,
-    pick_dynamic,
-    pick_pool,
+    PoolGrant,
+    SliceIndex,
 )
+from mig_spawner.core.allocator.request import resolve
 from mig_spawner.core.allocator.tables import table
 from mig_spawner.core.catalog import model
-from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory, MigDevice
+from mig_spawner.core.inventory import Gpu, GpuInstance, GpuProcess, Inventory, MigDevice
 from mig_spawner.core.refusal import Refused
+from tests.allocator_reference import ref_pick_dynamic, ref_pick_pool
 
 # --- (a) latency ----------------------------------------------------------------------
 
@@ -70,15 +81,15 @@ def _fleet(n: int, pool: bool) -> tuple[Inventory, set[str]]:
     return Inventory("bench", "580.65", "13.580", 13000, gpus), held
 
 
-def _time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
-    fn()  # warm the per-model tables and memo, as a running hub has them
+def _time(decide: Callable[[], object], reps: int) -> tuple[float, float]:
+    decide()  # warm the per-model tables and memo, as a running hub has them
     samples = []
     gc.collect()
     gc.disable()  # as timeit does: a collection pause belongs to whoever allocated most
     try:
         for _ in range(reps):
             t0 = time.perf_counter()
-            fn()
+            decide()
             samples.append((time.perf_counter() - t0) * 1000)
     finally:
         gc.enable()
@@ -86,20 +97,102 @@ def _time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
 
 
+# Requests cycle through these (H200), so that grants land on different GPUs and states.
+_ASKS = ("2g.35gb", "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb")
+
+
+def _pool_deciders(inventory: Inventory, held: set[str]
+                   ) -> tuple[Callable[[], object], Callable[[], object]]:
+    """(indexed, full pass): one pool decision each, its grant counted and an earlier
+    grant released, on fleets that start alike."""
+    index = SliceIndex(inventory)
+    for uuid in held:
+        index.hold(uuid, uuid)
+    ref_held = set(held)
+    asks = itertools.cycle(_ASKS)
+    mine: list[str] = []
+    theirs: list[str] = []
+
+    def indexed() -> object:
+        got = index.pick_pool(next(asks))
+        if isinstance(got, PoolGrant):
+            index.hold(got.uuid, got.uuid)
+            mine.append(got.uuid)
+        if len(mine) > 20:
+            index.drop(mine.pop(0))
+        return got
+
+    def full_pass() -> object:
+        got = ref_pick_pool(inventory, ref_held, resolve(next(asks)), "pack")
+        if isinstance(got, PoolGrant):
+            ref_held.add(got.uuid)
+            theirs.append(got.uuid)
+        if len(theirs) > 20:
+            ref_held.discard(theirs.pop(0))
+        return got
+
+    return indexed, full_pass
+
+
+def _dynamic_deciders(inventory: Inventory
+                      ) -> tuple[Callable[[], object], Callable[[], object]]:
+    index = SliceIndex(inventory)
+    asks = itertools.cycle(_ASKS)
+    mine: list[tuple[int, Placement]] = []
+    theirs: list[Placement] = []
+    ids = itertools.count()
+
+    def indexed() -> object:
+        got = index.pick_dynamic(next(asks))
+        if isinstance(got, Placement):
+            key = next(ids)
+            index.hold(key, placement=got)
+            mine.append((key, got))
+        if len(mine) > 20:
+            index.drop(mine.pop(0)[0])
+        return got
+
+    def full_pass() -> object:
+        got = ref_pick_dynamic(inventory, theirs, resolve(next(asks)), "pack", None)
+        if isinstance(got, Placement):
+            theirs.append(got)
+        if len(theirs) > 20:
+            theirs.pop(0)
+        return got
+
+    return indexed, full_pass
+
+
 def latency() -> None:
-    print("(a) decision latency from a fresh Inventory, H200 fleet at half occupancy (ms)")
-    print(f"{'GPUs':>7} {'pool med':>9} {'pool p95':>9} {'dyn med':>9} {'dyn p95':>9} "
-          f"{'growth':>7}")
-    first = None
-    for n in (10, 100, 1000, 10000):
-        reps = 200 if n <= 1000 else 25
-        inv_pool, held = _fleet(n, pool=True)
-        inv_dyn, _ = _fleet(n, pool=False)
-        pm, pp = _time(lambda i=inv_pool, h=held: pick_pool(i, h, "2g.35gb"), reps)
-        dm, dp = _time(lambda i=inv_dyn: pick_dynamic(i, (), "2g.35gb"), reps)
-        assert not isinstance(pick_dynamic(inv_dyn, (), "2g.35gb"), Refused)
-        first = first or dm
-        print(f"{n:>7} {pm:>9.3f} {pp:>9.3f} {dm:>9.3f} {dp:>9.3f} {dm / first:>6.0f}x")
+    print("(a) one decision (pick, count the grant, release an earlier one), H200 fleet at "
+          "half occupancy;\n    indexed = SliceIndex kept across decisions, full pass = the "
+          "allocator before the index (ms)")
+    print(f"{'GPUs':>7} {'mode':8} {'indexed med':>11} {'p95':>7} {'full pass med':>13} "
+          f"{'p95':>7} {'ratio':>7} {'build ms':>9} {'new read ms':>11}")
+    for n in (1000, 10000, 50000):
+        for mode in ("pool", "dynamic"):
+            inventory, held = _fleet(n, pool=mode == "pool")
+            t0 = time.perf_counter()
+            indexed, full_pass = (_pool_deciders(inventory, held) if mode == "pool"
+                                  else _dynamic_deciders(inventory))
+            indexed()  # the first decision builds the view it reads
+            build = (time.perf_counter() - t0) * 1000
+            im, ip = _time(indexed, 400)
+            fm, fp = _time(full_pass, 100 if n <= 1000 else 20 if n <= 10000 else 5)
+            # A new read of the GPUs in which one GPU changed (a process started there).
+            index = SliceIndex(inventory)
+            index.pick_pool("1g.18gb") if mode == "pool" else index.pick_dynamic("1g.18gb")
+            first = inventory.gpus[0]
+            busy = replace(first.mig_devices[-1], processes=(GpuProcess(1, 1),))
+            changed = replace(inventory, gpus=(replace(first, mig_devices=(
+                *first.mig_devices[:-1], busy)), *inventory.gpus[1:]))
+            t0 = time.perf_counter()
+            index.refresh(changed)
+            reread = (time.perf_counter() - t0) * 1000
+            print(f"{n:>7} {mode:8} {im:>11.3f} {ip:>7.3f} {fm:>13.3f} {fp:>7.3f} "
+                  f"{fm / im:>6.0f}x {build:>9.0f} {reread:>11.0f}")
+            del inventory, held, indexed, full_pass, index, changed
+            gc.collect()
 
 
 # --- (b) acceptance -------------------------------------------------------------------

@@ -276,3 +276,46 @@ def test_nice_puts_each_server_and_its_session_behind_the_hub(tmp_path, ledger_u
     # The hub's is untouched. In a container whose cpu cgroup is not an autogroup the file
     # is there and empty: the kernel shows no group.
     assert (AUTOGROUP.read_text() if AUTOGROUP.exists() else None) == hub
+
+
+async def test_one_allocator_index_is_kept_across_claims_and_told_what_changed(
+    tmp_path, ledger_url
+):
+    """The host's index lives as long as the runtime: each decision tells it what the
+    ledger holds and each read of the GPUs what changed there. A slice someone uses
+    outside mig-spawner and a slice given back are each seen by the next claim."""
+    spec = "h200x2:layout=1g.18gb*7"
+    sim = SimulatedHost.from_spec(spec, tmp_path / "sim-gpus.json")
+    s = spawner(tmp_path, ledger_url, sim=spec)
+    mine = s.user_policy(s.policies())
+    index = await s.runtime.run(s.runtime.index_here)
+
+    async def claim(user: str):
+        plan = await s.claim_decide(mine.offer("small"), mine)
+        assert (await s.read_fleet()).index is index  # kept, not built again
+        with Ledger.open(ledger_url) as ledger:
+            return ledger.claim(LeaseRequest(user), plan.decide)
+
+    first = await claim("ana")
+    assert (first.gpu_index, first.start) == (0, 0)
+    await s.render_options_form()  # the form's count tells the index of ana's lease
+    # Someone runs processes on two slices of GPU 1: only the GPU read says so. GPU 1 is
+    # now the busier, and packing fills it first.
+    outside = [d.uuid for d in sim_devices(tmp_path, spec, 1) if d.start < 2]
+    for uuid in outside:
+        sim.set_processes(uuid, [(4242, 100)])
+    second = await claim("bob")
+    assert (second.gpu_index, second.start) == (1, 2)
+    with Ledger.open(ledger_url) as ledger:
+        ledger.release(first.id, "stopped")
+        ledger.release(second.id, "stopped")
+    await s.render_options_form()
+    for uuid in outside:  # they are done: both GPUs are empty again
+        sim.set_processes(uuid, [])
+    third = await claim("cy")
+    assert (third.gpu_index, third.start) == (0, 0)
+
+
+def sim_devices(tmp_path, spec, gpu):
+    with connect(simulate=spec, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
+        return gpus.inventory().gpus[gpu].mig_devices

@@ -19,16 +19,16 @@ Nothing outside these two modules branches on a kind's name (docs/architecture.m
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from .allocator import Occupancy, Placement, PlacementStrategy, pick_dynamic, pick_pool
-from .allocator.pool import pool_free
+from .allocator import Placement, PlacementStrategy, SliceIndex
 from .allocator.refusals import plural
+from .allocator.whole import offered_whole as offered_whole
 from .catalog import WHOLE_GPU, model
-from .inventory import Gpu, Inventory, MigDevice
+from .inventory import MigDevice
 from .refusal import Reason, Refused
 
 
@@ -93,26 +93,6 @@ def mode_rules(mig_mode: str) -> KindRules:
     return RULES[MIG_MODE_KINDS[mig_mode]]
 
 
-#: Memory slices a layout change holds from new grants, per (host, GPU UUID)
-#: (docs/layout.md; ``LedgerView.holds``).
-Holds = Mapping[tuple[str, str], frozenset[int]]
-
-
-def _devices_on_held_slices(inventory: Inventory, holds: Holds) -> frozenset[str]:
-    """MIG devices on slices a layout change holds."""
-    return frozenset(
-        d.uuid for g in inventory.gpus if (held := holds.get((inventory.host, g.uuid)))
-        for d in g.mig_devices if not held.isdisjoint(range(d.start, d.start + d.size)))
-
-
-def without_held_gpus(inventory: Inventory, holds: Holds) -> Inventory:
-    """``inventory`` less the GPUs a layout change holds any slice of."""
-    if not holds:
-        return inventory
-    return replace(inventory, gpus=tuple(g for g in inventory.gpus
-                                         if not holds.get((inventory.host, g.uuid))))
-
-
 @dataclass(frozen=True)
 class Picked:
     """Where a claim goes on this host: the placement, and the MIG device it names
@@ -125,25 +105,20 @@ class Picked:
 class HostKind(Protocol):
     """A kind placed on this host's GPUs: what is free, and what a claim gets.
 
-    ``taken``: MIG device UUIDs held leases name; ``reserved``: the placements held
-    leases cover (both from the ledger, read in the claim's transaction).
+    Both read a :class:`~mig_spawner.core.allocator.SliceIndex` that the caller has told
+    what is held (``SliceIndex.match``: the ledger's held leases and a layout change's
+    holds). What a hold takes away is each kind's own rule, which its part of the index
+    applies: a pool loses only the instances on held slices; a dynamic GPU or a whole
+    GPU with any held slice offers nothing (docs/layout.md).
     """
 
     rules: KindRules
 
-    def unheld(self, inventory: Inventory, taken: Collection[str],
-               holds: Holds) -> tuple[Inventory, Collection[str]]:
-        """``inventory`` and ``taken`` as :meth:`free` and :meth:`pick` must see them
-        while a layout change holds ``holds``: nothing held is offered."""
+    def free(self, index: SliceIndex) -> Mapping[str | None, Mapping[str, int]]:
+        """Per GPU model key, how many of each profile a user could get now (the form)."""
         ...
 
-    def free(self, inventory: Inventory, taken: Collection[str],
-             reserved: Iterable[Placement]) -> dict[str, int]:
-        """How many of each profile a user could get now (for the form)."""
-        ...
-
-    def pick(self, inventory: Inventory, taken: Collection[str], reserved: Iterable[Placement],
-             wants: Mapping[str, str], strategy: PlacementStrategy,
+    def pick(self, index: SliceIndex, wants: Mapping[str, str], strategy: PlacementStrategy,
              demand: Mapping[str, float] | None) -> Picked | Refused:
         """The placement for one claim of ``wants`` (model key -> profile), or why not."""
         ...
@@ -154,20 +129,12 @@ class PoolKind:
 
     rules = RULES[Kind.POOL]
 
-    def unheld(self, inventory: Inventory, taken: Collection[str],
-               holds: Holds) -> tuple[Inventory, Collection[str]]:
-        # Only the instances on held slices stop being offered: the rest of their GPU
-        # stays as it is through the change.
-        return inventory, frozenset(taken) | _devices_on_held_slices(inventory, holds)
+    def free(self, index: SliceIndex) -> Mapping[str | None, Mapping[str, int]]:
+        return index.free_pool()
 
-    def free(self, inventory: Inventory, taken: Collection[str],
-             reserved: Iterable[Placement]) -> dict[str, int]:
-        return pool_free(inventory, set(taken))
-
-    def pick(self, inventory: Inventory, taken: Collection[str], reserved: Iterable[Placement],
-             wants: Mapping[str, str], strategy: PlacementStrategy,
+    def pick(self, index: SliceIndex, wants: Mapping[str, str], strategy: PlacementStrategy,
              demand: Mapping[str, float] | None) -> Picked | Refused:
-        grant = pick_pool(inventory, taken, wants, strategy)
+        grant = index.pick_pool(wants, strategy)
         return grant if isinstance(grant, Refused) else Picked(grant.placement, grant.device)
 
 
@@ -176,32 +143,13 @@ class DynamicKind:
 
     rules = RULES[Kind.DYNAMIC]
 
-    def unheld(self, inventory: Inventory, taken: Collection[str],
-               holds: Holds) -> tuple[Inventory, Collection[str]]:
-        # A GPU being drained or re-cut gets nothing new on it.
-        return without_held_gpus(inventory, holds), taken
+    def free(self, index: SliceIndex) -> Mapping[str | None, Mapping[str, int]]:
+        return index.free_dynamic()
 
-    def free(self, inventory: Inventory, taken: Collection[str],
-             reserved: Iterable[Placement]) -> dict[str, int]:
-        return Occupancy.of(inventory, reserved).free_counts()
-
-    def pick(self, inventory: Inventory, taken: Collection[str], reserved: Iterable[Placement],
-             wants: Mapping[str, str], strategy: PlacementStrategy,
+    def pick(self, index: SliceIndex, wants: Mapping[str, str], strategy: PlacementStrategy,
              demand: Mapping[str, float] | None) -> Picked | Refused:
-        placed = pick_dynamic(inventory, list(reserved), wants, strategy, demand)
+        placed = index.pick_dynamic(wants, strategy, demand)
         return placed if isinstance(placed, Refused) else Picked(placed)
-
-
-def offered_whole(gpu: Gpu) -> bool:
-    """A GPU offered whole: a catalog model with MIG off, and no change to that waiting
-    for a reset."""
-    return gpu.model_key is not None and not gpu.mig_current and not gpu.mig_pending
-
-
-def whole_gpu_free(gpu: Gpu, reserved_gpus: Collection[str]) -> bool:
-    """A GPU that can be leased whole now: :func:`offered_whole`, and no held lease
-    covers any memory slice of it."""
-    return offered_whole(gpu) and gpu.uuid not in reserved_gpus
 
 
 class WholeGpuKind:
@@ -210,35 +158,23 @@ class WholeGpuKind:
 
     rules = RULES[Kind.GPU]
 
-    def unheld(self, inventory: Inventory, taken: Collection[str],
-               holds: Holds) -> tuple[Inventory, Collection[str]]:
-        # A GPU being drained or re-cut gets nothing new on it.
-        return without_held_gpus(inventory, holds), taken
+    def free(self, index: SliceIndex) -> Mapping[str | None, Mapping[str, int]]:
+        # A model none of whose GPUs has MIG off is never offered whole: not even a 0.
+        return {key: {WHOLE_GPU: n} for key, n in index.free_whole().items() if n is not None}
 
-    def free(self, inventory: Inventory, taken: Collection[str],
-             reserved: Iterable[Placement]) -> dict[str, int]:
-        covered = {p.gpu_uuid for p in reserved}
-        if not any(g.model_key and not g.mig_current for g in inventory.gpus):
-            return {}  # no GPU here is ever offered whole
-        return {WHOLE_GPU: sum(whole_gpu_free(g, covered) for g in inventory.gpus)}
-
-    def pick(self, inventory: Inventory, taken: Collection[str], reserved: Iterable[Placement],
-             wants: Mapping[str, str], strategy: PlacementStrategy,
+    def pick(self, index: SliceIndex, wants: Mapping[str, str], strategy: PlacementStrategy,
              demand: Mapping[str, float] | None) -> Picked | Refused:
-        covered = {p.gpu_uuid for p in reserved}
-        mine = [g for g in inventory.gpus if g.model_key in wants]
         # Lowest index first: whole GPUs are alike, and the order is stable for users.
-        gpu = next((g for g in sorted(mine, key=lambda g: g.index)
-                    if whole_gpu_free(g, covered)), None)
+        gpu = index.whole_gpu(wants)
         if gpu is not None:
             size = model(gpu.model_key or "").memory_slices
             return Picked(Placement(gpu.index, gpu.uuid, WHOLE_GPU, 0, size))
-        off = [g for g in mine if not g.mig_current]
+        mine, off = index.whole_gpus(wants)
         if not off:
-            detail = (f"no GPU here has MIG off ({plural(len(mine), 'GPU')} of that model, "
+            detail = (f"no GPU here has MIG off ({plural(mine, 'GPU')} of that model, "
                       "all with MIG on); an admin turns it off with 'nvidia-smi -mig 0'")
         else:
-            detail = f"every GPU with MIG off is in use ({plural(len(off), 'GPU')})"
+            detail = f"every GPU with MIG off is in use ({plural(off, 'GPU')})"
         return Refused(Reason.NONE_FREE, f"no whole GPU free: {detail}")
 
 

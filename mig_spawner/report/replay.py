@@ -4,8 +4,8 @@ A :class:`Fleet` is one :class:`GpuLayout` per GPU (model and instances per prof
 :func:`layout_inventory` lays it out as NVIDIA's placement rules allow, using the
 allocator's own placement choice, and returns the :class:`Inventory` a host with that
 layout would report; :func:`replay_pool` then grants each request with
-:func:`~mig_spawner.core.allocator.pick_pool` exactly as the spawner does, and
-:func:`replay_dynamic` with :meth:`~mig_spawner.core.allocator.Occupancy.pick_dynamic`.
+:meth:`~mig_spawner.core.allocator.SliceIndex.pick_pool` exactly as the spawner does, and
+:func:`replay_dynamic` with :meth:`~mig_spawner.core.allocator.SliceIndex.pick_dynamic`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mig_spawner.core.allocator import Occupancy, Placement, PoolGrant, pick_pool
+from mig_spawner.core.allocator import Occupancy, Placement, PoolGrant, SliceIndex
 from mig_spawner.core.catalog import CatalogError, model
 from mig_spawner.core.inventory import Gpu, GpuInstance, Inventory, MigDevice
 from mig_spawner.report.demand import Request
@@ -140,22 +140,25 @@ def _events(requests: Sequence[Request]) -> list[tuple[object, int, int]]:
 
 
 def replay_pool(inventory: Inventory, requests: Sequence[Request]) -> ReplayResult:
-    """Grant ``requests`` in time order from the pool ``inventory``, as the spawner would."""
-    held: set[str] = set()
-    granted: dict[int, str] = {}
+    """Grant ``requests`` in time order from the pool ``inventory``, as the spawner would
+    (one allocator index, told each grant and release)."""
+    index = SliceIndex(inventory)
+    granted: set[int] = set()
     refused: Counter[str] = Counter()
     refused_requests: list[int] = []
     for _, arriving, n in _events(requests):
         if not arriving:
-            held.discard(granted.pop(n, ""))
+            if n in granted:
+                granted.discard(n)
+                index.drop(n)
             continue
         try:
-            grant = pick_pool(inventory, held, requests[n].profile)
+            grant = index.pick_pool(requests[n].profile)
         except CatalogError:
             grant = None  # a profile no GPU model has: nothing could serve it
         if isinstance(grant, PoolGrant):
-            held.add(grant.uuid)
-            granted[n] = grant.uuid
+            index.hold(n, grant.uuid)
+            granted.add(n)
         else:
             refused[requests[n].profile] += 1
             refused_requests.append(n)
@@ -166,22 +169,23 @@ def replay_pool(inventory: Inventory, requests: Sequence[Request]) -> ReplayResu
 def replay_dynamic(model_keys: Iterable[str], requests: Sequence[Request]) -> ReplayResult:
     """Grant ``requests`` in dynamic mode (an instance created per request) on empty GPUs."""
     empty = tuple(_empty_gpu(i, key) for i, key in enumerate(model_keys))
-    occupancy = Occupancy.of(Inventory(REPLAY_HOST, "", "", 0, empty))
-    granted: dict[int, Placement] = {}
+    index = SliceIndex(Inventory(REPLAY_HOST, "", "", 0, empty))
+    granted: set[int] = set()
     refused: Counter[str] = Counter()
     refused_requests: list[int] = []
     for _, arriving, n in _events(requests):
         if not arriving:
             if n in granted:
-                occupancy = occupancy.release(granted.pop(n))
+                granted.discard(n)
+                index.drop(n)
             continue
         try:
-            choice = occupancy.pick_dynamic(requests[n].profile)
+            choice = index.pick_dynamic(requests[n].profile)
         except CatalogError:
             choice = None
         if isinstance(choice, Placement):
-            occupancy = occupancy.place(choice)
-            granted[n] = choice
+            index.hold(n, placement=choice)
+            granted.add(n)
         else:
             refused[requests[n].profile] += 1
             refused_requests.append(n)

@@ -11,16 +11,15 @@ written.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from mig_spawner.core import budget
-from mig_spawner.core.allocator import Placement
+from mig_spawner.core.allocator import Holds, SliceIndex
 from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
-from mig_spawner.core.kinds import HOST_KINDS, Holds, HostKind, Kind, Picked, host_kind
+from mig_spawner.core.kinds import HOST_KINDS, HostKind, Kind, Picked, host_kind
 from mig_spawner.core.policy import (
     GroupPolicy,
     GroupTally,
@@ -42,28 +41,25 @@ def offer_kind(offer: Offer, mode: Mode | Kind) -> HostKind:
     return HOST_KINDS[Kind.GPU] if offer.whole else host_kind(mode)
 
 
-def wanted_profiles(offer: Offer, inventory: Inventory) -> dict[str, str]:
+#: What a host's decisions read: its allocator index (kept across decisions), or one
+#: read of its GPUs (an index is built for it).
+Fleet = SliceIndex | Inventory
+
+
+def index_of(fleet: Fleet) -> SliceIndex:
+    """``fleet``'s allocator index: itself, or a new one of an inventory."""
+    return fleet if isinstance(fleet, SliceIndex) else SliceIndex(fleet)
+
+
+def wanted_profiles(offer: Offer, fleet: Fleet) -> dict[str, str]:
     """GPU model key -> profile name that ``offer`` means on each MIG model of the host."""
-    keys = {g.model_key for g in inventory.gpus if g.model_key}
-    return {key: name for key in sorted(keys) if (name := offer.profile_for(key)) is not None}
-
-
-def reserved_placements(leases: Iterable[Lease], host: str) -> list[Placement]:
-    """Placements that held leases on ``host`` cover (dynamic mode counts them as taken)."""
-    return [
-        Placement(lease.gpu_index, lease.gpu_uuid, lease.profile, lease.start, lease.size)
-        for lease in leases
-        if lease.host == host
-        and lease.gpu_uuid
-        and lease.gpu_index is not None
-        and lease.start is not None
-        and lease.size is not None
-    ]
+    keys = fleet.model_keys if isinstance(fleet, SliceIndex) else sorted(
+        {g.model_key for g in fleet.gpus if g.model_key})
+    return {key: name for key in keys if (name := offer.profile_for(key)) is not None}
 
 
 def free_now(
-    inventory: Inventory, leases: Iterable[Lease], mode: Mode | Kind,
-    holds: Holds | None = None,
+    fleet: Fleet, leases: Iterable[Lease], mode: Mode | Kind, holds: Holds | None = None,
 ) -> dict[str, dict[str, int]]:
     """Free count per GPU model key, then per profile name, as the spawn form shows it.
 
@@ -71,20 +67,15 @@ def free_now(
     the A100 80GB and the H100): a slice class that means it on both must count each
     GPU's slices once, not the fleet's total once per model.
     """
-    held = list(leases)
-    taken = frozenset(lease.mig_uuid for lease in held if lease.mig_uuid)
-    reserved = reserved_placements(held, inventory.host)
+    index = index_of(fleet)
     # Whole GPUs beside the slices: a host may have GPUs with MIG on and off.
     kinds = dict.fromkeys((host_kind(mode), HOST_KINDS[Kind.GPU]))
-    out: dict[str, dict[str, int]] = {}
-    for key in sorted({g.model_key for g in inventory.gpus if g.model_key}):
-        # The allocator counts per profile name over the GPUs it is given: give it one
-        # model's GPUs at a time.
-        mine = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.model_key == key))
-        out[key] = {name: count for kind in kinds
-                    for name, count in kind.free(*kind.unheld(mine, taken, holds or {}),
-                                                 reserved).items()}
-    return out
+    with index.lock:
+        index.match(leases, holds)
+        counted = [kind.free(index) for kind in kinds]
+        keys = index.model_keys
+    return {key: {name: n for free in counted for name, n in free.get(key, {}).items()}
+            for key in keys}
 
 
 def holdings(
@@ -149,18 +140,22 @@ def charge(policy: UserPolicy, offer: Offer, compute: int, view: LedgerView) -> 
 def make_decide(
     user_policy: UserPolicy,
     offer: Offer,
-    inventory: Inventory,
+    fleet: Fleet,
     mode: Mode | Kind,
     strategy: Literal["pack", "spread"],
     demand: Mapping[str, float] | None = None,
 ) -> Decide:
-    """The ``decide`` callback for one spawn of ``offer`` on this host's ``inventory``.
+    """The ``decide`` callback for one spawn of ``offer`` on this host's ``fleet``.
+
+    Given the host's :class:`SliceIndex`, every decision reads and updates that one
+    index (under its lock), so a decision costs the same whatever the fleet's size.
 
     ``demand`` (profile name -> recent requests) lets dynamic placement keep room for
     the sizes users actually ask for (docs/allocator.md).
     """
-    host = inventory.host
-    wants = wanted_profiles(offer, inventory)
+    index = index_of(fleet)
+    host = index.inventory.host
+    wants = wanted_profiles(offer, index)
     kind = offer_kind(offer, mode)
 
     def decide(view: LedgerView) -> Grant:
@@ -172,22 +167,24 @@ def make_decide(
         charge(user_policy, offer, smallest, view)
 
         def pick(holds: Holds) -> Picked | Refused:
-            unheld, taken = kind.unheld(inventory, view.held_mig_uuids(), holds)
-            return kind.pick(unheld, taken, reserved_placements(view.leases, host), wants,
-                             strategy, demand)
+            # The index keeps what the last decision read; only what changed is applied.
+            index.match(view.leases, holds)
+            return kind.pick(index, wants, strategy, demand)
 
-        picked = pick(view.holds)
-        if isinstance(picked, Refused):
-            if not view.holds:
-                raise picked
-            unheld = pick({})
-            if isinstance(unheld, Refused):
-                raise unheld  # the holds are not why: say what is
-            raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
-                          "the GPU that has one is being re-cut by an admin",
-                          "try again later or pick another size", picked.free)
+        with index.lock:
+            picked = pick(view.holds)
+            if isinstance(picked, Refused):
+                if not view.holds:
+                    raise picked
+                unheld = pick({})
+                if isinstance(unheld, Refused):
+                    raise unheld  # the holds are not why: say what is
+                raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
+                              "the GPU that has one is being re-cut by an admin",
+                              "try again later or pick another size", picked.free)
+            gpu = index.gpu(picked.placement.gpu_uuid)
         where, device = picked.placement, picked.device
-        gpu = next(g for g in inventory.gpus if g.uuid == where.gpu_uuid)
+        assert gpu is not None  # the index picks among its own GPUs
         profile = model(gpu.model_key or "").profile(where.profile)
         group = charge(user_policy, offer, profile.compute_slices, view)
         expires = (

@@ -29,7 +29,7 @@ from traitlets import Bool, Enum, Integer, Unicode
 
 from mig_spawner import device_cgroup
 from mig_spawner.config import where_set
-from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.allocator import SliceIndex
 from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
@@ -61,7 +61,8 @@ from .mixin import MIGSpawnerMixin
 class LocalFleet:
     """One read of this host: its GPUs, and the request mix dynamic placement weighs."""
 
-    inventory: Inventory
+    #: The host's allocator index (``SpawnerRuntime.index_here``), told this read.
+    index: SliceIndex
     demand: dict[str, int] | None
     #: Slices a layout change holds from new grants (docs/layout.md).
     holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
@@ -174,7 +175,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = self.runtime.demand() if self.slice_kind.made_per_lease else None
         holds = self.runtime.ledger().holds()
-        return LocalFleet(self.runtime.inventory_here(), demand, holds)
+        return LocalFleet(self.runtime.index_here(), demand, holds)
 
     def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:
         """The claim's plan is read on the worker thread that claims (one trip)."""
@@ -182,31 +183,32 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases."""
-        inventory = fleet.inventory
-        free = free_now(inventory, held, self.slice_kind.kind, fleet.holds)
-        recut = (held_back(free_now(inventory, held, self.slice_kind.kind), free)
+        index = fleet.index
+        free = free_now(index, held, self.slice_kind.kind, fleet.holds)
+        recut = (held_back(free_now(index, held, self.slice_kind.kind), free)
                  if fleet.holds else {})
         # The driver's figures (memory, SMs) win over the catalog's in the form.
-        return SliceSupply(tuple(inventory.model(key) for key in free), free, tuple(held),
+        return SliceSupply(tuple(index.inventory.model(key) for key in free), free, tuple(held),
                            fixed_layout=self.slice_kind.fixed_layout, recut=recut)
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""
-        inventory = fleet.inventory
-        decide = make_decide(mine, offer, inventory, self.slice_kind.kind, self.strategy,
+        index = fleet.index
+        decide = make_decide(mine, offer, index, self.slice_kind.kind, self.strategy,
                              fleet.demand)
 
         def granted(lease: Lease) -> str:
-            return f"GPU {lease.gpu_index} ({_gpu_name(inventory, lease)})"
+            gpu = index.gpu(lease.gpu_uuid or "")
+            return f"GPU {lease.gpu_index} ({gpu.product if gpu else 'unknown GPU'})"
 
         def memory(lease: Lease) -> str | None:
-            gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
-            gpu_model = inventory.model(gpu.model_key) if gpu and gpu.model_key else None
+            gpu = index.gpu(lease.gpu_uuid or "")
+            gpu_model = index.inventory.model(gpu.model_key) if gpu and gpu.model_key else None
             ok = gpu_model is not None and gpu_model.has_profile(lease.profile)
             return gpu_model.profile(lease.profile).memory_text if ok else None
 
         return ClaimPlan(
-            decide, granted, wanted_profiles(offer, inventory), inventory.host, memory
+            decide, granted, wanted_profiles(offer, index), index.inventory.host, memory
         )
 
     def wait_guard(self) -> StarvationGuard | None:
@@ -510,11 +512,6 @@ def lower_priority(nice: int) -> Callable[[], None]:
 
 def _capability_nodes(rules: tuple[DeviceRule, ...]) -> list[str]:
     return [rule.path for rule in rules if rule.driver == CAPS]
-
-
-def _gpu_name(inventory: Inventory, lease: Lease) -> str:
-    gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
-    return gpu.product if gpu else "unknown GPU"
 
 
 def _why_ended(lease: Lease | None) -> str:

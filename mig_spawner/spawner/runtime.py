@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
 
+from mig_spawner.core.allocator import SliceIndex
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.gpu import GpuAdapter, connect
 from mig_spawner.ledger import Ledger
@@ -99,6 +100,10 @@ class SpawnerRuntime:
     _reads: threading.Condition = field(default_factory=threading.Condition)
     _reads_started: int = 0
     _last_read: tuple[int, Inventory | None, Exception | None] = (0, None, None)
+    # The allocator's index of this host, told every newer read (see index_here()).
+    _index: SliceIndex | None = None
+    _newest: Inventory | None = None
+    _indexing: threading.Lock = field(default_factory=threading.Lock)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on a worker thread and await its result."""
@@ -146,7 +151,27 @@ class SpawnerRuntime:
                 error = RuntimeError("the GPU read was interrupted")
             with self._reads:
                 self._last_read = (wanted, inventory, error)
+                if inventory is not None:
+                    self._newest = inventory
                 self._reads.notify_all()
+
+    def index_here(self) -> SliceIndex:
+        """The allocator's index of this host after a read of the GPUs
+        (:meth:`inventory_here`). One index for the runtime, kept across claims and grant
+        passes: each decision tells it the ledger's held leases and applies only what
+        changed, and a newer read recounts only the GPUs that changed (a layout change,
+        a fault), so a decision's cost does not grow with the fleet."""
+        self.inventory_here()
+        with self._indexing:
+            with self._reads:
+                newest = self._newest  # never older than the read above
+            assert newest is not None
+            if self._index is None:
+                self._index = SliceIndex(newest)
+            else:
+                with self._index.lock:
+                    self._index.refresh(newest)
+            return self._index
 
     def ledger(self) -> Ledger:
         """The ledger, opened (and its schema migrated) on first use."""

@@ -9,13 +9,14 @@ placement ``{start, size}`` that loses the least future capacity, within NVIDIA'
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from mig_spawner.core.catalog import normalize_profile_name
 from mig_spawner.core.inventory import Gpu, Inventory
 from mig_spawner.core.refusal import Refused
 
+from .minset import MinSet
 from .refusals import (
     GpuView,
     MigState,
@@ -27,13 +28,10 @@ from .request import (
     Placement,
     PlacementStrategy,
     Wanted,
-    key_of,
     mig_state,
     prepare,
 )
-from .tables import ModelTable, table
-
-_UNSEEN: Any = object()
+from .tables import table
 
 
 class GpuSlots(NamedTuple):
@@ -107,28 +105,8 @@ class Occupancy:
         pending: dict[str, list[Placement]] = defaultdict(list)
         for r in reserved:
             pending[r.gpu_uuid].append(r)
-        rows: list[_Row] = []
-        append = rows.append
-        # Local lookups: this loop runs once per GPU per decision.
-        tables: dict[str | None, ModelTable | None] = {}
-        for g in inventory.gpus:
-            key = g.model_key
-            t = tables.get(key, _UNSEEN)
-            if t is _UNSEEN:
-                t = tables[key] = table(key) if key in KNOWN_KEYS else None
-            mig = mig_state(g)
-            if t is None or not g.mig_supported:
-                append((g.index, g.uuid, (None, mig, 0, 0)))
-                continue
-            inc = t.pack_by_id
-            used = code = 0
-            for gi in g.gpu_instances:
-                used |= ((1 << gi.size) - 1) << gi.start
-                code += inc.get(gi.profile_id, 0)
-            if pending and g.uuid in pending:
-                used, code = _reserve(t, g, pending[g.uuid], used, code)
-            append((g.index, g.uuid, (key, mig, used, code)))
-        return cls(_rows=tuple(rows))
+        return cls(_rows=tuple((g.index, g.uuid, gpu_state(g, pending.get(g.uuid, ())))
+                               for g in inventory.gpus))
 
     def place(self, p: Placement) -> Occupancy:
         """A copy with ``p`` taken (as a reservation would be)."""
@@ -138,14 +116,15 @@ class Occupancy:
         """A copy with ``p`` given back."""
         return self._update(p, -1)
 
-    def _first_of_each_state(self) -> dict[_State, _Row]:
-        """The lowest-index GPU of each distinct state (GPUs in one state rank the same)."""
+    def _first_of_each_state(self) -> dict[_State, tuple[int, int, str]]:
+        """The lowest-index GPU of each distinct state (GPUs in one state rank the same),
+        as (index, row, uuid)."""
         if self._firsts is None:
-            firsts: dict[_State, _Row] = {}
-            for row in self._rows:
-                seen = firsts.get(row[2])
-                if seen is None or row[0] < seen[0]:
-                    firsts[row[2]] = row
+            firsts: dict[_State, tuple[int, int, str]] = {}
+            for n, (index, uuid, state) in enumerate(self._rows):
+                seen = firsts.get(state)
+                if seen is None or index < seen[0]:
+                    firsts[state] = (index, n, uuid)
             self._firsts = firsts
         return self._firsts
 
@@ -163,15 +142,12 @@ class Occupancy:
                 return Occupancy(_rows=tuple(rows))
         raise ValueError(f"no GPU {p.gpu_uuid} (index {p.gpu_index}) in this occupancy")
 
+    def _counted(self) -> list[tuple[_State, int]]:
+        return list(Counter(row[2] for row in self._rows).items())
+
     def free_counts(self) -> dict[str, int]:
         """Per profile: how many more could be created right now, each counted alone."""
-        free: Counter[str] = Counter()
-        for g in self.gpus:
-            if g.model_key is not None and g.mig == "on":
-                t = table(g.model_key)
-                for p in t.profiles:
-                    free[p.name] += t.room(p, g.used, g.counts)
-        return dict(free)
+        return free_among(self._counted())
 
     def pick_dynamic(
         self,
@@ -181,46 +157,172 @@ class Occupancy:
     ) -> Placement | Refused:
         """Where a new instance of ``wanted`` should go; see :func:`pick_dynamic`."""
         wants = prepare(wanted, strategy)
-        shares = _shares(demand)
-        spread = strategy == "spread"
-        slots = {key: table(key).by_name[name] for key, name in wants.items()}
-        weights = {key: table(key).weights(shares) for key in wants}
-        best: tuple[tuple[object, ...], _Row, int] | None = None
-        for (key, mig, used, code), row in self._first_of_each_state().items():
-            if key is None or key not in slots or mig != "on":
-                continue
-            t = table(key)
-            choice = t.choose(slots[key], used, t.unpack(code), weights[key])
-            if isinstance(choice, str):
-                continue
-            loss, start = choice
-            busy = used.bit_count()
-            # pack never opens an empty GPU while a used one has room: a whole GPU is
-            # worth more than any slice that a placement on a used GPU could strand.
-            # The GPU index last: among equals the lowest wins, whatever the inventory order.
-            rank = (busy, loss, row[0]) if spread else (busy == 0, loss, -busy, row[0])
-            if best is None or rank < best[0]:
-                best = (rank, row, start)
-        if best is not None:
-            _, row, start = best
-            p = slots[str(row[2][0])]
-            return Placement(row[0], row[1], p.name, start, p.size)
-        return self._refuse(wants)
+        firsts = ((state, *first) for state, first in self._first_of_each_state().items())
+        placed = pick_among(firsts, wants, strategy, demand)
+        if placed is not None:
+            return placed
+        return refuse_among(self._counted(), wants, lambda: [
+            GpuView(g.index, g.model_key, g.mig) for g in self.gpus])
 
-    def _refuse(self, wants: Mapping[str, str]) -> Refused:
-        free = self.free_counts()
-        views = [GpuView(g.index, g.model_key, g.mig) for g in self.gpus]
-        usable, refusal = precheck(views, wants, free)
-        if refusal is not None:
-            return refusal
-        whys: Counter[str] = Counter()
-        for g in self.gpus:
-            if g.model_key in wants and g.mig == "on":
-                t = table(key_of(g))
-                choice = t.choose(t.by_name[wants[key_of(g)]], g.used, g.counts, t.uniform)
-                whys[str(choice)] += 1
-        eligible = sum(1 for v in views if v.model_key in wants)
-        return no_capacity(wants, len(usable), eligible, whys, free)
+
+def gpu_state(g: Gpu, reserved: Iterable[Placement] = ()) -> _State:
+    """One GPU's state: its instances plus the ``reserved`` placements on it whose
+    instance does not exist yet."""
+    key = g.model_key
+    mig = mig_state(g)
+    if key not in KNOWN_KEYS or not g.mig_supported:
+        return (None, mig, 0, 0)
+    t = table(key)
+    inc = t.pack_by_id
+    used = code = 0
+    for gi in g.gpu_instances:
+        used |= ((1 << gi.size) - 1) << gi.start
+        code += inc.get(gi.profile_id, 0)
+    for r in reserved:
+        if any(gi.start == r.start and gi.size == r.size for gi in g.gpu_instances):
+            continue
+        used |= ((1 << r.size) - 1) << r.start
+        slot = t.by_name.get(normalize_profile_name(r.profile))
+        if slot is not None:
+            code += t.pack_one[slot.index]
+    return (key, mig, used, code)
+
+
+def pick_among(
+    firsts: Iterable[tuple[_State, int, int, str]],
+    wants: Mapping[str, str],
+    strategy: PlacementStrategy,
+    demand: Mapping[str, float] | None,
+) -> Placement | None:
+    """The best placement of ``wants`` over distinct GPU states, each given with its
+    first GPU as ``(state, index, tiebreak, uuid)``; ``None`` when nothing fits.
+
+    GPUs in one state rank the same, so only the first of each is scored: the cost is
+    per distinct state, not per GPU.
+    """
+    shares = _shares(demand)
+    spread = strategy == "spread"
+    slots = {key: table(key).by_name[name] for key, name in wants.items()}
+    weights = {key: table(key).weights(shares) for key in wants}
+    best: tuple[tuple[object, ...], str, int, str, int] | None = None
+    for (key, mig, used, code), index, tiebreak, uuid in firsts:
+        if key is None or key not in slots or mig != "on":
+            continue
+        t = table(key)
+        choice = t.choose(slots[key], used, t.unpack(code), weights[key])
+        if isinstance(choice, str):
+            continue
+        loss, start = choice
+        busy = used.bit_count()
+        # pack never opens an empty GPU while a used one has room: a whole GPU is
+        # worth more than any slice that a placement on a used GPU could strand.
+        # The GPU index last: among equals the lowest wins, whatever the inventory order.
+        rank = ((busy, loss, index, tiebreak) if spread
+                else (busy == 0, loss, -busy, index, tiebreak))
+        if best is None or rank < best[0]:
+            best = (rank, key, index, uuid, start)
+    if best is None:
+        return None
+    _, key, index, uuid, start = best
+    p = slots[key]
+    return Placement(index, uuid, p.name, start, p.size)
+
+
+def free_among(counted: Iterable[tuple[_State, int]]) -> dict[str, int]:
+    """Per profile: how many more could be created on GPUs in these states (with how
+    many GPUs are in each), each profile counted alone."""
+    free: Counter[str] = Counter()
+    for (key, mig, used, code), n in counted:
+        if key is not None and mig == "on":
+            t = table(key)
+            counts = t.unpack(code)
+            for p in t.profiles:
+                free[p.name] += n * t.room(p, used, counts)
+    return dict(free)
+
+
+def refuse_among(
+    counted: list[tuple[_State, int]],
+    wants: Mapping[str, str],
+    views: Callable[[], Iterable[GpuView]],
+) -> Refused:
+    """Why no GPU in these states can take ``wants``. ``views`` (every GPU, read only
+    when no GPU of a wanted model has MIG on) names the GPUs in that refusal."""
+    free = free_among(counted)
+    usable = eligible = 0
+    whys: Counter[str] = Counter()
+    for (key, mig, used, code), n in counted:
+        if key is None or key not in wants:
+            continue
+        eligible += n
+        if mig == "on":
+            usable += n
+            t = table(key)
+            whys[str(t.choose(t.by_name[wants[key]], used, t.unpack(code), t.uniform))] += n
+    if not usable:
+        _, refusal = precheck(views(), wants, free)
+        assert refusal is not None  # precheck refuses whenever no GPU is usable
+        return refusal
+    return no_capacity(wants, usable, eligible, whys, free)
+
+
+class DynamicView:
+    """The dynamic states of a :class:`~.index.SliceIndex`'s GPUs, kept as leases come
+    and go: GPUs per distinct state, the lowest index first. A GPU a layout change holds
+    offers nothing and is left out."""
+
+    def __init__(self, size: int) -> None:
+        self.states: dict[_State, MinSet[tuple[int, int]]] = {}
+        self._records: list[tuple[_State, tuple[int, int]] | None] = [None] * size
+
+    def add(self, n: int, gpu: Gpu, reserved: Iterable[Placement], held: bool) -> None:
+        """Count GPU ``n`` (``held``: a layout change holds some of its slices)."""
+        if held:
+            return
+        state = gpu_state(gpu, reserved)
+        member = (gpu.index, n)
+        self._records[n] = (state, member)
+        members = self.states.get(state)
+        if members is None:
+            members = self.states[state] = MinSet()
+        members.add(member)
+
+    def remove(self, n: int) -> None:
+        """Stop counting GPU ``n`` (as :meth:`add` counted it)."""
+        record = self._records[n]
+        if record is None:
+            return
+        self._records[n] = None
+        state, member = record
+        members = self.states[state]
+        members.discard(member)
+        if not members:
+            del self.states[state]
+
+    def counted(self) -> list[tuple[_State, int]]:
+        """Each distinct state, with how many GPUs are in it."""
+        return [(state, len(members)) for state, members in self.states.items()]
+
+    def pick(self, wants: Mapping[str, str], strategy: PlacementStrategy,
+             demand: Mapping[str, float] | None, gpus: Sequence[Gpu]) -> Placement | Refused:
+        """As :meth:`Occupancy.pick_dynamic`, over the GPUs counted (``gpus``: the
+        inventory's, by position)."""
+        firsts = ((state, index, n, gpus[n].uuid)
+                  for state, members in self.states.items()
+                  for index, n in (members.least(),))
+        placed = pick_among(firsts, wants, strategy, demand)
+        if placed is not None:
+            return placed
+        return refuse_among(self.counted(), wants, lambda: [
+            GpuView(gpus[n].index, record[0][0], record[0][1])
+            for n, record in enumerate(self._records) if record is not None])
+
+    def free(self) -> dict[str | None, dict[str, int]]:
+        """Per model key, per profile: how many more could be created, each alone."""
+        per_key: dict[str | None, list[tuple[_State, int]]] = defaultdict(list)
+        for state, n in self.counted():
+            per_key[state[0]].append((state, n))
+        return {key: free_among(counted) for key, counted in per_key.items()}
 
 
 def _shares(demand: Mapping[str, float] | None) -> dict[str, int] | None:
@@ -240,20 +342,6 @@ def _shares(demand: Mapping[str, float] | None) -> dict[str, int] | None:
         return None
     return {normalize_profile_name(name): max(1, round(100 * w / total))
             for name, w in demand.items() if w > 0}
-
-
-def _reserve(
-    t: ModelTable, g: Gpu, reserved: list[Placement], used: int, code: int
-) -> tuple[int, int]:
-    """Add the reservations on ``g`` whose instance does not exist yet."""
-    for r in reserved:
-        if any(gi.start == r.start and gi.size == r.size for gi in g.gpu_instances):
-            continue
-        used |= ((1 << r.size) - 1) << r.start
-        slot = t.by_name.get(normalize_profile_name(r.profile))
-        if slot is not None:
-            code += t.pack_one[slot.index]
-    return used, code
 
 
 def pick_dynamic(
