@@ -82,6 +82,7 @@ class SliceIndex:
         self.lock = threading.RLock()
         # What is held, by the caller's key: (MIG device UUID, placement) per lease.
         self._entries: dict[Hashable, tuple[str | None, Placement | None]] = {}
+        self._deviceless: set[Hashable] = set()  # held keys with no MIG device (yet)
         self._devices_held: Counter[str] = Counter()
         self._reserved: defaultdict[str, list[Placement]] = defaultdict(list)
         self._holds: dict[tuple[str, str], frozenset[int]] = {}
@@ -140,24 +141,32 @@ class SliceIndex:
         if key in self._entries:
             self.drop(key)
         self._entries[key] = (mig_uuid, placement)
+        if mig_uuid is None:
+            self._deviceless.add(key)
         self._recount(self._touched(mig_uuid, placement), lambda: self._count(
             mig_uuid, placement, +1))
 
     def drop(self, key: Hashable) -> None:
         """Stop counting what ``key`` held (nothing when it held nothing)."""
         entry = self._entries.pop(key, None)
+        self._deviceless.discard(key)
         if entry is not None:
             self._recount(self._touched(*entry), lambda: self._count(*entry, -1))
 
     def match(self, leases: Iterable[HeldLease], holds: Holds | None = None) -> None:
         """Make the held leases exactly ``leases`` (a placement counts where the lease is
         on this host) and the layout holds ``holds``, applying only what changed since
-        the last call."""
-        wanted = {(lease.id, lease.mig_uuid): lease for lease in leases}
+        the last call: leases that came or went, and a lease that has gained its MIG
+        device since (a dynamic instance made after its claim; nothing else of a held
+        lease changes)."""
+        wanted = {lease.id: lease for lease in leases}
         entries = self._entries
         for key in entries.keys() - wanted.keys():
             self.drop(key)
         for key in wanted.keys() - entries.keys():
+            lease = wanted[key]
+            self.hold(key, lease.mig_uuid, self._placement(lease))
+        for key in [k for k in self._deviceless if k in wanted and wanted[k].mig_uuid]:
             lease = wanted[key]
             self.hold(key, lease.mig_uuid, self._placement(lease))
         self.set_holds(holds or {})
