@@ -5,13 +5,22 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from dataclasses import replace
 
 import pytest
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
-from mig_spawner.hub.client import HubClient, HubError, HubUnavailable
+from mig_spawner.hub.client import (
+    IDLE_ADDRESSES,
+    PER_SERVER,
+    HubClient,
+    HubError,
+    HubUnavailable,
+)
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
-from tests.support.hub_standin import StandinState
+from tests.support.hub_standin import StandinState, make_app
 
 # -- against the stand-in (scale and injected faults) ---------------------------------
 
@@ -122,6 +131,89 @@ async def test_stop_server_and_kernels_through_the_proxy(standin):
     assert await client.stop_server("user00003") is True
     assert state.stopped == ["user00003/"]
     assert await client.stop_server("nobody") is True  # an unknown user counts as stopped
+
+
+class CountingServer(HTTPServer):
+    """The stand-in, counting the connections clients open to it."""
+
+    opened = 0
+
+    def handle_stream(self, stream, address):
+        type(self).opened += 1
+        super().handle_stream(stream, address)
+
+
+@pytest.fixture
+def counted():
+    """Serves stand-in states on localhost ports, counting the connections opened to
+    all of them (``CountingServer.opened``) and those open now (``.open_now()``)."""
+    servers = []
+    CountingServer.opened = 0
+
+    def serve(state: StandinState) -> str:
+        server = CountingServer(make_app(state))
+        [sock] = bind_sockets(0, "127.0.0.1")[:1]
+        server.add_sockets([sock])
+        servers.append(server)
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    serve.open_now = lambda: sum(len(s._connections) for s in servers)
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+async def test_requests_share_kept_alive_connections(counted):
+    """Reading 40 servers' kernels and shutting their idle kernels down opens no more
+    connections than requests run at once, not one per request."""
+    state = StandinState.build(40, kernels_per_server=2)
+    base = counted(state)
+    client = client_for(base, concurrency=4)
+    servers = [s for u in await all_users(client) for s in u.servers]
+
+    async def sweep_one(server):
+        for kernel in await client.kernels(server):
+            await client.shutdown_kernel(server, kernel.id)
+
+    await asyncio.gather(*(sweep_one(s) for s in servers))
+    assert not any(state.kernels.values())  # 121 requests in all...
+    assert CountingServer.opened <= 4  # ...on at most one connection per request at once
+    await client.close()
+
+
+async def test_one_server_gets_at_most_two_requests_at_once(standin):
+    state, base = standin
+    state.delay = 0.05
+    client = client_for(base, concurrency=8)
+    [user] = [u for u in await all_users(client) if u.name == "user00003"]
+    server = user.servers[0]
+    await asyncio.gather(*(client.kernels(server) for _ in range(10)))
+    assert state.max_in_flight == PER_SERVER == 2
+    # Different servers use the concurrency in all.
+    state.max_in_flight = 0
+    others = [s for u in (await all_users(client))[:16] for s in u.servers]
+    await asyncio.gather(*(client.kernels(s) for s in others))
+    assert state.max_in_flight == 8
+
+
+async def test_connections_kept_for_later_are_few_whatever_the_servers(counted):
+    """A sweep reaches each server at its own address: the connections kept open for a
+    next request are those of the few addresses used last, not of every server."""
+    state = StandinState.build(30, kernels_per_server=1)
+    bases = [counted(state) for _ in range(30)]  # 30 addresses
+    client = client_for(bases[0], concurrency=2)
+    servers = [replace(s, full_url=f"{bases[i]}{s.url}")
+               for i, u in enumerate(await all_users(client)) for s in u.servers]
+    for server in servers:
+        await client.kernels(server)
+    assert CountingServer.opened >= 30
+    bound = IDLE_ADDRESSES * 2 + 1  # the hub's API too
+    for _ in range(100):  # the servers see the closes a moment after the client
+        if counted.open_now() <= bound:
+            break
+        await asyncio.sleep(0.05)
+    assert counted.open_now() <= bound
+    await client.close()
 
 
 def test_server_without_any_url_to_reach_it_says_what_to_set():

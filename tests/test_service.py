@@ -98,6 +98,38 @@ async def test_hub_outage_fails_the_sweep_not_the_service_and_it_resumes(standin
     assert report.complete and len(state.stopped) == 100
 
 
+async def test_a_server_without_the_extension_is_asked_for_it_once_per_start(serve_hub):
+    """The stand-in's servers have no mig-spawner single-user extension (404): each
+    sweep still reads their kernels, but asks for what people did only again once the
+    server has restarted."""
+    state = StandinState.build(20, kernels_per_server=1)
+    base = serve_hub(state)
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "kernel_idle_timeout": "1h",
+    }}).build()
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+    sweeper = Sweeper(client, policy, ServiceMetrics())
+    asked = []
+    people_activity = client.people_activity
+
+    async def counted(server, **kw):
+        asked.append(server.user)
+        return await people_activity(server, **kw)
+
+    client.people_activity = counted
+    await sweeper.sweep()
+    assert len(asked) == 20
+    kernel_lists = state.requests[("GET", "user")]
+    await sweeper.sweep()
+    assert len(asked) == 20  # not asked again...
+    assert state.requests[("GET", "user")] == kernel_lists + 16  # ...its kernels are
+    restarted = state.users["user00007"]["servers"][""]
+    restarted["started"] = restarted["last_activity"]
+    await sweeper.sweep()
+    assert asked[20:] == ["user00007"]
+    await sweeper.close()
+
+
 def claim(ledger: Ledger, user: str, start: int, **grant) -> str:
     # Leases of this host: the service checks their holders through /proc here.
     grant = {"mode": "pool", "host": holder.this_host(), "gpu_uuid": "GPU-0",
@@ -240,7 +272,7 @@ def test_missing_hub_credentials_is_a_clear_error(monkeypatch):
         app.make_sweeper(ServiceMetrics())
 
 
-def test_the_holder_stop_grace_is_a_setting_the_sweeper_uses(tmp_path):
+async def test_the_holder_stop_grace_is_a_setting_the_sweeper_uses(tmp_path):
     (tmp_path / "30-service.py").write_text("c.SliceServiceApp.holder_stop_grace = 12.5\n")
     app = SliceServiceApp(hub_api_url="http://127.0.0.1:1/hub/api", api_token="t",
                           check_gpus=False)
@@ -250,7 +282,7 @@ def test_the_holder_stop_grace_is_a_setting_the_sweeper_uses(tmp_path):
     try:
         assert sweeper.holder_grace == 12.5
     finally:
-        sweeper.close()
+        await sweeper.close()
     assert SliceServiceApp().holder_stop_grace == holder.STOP_GRACE
     with pytest.raises(ValueError, match="holder_stop_grace must be 0 seconds or more"):
         SliceServiceApp(holder_stop_grace=-1)

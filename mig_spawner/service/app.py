@@ -490,7 +490,7 @@ class SliceServiceApp(Application):
         finally:
             if server is not None:
                 server.stop()
-            sweeper.close()
+            await sweeper.close()
 
     def slice_source(self, sweeper: Sweeper) -> SliceSource | None:
         """What the slice map and the per-slice metrics show: this host's GPUs joined

@@ -79,6 +79,9 @@ async def _nothing() -> None:
     return None
 
 
+_UNSEEN = object()
+
+
 def _device_of(lease: Lease) -> str:
     """The device whose samples are ``lease``'s: the one its kind names ("": none here)."""
     return kind_of(lease).device_name(lease) or ""
@@ -184,10 +187,13 @@ class Sweeper:
         # Keeps each GPU instance's previous GPM sample between sweeps.
         self.gpm = GpmSampler() if gpus is not None else None
         self._warned_proxied: set[tuple[str, str]] = set()
+        # Servers that answered that they have no single-user extension, with their
+        # start time: not asked again until they restart (one request fewer a sweep).
+        self._no_extension: dict[tuple[str, str], datetime | None] = {}
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close the hub client, the ledger and the GPU adapter."""
-        self.client.close()
+        await self.client.close()
         if self.ledger is not None:
             self.ledger.close()
         if self.gpm is not None:
@@ -223,6 +229,7 @@ class Sweeper:
             leases = await self._gpu_activity(now, await self._leases())
             running = await self._list_and_handle(now, leases, report)
             report.servers = len(running)
+            self._no_extension = {k: v for k, v in self._no_extension.items() if k in running}
             report.complete = True
             self.metrics.servers_seen.set(report.servers)
             await self._repair_orphans(now, leases, running, report)
@@ -555,10 +562,12 @@ class Sweeper:
         idleness is at stake, directly at the internal URL its lease recorded, so that
         looking never counts as the user's activity."""
         internal = self._internal_url(server, lease)
+        known_without = self._no_extension.get(server.key, _UNSEEN) == server.started
         try:
             kernels, people, status = await asyncio.gather(
                 self.client.kernels(server, internal=internal),
-                self.client.people_activity(server, internal=internal),
+                _nothing() if known_without
+                else self.client.people_activity(server, internal=internal),
                 self.client.server_status(server, internal=internal) if needs_status
                 else _nothing(),
             )
@@ -566,6 +575,8 @@ class Sweeper:
             self.metrics.errors.labels(kind="server_unreachable").inc()
             self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
             return UNREACHABLE
+        if people is None:
+            self._no_extension[server.key] = server.started
         return Probe(kernels=tuple(kernels), status=status, people=people)
 
     def _internal_url(self, server: HubServer, lease: Lease | None) -> str | None:
