@@ -1,14 +1,21 @@
 """A day on a shared GPU host: static profiles vs pool vs wait list vs dynamic.
 
 Run: ``.venv/bin/python benchmarks/day.py`` (some seconds; ``--seed N``, ``--days N``
-to average over more days; ``--max-bypasses`` and the idle limits to move parameters).
+to average over more days; ``--max-bypasses`` and the idle limits to move parameters;
+``--search`` to try a grid of idle limits against the goals, a few minutes).
 
 Figures (20 days, seeds 1-20, shipped limits 30m / 40m unwaited / 25m waited / warn
 10m), ratio to (a): (c) served 1.31x, idle slice-hours 0.38x, p95 wait 15.2 min; (d)
 1.39x, 0.42x, 18.1 min. (a) interrupts nobody (every break of the trace is shorter than
-its hour); (c) and (d) interrupt 0.015 per served session (0.8-0.9 a day). No setting
-of the four limits meets all four goals on one row, nor the same goals on seeds 21-40
-and 41-60 (docs/policies.md, "Choosing the idle limits", says why).
+its hour); (c) and (d) interrupt 0.015 per served session (0.8-0.9 a day).
+
+Against the limit, the clairvoyant rows (c*) and (d*) (below), on seeds 1-20, 21-40 and
+41-60 each, nobody answering: served >= 0.95x the clairvoyant row's, idle slice-hours
+<= 0.40x (a)'s, interruptions <= 0.02 per served session, p95 wait <= 1.25x the
+clairvoyant row's. No setting of the idle limits meets all four (``--search`` tries 37
+on the three seed sets, the trace unchanged): the pool misses the p95 wait (1.5-2.3x the
+bound's 6 minutes at best), dynamic slicing the idle slice-hours (0.42-0.48x) and, by a
+hair, served (docs/policies.md, "Against the limit", says why).
 
 The trace (seeded, one synthetic working day, 00:00-24:00, on 2 x H200 = 14 compute
 slices), 40 users in three groups:
@@ -59,6 +66,10 @@ Policies, each on the same trace:
   (``Occupancy.pick_dynamic``, weighing the requests per profile as the product does
   with a week's history: the trace's mix) with the starvation guard (3 bypasses; no
   age bound).
+* (c*) and (d*) **clairvoyant**: (c) and (d) with the best reclaim any policy could
+  have on the same trace, layout and wait list: each slice is released the moment its
+  user's work ends and never during a break (it knows which idle is a break), with no
+  idle limit. The goals are judged against these rows.
 * (c) and (d) again with ``--answer-share`` (25 %) of the warned users whose tab is open
   pressing Keep at a random time before the stop (it counts as activity). Assumed, not
   measured: half the users keep a tab open, and a toast is seen only while its tab is
@@ -202,6 +213,9 @@ class Setup:
     culler_timeout: float | None = None
     guard: StarvationGuard | None = None
     answer_share: float = 0.0  # of warnings shown in an open tab, the share answered
+    #: The bound: each slice released the moment its user's work ends, never during a
+    #: break (it knows which idle is a break), and no idle limit.
+    clairvoyant: bool = False
 
 
 @dataclass(frozen=True)
@@ -550,7 +564,7 @@ class Day:
         lease, token, want = data
         if self.leases.get(lease.user) is not lease or lease.token != token:
             return
-        if want.session.forgets:
+        if want.session.forgets and not self.s.clairvoyant:
             self.go_idle(lease, now, want.session.tab_open)
         else:
             self.end(lease, now)
@@ -647,11 +661,17 @@ def setups(max_bypasses: int, guard_age: float | None, limits: Limits,
         Setup("(b) pool", "pool", False, limits),
         Setup("(c) pool+wait", "pool", True, limits),
         Setup("(d) dynamic+wait", "dynamic", True, limits, guard=guard),
+        Setup(CLAIRVOYANT["pool"], "pool", True, clairvoyant=True),
+        Setup(CLAIRVOYANT["dynamic"], "dynamic", True, guard=guard, clairvoyant=True),
         Setup(f"(c) {answer_share:.0%} answer", "pool", True, limits,
               answer_share=answer_share),
         Setup(f"(d) {answer_share:.0%} answer", "dynamic", True, limits, guard=guard,
               answer_share=answer_share),
     ]
+
+
+#: The bound of each mode: its row with the wait list and a clairvoyant reclaim.
+CLAIRVOYANT = {"pool": "(c*) clairvoyant", "dynamic": "(d*) clairvoyant"}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -688,32 +708,113 @@ def _cell(value: float, digits: int) -> str:
     return f"{'-':>10}" if math.isnan(value) else f"{value:10.{digits}f}"
 
 
-#: The goals against (a): (column, comparison, bound, on the ratio or the value).
+#: The goals, against the bound of the row's mode (its clairvoyant row), today's row (a)
+#: or the figure itself: (column, comparison, bound, against).
 GOALS = (
-    ("served", ">=", 1.30, "ratio"),
-    ("idle sl-h", "<=", 0.40, "ratio"),
-    ("int/served", "<=", 2.0, "ratio"),
-    ("wait p95", "<", 15.0, "minutes"),
+    ("served", ">=", 0.95, "bound"),
+    ("idle sl-h", "<=", 0.40, "today"),
+    ("int/served", "<=", 0.02, "figure"),
+    ("wait p95", "<=", 1.25, "bound"),
 )
+GOALS_TEXT = ("served >= 0.95x the clairvoyant row's, idle slice-hours <= 0.40x (a)'s, "
+              "interruptions <= 0.02 per served session, p95 wait <= 1.25x the clairvoyant "
+              "row's")
+#: The rows judged: the product's, with nobody answering a warning.
+JUDGED = ("(b) pool", "(c) pool+wait", "(d) dynamic+wait")
 
 
-def goals(values: dict[str, float], base: dict[str, float]) -> list[str]:
-    """Each goal as "met" or "MISSED", with the figure. A ratio to a baseline of zero
-    (in the trace (a) interrupts nobody: every break is shorter than its hour) is
-    judged on the figure itself: ``<=`` 2 x 0 is met only by zero."""
+def goals(values: dict[str, float], today: dict[str, float], bound: dict[str, float]
+          ) -> list[tuple[str, float, bool]]:
+    """Each goal: (column, the figure it is judged on, met)."""
     out = []
-    for column, op, bound, kind in GOALS:
-        if kind == "ratio" and not base[column]:
-            met = {">=": True, "<=": values[column] == 0, "<": False}[op]
-            out.append(f"{column} {values[column]:.3f} against 0 in (a) {op} {bound:g}x: "
-                       f"{'met' if met else 'MISSED'}")
-            continue
-        figure = values[column] / base[column] if kind == "ratio" else values[column]
-        met = {">=": figure >= bound, "<=": figure <= bound, "<": figure < bound}[op]
-        unit = "x" if kind == "ratio" else " min"
-        out.append(f"{column} {figure:.2f}{unit} {op} {bound:g}{unit}: "
-                   f"{'met' if met else 'MISSED'}")
+    for column, op, limit, against in GOALS:
+        base = {"bound": bound, "today": today}.get(against)
+        figure = values[column] if base is None else (
+            values[column] / base[column] if base[column] else math.inf)
+        out.append((column, figure, figure >= limit if op == ">=" else figure <= limit))
     return out
+
+
+def judge(tables: list[dict[str, dict[str, float]]]) -> dict[str, list[list[tuple]]]:
+    """The goals of each judged row on each seed set's table."""
+    return {
+        name: [goals(t[name], t["(a) static+culler 1h"],
+                     t[CLAIRVOYANT["dynamic" if "dynamic" in name else "pool"]])
+               for t in tables]
+        for name in JUDGED
+    }
+
+
+def run_sets(args: argparse.Namespace, limits: Limits, sets: int,
+             only: tuple[str, ...] | None = None) -> list[dict[str, dict[str, float]]]:
+    """The table of each seed set (``sets`` sets of ``args.days`` days from ``args.seed``);
+    ``only``: those rows alone."""
+    out = []
+    for n in range(sets):
+        traces = [trace(args.seed + n * args.days + d) for d in range(args.days)]
+        out.append({
+            s.name: row([Day(s, t).run() for t in traces])
+            for s in setups(args.max_bypasses, args.guard_age * M or None, limits,
+                            args.answer_share)
+            if only is None or s.name in only
+        })
+    return out
+
+
+def print_goals(judged: dict[str, list[list[tuple]]], args: argparse.Namespace) -> None:
+    sets = ", ".join(f"{args.seed + n * args.days}-{args.seed + (n + 1) * args.days - 1}"
+                     for n in range(len(next(iter(judged.values())))))
+    print(f"goals, each on seeds {sets}, nobody answering: {GOALS_TEXT}")
+    for name, per_set in judged.items():
+        cells = []
+        for (column, op, limit, against), *figures in zip(GOALS, *per_set, strict=True):
+            unit = "" if against == "figure" else "x"
+            shown = " / ".join(f"{f:.3f}{unit}" for _, f, _ in figures)
+            met = all(m for _, _, m in figures)
+            cells.append(f"{column} {shown} {op} {limit:g}{unit}: "
+                         f"{'met' if met else 'MISSED'}")
+        print(f"{name:21} " + "; ".join(cells))
+
+
+def search(args: argparse.Namespace) -> None:
+    """Every setting of the idle limits on a grid, on every seed set: how close each
+    policy comes to the goals, the trace as it is."""
+    grid = []
+    for unwaited, waited, warn in itertools.product(
+            (20, 30, 40, 45, 60), (5, 10, 15, 20, 25, 30), (5, 10)):
+        if warn < waited < unwaited:  # as the policy check requires
+            grid.append(Limits(unwaited * M, unwaited * M, waited * M, warn * M))
+    bounds = run_sets(args, grid[0], 3, ("(a) static+culler 1h", *CLAIRVOYANT.values()))
+    found: dict[str, list[tuple[tuple[float, int], Limits, list[list[tuple]]]]] = {}
+    for limits in grid:
+        tables = [{**b, **t} for b, t in zip(bounds, run_sets(args, limits, 3, JUDGED),
+                                            strict=True)]
+        for name, per_set in judge(tables).items():
+            met = sum(all(m for _, _, m in figures) for figures in zip(*per_set, strict=True))
+            found.setdefault(name, []).append(((_shortfall(per_set), -met), limits, per_set))
+    print(f"\nsearch: {len(grid)} settings of (unwaited, waited, warn_before), idle = unwaited; "
+          "the closest per policy (the least shortfall: how far each missed goal is from "
+          "its bound, relative, summed over the goals and the three seed sets):")
+    for name, results in found.items():
+        results.sort(key=lambda r: r[0])
+        for (short, met), limits, per_set in results[:3]:
+            missed = [
+                f"{column} {' / '.join(f'{f:.3f}' for _, f, _ in figures)} "
+                f"({op} {limit:g})"
+                for (column, op, limit, _), *figures in zip(GOALS, *per_set, strict=True)
+                if not all(m for _, _, m in figures)]
+            print(f"{name:21} shortfall {short:.2f}, {-met}/4 goals met on every set: "
+                  f"{limits.describe()}; missed: {'; '.join(missed) or 'none'}")
+
+
+def _shortfall(per_set: list[list[tuple]]) -> float:
+    """How far the missed goals are from their bounds, relative, summed."""
+    total = 0.0
+    for figures in per_set:
+        for (_, _, limit, _), (_, figure, met) in zip(GOALS, figures, strict=True):
+            if not met:
+                total += abs(figure - limit) / limit if math.isfinite(figure) else 10.0
+    return total
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -736,21 +837,20 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                             f"analysts, {format_duration(value)})")
     parser.add_argument("--answer-share", type=float, default=ANSWER_SHARE,
                         help="the last row: share of warnings in an open tab answered")
+    parser.add_argument("--search", action="store_true",
+                        help="try a grid of idle limits on three seed sets (a minute or two)")
     args = parser.parse_args(argv)
-    traces = [trace(args.seed + d) for d in range(args.days)]
     limits = Limits(*(v * M or None for v in (
         args.idle, args.unwaited_idle, args.waited_idle, args.warn_before)))
-    table_rows = {
-        s.name: row([Day(s, t).run() for t in traces])
-        for s in setups(args.max_bypasses, args.guard_age * M or None, limits,
-                        args.answer_share)
-    }
+    tables = run_sets(args, limits, 3)
+    table_rows = tables[0]
     names = list(next(iter(table_rows.values())))
     base = table_rows["(a) static+culler 1h"]
-    sessions = sum(len(t) for t in traces) / len(traces)
+    sessions = sum(len(trace(args.seed + d)) for d in range(args.days)) / args.days
     print(f"A day on 2 x H200 (14 compute slices), 40 users, {sessions:.0f} sessions a day, "
           f"mean of {args.days} seeded days (seed {args.seed}..); (b)-(d): "
-          f"{limits.describe()}:")
+          f"{limits.describe()}; (c*), (d*): each slice released the moment its user's "
+          "work ends, never during a break:")
     print(f"{'':21}" + "".join(f"{n:>11}" for n in names))
     for name, values in table_rows.items():
         print(f"{name:21}" + "".join(" " + _cell(values[n], 3 if n == "int/served" else 1)
@@ -760,10 +860,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         cells = "".join(" " + _cell(values[n] / base[n] if base[n] else math.nan, 2)
                         for n in names)
         print(f"{name:21}" + cells)
-    print("goals against (a): served >= 1.30x, idle slice-hours <= 0.40x, interruptions per "
-          "served session <= 2x, p95 wait < 15 min")
-    for name, values in list(table_rows.items())[1:]:
-        print(f"{name:21} " + "; ".join(goals(values, base)))
+    print_goals(judge(tables), args)
+    if args.search:
+        search(args)
     return table_rows
 
 

@@ -23,24 +23,54 @@ def test_a_day_runs_and_the_table_adds_up(capsys) -> None:
     rows = day.main(["--days", "1", "--seed", "7"])
     sessions = len(day.trace(7))
     assert list(rows) == ["(a) static+culler 1h", "(b) pool", "(c) pool+wait",
-                          "(d) dynamic+wait", "(c) 25% answer", "(d) 25% answer"]
+                          "(d) dynamic+wait", "(c*) clairvoyant", "(d*) clairvoyant",
+                          "(c) 25% answer", "(d) 25% answer"]
     for values in rows.values():
         # Every session is served or given up on (reuse of a running server included).
         assert values["served"] + values["gave up"] == sessions
         assert 0 < values["util %"] <= 100
     out = capsys.readouterr().out
     assert "ratio to (a)" in out and "int/served" in out
-    assert "goals against (a)" in out
+    assert "goals, each on seeds 7-7, 8-8, 9-9, nobody answering" in out
+    for name in ("(b) pool", "(c) pool+wait", "(d) dynamic+wait"):
+        assert f"\n{name:21} served " in out
     # The product warns before its idle stops; the culler of (a) never does.
     assert rows["(a) static+culler 1h"]["warned"] == 0 < rows["(c) pool+wait"]["warned"]
 
 
 def _run(day, mode: str, sessions):
-    """One day of the pool (``mode`` "pool") or the pool with its wait list ("wait")
-    under the shipped limits, on a hand-written trace."""
+    """One day of the pool (``mode`` "pool"), the pool with its wait list ("wait") under
+    the shipped limits, or that with the clairvoyant reclaim ("bound"), on a
+    hand-written trace."""
     setup = {s.name: s for s in day.setups(3, None, day.shipped_limits(), 0.0)}[
-        "(b) pool" if mode == "pool" else "(c) pool+wait"]
+        {"pool": "(b) pool", "wait": "(c) pool+wait", "bound": "(c*) clairvoyant"}[mode]]
     return day.Day(setup, sessions).run()
+
+
+def test_the_clairvoyant_row_releases_when_work_ends_and_never_during_a_break() -> None:
+    day = _day_module()
+    H, M = day.H, day.M
+
+    def session(user, arrive, work, break_at=None, break_len=0.0, forgets=False):
+        return day.Session(user, "research", "3g.71gb", arrive, work, break_at, break_len,
+                           forgets, False, 1.0)
+
+    # The one 3g slice: its holder is done at 9:20 and forgets the server.
+    forgotten = [session("research-0", 9 * H, 20 * M, forgets=True),
+                 session("research-1", 9 * H + 5 * M, 30 * M)]
+    bound, product = _run(day, "bound", forgotten), _run(day, "wait", forgotten)
+    assert sorted(bound.waits) == [0.0, 15 * M]  # released at 9:20, granted then
+    assert bound.idle_slice_s == 0 and bound.warnings == 0
+    # The product tells a forgotten server from a break only by its idle limit: the
+    # stop comes after the wait's 30 minutes, and research-1 gives up.
+    assert (product.served, product.gave_up) == (1, 1) and product.idle_slice_s > 0
+    # A break of 40 minutes while someone waits: the product stops the server (the test
+    # above), the bound keeps it, holds the break's idle, and the waiter gives up.
+    on_break = [session("research-0", 9 * H, 2 * H, 10 * M, 40 * M),
+                session("research-1", 9 * H + 15 * M, 30 * M)]
+    bound = _run(day, "bound", on_break)
+    assert (bound.served, bound.interrupted, bound.gave_up) == (1, 0, 1)
+    assert bound.idle_slice_s == 40 * M * 3
 
 
 def test_an_interruption_is_a_server_stopped_during_its_users_break() -> None:
