@@ -1,9 +1,12 @@
 """Dynamic mode: where a NEW GPU instance goes, chosen to keep future requests placeable.
 
-:class:`Occupancy` is every GPU's taken memory slices and instance counts (existing
-instances plus the ledger's reservations); :func:`pick_dynamic` chooses the GPU and the
-placement ``{start, size}`` that loses the least future capacity, within NVIDIA's rules
-(:mod:`.tables`). Import through :mod:`mig_spawner.core.allocator`.
+A GPU's state is its taken memory slices and instance counts (existing instances plus
+the ledger's reservations); :func:`pick_among` chooses, over the distinct states, the GPU
+and the placement ``{start, size}`` that loses the least future capacity, within
+NVIDIA's rules (:mod:`.tables`). :class:`DynamicView` keeps the states of a
+:class:`~.index.SliceIndex`'s GPUs as leases come and go; :class:`Occupancy` is an
+immutable view for searches that try a placement and come back. Import through
+:mod:`mig_spawner.core.allocator`.
 """
 
 from __future__ import annotations
@@ -343,22 +346,3 @@ def _shares(demand: Mapping[str, float] | None) -> dict[str, int] | None:
     return {normalize_profile_name(name): max(1, round(100 * w / total))
             for name, w in demand.items() if w > 0}
 
-
-def pick_dynamic(
-    inventory: Inventory,
-    reserved: Iterable[Placement],
-    wanted: Wanted,
-    strategy: PlacementStrategy = "pack",
-    demand: Mapping[str, float] | None = None,
-) -> Placement | Refused:
-    """GPU and placement for a NEW instance of ``wanted``, or why there is none.
-
-    ``reserved`` are the ledger's dynamic claims (those whose instance exists are
-    recognised and counted once). ``pack`` (default) takes the placement that loses
-    the least future capacity, preferring GPUs already in use; ``spread`` takes the
-    least used GPU first, then the best placement on it. Ties go to the lowest GPU
-    index, then the lowest start. ``demand`` (profile name -> how often it is asked
-    for, e.g. recent request counts) tells which future requests matter most; without
-    it every profile counts the same.
-    """
-    return Occupancy.of(inventory, reserved).pick_dynamic(wanted, strategy, demand)
