@@ -5,11 +5,13 @@ spread over the pytest-xdist workers (tests/support/scheduling.py)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from mig_spawner.hub.client import HubClient
 from mig_spawner.ledger import Ledger
 from tests.support.hub_standin import StandinState, listen
 from tests.support.kube_standin import KubeStandin
@@ -57,3 +59,24 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
     need another clock or backend define their own)."""
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as opened:
         yield opened
+
+
+@pytest.fixture(autouse=True)
+async def close_hub_clients() -> AsyncIterator[None]:
+    """Every :class:`HubClient` a test made is closed when it ends, in its event loop:
+    aiohttp says so when a kept-alive session is left open (at the worker's exit, long
+    after the test)."""
+    made: weakref.WeakSet[HubClient] = weakref.WeakSet()
+    init = HubClient.__init__
+
+    def tracked(self: HubClient, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.add(self)
+
+    HubClient.__init__ = tracked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        HubClient.__init__ = init  # type: ignore[method-assign]
+        for client in list(made):
+            await client.close()
