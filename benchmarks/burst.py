@@ -58,6 +58,7 @@ from mig_spawner.ledger import Ledger
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from tests.mocking import User
 from tests.support.hub_harness import HubProcess, start_mig_hub
+from tests.support.polling import until
 
 SLICES_PER_GPU = 7
 GOALS = {"api": 1.2, "ready": 1.0, "claim": 1.0, "grant": 0.2, "cpu": 0.05}
@@ -300,8 +301,9 @@ def case_waiting(slices: int, users: int, tmp: Path) -> list[float]:
             for name in list(burst.ready)[:slices]:
                 before = {lease.id for lease in ledger.active()}
                 hub.stop_server(name)
-                hub.wait_until(lambda before=before: any(
-                    lease.id not in before for lease in ledger.active()), 30)
+                until(lambda before=before: any(
+                    lease.id not in before for lease in ledger.active()), 30,
+                    "the next waiter granted", show=hub.log_path)
                 released = max((lease for lease in ledger.history(user=name)
                                 if lease.released_at), key=lambda lease: lease.released_at)
                 granted = next(lease for lease in ledger.active() if lease.id not in before)

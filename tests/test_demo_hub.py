@@ -29,7 +29,8 @@ from mig_spawner.cli.demo import (
     DEMO_GROUPS,
     SLICEMAP_PATH,
 )
-from tests.support.hub_harness import VENV_BIN, HubError, HubProcess, free_port
+from tests.support.hub_harness import VENV_BIN, free_port
+from tests.support.polling import until
 
 pytestmark = pytest.mark.hub
 
@@ -89,10 +90,7 @@ def demo(tmp_path_factory):
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     running = Demo(proc, f"http://127.0.0.1:{port}", workdir)
-    try:
-        HubProcess.wait_until(lambda: _up(running), 90)
-    except HubError:
-        pytest.fail(f"the demo did not come up\n{running.log()}")
+    until(lambda: _up(running), 90, "the demo up", show=running.log)
     yield running
     if proc.poll() is None:  # a test failed before stopping it
         os.killpg(proc.pid, signal.SIGTERM)
@@ -145,7 +143,7 @@ def test_an_idle_kernel_is_shut_down_at_the_demo_limit_and_the_server_keeps_its_
     def ready() -> bool:
         server = demo.api(ana, "GET", "/users/ana").json()["servers"].get("")
         return bool(server and server["ready"])
-    HubProcess.wait_until(ready, 60)
+    until(ready, 60, "ana's server ready", show=demo.log)
 
     # Jupyter's REST API with a token ana makes for herself (as on /hub/token).
     token = demo.api(ana, "POST", "/users/ana/tokens", json={"note": "test"}).json()["token"]
@@ -156,10 +154,8 @@ def test_an_idle_kernel_is_shut_down_at_the_demo_limit_and_the_server_keeps_its_
     assert r.status_code == 201, r.text
     kernel_id, started = r.json()["id"], time.monotonic()
 
-    deadline = started + KERNEL_IDLE + 6 * SWEEP + 15
-    while any(k["id"] == kernel_id for k in jupyter.get(kernels, timeout=30).json()):
-        assert time.monotonic() < deadline, f"idle kernel still there\n{demo.log()}"
-        time.sleep(0.5)
+    until(lambda: all(k["id"] != kernel_id for k in jupyter.get(kernels, timeout=30).json()),
+          KERNEL_IDLE + 6 * SWEEP + 15, "the idle kernel culled", show=demo.log, every=0.5)
     assert time.monotonic() - started >= KERNEL_IDLE - 1  # not before its limit
     assert f"culling kernel {kernel_id} of ana (group analysts): kernel_idle" in demo.log(
         chars=10**7)

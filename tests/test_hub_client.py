@@ -21,6 +21,7 @@ from mig_spawner.hub.client import (
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
 from tests.support.hub_standin import StandinState, make_app
+from tests.support.polling import until
 
 # -- against the stand-in (scale and injected faults) ---------------------------------
 
@@ -289,5 +290,6 @@ async def test_real_hub_kernels_status_and_stop_with_culler_scopes(real_hub):
     await client.shutdown_kernel(server, kernel.id)
     assert await client.kernels(server) == []
     assert await client.stop_server("kay") in (True, False)
-    real_hub.wait_until(lambda: real_hub.server_model("kay") is None, 30)
+    until(lambda: real_hub.server_model("kay") is None, 30, "kay's server stopped",
+          show=real_hub.log_path)
     assert await all_users(client, state="active") == []

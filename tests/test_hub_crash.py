@@ -31,8 +31,9 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ import pytest
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
 from tests.support.pg_fixture import postgres_cluster
+from tests.support.polling import until
 from tests.support.slice_service import SERVICE_CONFIG, Service
 
 pytestmark = pytest.mark.hub
@@ -110,15 +112,6 @@ def assert_no_lease_lost(ledger: Ledger, tag: str) -> None:
 
 def running_users(hub: HubProcess) -> set[str]:
     return {u["name"] for u in hub.users() if u.get("servers")}
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def converged(hub: HubProcess, ledger: Ledger, tag: str) -> bool:
@@ -210,10 +203,11 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
             for user in USERS[:BURST]:
                 pool.submit(_spawn_quietly, hub, user)
             if kill_at == "claimed":
-                wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
+                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                      show=hub.log_path)
                 assert not servers_of(tag)
             else:
-                wait_for(lambda: bool(servers_of(tag)), 60, "a first server process")
+                until(lambda: servers_of(tag), 60, "a first server process", show=hub.log_path)
             kill_hub(hub)
         pause.unlink(missing_ok=True)
         left = servers_of(tag)
@@ -221,8 +215,10 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
 
         hub._launch(120)  # the same config, database and ports
         restarted = time.monotonic()
-        took = wait_for(lambda: converged(hub, ledger, tag), CONVERGE,
-                        f"hub converged (left running at the kill: {sorted(left)})")
+        until(lambda: converged(hub, ledger, tag), CONVERGE,
+              f"hub converged (left running at the kill: {sorted(left)})",
+              show=(hub.log_path, ledger.active))
+        took = time.monotonic() - restarted
         kept = running_users(hub)
         # Whatever the hub did not keep was stopped; what it kept it still runs.
         for pid, env in left.items():
@@ -254,14 +250,17 @@ def test_slice_service_killed_mid_burst_releases_nothing_live(tmp_path):
             with ThreadPoolExecutor(BURST) as pool:
                 for user in USERS[:BURST]:
                     pool.submit(_spawn_quietly, hub, user)
-                wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
+                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                      show=hub.log_path)
                 claimed = {lease.user: lease.id for lease in ledger.active()}
                 service = restart_service(hub, service)
                 # Held between claim and spawn for longer than the grace after which the
-                # service releases a lease whose server the hub does not run.
-                time.sleep(ORPHAN_GRACE + 3 * SWEEP)
+                # service releases a lease whose server the hub does not run: sweeps
+                # past it have left them.
+                service.swept(after=datetime.now(UTC) + timedelta(seconds=ORPHAN_GRACE),
+                              times=3)
                 pause.unlink()
-                wait_for(lambda: bool(servers_of(tag)), 60, "a first server process")
+                until(lambda: servers_of(tag), 60, "a first server process", show=hub.log_path)
                 service = restart_service(hub, service)
             for user in USERS[:BURST]:
                 hub.wait_ready(user, timeout=120)
@@ -295,7 +294,8 @@ def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
             with ThreadPoolExecutor(BURST + 1) as pool:
                 for user in USERS[:BURST]:
                     pool.submit(_spawn_quietly, hub, user)
-                wait_for(lambda: len(ledger.active()) == BURST, 60, "the burst's leases")
+                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                      show=hub.log_path)
                 pg.stop("immediate")
                 try:
                     pause.unlink()  # the servers start, their leases unwritten
@@ -311,10 +311,12 @@ def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
                 assert "ledger cannot be read" in late.json()["message"]
                 for internal in ("crash_ledger", str(pg.socket_dir), "postgres", "://"):
                     assert internal not in late.text
-            took = wait_for(lambda: not any(u["servers"] and not u["servers"][""]["ready"]
-                                            for u in hub.users())
-                            and converged(hub, ledger, tag), CONVERGE,
-                            "spawns ended and the hub converged after the outage")
+            back = time.monotonic()
+            until(lambda: not any(u["servers"] and not u["servers"][""]["ready"]
+                                  for u in hub.users()) and converged(hub, ledger, tag),
+                  CONVERGE, "spawns ended and the hub converged after the outage",
+                  show=(hub.log_path, ledger.active))
+            took = time.monotonic() - back
             assert_one_server_per_slice(tag)
             assert_no_lease_lost(ledger, tag)
             fill_and_check(hub, ledger, tag, running_users(hub))

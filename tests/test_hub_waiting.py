@@ -26,6 +26,7 @@ import requests
 from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium
 from tests.support.hub_harness import REPO, HubProcess, start_mig_hub
+from tests.support.polling import until
 from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
@@ -83,10 +84,8 @@ def places(hub: HubProcess, followers: dict[str, Follower], expected: dict[str, 
         return all(followers[n].last().startswith(_nth(p) + " in line") for n, p in
                    expected.items())
 
-    try:
-        hub.wait_until(right, 10)
-    except AssertionError:
-        raise AssertionError({n: followers[n].last() for n in expected}) from None
+    until(right, 10, f"places {expected}",
+          show=(lambda: {n: followers[n].last() for n in expected}, hub.log_path))
 
 
 def _nth(n: int) -> str:
@@ -125,7 +124,8 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
 
         # max_wait: the spawn fails by itself, saying why and what to do.
         hurry = wait_pending(hub, "h1")
-        hub.wait_until(lambda: hub.server_model("h1") is None, 15)
+        until(lambda: hub.server_model("h1") is None, 15, "h1's server stopped",
+              show=hub.log_path)
         hurry.join(5)
         failed = [e for e in hurry.events if e.get("failed")]
         assert failed and "Waited" in failed[-1]["message"], hurry.events
@@ -186,7 +186,8 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert hub.spawn("u5", {"profile": "small"}).status_code == 202
         back = Follower(hub, "u5")
         back.start()
-        hub.wait_until(lambda: back.last().startswith("1st in line"), 15)
+        until(lambda: back.last().startswith("1st in line"), 15, "u5 1st in line again",
+              show=(back.last, hub.log_path))
         ended = {e.user: e for e in ledger_waits(ledger) if e.user in ("u7", "u8")}
         assert {e.state for e in ended.values()} == {"abandoned"}, ended
         assert all("restarted" in (e.reason or "") for e in ended.values())

@@ -22,7 +22,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,7 @@ from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, SimpleLocalMIGSpawner
 from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
 from tests.mocking import User
+from tests.support.polling import until
 from tests.support.system_deps import missing, require_device_cgroup
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
@@ -129,11 +129,9 @@ def spawner(tmp_path: Path, user: str, cls=SimpleLocalMIGSpawner):
     return cls(config=c, user=User(user, ["analysts"]), hub=Hub())
 
 
-def wait_for(path: Path, timeout: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"no {path.name} from the probe"
-        time.sleep(0.02)
+def probed(path: Path, timeout: float = 15.0) -> dict:
+    """What the probe wrote to ``path``, once it has."""
+    until(path.exists, timeout, f"{path.name} from the probe", every=0.02)
     return json.loads(path.read_text())
 
 
@@ -170,7 +168,7 @@ async def test_a_server_opens_only_its_own_slices_nodes(tmp_path):
         lease = s._lease
         assert lease.mig_uuid == ana_device.uuid
         group = hierarchy / device_cgroup.PARENT / lease.id
-        server, child = wait_for(out / "server.json"), wait_for(out / "child.json")
+        server, child = probed(out / "server.json"), probed(out / "child.json")
         expected = {**dict.fromkeys(allowed, "ok"),
                     **dict.fromkeys(bobs_nodes, errno.EPERM)}
         assert server["opens"] == expected
@@ -490,10 +488,10 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
     assert s.isolation_mechanism() == device_cgroup.CAPABILITY_NODES
     await s.start()
     try:
-        server, child = wait_for(out / "server.json"), wait_for(out / "child.json")
+        server, child = probed(out / "server.json"), probed(out / "child.json")
     finally:
         await s.stop()
-        os.kill(wait_for(out / "child.json")["pid"], 9)  # no cgroup finds it: the weakness
+        os.kill(probed(out / "child.json")["pid"], 9)  # no cgroup finds it: the weakness
     expected = {**dict.fromkeys(paths[:6], "ok"), **dict.fromkeys(paths[6:], errno.EACCES)}
     assert server["opens"] == expected and child["opens"] == expected
     # Given back: ana's nodes are root's alone again, as the stale one was made at her

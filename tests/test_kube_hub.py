@@ -24,6 +24,7 @@ from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import REPO, VENV_BIN, HubProcess, free_port
 from tests.support.kube_objects import gpu_labels, node, write_kubeconfig
 from tests.support.kube_standin import KubeStandin
+from tests.support.polling import until
 
 pytestmark = pytest.mark.hub
 
@@ -173,7 +174,8 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
     assert pod_of(cluster, "bob") is None and pod_of(cluster, "nobody") is None
     assert ledger.active() == []
     # Both kept for the usage report, with what was asked for and by which group.
-    hub.wait_until(lambda: len(ledger.refusals()) >= 2, 10)
+    until(lambda: len(ledger.refusals()) >= 2, 10, "both refusals recorded",
+          show=hub.log_path)
     assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals()[-2:]] == [
         ("bob", "full", "not_allowed", "analysts"),
         ("nobody", "small", "no_gpu_access", "default"),
@@ -207,10 +209,11 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
 
 def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
     # The last test's pods may still be terminating, and the nodes' counts are cached.
-    hub.wait_until(lambda: not cluster.pods and not ledger.active(), 30)
+    until(lambda: not cluster.pods and not ledger.active(), 30,
+          "the last test's pods and leases gone", show=(hub.log_path, lambda: cluster.pods))
     for user in ("ana", "bob"):
-        hub.wait_until(
-            lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202), 30, 1)
+        until(lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202), 30,
+              f"{user}'s spawn taken", show=hub.log_path, every=1)
         hub.wait_ready(user)
     try:
         assert hub.spawn("dee", {"profile": "small"}).status_code == 202

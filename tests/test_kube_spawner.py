@@ -19,6 +19,7 @@ from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.mocking import User, h200_single
 from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
+from tests.support.polling import until_async
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -111,11 +112,9 @@ def created(standin, name: str) -> dict:
 
 
 async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
-    """Until KubeSpawner's pod reflector no longer has the spawner's pod (5 s at most)."""
-    for _ in range(100):
-        if s.pod_reflector.pods.get(s.pod_ref) is None:
-            return
-        await asyncio.sleep(0.05)
+    """Until KubeSpawner's pod reflector no longer has the spawner's pod."""
+    await until_async(lambda: s.pod_reflector.pods.get(s.pod_ref) is None, 30,
+                      f"the reflector without {s.pod_ref}", every=0.05)
 
 
 def held(ledger_url: str) -> list:
@@ -231,10 +230,7 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledg
     assert held(ledger_url) == []
     with Ledger.open(ledger_url) as ledger:
         # Written on one of the worker threads without waiting: it comes, soon.
-        for _ in range(100):
-            if ledger.refusals():
-                break
-            await asyncio.sleep(0.1)
+        await until_async(ledger.refusals, 10, "the refusal recorded")
         assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
     assert [p["metadata"]["name"] for p in standin.pods] == ["batch-train"]
@@ -395,9 +391,8 @@ async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_th
     s = make(standin, ledger_url, profile="large")
     await s.start()
     stopping = asyncio.ensure_future(s.stop())
-    await asyncio.sleep(0.1)
-    terminating = created(standin, s.pod_name)
-    assert terminating["metadata"]["deletionTimestamp"]
+    await until_async(lambda: created(standin, s.pod_name)["metadata"].get("deletionTimestamp"),
+                      10, "the pod terminating")
     assert len(held(ledger_url)) == 1  # released only once the pod is gone
     other = await make(standin, ledger_url, name="ben").render_options_form()
     assert "Unavailable: the only large slice is in use right now" in other

@@ -5,7 +5,6 @@ kubernetes_asyncio, the client KubeSpawner and mig-spawner use."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from mig_spawner.kube import ClusterAvailability
 from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import gpu_labels, node, pod
+from tests.support.polling import until_async
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md"
 MIG = "nvidia.com/mig-1g.18gb"
@@ -46,14 +46,6 @@ async def read(api: CoreV1Api, name: str) -> dict | None:
     return None if response.status == 404 else json.loads(await response.read())
 
 
-async def until(check, seconds: float = 3.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 def error(e: ApiException) -> dict:
     return json.loads(e.body)
 
@@ -76,8 +68,10 @@ async def test_a_deleted_pod_terminates_holding_its_slice_and_the_next_one_gets_
 
     await api.create_namespaced_pod("jupyterhub", new_pod("second", {MIG: "1"}))
     assert (await read(api, "second"))["status"]["phase"] == "Pending"
-    await until(lambda: _gone(api, "first"))
-    await until(lambda: _running(api, "second"))
+    await until_async(lambda: _gone(api, "first"), 10, "the first pod gone",
+                      show=lambda: kube_standin.pods)
+    await until_async(lambda: _running(api, "second"), 10, "the second pod running",
+                      show=lambda: kube_standin.pods)
     assert (await read(api, "second"))["spec"]["nodeName"] == "gpu-h1"
 
 

@@ -28,6 +28,7 @@ from mig_spawner.gpu import GpuError, connect
 from mig_spawner.layout import LayoutApplier, begin
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner.decide import make_decide
+from tests.support.polling import until, until_async
 
 SIM = "h200x2:layout=1g.18gb*7"
 #: Both GPUs: every 1g.18gb but the first two goes, a 3g.71gb and a 2g.35gb are made.
@@ -70,10 +71,11 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
          "--ledger-url", backend_url, "--wait", "--interval", "0.05", TARGET],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not any(c.state is PlanState.APPLYING for c in ledger.layout_changes()):
-            assert apply.poll() is None and time.monotonic() < deadline, "never applied"
-            time.sleep(0.005)
+        def applying() -> bool:
+            assert apply.poll() is None, "the apply ended before it applied"
+            return any(c.state is PlanState.APPLYING for c in ledger.layout_changes())
+
+        until(applying, 60, "the change applying", show=ledger.layout_changes, every=0.005)
         claims.start()
         time.sleep(0.02 * round_)  # a few steps in, at a different point each round
     finally:
@@ -148,21 +150,26 @@ async def test_kill_9_of_the_slice_service_mid_apply_resumes_on_its_restart(
             inventory = gpus.inventory()
             begin(ledger, inventory.host, plan_layout(inventory, target), target)
         first = service(tmp_path, hub, backend_url, str(config), log)
-        deadline = time.monotonic() + 60
-        while not any(c.state is PlanState.APPLYING for c in
-                      await asyncio.to_thread(ledger.layout_changes)):
-            assert first.poll() is None and time.monotonic() < deadline, (
-                (tmp_path / "service.log").read_text()[-3000:])
-            await asyncio.sleep(0.002)
+
+        async def applying() -> bool:
+            assert first.poll() is None, (tmp_path / "service.log").read_text()[-3000:]
+            changes = await asyncio.to_thread(ledger.layout_changes)
+            return any(c.state is PlanState.APPLYING for c in changes)
+
+        await until_async(applying, 60, "the change applying", show=tmp_path / "service.log",
+                          every=0.002)
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert ledger.layout_changes(), "the kill came after the change was done"
         second = service(tmp_path, hub, backend_url, str(config), log)
+
+        async def done() -> bool:
+            assert second.poll() is None, (tmp_path / "service.log").read_text()[-3000:]
+            return not await asyncio.to_thread(ledger.layout_changes)
+
         try:
-            while await asyncio.to_thread(ledger.layout_changes):
-                assert second.poll() is None and time.monotonic() < deadline + 60, (
-                    (tmp_path / "service.log").read_text()[-3000:])
-                await asyncio.sleep(0.1)
+            await until_async(done, 120, "the change done by the restarted service",
+                              show=tmp_path / "service.log", every=0.1)
         finally:
             second.terminate()
             second.wait(10)

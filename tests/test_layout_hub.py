@@ -22,7 +22,8 @@ from mig_spawner.core.layout import PlanState
 from mig_spawner.gpu import connect
 from mig_spawner.ledger import Ledger, ReleaseCode
 from tests.support.hub_harness import REPO, HubProcess, simulated_spawner
-from tests.support.slice_service import SERVICE_CONFIG, Service, wait_for
+from tests.support.polling import until
+from tests.support.slice_service import SERVICE_CONFIG, Service
 
 pytestmark = pytest.mark.hub
 
@@ -81,7 +82,7 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             def warned() -> bool:
                 lease = ledger.get(held.id)
                 return lease.warning == "drain"
-            wait_for(warned, 30, "ana warned of the drain", service)
+            until(warned, 30, "ana warned of the drain", show=service.log)
             ana = hub.login("ana")
             notices = ana.get(f"{hub.url}/hub/api/mig-spawner/warnings", timeout=10).json()
             [shown] = notices["warnings"]
@@ -92,7 +93,7 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
 
             def done() -> bool:
                 return not ledger.layout_changes()
-            wait_for(done, NOTICE + 30, "the change done", service)
+            until(done, NOTICE + 30, "the change done", show=service.log)
             took = time.monotonic() - started
             [change] = ledger.layout_changes(open_only=False)
             assert change.state is PlanState.DONE, change.detail
@@ -105,7 +106,8 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             assert [e.kind for e in ledger.events(held.id)] == ["warned", "refused"]
             assert took >= NOTICE
             assert ledger.active_for_server("bob") is not None  # bob was never touched
-        HubProcess.wait_until(lambda: hub.server_model("ana") is None, 30)
+        until(lambda: hub.server_model("ana") is None, 30, "ana's server gone",
+              show=hub.log_path)
         assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,
                                reason="drain") == 1
     finally:

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from tests.support.hub_standin import StandinState, listen
+from tests.support.polling import until
 
 POLICY = MIGPolicyConfig(group_policies={
     "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
@@ -441,9 +441,8 @@ def test_the_hubs_stop_signal_ends_the_service_cleanly_even_with_sigint_ignored(
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     try:
-        deadline = time.monotonic() + 30
-        while "sweeping every" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until(lambda: "sweeping every" in log.read_text(), 30, "the service sweeping",
+              show=log, every=0.1)
         proc.send_signal(signum)
         assert proc.wait(10) == 0, log.read_text()
     finally:
@@ -476,10 +475,8 @@ def test_a_managed_service_exits_when_the_hub_that_started_it_is_gone(tmp_path):
     out = subprocess.run([sys.executable, "-c", hub], capture_output=True, text=True,
                          timeout=60, check=True)
     pid = int(out.stdout)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.2)
-    assert not _alive(pid), "the orphaned service kept running"
+    until(lambda: not _alive(pid), 30, "the orphaned service gone",
+          show=tmp_path / "service.log")
     assert "the hub that started this service is gone" in (tmp_path / "service.log").read_text()
 
 

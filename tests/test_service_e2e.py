@@ -15,7 +15,7 @@ import sqlite3
 import sys
 import textwrap
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,13 +31,13 @@ from tests.support.hub_harness import (
     free_port,
     simulated_spawner,
 )
+from tests.support.polling import until
 from tests.support.slice_service import (
     SCOPES,
     SERVICE_CONFIG,
     Service,
     kernels,
     new_kernel,
-    wait_for,
 )
 
 pytestmark = pytest.mark.hub
@@ -45,6 +45,8 @@ pytestmark = pytest.mark.hub
 SIM = "h200x1:layout=1g.18gb*7"
 WEEK = 7 * 86400
 MANAGED = "mig-slices-managed"
+#: What the service logs for a sweep the hub was not there for.
+HUB_GONE = "hub unavailable, sweep cut short"
 # Who is in which group, and the one limit each group sets (seconds).
 GROUPS = {
     "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
@@ -136,7 +138,8 @@ def run_without_waiting(hub: HubProcess, user: str, kernel_id: str, code: str):
 def test_runs_as_a_hub_managed_service_reading_the_hub_config(env):
     hub, _, _ = env
     base = f"{hub.url}/services/{MANAGED}"
-    HubProcess.wait_until(lambda: requests.get(f"{base}/health", timeout=5).ok, 30)
+    until(lambda: requests.get(f"{base}/health", timeout=5).ok, 30,
+          "the hub-managed service up", show=hub.log_path)
     assert requests.get(f"{base}/health", timeout=5).json() == {"status": "ok"}
     metrics = hub.session.get(f"{base}/metrics", timeout=5).text
     assert "mig_spawner_service_sweep_duration_seconds_count" in metrics
@@ -149,9 +152,12 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
     idle = new_kernel(hub, "ana")
     busy = new_kernel(hub, "ana")
     ws = run_without_waiting(hub, "ana", busy, "import time; time.sleep(600)")
+    busy_since = datetime.now(UTC)
     try:
-        wait_for(lambda: idle not in kernels(hub, "ana"), 30, "idle kernel shut down", service)
-        time.sleep(5)  # several more sweeps, all past the busy kernel's 3 s limit
+        until(lambda: idle not in kernels(hub, "ana"), 30, "idle kernel shut down",
+              show=service.log)
+        # Sweeps that all began past the busy kernel's 3 s limit left it alone.
+        service.swept(after=busy_since + timedelta(seconds=3), times=3)
         assert kernels(hub, "ana") == {busy: "busy"}
         assert hub.server_model("ana")["ready"]  # the server and its slice stay
         assert ledger.active_for_server("ana") is not None
@@ -164,11 +170,12 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
 def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouched(env):
     hub, service, ledger = env
     start(hub, "bob")
-    wait_for(lambda: ledger.active_for_server("bob") is not None, 30, "bob's lease", service)
+    until(lambda: ledger.active_for_server("bob") is not None, 30, "bob's lease", show=service.log)
     slice_uuid = ledger.active_for_server("bob").mig_uuid
-    wait_for(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
-             service)
-    wait_for(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released", service)
+    until(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
+          show=service.log)
+    until(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released",
+          show=service.log)
     assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="server_idle", group="server-short") == 1
@@ -185,13 +192,14 @@ def test_max_session_age_stops_a_busy_server(env):
     kernel = new_kernel(hub, "cy")
     ws = run_without_waiting(hub, "cy", kernel, "import time; time.sleep(600)")
     try:
-        wait_for(lambda: kernels(hub, "cy") == {kernel: "busy"}, 10, "busy kernel", service)
-        wait_for(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", service)
+        until(lambda: kernels(hub, "cy") == {kernel: "busy"}, 10, "busy kernel", show=service.log)
+        until(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", show=service.log)
     finally:
         ws.close()
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="max_session_age", group="age-capped") == 1
-    wait_for(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released", service)
+    until(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released",
+          show=service.log)
 
 
 def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
@@ -203,16 +211,16 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     hub.wait_ready("dee")
     lease = ledger.active_for_server("dee")
     # Warned at 80% used (28 s in), then stopped when all 35 s are spent.
-    wait_for(lambda: any(e.kind == "warned" and e.rule == "budget"
-                         for e in ledger.events(lease.id)), 45, "budget warning", service)
+    until(lambda: any(e.kind == "warned" and e.rule == "budget"
+                         for e in ledger.events(lease.id)), 45, "budget warning", show=service.log)
     warned = next(e for e in ledger.events(lease.id) if e.kind == "warned")
     assert (warned.at - lease.claimed_at).total_seconds() >= 0.8 * 35 - 1
     # Keep cannot pass a budget.
     answer = hub.request("POST", "/mig-spawner/keep/", headers={
         "Authorization": f"token {hub.user_token('dee')}"}).json()
     assert answer["outcome"] == "refused", answer
-    wait_for(lambda: hub.server_model("dee") is None, 30, "dee's server stopped", service)
-    wait_for(lambda: ledger.get(lease.id).state == "released", 15, "lease released", service)
+    until(lambda: hub.server_model("dee") is None, 30, "dee's server stopped", show=service.log)
+    until(lambda: ledger.get(lease.id).state == "released", 15, "lease released", show=service.log)
     ended = ledger.get(lease.id)
     assert ended.release_code == "budget", ended
     assert (ended.released_at - lease.claimed_at).total_seconds() >= 35
@@ -237,15 +245,18 @@ def test_hub_going_away_does_not_crash_the_service(env):
     errors_before = service.metric("mig_spawner_service_errors_total", kind="hub")
     hub.stop_hub()
     try:
-        wait_for(lambda: service.get("/health").status_code == 503, 30,
-                 "health failing while the hub is down", service)
+        until(lambda: service.get("/health").status_code == 503, 30,
+                 "health failing while the hub is down", show=service.log)
         assert service.get("/health").json()["status"] == "failing"
-        time.sleep(3)
+        # Sweeps that met the hub gone, and the service still there after them.
+        cut_short = service.logged(HUB_GONE)
+        until(lambda: service.logged(HUB_GONE) >= cut_short + 3, 30,
+              "three sweeps without the hub", show=service.log)
         assert service.proc.poll() is None, service.log()
     finally:
         hub.restart_hub()
-    wait_for(lambda: service.get("/health").status_code == 200, 30,
-             "health ok once the hub is back", service)
+    until(lambda: service.get("/health").status_code == 200, 30,
+             "health ok once the hub is back", show=service.log)
     assert service.metric("mig_spawner_service_errors_total", kind="hub") > errors_before
 
 
@@ -262,14 +273,15 @@ def forget_spawn(hub: HubProcess, user: str) -> None:
 def test_orphan_lease_left_by_a_killed_hub_is_released(env):
     hub, service, ledger = env
     start(hub, "ghost")  # its server never answers: the spawn stays pending
-    wait_for(lambda: ledger.active_for_server("ghost") is not None, 30, "ghost's lease", service)
+    until(lambda: ledger.active_for_server("ghost") is not None, 30, "ghost's lease",
+          show=service.log)
     lease = ledger.active_for_server("ghost")
     os.killpg(hub.proc.pid, signal.SIGKILL)  # the hub (and its proxy) die mid-spawn
     hub.proc.wait(10)
     forget_spawn(hub, "ghost")
     hub.restart_hub()
-    wait_for(lambda: ledger.active_for_server("ghost") is None, 60, "orphan lease released",
-             service)
+    until(lambda: ledger.active_for_server("ghost") is None, 60, "orphan lease released",
+          show=service.log)
     released = ledger.get(lease.id)
     assert released.state == "released"
     assert released.release_code == "orphan", released

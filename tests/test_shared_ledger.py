@@ -21,6 +21,7 @@ from mig_spawner.observe.slicemap import slicemap_routes
 from mig_spawner.service.handlers import METRICS_SCOPE, make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port, simulated_spawner
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.hub, pytest.mark.postgres]
 
@@ -64,7 +65,8 @@ def world(tmp_path_factory, postgres_server):
         check_hub_config(c)
     """), timeout=120)
     base = f"{hub.url}/services/{SERVICE}"
-    HubProcess.wait_until(lambda: requests.get(f"{base}/health", timeout=5).ok, 60)
+    until(lambda: requests.get(f"{base}/health", timeout=5).ok, 60, "the service up",
+          show=hub.log_path)
     r = hub.spawn("ana", {"profile": "small"})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ana")

@@ -22,6 +22,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, start_mig_hub
+from tests.support.polling import until
 
 pytestmark = pytest.mark.hub
 
@@ -93,12 +94,11 @@ def plain(message: str) -> str:
     return message
 
 
-def wait_released(ledger, user, timeout):
+def wait_released(hub, ledger, user, timeout):
     """Seconds until ``user`` holds no lease; fails after ``timeout``."""
     started = time.monotonic()
-    while ledger.active_for_server(user) is not None:
-        assert time.monotonic() - started < timeout, f"{user}'s slice still held"
-        time.sleep(0.1)
+    until(lambda: ledger.active_for_server(user) is None, timeout, f"{user}'s slice free",
+          show=hub.log_path)
     return time.monotonic() - started
 
 
@@ -116,10 +116,11 @@ def refused_then_freed(hub, ledger, outage, r) -> float:
             "The lease ledger cannot be read right now. Try again in a minute; if it "
             "persists, tell a hub admin."
         )
-        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+        until(lambda: hub.server_model("ana") is None, 30, "ana's server gone",
+              show=hub.log_path)
     finally:
         outage.end()
-    took = wait_released(ledger, "ana", 10)
+    took = wait_released(hub, ledger, "ana", 10)
     assert not _devices(hub)
     return took
 
@@ -162,7 +163,8 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     )
     # Once the process is gone, the hub's retry finishes the release within seconds.
     sim.set_processes(device.uuid, [])
-    hub.wait_until(lambda: not ledger.get(lease.id).held, 30)
+    until(lambda: not ledger.get(lease.id).held, 30, "the slice given back on a retry",
+          show=hub.log_path)
     assert device.uuid not in {d.uuid for d in _devices(hub)}
 
 
@@ -171,7 +173,8 @@ def test_a_failed_start_destroys_the_instance_it_created(hub, ledger):
     here (the server's command does not exist): the give-back must destroy it."""
     before = {d.uuid for d in _devices(hub)}
     hub.spawn("broken", {"profile": "medium"})
-    hub.wait_until(lambda: hub.server_model("broken") is None, 60)
+    until(lambda: hub.server_model("broken") is None, 60, "the failed start over",
+          show=hub.log_path)
     last = ledger.history(user="broken")[-1]
     assert last.mig_uuid is not None  # it was created and recorded before the start
     assert not last.held
@@ -200,7 +203,7 @@ def test_a_destroy_that_fails_at_stop_is_said_and_retried_until_the_slice_is_fre
         )
     finally:
         sim.clear_errors()
-    took = wait_released(ledger, "ana", 10)
+    took = wait_released(hub, ledger, "ana", 10)
     assert device.uuid not in {d.uuid for d in _devices(hub)}
     print(f"slice free {took:.1f}s after the GPU fault cleared")
 
@@ -229,7 +232,8 @@ def refused_by_the_driver(hub, ledger, sim, call: str, error: str) -> str:
     finally:
         sim.clear_errors()
     assert r.status_code == 503, r.text
-    hub.wait_until(lambda: hub.server_model("ana") is None, 30)
+    until(lambda: hub.server_model("ana") is None, 30, "ana's refused spawn over",
+          show=hub.log_path)
     assert ledger.active_for_server("ana") is None
     return plain(r.json()["message"])
 
@@ -256,7 +260,8 @@ def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_afte
     with ThreadPoolExecutor(1) as pool:
         try:
             posted = pool.submit(hub.spawn, "ana", {"profile": "small"})
-            hub.wait_until(lambda: ledger.active_for_server("ana") is not None, 30)
+            until(lambda: ledger.active_for_server("ana") is not None, 30, "ana's claim",
+                  show=hub.log_path)
             outage.start()  # after the claim and the instance, before the activation
         finally:
             pause.unlink()
@@ -271,15 +276,18 @@ def test_a_server_that_dies_while_the_ledger_is_down_frees_its_slice_once_it_is_
     hub.spawn("ana", {"profile": "small"})
     hub.wait_ready("ana")
     pid = hub.server_state("ana")["pid"]
+    lease = ledger.active_for_server("ana")
     outage.start()
     try:
         os.kill(pid, signal.SIGKILL)
-        # The hub's poll sees it gone; the give-back waits for the ledger.
-        hub.wait_until(lambda: hub.server_model("ana") is None, 30)
-        time.sleep(1)
+        # The hub's poll sees it gone; its give-back fails (said in its log), and waits
+        # for the ledger.
+        until(lambda: hub.server_model("ana") is None and
+              f"Could not release lease {lease.id}" in hub.log_tail(10**7), 30,
+              "ana's server gone, its give-back failed", show=hub.log_path)
     finally:
         outage.end()
-    took = wait_released(ledger, "ana", 10)
+    took = wait_released(hub, ledger, "ana", 10)
     assert ledger.history(user="ana")[-1].release_code == "server_exited"
     assert not _devices(hub)
     print(f"slice free {took:.1f}s after the ledger came back")

@@ -22,6 +22,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import HubProcess, start_mig_hub
+from tests.support.polling import until
 
 pytestmark = pytest.mark.hub
 
@@ -230,7 +231,8 @@ def test_refused_spawns_are_recorded_and_every_outcome_is_counted(hub, ledger):
     _start(hub, "bob", "small")
     hub.stop_server("bob")
 
-    hub.wait_until(lambda: len(ledger.refusals(since)) == 2, 10)
+    until(lambda: len(ledger.refusals(since)) == 2, 10, "both refusals recorded",
+          show=hub.log_path)
     assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals(since)] == [
         ("bob", "large", None, "not_allowed", "analysts"),
         ("mia", "large", "3g.71gb", "none_free", "ml-team"),
@@ -259,7 +261,8 @@ def test_spawn_page_says_why_when_the_gpu_cannot_be_read(hub):
 
 def test_a_start_that_fails_gives_the_slice_back(hub, ledger):
     hub.spawn("broken", {"profile": "small"})
-    hub.wait_until(lambda: hub.server_model("broken") is None, 60)
+    until(lambda: hub.server_model("broken") is None, 60, "the failed start over",
+          show=hub.log_path)
     last = ledger.history(user="broken")[-1]
     assert not last.held
     assert last.release_code == "start_failed"
@@ -282,16 +285,18 @@ def test_thirty_concurrent_spawns_for_ten_slices_give_ten_servers(hub, ledger):
     finally:
         with ThreadPoolExecutor(10) as pool:
             list(pool.map(lambda u: hub.stop_server(u, wait=False), users))
-        hub.wait_until(lambda: not ledger.active(), 120)
+        until(lambda: not ledger.active(), 120, "every lease released",
+              show=(hub.log_path, ledger.active))
 
 
 def test_a_server_killed_from_outside_frees_its_slice(hub, ledger):
     _start(hub, "bob", "small")
     pid = hub.server_state("bob")["pid"]
     os.kill(pid, signal.SIGKILL)
-    hub.wait_until(lambda: not ledger.active(), 30)
+    until(lambda: not ledger.active(), 30, "bob's lease released", show=hub.log_path)
     assert ledger.history(user="bob")[-1].release_code == "server_exited"
-    hub.wait_until(lambda: hub.server_model("bob") is None, 30)
+    until(lambda: hub.server_model("bob") is None, 30, "bob's server gone",
+          show=hub.log_path)
 
 
 # Started from a kernel: a process that escapes the server (``setsid``), keeps the slice's
@@ -312,9 +317,11 @@ def test_a_process_left_behind_on_the_slice_is_stopped_before_the_slice_is_free(
     pid = int(hub.run_in_kernel("ana", ESCAPE).strip())
     try:
         hub.stop_server("ana")
-        hub.wait_until(lambda: not ledger.get(lease.id).held or not _alive(pid), 30)
+        until(lambda: not ledger.get(lease.id).held or not _alive(pid), 30,
+              "the lease released or the escaped process gone", show=hub.log_path)
         # Never: the slice free for another server while that process still uses it.
-        hub.wait_until(lambda: not ledger.get(lease.id).held, 30)
+        until(lambda: not ledger.get(lease.id).held, 30, "ana's lease released",
+              show=hub.log_path)
         assert not _alive(pid), "the slice was released while a process still used it"
         assert ledger.get(lease.id).release_code == "stopped"
     finally:
@@ -339,7 +346,8 @@ def test_hub_restart_keeps_live_leases_and_frees_dead_ones(hub, ledger):
     os.kill(bob_pid, signal.SIGKILL)
     hub.restart_hub(timeout=120)
     try:
-        hub.wait_until(lambda: ledger.active_for_server("bob") is None, 30)
+        until(lambda: ledger.active_for_server("bob") is None, 30, "bob's lease released",
+              show=hub.log_path)
         assert ledger.active_for_server("ana") == live
         # ana's server is still there and still on the same slice.
         out = hub.run_in_kernel("ana", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")

@@ -7,7 +7,6 @@ ledger; JupyterHub's User is stood in by the few attributes a Spawner reads.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import subprocess
@@ -27,6 +26,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.runtime import DEMAND_WINDOW
 from tests.mocking import User
+from tests.support.polling import until_async
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1"
@@ -177,12 +177,11 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
         with pytest.raises(SpawnException):
             await s.start()
     # All kept: refusals are written off the request's path, so wait for the last ones.
-    for _ in range(100):
-        kept = len(await holder.runtime.run(holder.runtime.ledger().refusals))
-        if kept >= 300:
-            break
-        await asyncio.sleep(0.1)
-    assert kept == 300
+    async def all_kept() -> bool:
+        return len(await holder.runtime.run(holder.runtime.ledger().refusals)) >= 300
+
+    await until_async(all_kept, 10, "300 refusals recorded", every=0.1)
+    assert len(await holder.runtime.run(holder.runtime.ledger().refusals)) == 300
     after = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
     for profile in ("1g.18gb", "1g.35gb"):
         assert after.get(profile, 0) - before.get(profile, 0) <= 1, (profile, before, after)

@@ -26,6 +26,7 @@ import requests
 from mig_spawner.ledger import Ledger
 from tests.support.browser import sign_in
 from tests.support.hub_harness import MIG_SNIPPETS, REPO, HubProcess, free_port, simulated_spawner
+from tests.support.polling import until
 from tests.support.system_deps import require_chromium
 from tests.support.usage import seed_sessions
 
@@ -98,7 +99,7 @@ def test_the_purpose_is_asked_and_shown_on_the_slice_map(chromium, hub):
     assert lease_of(hub, "ann").purpose == "thesis"
 
     url = f"{hub.url}/services/{SERVICE}/slices"
-    HubProcess.wait_until(lambda: _reachable(url), 30)
+    until(lambda: _reachable(url), 30, "the slice map up", show=hub.log_path)
     with signed_in(chromium, hub, "boss", next_url=quote(url)) as page:
         slice_ = page.locator('.slice[data-user="ann"]')
         slice_.wait_for(timeout=30_000)

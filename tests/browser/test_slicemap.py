@@ -29,6 +29,7 @@ from mig_spawner.service.handlers import METRICS_SCOPE
 from tests.support.browser import launch_chromium
 from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 from tests.support.observe_world import POLICY, make_world
+from tests.support.polling import until
 from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
@@ -89,7 +90,7 @@ def setup(tmp_path_factory):
     """)
     hub = HubProcess.start(workdir, [SNIPPET], extra, timeout=120)
     url = f"{hub.url}/services/{SERVICE}/slices"
-    HubProcess.wait_until(lambda: _reachable(url), 30)
+    until(lambda: _reachable(url), 30, "the slice map up", show=hub.log_path)
     yield hub, url, state_file, ledger_url
     hub.close()
 

@@ -36,6 +36,8 @@ from typing import Any
 import requests
 import websocket
 
+from tests.support.polling import NotSeen, until
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -164,7 +166,7 @@ class HubProcess:
         return hub
 
     def _launch(self, timeout: float) -> None:
-        log = (self.workdir / "hub.log").open("ab")
+        log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
             cwd=self.workdir,
@@ -173,19 +175,21 @@ class HubProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def up() -> bool:
             if self.proc.poll() is not None:
                 self._kill_group()  # a proxy the dead hub started must not hold its port
                 raise HubError(f"hub exited with {self.proc.returncode}\n{self.log_tail()}")
             try:
-                if self.session.get(self.api("/"), timeout=2).ok:
-                    return
+                return self.session.get(self.api("/"), timeout=2).ok
             except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        self._kill_group()
-        raise HubError(f"hub not up after {timeout}s\n{self.log_tail()}")
+                return False
+
+        try:
+            until(up, timeout, "the hub answering its API", show=self.log_path)
+        except NotSeen as e:
+            self._kill_group()
+            raise HubError(str(e)) from None
 
     def _kill_group(self) -> None:
         """Kill the hub's process group: the hub and the proxy it started (servers run
@@ -226,11 +230,17 @@ class HubProcess:
             # All at once: a stop request may take its server's whole shutdown to answer.
             with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
                 list(pool.map(lambda name: self.stop_server(name, wait=False), running))
-            self.wait_until(lambda: not any(u.get("servers") for u in self.users()), 30)
+            until(lambda: not any(u.get("servers") for u in self.users()), 30,
+                  "every server stopped", show=self.log_path)
         self.stop_hub()
 
+    @property
+    def log_path(self) -> Path:
+        """The hub's log (the proxy's lines included), for a failed wait to show."""
+        return self.workdir / "hub.log"
+
     def log_tail(self, chars: int = 6000) -> str:
-        path = self.workdir / "hub.log"
+        path = self.log_path
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     # --- REST API --------------------------------------------------------------------
@@ -316,17 +326,20 @@ class HubProcess:
     def server_model(self, name: str, server: str = "") -> dict | None:
         return self.user(name).get("servers", {}).get(server)
 
+    def stopping(self, name: str, server: str = "") -> bool:
+        """Whether the server is being stopped (the hub's pending stop) or is gone."""
+        model = self.server_model(name, server)
+        return model is None or model.get("pending") == "stop"
+
     def wait_ready(self, name: str, server: str = "", timeout: float = 60) -> dict:
         """Wait until the server is ready; raise with the hub log if it failed."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> dict | None:
             model = self.server_model(name, server)
             if model is None:
                 raise HubError(f"{name}'s server is gone (failed start?)\n{self.log_tail()}")
-            if model.get("ready"):
-                return model
-            time.sleep(0.2)
-        raise HubError(f"{name}'s server not ready after {timeout}s\n{self.log_tail()}")
+            return model if model.get("ready") else None
+
+        return until(ready, timeout, f"{name}'s server ready", show=self.log_path)
 
     def stop_server(self, name: str, server: str = "", wait: bool = True) -> None:
         path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
@@ -334,7 +347,8 @@ class HubProcess:
         if r.status_code not in (202, 204, 400):
             raise HubError(f"stopping {name}: {r.status_code} {r.text}")
         if wait:
-            self.wait_until(lambda: self.server_model(name, server) is None, 30)
+            until(lambda: self.server_model(name, server) is None, 30,
+                  f"{name}'s server stopped", show=self.log_path)
 
     def progress(self, name: str, server: str = "", timeout: float = 60) -> list[dict]:
         """All progress events of a pending spawn, read from the event stream to its end."""
@@ -362,14 +376,14 @@ class HubProcess:
         """
         with ThreadPoolExecutor(1) as pool:
             posted = pool.submit(self.spawn, name, options)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
+
+            def followed() -> tuple[requests.Response, list[dict]] | None:
                 model = self.server_model(name)
                 if model is not None and model.get("pending") == "spawn":
                     try:
                         events = self.progress(name, timeout=timeout)
                     except requests.HTTPError:
-                        continue  # the spawn ended between the two requests
+                        return None  # the spawn ended between the two requests
                     return posted.result(timeout), events
                 if posted.done() and (model is None or model.get("ready")):
                     # Over before it was seen pending: the stream still gives its end
@@ -379,17 +393,10 @@ class HubProcess:
                     except requests.HTTPError:
                         events = []
                     return posted.result(), events
-                time.sleep(0.05)
-        raise HubError(f"spawn of {name} did not progress within {timeout}s")
+                return None
 
-    @staticmethod
-    def wait_until(predicate, timeout: float, interval: float = 0.2) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(interval)
-        raise HubError(f"condition not met after {timeout}s")
+            return until(followed, timeout, f"the spawn of {name} followed",
+                         show=self.log_path, every=0.05)
 
     # --- inside a single-user server -------------------------------------------------
 

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,9 @@ import requests
 
 from mig_spawner.service.app import REQUIRED_SCOPES
 from mig_spawner.service.handlers import METRICS_SCOPE
+from mig_spawner.service.metrics import PREFIX
 from tests.support.hub_harness import ADMIN_SERVICE, STOP_TIMEOUT, HubProcess, free_port
+from tests.support.polling import until
 
 SERVICE = "mig-slices"
 #: Seconds a starting service has to answer: its imports alone take most of that on a
@@ -31,6 +33,8 @@ c.JupyterHub.load_roles.append({{"name": "metrics-readers",
     "scopes": ["{METRICS_SCOPE}"], "services": ["{ADMIN_SERVICE}"]}})
 """
 SCOPES = list(REQUIRED_SCOPES)
+#: The histogram of sweep durations: its count is the number of sweeps ended.
+SWEEP_DURATION = f"{PREFIX}_sweep_duration_seconds"
 #: Config lines that register the service under test (its token and the scopes it needs)
 #: and let the harness read its metrics.
 SERVICE_CONFIG = f"""\
@@ -63,7 +67,7 @@ class Service:
 
     def wait_up(self, timeout: float = START_TIMEOUT) -> None:
         """Wait until it answers its health check (fails the test if it does not)."""
-        wait_for(self.up, timeout, "the slice service up", self)
+        until(self.up, timeout, "the slice service up", show=self.log)
 
     def up(self) -> bool:
         """Whether it answers its health check (fails the test if it has exited)."""
@@ -93,12 +97,37 @@ class Service:
         A stop the service asked for is over in the hub (the server gone, its lease
         released) before the hub's answer reaches the service, which counts it then: on
         a loaded machine a read at once can come first."""
-        wait_for(lambda: self.metric(name, **labels) >= expected, timeout,
-                 f"{name} {labels} at {expected}", self)
+        until(lambda: self.metric(name, **labels) >= expected, timeout,
+              f"{name} {labels} at {expected}", show=self.log)
         return self.metric(name, **labels)
 
+    def sweeps(self) -> int:
+        """How many sweeps it has ended (``mig_spawner_service_sweep_duration_seconds``'s
+        count, a cut-short one too)."""
+        return int(self.metric(f"{SWEEP_DURATION}_count"))
+
+    def swept(self, after: datetime | None = None, times: int = 1,
+              timeout: float = 60) -> None:
+        """Return once ``times`` whole sweeps have run since now, or since ``after`` (a
+        wall-clock time, waited for first): each of them looked at everything as it is
+        from then on. A test that checks that the service left something alone waits for
+        this, then asserts, instead of sleeping."""
+        if after is not None:
+            until(lambda: datetime.now(UTC) >= after, timeout + _seconds_until(after),
+                  f"the time {after:%H:%M:%S}", every=0.05)
+        # The sweep under way now may have begun before: one more than asked.
+        wanted = self.sweeps() + times + 1
+        until(lambda: self.sweeps() >= wanted, timeout, f"{times} more sweep(s)",
+              show=self.log)
+
     def log(self) -> str:
+        """The tail of its log, for a failed test to show."""
         return self.log_path.read_text(errors="replace")[-6000:]
+
+    def logged(self, text: str) -> int:
+        """How many times its whole log says ``text``: an event to wait for where the
+        hub, which its metrics' reader needs, is down."""
+        return self.log_path.read_text(errors="replace").count(text)
 
     def close(self) -> None:
         """Stop it, giving it the time JupyterHub gives a managed service before it
@@ -114,13 +143,8 @@ class Service:
                         f"{self.log()}")
 
 
-def wait_for(predicate, timeout: float, what: str, service: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"{what} not seen within {timeout}s\n--- service log ---\n{service.log()}")
+def _seconds_until(when: datetime) -> float:
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def new_kernel(hub: HubProcess, user: str, *, booted: bool = False) -> str:
