@@ -51,14 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from traitlets.config import Config
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 from mig_spawner.spawner import LocalMIGSpawner, waiting
-from tests.mocking import User
 from tests.support.hub_harness import HubProcess, start_mig_hub
 from tests.support.polling import until
+from tests.support.spawners import make_spawner, mig_config
 
 SLICES_PER_GPU = 7
 GOALS = {"api": 1.2, "ready": 1.0, "claim": 1.0, "grant": 0.2, "cpu": 0.05}
@@ -240,14 +239,10 @@ def case_claims(n: int, tmp: Path) -> list[float]:
     """Each of ``n`` concurrent in-process claims' duration (case 0)."""
     sim = sim_for(n)
     SimulatedHost.from_spec(sim, tmp / f"claims-{n}.json")
-    c = Config()
-    c.MIGSettings.ledger_url = f"sqlite:///{tmp}/claims-{n}.sqlite"
-    c.MIGSettings.simulate = sim
-    c.MIGSettings.sim_state_file = str(tmp / f"claims-{n}.json")
-    c.MIGPolicyConfig.group_policies = {"burst": {"allowed": ["1g.18gb"], "queue": True,
-                                                  "max_wait": "1h"}}
-    spawners = [LocalMIGSpawner(config=c, user=User(f"c{i:03d}", ["burst"]))
-                for i in range(n + 1)]
+    c = mig_config(f"sqlite:///{tmp}/claims-{n}.sqlite", sim=sim,
+                   sim_state=tmp / f"claims-{n}.json", policies={
+                       "burst": {"allowed": ["1g.18gb"], "queue": True, "max_wait": "1h"}})
+    spawners = [make_spawner(c, f"c{i:03d}", ["burst"]) for i in range(n + 1)]
 
     async def claim(spawner: LocalMIGSpawner) -> float:
         tic = time.perf_counter()

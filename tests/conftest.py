@@ -10,13 +10,19 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio.config import kube_config
+from kubespawner import KubeSpawner
 
 from mig_spawner.hub.client import HubClient
 from mig_spawner.ledger import Ledger
+from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.support.hub_standin import StandinState, listen
+from tests.support.kube_admission import documented_roles
+from tests.support.kube_objects import write_kubeconfig
 from tests.support.kube_standin import KubeStandin
 from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
 from tests.support.scheduling import pytest_collection_modifyitems  # noqa: F401
+from tests.support.spawners import REPO
 
 
 @pytest.fixture
@@ -45,6 +51,28 @@ async def kube_standin() -> AsyncIterator[KubeStandin]:
     server.stop()
 
 
+@pytest.fixture
+async def kube(kube_standin: KubeStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+               ) -> AsyncIterator[KubeStandin]:
+    """The stand-in Kubernetes API server as the hub sees it: KubeSpawner's default
+    kubeconfig, and the hub may do what the Roles in docs/kubernetes.md allow, no more.
+    KubeSpawner's pod reflectors (kept per class) stop with the test."""
+    kube_standin.rbac = documented_roles(REPO / "docs" / "kubernetes.md")
+    path = write_kubeconfig(tmp_path / "kubeconfig", kube_standin.url)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+    yield kube_standin
+    for reflector in list(KubeSpawner.reflectors.values()):
+        await reflector.stop()
+    KubeSpawner.reflectors.clear()
+    KubeMIGSpawner._readers.clear()
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path) -> str:
+    """The URL of a new ledger on SQLite in the test's directory (not yet opened)."""
+    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty ledger database, once on SQLite and once on PostgreSQL."""
@@ -54,10 +82,10 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
+def ledger(ledger_url: str) -> Iterator[Ledger]:
     """A new ledger on SQLite in the test's directory, open for the test (modules that
     need another clock or backend define their own)."""
-    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as opened:
+    with Ledger.open(ledger_url) as opened:
         yield opened
 
 

@@ -1,7 +1,8 @@
 """Fakes the tests share (as JupyterHub keeps its own in ``jupyterhub/tests/mocking.py``):
-what a Spawner reads of a JupyterHub user, clocks the test moves by hand, and the node
-shapes more than one Kubernetes test needs. Real parts stay real; these stand only where
-a test builds a spawner or a reader without a hub or a cluster around it."""
+what a Spawner reads of a JupyterHub user, of its server's row and of the hub, clocks
+the test moves by hand, and the node shapes more than one Kubernetes test needs. Real
+parts stay real; these stand only where a test builds a spawner or a reader without a
+hub or a cluster around it (tests/support/spawners.py builds the spawners)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,25 @@ class User:
         self.url = f"/user/{name}/"
         self.groups = [Group(g) for g in groups]
         self.settings: dict = {}
+
+
+class Hub:
+    """Where a Spawner's server finds the hub (JupyterHub's ``Hub`` object, as KubeSpawner's
+    own tests mock it)."""
+
+    public_host = "hub.example.org"
+    url = "http://hub:8081/hub/"
+    base_url = "/hub/"
+    api_url = "http://hub:8081/hub/api"
+
+
+class OrmSpawner:
+    """The database row JupyterHub keeps per server: its name and last options."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.user_options: dict | None = None
+        self.server = None
 
 
 def h200_single(name: str, slices: int = 56, **kw) -> dict:

@@ -23,8 +23,8 @@ from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.policy import GroupPolicy, PolicyError, build_policy
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.ledger import LeaseRequest, Ledger
-from tests.test_hub_start_check import POLICY_WRONG
-from tests.test_hub_start_check import refusal as start_refusal
+from tests.support.start_check import POLICY_WRONG
+from tests.support.start_check import refusal as start_refusal
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)  # a Thursday, on a whole second
 H = 3600.0

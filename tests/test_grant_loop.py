@@ -13,13 +13,13 @@ import statistics
 import time
 
 import pytest
-from traitlets.config import Config
 
 from mig_spawner.gpu import GpuAdapter
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Lease, Ledger, ReleaseCode
 from mig_spawner.spawner import LocalMIGSpawner, waiting
-from tests.mocking import User
+from tests.support.polling import until_async
+from tests.support.spawners import make_spawner, mig_config
 
 SIM = "h200x1:layout=1g.18gb*3"
 WAITERS = 12
@@ -32,14 +32,11 @@ IDLE = 1.5
 WAKE_WITHIN = 0.5
 
 
-def make_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
-    c = Config()
-    c.MIGSettings.ledger_url = url
-    c.MIGSettings.simulate = SIM
-    c.MIGSettings.sim_state_file = str(tmp_path / "sim.json")
-    c.MIGPolicyConfig.group_policies = {"crowd": {"allowed": ["1g.18gb"], "queue": True,
-                                                  "max_wait": "1h"}}
-    return LocalMIGSpawner(config=c, user=User(name, ["crowd"]))
+def crowd_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
+    """``name``'s spawner in the group ``crowd``, which may wait for a 1g.18gb."""
+    return make_spawner(mig_config(url, sim=SIM, sim_state=tmp_path / "sim.json", policies={
+        "crowd": {"allowed": ["1g.18gb"], "queue": True, "max_wait": "1h"}}),
+        name, ["crowd"])
 
 
 async def start_claim(spawner: LocalMIGSpawner):
@@ -47,13 +44,6 @@ async def start_claim(spawner: LocalMIGSpawner):
     offer = mine.offer("1g.18gb")
     lease, _plan = await waiting.claim(spawner, offer, mine)
     return lease
-
-
-async def until(check, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -74,18 +64,21 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
     tmp_path, backend_url, inventory_reads
 ) -> None:
     SimulatedHost.from_spec(SIM, tmp_path / "sim.json")
-    holders = [make_spawner(tmp_path, backend_url, f"h{i}") for i in range(3)]
+    holders = [crowd_spawner(tmp_path, backend_url, f"h{i}") for i in range(3)]
     leases = [await start_claim(s) for s in holders]
-    crowd = [make_spawner(tmp_path, backend_url, f"w{i:02d}") for i in range(WAITERS)]
+    crowd = [crowd_spawner(tmp_path, backend_url, f"w{i:02d}") for i in range(WAITERS)]
     tasks = []
     for s in crowd:
         tasks.append(asyncio.ensure_future(start_claim(s)))
         await asyncio.sleep(0.01)  # join in this order
     with Ledger.open(backend_url) as ledger:
-        await until(lambda: len(ledger.waiting()) == WAITERS, 20)
+        await until_async(lambda: len(ledger.waiting()) == WAITERS, 20, "all in line",
+                          show=ledger.waiting)
         # Every waiter hears its place.
-        await until(lambda: all(s.progress_log.events and "in line" in
-                                s.progress_log.events[-1]["message"] for s in crowd), 10)
+        await until_async(lambda: all(s.progress_log.events and "in line" in
+                                      s.progress_log.events[-1]["message"] for s in crowd),
+                          10, "every waiter told its place",
+                          show=lambda: [s.progress_log.events[-1:] for s in crowd])
         line = [e.user for e in ledger.waiting()]  # in the order they joined
         by_name = {s.user.name: s for s in crowd}
         assert [by_name[u].progress_log.events[-1]["message"].split(" in line")[0]
@@ -111,8 +104,9 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
         gaps = [gap]
         # ...and that pass read the GPUs once, not once per waiter.
         assert len(inventory_reads) - before <= 2
-        await until(lambda: by_name[line[1]].progress_log.events[-1]["message"].startswith(
-            "1st in line"), 5)
+        await until_async(lambda: by_name[line[1]].progress_log.events[-1]["message"]
+                          .startswith("1st in line"), 5, f"{line[1]} 1st in line",
+                          show=lambda: by_name[line[1]].progress_log.events)
         assert by_name[line[-1]].progress_log.events[-1]["message"].startswith(
             f"{waiting.ordinal(WAITERS - 1)} in line")
         ledger.release(first.id, ReleaseCode.STOPPED)

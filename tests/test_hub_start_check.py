@@ -22,16 +22,15 @@ from mig_spawner.config import load_config_files
 from mig_spawner.service.app import SliceServiceApp
 from mig_spawner.spawner.startup import check_hub_config
 from tests.support.hub_harness import HubProcess
+from tests.support.start_check import (
+    POLICY_WRONG,
+    SETTING_WRONG,
+    refusal,
+    write_snippets,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
-
-SPAWNER = """
-c = get_config()  # noqa: F821
-c.JupyterHub.spawner_class = "mig-simple"
-c.MIGSettings.simulate = "h200x1:layout=1g.18gb*7"
-"""
-
 
 def service(option: str) -> str:
     """A snippet starting the slice service on the hub's own config, plus ``option``."""
@@ -42,35 +41,11 @@ def service(option: str) -> str:
 
 
 GROUPS = "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb']}}"
-POLICY_WRONG = "the GPU policy in jupyterhub_config.d is wrong"
-SETTING_WRONG = "the configuration in jupyterhub_config.d is wrong"
-
-
-def write_snippets(tmp_path: Path, groups: str, extra: str = "") -> Path:
-    """A jupyterhub_config.d holding the spawner, ``groups`` and ``extra``."""
-    snippets = tmp_path / "jupyterhub_config.d"
-    snippets.mkdir()
-    (snippets / "10-spawner.py").write_text(SPAWNER)
-    (snippets / "20-groups.py").write_text("c = get_config()  # noqa: F821\n" + groups)
-    (snippets / "90-extra.py").write_text(
-        "c = get_config()  # noqa: F821\n" + textwrap.dedent(extra))
-    return snippets
-
-
 @pytest.fixture
 def hub_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The hub's working directory: its database and ledger would lie there."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def refusal(hub_dir: Path, groups: str, extra: str = "") -> str:
-    """What the start-up check stops the hub with, on the snippets of ``groups`` and
-    ``extra`` (loaded as ``jupyterhub_config.py`` loads them)."""
-    config = load_config_files(write_snippets(hub_dir, groups, extra))
-    with pytest.raises(SystemExit) as stopped:
-        check_hub_config(config)
-    return str(stopped.value.code)
 
 
 # --- what the check refuses, in-process ----------------------------------------------

@@ -25,25 +25,22 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from jupyterhub.objects import Hub
 from jupyterhub.spawner import SpawnException
-from traitlets.config import Config, PyFileConfigLoader
+from traitlets.config import PyFileConfigLoader
 
 from mig_spawner import device_cgroup, holder
 from mig_spawner.cli import demo, doctor
 from mig_spawner.cli.main import build_parser
-from mig_spawner.config import load_config_files
 from mig_spawner.core.catalog import capability_minors
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, SimpleLocalMIGSpawner
 from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
-from tests.mocking import User
 from tests.support.polling import until
+from tests.support.spawners import local_spawner, make_spawner
 from tests.support.system_deps import missing, require_device_cgroup
 
-GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1:layout=1g.18gb*2"  # two slices: ana's, and bob's
 # Existing devices a confined process may really open, one per allowed node.
 # (Not ptmx: a stand-in ptmx looks for a devpts beside itself.)
@@ -119,14 +116,11 @@ class ConfinedSpawner(SimpleLocalMIGSpawner):
 
 
 def spawner(tmp_path: Path, user: str, cls=SimpleLocalMIGSpawner):
-    c = Config(load_config_files(GROUPS))
-    c.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    c.MIGSettings.simulate = SIM
-    c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
-    c.LocalMIGSpawner.isolation = True  # off by default with simulated GPUs
-    c.LocalMIGSpawner.device_dir = str(tmp_path / "dev")
-    c.SimpleLocalMIGSpawner.home_dir_template = str(tmp_path / "home" / "{username}")
-    return cls(config=c, user=User(user, ["analysts"]), hub=Hub())
+    """``user``'s spawner with isolation on (off by default with simulated GPUs), its
+    device nodes the stand-ins under ``tmp_path/dev``."""
+    return local_spawner(tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}", user=user,
+                         sim=SIM, cls=cls, isolation=True, device_dir=str(tmp_path / "dev"),
+                         home_dir_template=str(tmp_path / "home" / "{username}"))
 
 
 def probed(path: Path, timeout: float = 15.0) -> dict:
@@ -370,7 +364,7 @@ def test_the_demo_flag_confines_simulated_servers_on_stand_in_nodes(tmp_path):
     made = demo.make_stand_ins(args, tmp_path)
     config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
     assert config.LocalMIGSpawner.isolation is True
-    s = SimpleLocalMIGSpawner(config=config, user=User("ana", ["analysts"]), hub=Hub())
+    s = make_spawner(config, cls=SimpleLocalMIGSpawner)
     assert s.isolation_mechanism() == device_cgroup.CGROUP_V1
     with connect(simulate=args.simulate, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
         inventory = gpus.inventory()

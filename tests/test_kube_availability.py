@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from mig_spawner.kube import ClusterAvailability, ClusterReadError, cluster_slices, pod_requests
 from tests.mocking import Seconds, h200_single
-from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
+from tests.support.kube_objects import gpu_labels, node, pod, run_check_command
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -247,16 +246,6 @@ async def test_unreachable_api_is_a_clear_error():
 
 
 # --- the admin's check: python -m mig_spawner.kube -----------------------------------
-
-
-async def run_check_command(standin, tmp_path, *args: str) -> tuple[int, str, str]:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_check_command_prints_free_slices_and_left_out_nodes(standin, tmp_path):

@@ -18,9 +18,8 @@ from mig_spawner.kube import ClusterAvailability
 from mig_spawner.kube.dra import claim_template, dra_slices, served_by
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.support.kube_dra import mig_device, resource_slice
-from tests.support.kube_objects import node, pod, write_kubeconfig
-from tests.test_kube_availability import run_check_command
-from tests.test_kube_spawner import held, make, standin  # noqa: F401 (a fixture)
+from tests.support.kube_objects import node, pod, run_check_command, write_kubeconfig
+from tests.support.spawners import held, kube_spawner
 
 
 def h200_node(name: str = "gpu-h1") -> dict:
@@ -80,10 +79,10 @@ def test_the_cluster_says_whether_it_serves_mig_through_dra_or_the_device_plugin
 
 
 @pytest.fixture
-async def dra(standin):  # noqa: F811 (the fixture imported above)
-    """The stand-in (test_kube_spawner's: the documented RBAC, DRA rules included) with
-    one H200 node whose MIG devices the DRA driver publishes."""
-    server = standin
+async def dra(kube):
+    """The stand-in (the documented RBAC, DRA rules included) with one H200 node whose
+    MIG devices the DRA driver publishes."""
+    server = kube
     server.nodes = [h200_node()]
     server.dra.slices = [h200_slice()]
     return server
@@ -98,7 +97,7 @@ async def test_availability_reads_resource_slices_and_claims_through_the_api(dra
 
 async def test_a_dra_spawn_carries_a_claim_that_the_scheduler_allocates(dra, tmp_path):
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    s = make(dra, ledger_url, profile="small", mig_resource_api="dra")
+    s = kube_spawner(dra, ledger_url, profile="small", mig_resource_api="dra")
     assert "2 free now" in await s.render_options_form()
     await s.start()
     spec = next(p for p in dra.pods if p["metadata"]["name"] == s.pod_name)["spec"]
@@ -116,15 +115,15 @@ async def test_a_dra_spawn_carries_a_claim_that_the_scheduler_allocates(dra, tmp
     (lease,) = held(ledger_url)
     assert (lease.profile, lease.node) == ("1g.18gb", "gpu-h1")
     KubeMIGSpawner._readers.clear()
-    assert "1 free now" in await make(dra, ledger_url, name="ben", mig_resource_api="dra"
-                                      ).render_options_form()
+    assert "1 free now" in await kube_spawner(dra, ledger_url, name="ben", mig_resource_api="dra"
+                                              ).render_options_form()
     await s.stop()
     assert dra.dra.claims == [] and held(ledger_url) == []
 
 
 async def test_a_size_no_device_has_is_refused_in_words(dra, tmp_path):
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    s = make(dra, ledger_url, profile="large", mig_resource_api="dra")
+    s = kube_spawner(dra, ledger_url, profile="large", mig_resource_api="dra")
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.jupyterhub_message.startswith(

@@ -20,9 +20,7 @@ from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
 from tests.support.hub_standin import StandinState
 from tests.support.kube_objects import pod
-from tests.test_kube_spawner import a100_node, created, held, make
-from tests.test_kube_spawner import ledger_url as ledger_url
-from tests.test_kube_spawner import standin as standin
+from tests.support.spawners import a100_node, created, held, kube_spawner
 
 POLICY = MIGPolicyConfig(group_policies={"analysts": {"allowed": ["1g.10gb"]}}).build()
 POD = "jupyterhub/jupyter-ana"
@@ -70,79 +68,79 @@ async def repair(hub: str, ledger: Ledger) -> tuple[Sweeper, list]:
 
 
 async def test_orphan_whose_pod_runs_is_released_only_after_the_pod_is_deleted(
-    standin, hub, ledger
+    kube, hub, ledger
 ):
-    standin.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
+    kube.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
     lease_id = kube_lease(ledger)
     sweeper, released = await repair(hub, ledger)
     assert [x.id for x in released] == [lease_id]
-    assert standin.pods == []
+    assert kube.pods == []
     # Deleted by UID only: a pod recreated under the name meanwhile would be refused.
-    ((_, name, options),) = standin.deletes
+    ((_, name, options),) = kube.deletes
     assert name == "jupyter-ana" and options["preconditions"] == {"uid": UID}
     assert sweeper.metrics.holders_stopped._value.get() == 1
 
 
 async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod_kept(
-    standin, hub, ledger
+    kube, hub, ledger
 ):
     newer = pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})
     newer["metadata"]["uid"] = "uid-of-a-later-pod"
-    standin.pods = [newer]
+    kube.pods = [newer]
     recreated = kube_lease(ledger)
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [recreated]
-    assert standin.pods == [newer] and standin.deletes == []
+    assert kube.pods == [newer] and kube.deletes == []
 
-    standin.pods = []
+    kube.pods = []
     gone = kube_lease(ledger)
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [gone]
 
 
 async def test_orphan_whose_pod_cannot_be_read_keeps_its_slice_and_is_counted(
-    standin, hub, ledger
+    kube, hub, ledger
 ):
-    standin.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
-    standin.fail_with = (503, "etcd is unavailable")
+    kube.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
+    kube.fail_with = (503, "etcd is unavailable")
     lease_id = kube_lease(ledger)
     sweeper, released = await repair(hub, ledger)
     assert released == [] and ledger.get(lease_id).held
     assert sweeper.metrics.holders_unknown._value.get() == 1
-    assert len(standin.pods) == 1
+    assert len(kube.pods) == 1
 
 
 async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_lease(
-    standin, ledger_url
+    kube, ledger_url
 ):
     """The hub died after the pod started but before it saved the server's state: the
     next start of that server finds the lease, deletes the old pod (by its recorded UID)
     and only then releases the lease and starts anew."""
-    standin.nodes = [a100_node("gpu-a1")]
-    lost = make(standin, ledger_url)
+    kube.nodes = [a100_node("gpu-a1")]
+    lost = kube_spawner(kube, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
-    assert lease.holder_pod_uid == created(standin, lost.pod_name)["metadata"]["uid"]
+    assert lease.holder_pod_uid == created(kube, lost.pod_name)["metadata"]["uid"]
 
-    again = make(standin, ledger_url)  # no saved state
+    again = kube_spawner(kube, ledger_url)  # no saved state
     await again.start()
-    assert standin.deletes[0][2]["preconditions"] == {"uid": lease.holder_pod_uid}
+    assert kube.deletes[0][2]["preconditions"] == {"uid": lease.holder_pod_uid}
     with Ledger.open(ledger_url) as led:
         assert led.get(lease.id).release_code == "stale"
     await again.stop()
 
 
 async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
-    standin, ledger_url
+    kube, ledger_url
 ):
-    standin.nodes = [a100_node("gpu-a1")]
-    lost = make(standin, ledger_url)
+    kube.nodes = [a100_node("gpu-a1")]
+    lost = kube_spawner(kube, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
     held_back = RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get()
 
-    standin.fail_with = (503, "etcd is unavailable")
-    again = make(standin, ledger_url)
+    kube.fail_with = (503, "etcd is unavailable")
+    again = kube_spawner(kube, ledger_url)
     try:
         with pytest.raises(SpawnException, match="not given back yet"):
             await again.start()
@@ -151,4 +149,4 @@ async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
             retry.cancel()
     assert [x.id for x in held(ledger_url)] == [lease.id]
     assert RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get() == held_back + 1
-    assert len(standin.pods) == 1
+    assert len(kube.pods) == 1

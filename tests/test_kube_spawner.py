@@ -9,106 +9,17 @@ from pathlib import Path
 
 import pytest
 from jupyterhub.spawner import SpawnException
-from kubernetes_asyncio.config import kube_config
-from kubespawner import KubeSpawner
 from traitlets import TraitError
-from traitlets.config import Config
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.spawner.kube import KubeMIGSpawner
-from tests.mocking import User, h200_single
-from tests.support.kube_admission import documented_roles
-from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
+from tests.mocking import h200_single
+from tests.support.kube_objects import gpu_labels, node, pod
 from tests.support.polling import until_async
+from tests.support.spawners import a100_node, created, held, kube_spawner, make_spawner
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-class OrmSpawner:
-    """The database row JupyterHub keeps per server: its name and last options."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.user_options: dict | None = None
-        self.server = None
-
-
-class Hub:
-    public_host = "hub.example.org"
-    url = "http://hub:8081/hub/"
-    base_url = "/hub/"
-    api_url = "http://hub:8081/hub/api"
-
-
-def a100_node(name: str, *, state: str = "success", **kw) -> dict:
-    return node(
-        name,
-        gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-balanced", state=state),
-        {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
-        **kw,
-    )
-
-
-@pytest.fixture
-async def standin(kube_standin, tmp_path, monkeypatch):
-    """The stand-in API server, as KubeSpawner's default kubeconfig; the hub may do what
-    the Roles in docs/kubernetes.md allow, no more."""
-    server = kube_standin
-    server.rbac = documented_roles(DOC)
-    path = write_kubeconfig(tmp_path / "kubeconfig", server.url)
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
-    yield server
-    # KubeSpawner keeps pod reflectors per class across spawners: stop them with the loop.
-    for reflector in list(KubeSpawner.reflectors.values()):
-        await reflector.stop()
-    KubeSpawner.reflectors.clear()
-    KubeMIGSpawner._readers.clear()
-
-
-@pytest.fixture
-def ledger_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-
-
-def config(ledger_url: str, allowed=("small", "large"), **spawner) -> Config:
-    c = Config()
-    c.MIGPolicyConfig.slice_classes = {
-        "small": {"display_name": "Small", "profiles": {"a100-80gb": "1g.10gb",
-                                                        "h100": "1g.10gb",
-                                                        "h200": "1g.18gb"}},
-        "large": {"display_name": "Large", "profiles": {"a100-80gb": "3g.40gb"}},
-    }
-    c.MIGPolicyConfig.group_policies = {
-        "analysts": {"allowed": list(allowed), "max_slices_per_user": 1},
-    }
-    c.MIGSettings.ledger_url = ledger_url
-    c.KubeMIGSpawner.namespace = "jupyterhub"
-    c.KubeMIGSpawner.events_enabled = False
-    c.KubeMIGSpawner.start_timeout = 20
-    c.KubeMIGSpawner.k8s_api_request_retry_timeout = 5
-    for key, value in spawner.items():
-        setattr(c.KubeMIGSpawner, key, value)
-    return c
-
-
-def make(standin, ledger_url, name="ana", groups=("analysts",), profile="small", server="",
-         allowed=("small", "large"), **spawner) -> KubeMIGSpawner:
-    s = KubeMIGSpawner(
-        config=config(ledger_url, allowed, k8s_api_host=standin.url, **spawner),
-        user=User(name, list(groups)),
-        hub=Hub(),
-        orm_spawner=OrmSpawner(server),
-        _mock=True,
-    )
-    s.user_options = {"profile": profile}
-    s.api_token = "token"
-    return s
-
-
-def created(standin, name: str) -> dict:
-    return next(p for p in standin.pods if p["metadata"]["name"] == name)
 
 
 async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
@@ -117,20 +28,15 @@ async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
                       f"the reflector without {s.pod_ref}", every=0.05)
 
 
-def held(ledger_url: str) -> list:
-    with Ledger.open(ledger_url) as ledger:
-        return ledger.active()
-
-
-async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(standin, ledger_url):
-    standin.nodes = [a100_node("gpu-a1", taints=[GPU_TAINT])]
-    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
-             environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0",
-                          "TEAM": "analytics"})
+async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(kube, ledger_url):
+    kube.nodes = [a100_node("gpu-a1", taints=[GPU_TAINT])]
+    s = kube_spawner(kube, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+                     environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0",
+                                  "TEAM": "analytics"})
     url = await s.start()
     assert url.startswith("http://10.244.0.")
 
-    spec = created(standin, s.pod_name)["spec"]
+    spec = created(kube, s.pod_name)["spec"]
     notebook = spec["containers"][0]
     assert notebook["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
     assert notebook["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
@@ -148,39 +54,39 @@ async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(stand
     assert s.get_state()["mig_lease_id"] == lease.id
 
     await s.stop()
-    assert standin.pods == []
+    assert kube.pods == []
     assert held(ledger_url) == []
 
 
-async def test_single_strategy_pod_selects_the_mig_product_node(standin, ledger_url):
-    standin.nodes = [h200_single("gpu-h1", slices=2)]
-    s = make(standin, ledger_url, profile="small",
-             mig_node_selector={"pool": "gpu"})
-    standin.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+async def test_single_strategy_pod_selects_the_mig_product_node(kube, ledger_url):
+    kube.nodes = [h200_single("gpu-h1", slices=2)]
+    s = kube_spawner(kube, ledger_url, profile="small",
+                     mig_node_selector={"pool": "gpu"})
+    kube.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
     await s.start()
-    spec = created(standin, s.pod_name)["spec"]
+    spec = created(kube, s.pod_name)["spec"]
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert spec["nodeSelector"] == {"pool": "gpu",
                                     "nvidia.com/gpu.product": "NVIDIA-H200-MIG-1g.18gb"}
     await s.stop()
 
 
-async def test_mixed_fleet_class_goes_to_the_model_with_room(standin, ledger_url):
+async def test_mixed_fleet_class_goes_to_the_model_with_room(kube, ledger_url):
     """'small' means 1g.10gb on A100 and 1g.18gb on H200: each spawn goes where most are
     free (ties: model key order), and the pod is pinned to that model's nodes."""
-    standin.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=1)]
-    spawners = [make(standin, ledger_url, name=n) for n in ("ana", "ben", "cy")]
+    kube.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=1)]
+    spawners = [kube_spawner(kube, ledger_url, name=n) for n in ("ana", "ben", "cy")]
     for s in spawners:
         await s.start()
     placed = {p["metadata"]["name"]: (p["spec"]["nodeName"],
                                        p["spec"]["containers"][0]["resources"]["limits"])
-              for p in standin.pods}
+              for p in kube.pods}
     assert placed == {
         "jupyter-ana": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
         "jupyter-ben": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
         "jupyter-cy": ("gpu-h1", {"nvidia.com/gpu": "1"}),
     }
-    terms = created(standin, "jupyter-ana")["spec"]["affinity"]["nodeAffinity"][
+    terms = created(kube, "jupyter-ana")["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
                                             "values": ["NVIDIA-A100-SXM4-80GB"]}]}]
@@ -192,37 +98,37 @@ async def test_mixed_fleet_class_goes_to_the_model_with_room(standin, ledger_url
 
 
 async def test_a_whole_gpu_pod_asks_for_nvidia_com_gpu_on_a_mixed_strategy_node(
-        standin, ledger_url):
+        kube, ledger_url):
     """Mixed strategy advertises a node's GPUs with MIG off as nvidia.com/gpu beside its
     MIG slices: the whole-GPU offer asks for one of those, pinned to the model's nodes,
     and is charged the model's compute slices."""
-    standin.nodes = [node("gpu-a1", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed"),
-                          {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu": "1"})]
+    kube.nodes = [node("gpu-a1", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed"),
+                       {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu": "1"})]
     allowed = ("small", "gpu")
-    whole = make(standin, ledger_url, profile="gpu", allowed=allowed)
+    whole = kube_spawner(kube, ledger_url, profile="gpu", allowed=allowed)
     assert "A whole GPU" in await whole.render_options_form()
     await whole.start()
-    spec = created(standin, whole.pod_name)["spec"]
+    spec = created(kube, whole.pod_name)["spec"]
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert spec["nodeName"] == "gpu-a1"
-    small = make(standin, ledger_url, name="ben", allowed=allowed)
+    small = kube_spawner(kube, ledger_url, name="ben", allowed=allowed)
     await small.start()
-    assert created(standin, small.pod_name)["spec"]["containers"][0]["resources"][
+    assert created(kube, small.pod_name)["spec"]["containers"][0]["resources"][
         "limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert sorted((lease.user, lease.mode, lease.profile, lease.compute_slices)
                   for lease in held(ledger_url)) == [("ana", "kube", "gpu", 7),
                                                      ("ben", "kube", "1g.10gb", 1)]
     with pytest.raises(SpawnException, match="slices of the cluster are in use"):
-        await make(standin, ledger_url, name="cy", profile="gpu", allowed=allowed).start()
+        await kube_spawner(kube, ledger_url, name="cy", profile="gpu", allowed=allowed).start()
     for s in (whole, small):
         await s.stop()
 
 
-async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledger_url):
-    standin.nodes = [a100_node("gpu-a1")]
-    standin.pods = [pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
-                        namespace="batch")]
-    s = make(standin, ledger_url, profile="large")
+async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(kube, ledger_url):
+    kube.nodes = [a100_node("gpu-a1")]
+    kube.pods = [pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
+                     namespace="batch")]
+    s = kube_spawner(kube, ledger_url, profile="large")
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.status_code == 503
@@ -233,14 +139,14 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledg
         await until_async(ledger.refusals, 10, "the refusal recorded")
         assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
-    assert [p["metadata"]["name"] for p in standin.pods] == ["batch-train"]
+    assert [p["metadata"]["name"] for p in kube.pods] == ["batch-train"]
 
 
 async def test_node_being_reconfigured_is_not_offered_and_the_refusal_says_so(
-    standin, ledger_url
+    kube, ledger_url
 ):
-    standin.nodes = [a100_node("gpu-a1", state="pending")]
-    s = make(standin, ledger_url, profile="large")
+    kube.nodes = [a100_node("gpu-a1", state="pending")]
+    s = kube_spawner(kube, ledger_url, profile="large")
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert "gpu-a1: MIG Manager is applying a layout" in str(info.value)
@@ -250,30 +156,30 @@ async def test_node_being_reconfigured_is_not_offered_and_the_refusal_says_so(
     assert held(ledger_url) == []
 
 
-async def test_form_shows_cluster_free_counts_from_one_cached_read(standin, ledger_url):
-    standin.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=3)]
-    standin.pods = [pod("other", "gpu-h1", {"nvidia.com/gpu": "1"}, namespace="x")]
-    forms = [await make(standin, ledger_url, name=f"u{i}").render_options_form()
+async def test_form_shows_cluster_free_counts_from_one_cached_read(kube, ledger_url):
+    kube.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=3)]
+    kube.pods = [pod("other", "gpu-h1", {"nvidia.com/gpu": "1"}, namespace="x")]
+    forms = [await kube_spawner(kube, ledger_url, name=f"u{i}").render_options_form()
              for i in range(5)]
     assert "4 free now" in forms[0]  # small: 2 A100 1g.10gb + 2 H200 1g.18gb
     assert "1 free now" in forms[0]  # large: the A100's 3g.40gb
     assert len(set(forms)) == 1
-    assert standin.list_hits() == 2  # five users, one Node list and one Pod list
+    assert kube.list_hits() == 2  # five users, one Node list and one Pod list
 
 
-async def test_form_counts_a_profile_that_two_models_share_once(standin, ledger_url):
+async def test_form_counts_a_profile_that_two_models_share_once(kube, ledger_url):
     """'small' is 1g.10gb on the A100 80GB and on the H100: 2 + 3 free, not 5 per model."""
     h100 = node("gpu-h1", gpu_labels("NVIDIA-H100-80GB-HBM3", "mixed"),
                 {"nvidia.com/mig-1g.10gb": "3"})
-    standin.nodes = [a100_node("gpu-a1"), h100]
-    form = await make(standin, ledger_url).render_options_form()
+    kube.nodes = [a100_node("gpu-a1"), h100]
+    form = await kube_spawner(kube, ledger_url).render_options_form()
     assert "5 free now" in form and "10 free now" not in form
 
 
-async def test_form_says_why_when_the_cluster_cannot_be_read(standin, ledger_url):
-    standin.fail_with = (403, 'nodes is forbidden: User "system:serviceaccount:jhub:hub" '
+async def test_form_says_why_when_the_cluster_cannot_be_read(kube, ledger_url):
+    kube.fail_with = (403, 'nodes is forbidden: User "system:serviceaccount:jhub:hub" '
                               'cannot list resource "nodes"')
-    form = await make(standin, ledger_url).render_options_form()
+    form = await kube_spawner(kube, ledger_url).render_options_form()
     assert "The cluster&#39;s GPU nodes cannot be read right now. Try again" in form
     # The API server's words name accounts and resources: for the hub log only.
     assert "serviceaccount" not in form and "free now" not in form
@@ -281,35 +187,35 @@ async def test_form_says_why_when_the_cluster_cannot_be_read(standin, ledger_url
     assert "button.disabled = true" in form  # nor Start
 
 
-async def test_quota_is_checked_in_the_ledger_before_the_cluster(standin, ledger_url):
-    standin.nodes = [a100_node("gpu-a1")]
-    first = make(standin, ledger_url, server="one")
+async def test_quota_is_checked_in_the_ledger_before_the_cluster(kube, ledger_url):
+    kube.nodes = [a100_node("gpu-a1")]
+    first = kube_spawner(kube, ledger_url, server="one")
     await first.start()
-    second = make(standin, ledger_url, server="two")
+    second = kube_spawner(kube, ledger_url, server="two")
     with pytest.raises(SpawnException) as info:
         await second.start()
     assert info.value.status_code == 409
     assert "you already hold 1 of 1" in str(info.value)
-    assert len(standin.pods) == 1
+    assert len(kube.pods) == 1
     await first.stop()
 
 
-async def test_unschedulable_pod_gives_its_slice_back(standin, ledger_url):
+async def test_unschedulable_pod_gives_its_slice_back(kube, ledger_url):
     """The cluster looked free but the pod cannot be placed (here: a configured node
     selector no node has): the start times out and the lease is released."""
-    standin.nodes = [a100_node("gpu-a1")]
-    s = make(standin, ledger_url, profile="large", mig_node_selector={"pool": "none"},
-             start_timeout=2)
+    kube.nodes = [a100_node("gpu-a1")]
+    s = kube_spawner(kube, ledger_url, profile="large", mig_node_selector={"pool": "none"},
+                     start_timeout=2)
     with pytest.raises(TimeoutError):
         await s.start()
     assert held(ledger_url) == []
 
 
-async def test_manifest_without_a_lease_has_no_gpu(standin, ledger_url):
-    standin.nodes = [a100_node("gpu-a1")]
-    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
-             mig_node_selector={"pool": "gpu"})
-    standin.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+async def test_manifest_without_a_lease_has_no_gpu(kube, ledger_url):
+    kube.nodes = [a100_node("gpu-a1")]
+    s = kube_spawner(kube, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+                     mig_node_selector={"pool": "gpu"})
+    kube.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
     await s.start()
     await s.stop()
     pod_after = await s.get_pod_manifest()
@@ -329,7 +235,7 @@ def test_bad_settings_are_refused_at_config_time(tmp_path):
         KubeMIGSpawner(_mock=True, mig_tolerations=[{"key": "a", "operator": "Is"}])
 
 
-async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_url):
+async def test_shipped_example_config_builds_a_working_spawner(kube, ledger_url):
     """jupyterhub_config.d/examples/kube.py with the shipped group policies."""
     from traitlets.utils.importstring import import_item
 
@@ -339,10 +245,9 @@ async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_u
     c = load_config_files([shipped / "20-groups.py", shipped / "examples" / "kube.py"])
     assert import_item(c.JupyterHub.spawner_class) is KubeMIGSpawner
     c.MIGSettings.ledger_url = ledger_url
-    c.KubeMIGSpawner.k8s_api_host = standin.url
-    s = KubeMIGSpawner(config=c, user=User("ana", ["analysts"]), hub=Hub(),
-                       orm_spawner=OrmSpawner(""), _mock=True)
-    standin.nodes = [h200_single("gpu-h1", slices=2, taints=[GPU_TAINT])]
+    c.KubeMIGSpawner.k8s_api_host = kube.url
+    s = make_spawner(c, cls=KubeMIGSpawner)
+    kube.nodes = [h200_single("gpu-h1", slices=2, taints=[GPU_TAINT])]
     form = await s.render_options_form()
     assert "2 free now" in form  # the example tolerates the usual GPU taint
 
@@ -356,22 +261,22 @@ def test_every_setting_is_explained():
 
 
 async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_frees_it(
-    standin, ledger_url
+    kube, ledger_url
 ):
-    standin.nodes = [a100_node("gpu-a1")]
-    before = make(standin, ledger_url, name="ana")
+    kube.nodes = [a100_node("gpu-a1")]
+    before = kube_spawner(kube, ledger_url, name="ana")
     await before.start()
     state = before.get_state()
     (lease,) = held(ledger_url)
 
     # The hub restarts: a new spawner object gets the saved state and polls.
-    after = make(standin, ledger_url, name="ana")
+    after = kube_spawner(kube, ledger_url, name="ana")
     after.load_state(state)
     assert await after.poll() is None
     assert [x.id for x in held(ledger_url)] == [lease.id]
 
     # The pod is deleted behind the hub's back (node drained, kubectl delete ...).
-    standin.delete_pod("jupyterhub", after.pod_name)
+    kube.delete_pod("jupyterhub", after.pod_name)
     await hub_sees_pod_gone(after)
     assert await after.poll() is not None
     assert held(ledger_url) == []
@@ -381,40 +286,40 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
 
 
 async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_the_slice(
-    standin, ledger_url
+    kube, ledger_url
 ):
     """The pod Terminates for a while and holds its slice meanwhile; another user's form
     read then sees the slice taken. Once stop returns it is free, and the same user's
     start right after gets it (not the form's stale 'all in use')."""
-    standin.nodes = [a100_node("gpu-a1")]
-    standin.shutdown_seconds = 0.5
-    s = make(standin, ledger_url, profile="large")
+    kube.nodes = [a100_node("gpu-a1")]
+    kube.shutdown_seconds = 0.5
+    s = kube_spawner(kube, ledger_url, profile="large")
     await s.start()
     stopping = asyncio.ensure_future(s.stop())
-    await until_async(lambda: created(standin, s.pod_name)["metadata"].get("deletionTimestamp"),
+    await until_async(lambda: created(kube, s.pod_name)["metadata"].get("deletionTimestamp"),
                       10, "the pod terminating")
     assert len(held(ledger_url)) == 1  # released only once the pod is gone
-    other = await make(standin, ledger_url, name="ben").render_options_form()
+    other = await kube_spawner(kube, ledger_url, name="ben").render_options_form()
     assert "Unavailable: the only large slice is in use right now" in other
     await stopping
-    assert standin.pods == [] and held(ledger_url) == []
+    assert kube.pods == [] and held(ledger_url) == []
     await s.start()
-    assert created(standin, s.pod_name)["status"]["phase"] == "Running"
+    assert created(kube, s.pod_name)["status"]["phase"] == "Running"
     await s.stop()
 
 
-async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(standin, ledger_url):
+async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(kube, ledger_url):
     """A pod outside the hub takes the last slice between the check and the pod: the
     pod is Pending, the progress page shows the scheduler's reason, and the pod starts
     when the other one goes."""
-    standin.nodes = [a100_node("gpu-a1")]
+    kube.nodes = [a100_node("gpu-a1")]
 
     def batch_job_takes_the_slice(spawner, pod_manifest):
-        standin.pods.append(pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
-                                namespace="batch"))
+        kube.pods.append(pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
+                             namespace="batch"))
         return pod_manifest
 
-    s = make(standin, ledger_url, profile="large", modify_pod_hook=batch_job_takes_the_slice)
+    s = kube_spawner(kube, ledger_url, profile="large", modify_pod_hook=batch_job_takes_the_slice)
     starting = asyncio.ensure_future(s.start())
     await asyncio.sleep(0)  # JupyterHub reads the progress of a start under way
 
@@ -429,20 +334,20 @@ async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(standin
     messages = await asyncio.wait_for(until_waiting(), 10)
     assert messages[-1] == ("Waiting for room in the cluster: 0/1 nodes are available: "
                             "1 Insufficient nvidia.com/mig-3g.40gb.")
-    assert created(standin, s.pod_name)["status"]["phase"] == "Pending"
-    standin.delete_pod("batch", "batch-train")
+    assert created(kube, s.pod_name)["status"]["phase"] == "Pending"
+    kube.delete_pod("batch", "batch-train")
     await starting
-    assert created(standin, s.pod_name)["spec"]["nodeName"] == "gpu-a1"
+    assert created(kube, s.pod_name)["spec"]["nodeName"] == "gpu-a1"
     await s.stop()
 
 
 async def test_a_forbidden_pod_is_plain_words_to_the_user_and_named_in_the_log(
-    standin, ledger_url, caplog
+    kube, ledger_url, caplog
 ):
-    standin.nodes = [a100_node("gpu-a1")]
-    standin.rbac = [replace(r, verbs=r.verbs - {"create"}) if r.namespace else r
-                    for r in standin.rbac]
-    s = make(standin, ledger_url, profile="large")
+    kube.nodes = [a100_node("gpu-a1")]
+    kube.rbac = [replace(r, verbs=r.verbs - {"create"}) if r.namespace else r
+                 for r in kube.rbac]
+    s = kube_spawner(kube, ledger_url, profile="large")
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.jupyterhub_message == (
@@ -453,35 +358,35 @@ async def test_a_forbidden_pod_is_plain_words_to_the_user_and_named_in_the_log(
     assert held(ledger_url) == []
 
 
-async def test_a_product_name_too_long_for_a_label_still_gets_its_node(standin, ledger_url):
+async def test_a_product_name_too_long_for_a_label_still_gets_its_node(kube, ledger_url):
     """GFD cuts 'NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition-MIG-1g.24gb'
     (67 characters, over the API's 63) to fit; the hub knows the model and selects the
     label the node carries, which admission accepts."""
     label = "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edi-MIG-1g.24gb"
-    standin.nodes = [node("gpu-r1", gpu_labels(label, "single"), {"nvidia.com/gpu": "4"})]
-    s = make(standin, ledger_url, profile="tiny")
+    kube.nodes = [node("gpu-r1", gpu_labels(label, "single"), {"nvidia.com/gpu": "4"})]
+    s = kube_spawner(kube, ledger_url, profile="tiny")
     s.config.MIGPolicyConfig.slice_classes["tiny"] = {
         "display_name": "Tiny", "profiles": {"rtx-pro-6000": "1g.24gb"}}
     s.config.MIGPolicyConfig.group_policies["analysts"]["allowed"].append("tiny")
     await s.start()
-    spec = created(standin, s.pod_name)["spec"]
+    spec = created(kube, s.pod_name)["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": label}
     assert spec["nodeName"] == "gpu-r1"
     await s.stop()
 
 
 async def test_after_an_expired_watch_the_hub_lists_again_and_sees_what_happened(
-    standin, ledger_url
+    kube, ledger_url
 ):
     """The API server compacted its history: the pod watch ends with 410 Gone, and
     KubeSpawner's reflector lists again, so a pod deleted meanwhile is noticed."""
-    standin.nodes = [a100_node("gpu-a1")]
-    s = make(standin, ledger_url)
+    kube.nodes = [a100_node("gpu-a1")]
+    s = kube_spawner(kube, ledger_url)
     await s.start()
-    lists = standin.hits["/api/v1/namespaces/jupyterhub/pods"]
-    standin.expire_watches()
-    standin.delete_pod("jupyterhub", s.pod_name)
+    lists = kube.hits["/api/v1/namespaces/jupyterhub/pods"]
+    kube.expire_watches()
+    kube.delete_pod("jupyterhub", s.pod_name)
     await hub_sees_pod_gone(s)
     assert await s.poll() is not None
-    assert standin.hits["/api/v1/namespaces/jupyterhub/pods"] > lists
+    assert kube.hits["/api/v1/namespaces/jupyterhub/pods"] > lists
     assert held(ledger_url) == []

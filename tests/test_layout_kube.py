@@ -23,9 +23,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView
 from mig_spawner.spawner.kube_decide import ClaimTarget, make_kube_decide
 from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import gpu_labels, node, pod, write_kubeconfig
-from tests.test_kube_spawner import a100_node, make
-from tests.test_kube_spawner import ledger_url as ledger_url
-from tests.test_kube_spawner import standin as standin
+from tests.support.spawners import a100_node, kube_spawner
 
 HOUR = 3600.0
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -131,15 +129,15 @@ async def test_mig_manager_failing_fails_the_change_and_ends_the_hold(cluster):
     assert failed.state is PlanState.FAILED and ledger.holds() == {}
 
 
-async def test_the_form_tells_a_held_node_apart_from_a_free_one(standin, ledger_url):
+async def test_the_form_tells_a_held_node_apart_from_a_free_one(kube, ledger_url):
     """A node held for a re-cut but not labelled yet is not counted free on the form:
     its sizes say why they are unavailable, as a claim would (Reason.GPU_RECUT)."""
-    standin.nodes = [a100_node("gpu-a1"), a100_node("gpu-a2")]
+    kube.nodes = [a100_node("gpu-a1"), a100_node("gpu-a2")]
     # gpu-a2's 3g.40gb is taken: only the held gpu-a1 has a 'large' left.
-    standin.pods = [pod("other", "gpu-a2", {"nvidia.com/mig-3g.40gb": "1"}, namespace="x")]
+    kube.pods = [pod("other", "gpu-a2", {"nvidia.com/mig-3g.40gb": "1"}, namespace="x")]
     with Ledger.open(ledger_url) as ledger:
         begin_kube(ledger, "gpu-a1", "all-1g.10gb")
-    form = await make(standin, ledger_url).render_options_form()
+    form = await kube_spawner(kube, ledger_url).render_options_form()
     assert "2 free now" in form and "4 free now" not in form  # small: gpu-a2's only
     assert "not free for a while: an admin is re-cutting its GPU" in form  # large
     assert "1 free now" not in form

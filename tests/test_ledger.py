@@ -36,37 +36,7 @@ from mig_spawner.ledger.migrate import head_revision
 from mig_spawner.ledger.models import VERSION_TABLE, metadata
 from mig_spawner.spawner.decide import holdings
 from tests.mocking import T0, Clock
-
-HOST = "gpu-host-1"
-GPUS = ("GPU-aaaa", "GPU-bbbb")
-
-
-class NoFreeSlot(Exception):
-    """Stands for the allocator's refusal."""
-
-
-
-
-def first_free(view: LedgerView, size: int = 1, mode: str = "dynamic") -> Grant:
-    """A tiny allocator: first GPU/start where ``size`` memory slices (of 7) are free."""
-    for index, gpu in enumerate(GPUS):
-        taken = view.taken(HOST, gpu)
-        for start in range(0, 8 - size, size):
-            if taken.isdisjoint(range(start, start + size)):
-                return Grant(
-                    group="physics",
-                    profile=f"{size}g.{10 * size}gb",
-                    compute_slices=size,
-                    mode=mode,
-                    host=HOST,
-                    gpu_uuid=gpu,
-                    gpu_index=index,
-                    start=start,
-                    size=size,
-                    mig_uuid=f"MIG-{gpu}-{start}" if mode == "pool" else None,
-                    expires_at=view.now + timedelta(hours=8),
-                )
-    raise NoFreeSlot(f"no {size}-slice placement free for {view.request.user}")
+from tests.support.grants import GPUS, HOST, NoFreeSlot, first_free
 
 
 def fixed(start: int, size: int = 1, group: str = "physics", gpu: str = GPUS[0]):

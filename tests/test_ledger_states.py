@@ -32,7 +32,7 @@ from mig_spawner.ledger import (
 )
 from mig_spawner.ledger.engine import create_ledger_engine
 from mig_spawner.ledger.migrate import alembic_config, upgrade
-from tests.test_ledger import first_free
+from tests.support.grants import first_free
 
 ILLEGAL_LEASE_MOVES = [(old, new) for old, new in itertools.product(LeaseState, LeaseState)
                        if not lease_move_allowed(old, new)]

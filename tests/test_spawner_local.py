@@ -17,38 +17,21 @@ from pathlib import Path
 
 import pytest
 from jupyterhub.spawner import SpawnException
-from traitlets.config import Config
 
-from mig_spawner.config import load_config_files
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.runtime import DEMAND_WINDOW
-from tests.mocking import User
 from tests.support.polling import until_async
+from tests.support.spawners import local_spawner
 
-GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 SIM = "h200x1"
-
-
-@pytest.fixture
-def ledger_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
 
 
 @pytest.fixture
 def sim(tmp_path):
     return SimulatedHost.from_spec(SIM, tmp_path / "sim-gpus.json")
-
-
-def spawner(tmp_path, ledger_url, mode="pool", user="ana", groups=("analysts",), sim=SIM):
-    c = Config(load_config_files(GROUPS))
-    c.MIGSettings.ledger_url = ledger_url
-    c.MIGSettings.simulate = sim
-    c.MIGSettings.sim_state_file = str(tmp_path / "sim-gpus.json")
-    c.LocalMIGSpawner.mig_mode = mode
-    return LocalMIGSpawner(config=c, user=User(user, list(groups)))
 
 
 class _Radios(HTMLParser):
@@ -76,7 +59,7 @@ async def test_a_hub_without_root_offers_and_grants_slices(tmp_path, ledger_url,
     """NVML refuses such a hub the parent GPU's memory and process list: the form, the
     choice of a slice and (dynamic) making it work from what stays readable."""
     SimulatedHost.from_spec(spec, tmp_path / "sim-gpus.json")
-    s = spawner(tmp_path, ledger_url, mode=mode, sim=spec)
+    s = local_spawner(tmp_path, ledger_url, mode=mode, sim=spec)
     small = next(r for r in radios(await s.render_options_form()) if r["value"] == "small")
     assert "disabled" not in small
     mine = s.user_policy(s.policies())
@@ -90,7 +73,7 @@ async def test_a_hub_without_root_offers_and_grants_slices(tmp_path, ledger_url,
 
 
 async def test_form_says_why_when_the_gpu_cannot_be_read(tmp_path, ledger_url, sim, caplog):
-    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    s = local_spawner(tmp_path, ledger_url, mode="dynamic")
     sim.inject_error("nvmlDeviceGetCount_v2", "GPU_IS_LOST")
     with caplog.at_level(logging.ERROR):
         html = await s.render_options_form()
@@ -110,7 +93,7 @@ async def test_form_says_why_when_the_gpu_cannot_be_read(tmp_path, ledger_url, s
 
 async def test_form_says_why_when_the_ledger_cannot_be_read(tmp_path, sim):
     (tmp_path / "not-a-db.sqlite").write_text("this is not a database")
-    s = spawner(tmp_path, f"sqlite:///{tmp_path / 'not-a-db.sqlite'}")
+    s = local_spawner(tmp_path, f"sqlite:///{tmp_path / 'not-a-db.sqlite'}")
     html = await s.render_options_form()
     assert "The lease ledger cannot be read right now. Try again in a minute" in html
     assert "not-a-db.sqlite" not in html  # the database's location is not the user's business
@@ -140,7 +123,7 @@ async def test_recent_demand_steers_where_a_dynamic_instance_goes(
     is in demand, it goes to slice 4 and leaves 0-3 whole."""
     if history != "none":
         big_slices_were_asked_for(ledger_url, history)
-    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    s = local_spawner(tmp_path, ledger_url, mode="dynamic")
     mine = s.user_policy(s.policies())
     plan = await s.claim_decide(mine.offer("small"), mine)
     with Ledger.open(ledger_url) as ledger:
@@ -150,7 +133,7 @@ async def test_recent_demand_steers_where_a_dynamic_instance_goes(
 
 
 async def test_demand_is_read_once_per_minute_not_per_claim(tmp_path, ledger_url, sim):
-    s = spawner(tmp_path, ledger_url, mode="dynamic")
+    s = local_spawner(tmp_path, ledger_url, mode="dynamic")
     first = await s.runtime.run(s.runtime.demand)
     big_slices_were_asked_for(ledger_url, "refusals")
     assert await s.runtime.run(s.runtime.demand) == first == {}
@@ -163,7 +146,7 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
 ):
     """Refusals count once per user per profile per demand window (docs/allocator.md),
     so one user hammering the API cannot steer where everyone's slices go."""
-    holder = spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
+    holder = local_spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
     with Ledger.open(ledger_url) as ledger:  # analysts may hold one slice: mal has it
         ledger.claim(LeaseRequest("mal", "other"), lambda view: Grant(
             group="analysts", profile="1g.18gb", compute_slices=1, mode="dynamic",
@@ -171,7 +154,7 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
     since = datetime.now(UTC) - DEMAND_WINDOW
     before = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
     for i in range(300):
-        s = spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
+        s = local_spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
         # Half forbidden (1g.35gb is not the analysts'), half over the user's limit.
         s.user_options = {"profile": "1g.35gb" if i % 2 else "small"}
         with pytest.raises(SpawnException):
@@ -205,8 +188,7 @@ class ReleasedWhileStarting(LocalMIGSpawner):
 async def test_an_instance_made_for_a_lease_that_ended_meanwhile_is_destroyed(
     tmp_path, ledger_url, sim
 ):
-    c = spawner(tmp_path, ledger_url, mode="dynamic").config
-    s = ReleasedWhileStarting(config=c, user=User("ana", ["analysts"]))
+    s = local_spawner(tmp_path, ledger_url, mode="dynamic", cls=ReleasedWhileStarting)
     s.user_options = {"profile": "small"}
     with pytest.raises(SpawnException) as info:
         await s.start()
@@ -222,7 +204,7 @@ async def test_a_stale_lease_whose_holder_cannot_be_checked_is_kept_and_said(
 ):
     """The last run of ana's server was recorded on another host: the hub cannot prove it
     is gone, so its slice stays held and ana hears why, in plain words."""
-    s = spawner(tmp_path, ledger_url)
+    s = local_spawner(tmp_path, ledger_url)
     s.user_options = {"profile": "small"}
     with Ledger.open(ledger_url) as ledger:
         def decide(view):
@@ -262,7 +244,7 @@ def _started_with(preexec) -> tuple[int, str | None]:
 def test_nice_puts_each_server_and_its_session_behind_the_hub(tmp_path, ledger_url, user):
     """A server in a session of its own is a scheduling group of its own: without the
     group's value the hub got no more CPU than any one server of a class start."""
-    s = spawner(tmp_path, ledger_url)
+    s = local_spawner(tmp_path, ledger_url)
     hub = AUTOGROUP.read_text() if AUTOGROUP.exists() else None
     nice, group = _started_with(s.make_preexec_fn(user))
     assert nice == os.nice(0)

@@ -1,12 +1,16 @@
 """Kubernetes API objects as a cluster with NVIDIA's GPU Operator shows them.
 
 Builders for Nodes (GFD labels, device plugin allocatable) and Pods in the API's JSON,
-for tests/support/kube_standin.py and the tests; and a kubeconfig pointing at a stand-in.
+for tests/support/kube_standin.py and the tests; a kubeconfig pointing at a stand-in,
+and ``python -m mig_spawner.kube`` run against one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 CREATED = "2026-12-01T09:00:00Z"
@@ -138,3 +142,15 @@ def write_kubeconfig(path: Any, server: str) -> str:
         "namespace: jupyterhub}}]\n"
     )
     return str(path)
+
+
+async def run_check_command(standin: Any, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """``python -m mig_spawner.kube ARGS`` against the stand-in API server ``standin``:
+    its exit status, standard output and standard error."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
