@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -26,6 +25,8 @@ from mig_spawner.release import (
     ReleaseEvents,
     Releaser,
 )
+from tests.support.polling import until_async
+from tests.support.processes import past_exec
 
 SIM = "h200x1:layout=1g.18gb*2"
 
@@ -63,8 +64,7 @@ def world(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                 env={**os.environ, **env}, start_new_session=True)
         started.append(proc)
-        time.sleep(0.2)  # past exec: /proc/<pid>/environ is the child's own
-        return proc
+        return past_exec(proc)
 
     yield ledger, gpus, SimulatedHost.open(state), releaser, events, spawn
     for proc in started:
@@ -151,7 +151,10 @@ async def test_what_the_gpu_lists_on_the_slice_keeps_it_held_until_gone_then_a_r
     releaser.retry_later(lease.id, ReleaseCode.SERVER_EXITED, "status 1",
                          finished.set_result)
     releaser.retry_later(lease.id, ReleaseCode.SERVER_EXITED)  # one retry per lease
-    await asyncio.sleep(0.2)
+    # Retries that found it still listed kept it held.
+    checked = events.seen["holder_unknown"]
+    await until_async(lambda: events.seen["holder_unknown"] >= checked + 2, 10,
+                      "two retries", show=lambda: events.seen)
     assert ledger.get(lease.id).state == LeaseState.RELEASING
     sim.set_processes(device.uuid, [])
     assert (await asyncio.wait_for(finished, 5)).result is GiveBack.RELEASED
