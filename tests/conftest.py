@@ -21,8 +21,10 @@ from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import write_kubeconfig
 from tests.support.kube_standin import KubeStandin
 from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
-from tests.support.scheduling import pytest_collection_modifyitems  # noqa: F401
 from tests.support.spawners import REPO
+
+#: Hooks of the whole suite: how it spreads over xdist's workers.
+pytest_plugins = ["tests.support.scheduling"]
 
 
 @pytest.fixture

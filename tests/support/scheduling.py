@@ -2,14 +2,21 @@
 ``pyproject.toml``), without any test having to say so.
 
 * A module whose tests share a module-scoped fixture (a real hub started once for the
-  module) runs whole on one worker: its tests become one ``xdist_group``. Spread over
-  workers, each worker would start a hub of its own. In a module without one, the
-  tests of a class sharing a class-scoped fixture (a hub per class) are a group of
-  their own, so that a module's classes run side by side. Tests without such a
-  fixture go one by one to whichever worker is free.
+  module) runs whole on one worker: spread over workers, each worker would start a hub
+  of its own. In a module without one, the tests of a class sharing a class-scoped
+  fixture (a hub per class) go together, so that a module's classes run side by side.
+  Tests without such a fixture go one by one to whichever worker is free.
 * Real-hub and browser modules run first, the grouped ones (the longest units) before
   the others, so that the short unit tests fill the gaps at the end instead of one long
   module starting last. Modules keep their own order of tests, and move whole.
+
+The groups are known where the tests are collected, in the workers; the controller,
+which hands out the work, sees only the tests' ids. So each worker writes the groups it
+found (the same in all) to a file the controller named (:data:`GROUPS_ENV`), and the
+controller's scheduler (:class:`SharedFixtureScheduling`, given to xdist through its
+``pytest_xdist_make_scheduler`` hook) reads them: xdist's own scheduler for ``loadgroup``
+with the group read from that file instead of from the test's id. Nothing of pytest's
+or xdist's internals is changed.
 
 Session-scoped fixtures (the PostgreSQL cluster) are per worker: each worker starts its
 own, in a directory of its own.
@@ -17,13 +24,17 @@ own, in a directory of its own.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
-try:  # newer pytest (9.2 here) keeps a node's id in ``_id``, which xdist 3.8 does not rename
-    from _pytest.nodeid import coerce_node_id
-except ImportError:  # older pytest: xdist renames ``_nodeid`` itself
-    coerce_node_id = None
-
+#: Names the file that carries the groups from the workers to the controller.
+GROUPS_ENV = "MIG_TEST_XDIST_GROUPS"
 #: Fixture scopes whose value lives longer than one test: such tests stay together,
 #: a module's whole (module, package) or a class's.
 MODULE_SCOPES = ("module", "package")
@@ -56,45 +67,30 @@ def _class_of(item: pytest.Item) -> str:
     return f"{_module_of(item)}::{cls.__name__}" if cls is not None else _module_of(item)
 
 
-def _join_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
-    """What ``--dist loadgroup`` does with an ``xdist_group`` mark: the scheduler reads a
-    test's group from its id (``<id>@<group>``). xdist 3.8 writes that id where pytest
-    9.2 no longer reads it, so that every group would be split; done here."""
-    if coerce_node_id is None or not getattr(config.option, "loadgroup", False):
-        return
-    if not item.nodeid.endswith(f"@{group}"):
-        item._id = coerce_node_id(f"{item.nodeid}@{group}")
-
-
 def _is_slow(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in SLOW_MARKERS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests that share a module's (or a class's) fixtures; start the slow
-    modules first."""
-    whole: set[str] = set()  # modules that stay in one piece
-    slow: set[str] = set()
-    for item in items:
-        module = _module_of(item)
-        if shared_scopes(item) & set(MODULE_SCOPES):
-            whole.add(module)
-        if _is_slow(item):
-            slow.add(module)
-    grouped: set[str] = set()  # modules with a group
+def groups_of(items: list[pytest.Item]) -> dict[str, str]:
+    """The group of each test that shares a module's (or a class's) fixtures, by id."""
+    whole = {_module_of(item) for item in items if shared_scopes(item) & set(MODULE_SCOPES)}
+    groups = {}
     for item in items:
         module = _module_of(item)
         if module in whole:
-            unit = module
+            groups[item.nodeid] = module
         elif shared_scopes(item):
-            unit = _class_of(item)
-        else:
-            continue
-        grouped.add(module)
-        group = unit.removeprefix("tests/").replace(".py", "")
-        item.add_marker(pytest.mark.xdist_group(group))
-        _join_group(config, item, group)
+            groups[item.nodeid] = _class_of(item)
+    return groups
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the slow modules first, grouped ones before the others; in an xdist
+    worker, tell the controller the groups."""
+    groups = groups_of(items)
+    grouped = {_module_of(item) for item in items if item.nodeid in groups}
+    slow = {_module_of(item) for item in items if _is_slow(item)}
 
     def rank(item: pytest.Item) -> int:
         module = _module_of(item)
@@ -103,3 +99,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 2
 
     items.sort(key=rank)  # stable: each module keeps its order, and stays in one piece
+    path = os.environ.get(GROUPS_ENV)
+    if path and hasattr(config, "workerinput"):
+        # Every worker collects the same tests: whichever writes last writes the same.
+        written = Path(f"{path}.{os.getpid()}")
+        written.write_text(json.dumps(groups))
+        written.replace(path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller of an xdist run: name the file the workers write the groups to
+    (they inherit the environment when they start, after this)."""
+    if hasattr(config, "workerinput") or not _distributing(config):
+        return
+    folder = tempfile.mkdtemp(prefix="mig-test-groups-")
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    os.environ[GROUPS_ENV] = str(Path(folder) / "groups.json")
+
+
+def _distributing(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and (
+        config.getvalue("dist") == "loadgroup")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the groups of :func:`groups_of`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return SharedFixtureScheduling(config, log)
+
+
+class SharedFixtureScheduling(LoadGroupScheduling):
+    """xdist's ``loadgroup`` scheduler, which sends each group's tests to one worker,
+    taking the groups that the workers wrote (a test's ``xdist_group`` mark still counts
+    where xdist can add it to the test's id)."""
+
+    _groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            # Read once every worker has collected: xdist schedules only then.
+            path = os.environ.get(GROUPS_ENV)
+            self._groups = json.loads(Path(path).read_text()) if path else {}
+        group = self._groups.get(nodeid)
+        return group if group is not None else super()._split_scope(nodeid)
