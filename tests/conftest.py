@@ -1,7 +1,8 @@
 """Fixtures the whole suite shares: the PostgreSQL server started for the session, a
 fresh ledger database on each backend and an open SQLite ledger, the stand-ins for a
-hub and for the Kubernetes API, each stopped when its test ends; and how the tests
-spread over the pytest-xdist workers (tests/support/scheduling.py)."""
+hub and for the Kubernetes API, each stopped when its test ends; how the tests
+spread over the pytest-xdist workers (tests/support/scheduling.py), and the reaper that
+ends what they started when the run ends, however it ends (tests/support/reaper.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from tests.support.hub_standin import StandinState, listen
 from tests.support.kube_admission import documented_roles
 from tests.support.kube_objects import write_kubeconfig
 from tests.support.kube_standin import KubeStandin
-from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
 from tests.support.spawners import REPO
 
-#: Hooks of the whole suite: how it spreads over xdist's workers.
-pytest_plugins = ["tests.support.scheduling"]
+#: Hooks and fixtures of the whole suite: how it spreads over xdist's workers, that
+#: nothing it starts outlives it, and the PostgreSQL server (``postgres_server``,
+#: ``postgres_url``).
+pytest_plugins = ["tests.support.scheduling", "tests.support.reaper",
+                  "tests.support.pg_fixture"]
 
 
 @pytest.fixture

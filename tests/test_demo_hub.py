@@ -29,6 +29,7 @@ from mig_spawner.cli.demo import (
     DEMO_GROUPS,
     SLICEMAP_PATH,
 )
+from tests.support import reaper
 from tests.support.hub_harness import VENV_BIN, free_port
 from tests.support.polling import until
 
@@ -83,11 +84,11 @@ def demo(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("demo")
     port = free_port()
     with (workdir / "demo.log").open("wb") as log:
-        proc = subprocess.Popen(
+        proc = reaper.start(
             [str(VENV_BIN / "mig-spawner"), "demo", "--simulate", "--port", str(port),
              "--dir", str(workdir), "--kernel-idle", f"{KERNEL_IDLE}s",
-             "--sweep-every", f"{SWEEP}s"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+             "--sweep-every", f"{SWEEP}s"], "mig-spawner demo",
+            stdout=log, stderr=subprocess.STDOUT,
         )
     running = Demo(proc, f"http://127.0.0.1:{port}", workdir)
     until(lambda: _up(running), 90, "the demo up", show=running.log)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from mig_spawner.ledger import Ledger
+from tests.support import reaper
 from tests.support.hub_harness import REPO, VENV_BIN, HubProcess, free_port
 from tests.support.kube_objects import gpu_labels, node, write_kubeconfig
 from tests.support.kube_standin import KubeStandin
@@ -53,10 +54,10 @@ class Kubelet:
         home.mkdir(parents=True, exist_ok=True)
         env.update(HOME=str(home), PATH=f"{VENV_BIN}:/usr/bin:/bin")
         with (self.workdir / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [*(container.get("command") or []), *container["args"]],
-                env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+            self.procs[name] = reaper.start(
+                [*(container.get("command") or []), *container["args"]], f"pod {name}",
+                env={**env, reaper.MARK: reaper.mark()}, cwd=home, stdout=log,
+                stderr=subprocess.STDOUT,
             )
         return ip
 

@@ -28,6 +28,7 @@ from mig_spawner.gpu import GpuError, connect
 from mig_spawner.layout import LayoutApplier, begin
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner.decide import make_decide
+from tests.support import reaper
 from tests.support.polling import until, until_async
 
 SIM = "h200x2:layout=1g.18gb*7"
@@ -123,9 +124,9 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
 def service(tmp_path, hub: str, url: str, config: str, log) -> subprocess.Popen:
     """``mig-spawner-service`` in a process of its own, sweeping every second."""
     env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub}/hub/api", "JUPYTERHUB_API_TOKEN": "t"}
-    return subprocess.Popen(
+    return reaper.start(
         [sys.executable, "-m", "mig_spawner.service", f"--ledger-url={url}",
-         f"--config-dir={config}", "--cull-every=1"],
+         f"--config-dir={config}", "--cull-every=1"], "the slice service",
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 
 

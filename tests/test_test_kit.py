@@ -1,18 +1,29 @@
 """The test kit keeps its own rules: helpers live in tests/support (no test module
-imports another), there is one way to wait (tests/support/polling.py), and the tests
-that share a module's (or a class's) hub run on one xdist worker
-(tests/support/scheduling.py)."""
+imports another), there is one way to wait (tests/support/polling.py), the tests that
+share a module's (or a class's) hub run on one xdist worker
+(tests/support/scheduling.py), and a test run that is interrupted leaves no process
+behind (tests/support/reaper.py): shown on a child pytest that runs a real hub, its
+proxy, a server, the slice service and a PostgreSQL cluster, and is stopped with
+SIGINT, SIGTERM or SIGKILL."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
 from collections import defaultdict
 from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import reaper
+from tests.support.polling import until
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")])
@@ -119,3 +130,102 @@ def test_tests_sharing_a_hub_run_on_one_worker(tmp_path):
     for group in ("test_module_hub.py::test_a", "test_class_hubs.py::TestOne",
                   "test_class_hubs.py::TestTwo"):
         assert len(workers[group]) == 1, (group, done.stdout[-3000:])
+
+
+# --- an interrupted run -----------------------------------------------------------------
+
+#: The child run's test: everything the harness starts, then it waits to be interrupted.
+INNER = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+from tests.support import reaper
+from tests.support.hub_harness import start_mig_hub
+from tests.support.slice_service import SERVICE_CONFIG, Service
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    hub = start_mig_hub(tmp_path_factory.mktemp("hub"), "h200x1:layout=1g.18gb*7",
+                        SERVICE_CONFIG)
+    hub.create_user("ana", groups=["analysts"])
+    yield hub
+    hub.close()
+
+
+def test_runs_until_interrupted(hub, postgres_server):
+    service = Service(hub, hub.config_path)
+    service.wait_up()
+    assert hub.spawn("ana", {"profile": "small"}).status_code in (201, 202)
+    hub.wait_ready("ana", timeout=240)
+    Path(os.environ["READY_FILE"]).write_text(json.dumps({
+        "mark": reaper.mark(), "hub": hub.proc.pid, "service": service.proc.pid,
+        "server": hub.server_state("ana")["pid"],
+        "cluster": str(postgres_server.data_dir)}))
+    time.sleep(3600)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pytest(tmp_path: Path, *args: str, name: str) -> subprocess.Popen:
+    """A pytest run of its own (its own mark), output in ``tmp_path/<name>.log``."""
+    return reaper.start(child_pytest("-q", *args), "a child pytest", cwd=REPO,
+                        env={**child_env(), "READY_FILE": str(tmp_path / "ready.json")},
+                        stdout=(tmp_path / f"{name}.log").open("wb"),
+                        stderr=subprocess.STDOUT)
+
+
+@pytest.mark.hub
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=lambda s: signal.Signals(s).name)
+def test_an_interrupted_run_leaves_no_process_behind(tmp_path, signum):
+    """The child run leads with an xdist worker, as the suite runs, and gets the signal
+    as ``kill`` sends it (to the run's leading process only). SIGINT: pytest tears down
+    and the reaper ends the rest; SIGTERM: the reaper ends everything before the
+    process dies of it; SIGKILL: the hub and the service die with the worker, and the
+    next run ends what is left (the server, PostgreSQL, the worker)."""
+    inner = tmp_path / "test_inner.py"
+    inner.write_text(textwrap.dedent(INNER))
+    log = tmp_path / "run.log"
+    run = _pytest(tmp_path, "-n", "1", str(inner), name="run")
+    ready = tmp_path / "ready.json"
+    started = {}
+    try:
+        def up() -> bool:
+            assert run.poll() is None, log.read_text()
+            return ready.exists() and bool(ready.read_text())
+
+        until(up, 420, "the child run's hub, server, service and cluster", show=log,
+              every=0.5)
+        started = json.loads(ready.read_text())
+        assert reaper.marked(started["mark"])  # what the child run started carries it
+        run.send_signal(signum)
+        until(lambda: run.poll() is not None, 120, "the child run ended", show=log)
+        if signum == signal.SIGKILL:
+            after = _pytest(tmp_path, "--collect-only", "-n", "0", str(inner), name="after")
+            until(lambda: after.poll() is not None, 120, "the next run", show=log)
+            said = (tmp_path / "after.log").read_text()
+            assert "ended what killed test runs left" in said, said
+        left = [p.pid for p in reaper.marked(started["mark"])]
+        assert left == [], log.read_text()[-3000:]
+        for what in ("hub", "service", "server"):
+            assert not _alive(started[what]), (what, log.read_text()[-3000:])
+        assert not Path(started["cluster"]).exists()
+        if signum == signal.SIGINT:
+            assert run.returncode == pytest.ExitCode.INTERRUPTED, log.read_text()[-3000:]
+        else:
+            assert run.returncode == -signum
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for process in reaper.marked(started["mark"]) if started else ():
+            process.kill()

@@ -9,7 +9,8 @@ Reusable by any test module (spawner, slice service, browser):
     hub.stop_hub()
 
 Everything lives under the given directory (SQLite hub DB on disk, cookie
-secret, logs), all ports are picked free, and the harness talks to the hub
+secret, logs), all ports are picked free, the hub and its proxy are a process group
+that ends with the test run (:mod:`tests.support.reaper`), and the harness talks to the hub
 through its public REST API with an admin token it granted itself through
 ``c.JupyterHub.services`` + ``load_roles``. Nothing here knows about MIG.
 """
@@ -36,6 +37,7 @@ from typing import Any
 import requests
 import websocket
 
+from tests.support import reaper
 from tests.support.polling import NotSeen, until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,8 +153,10 @@ class HubProcess:
             f'c.JupyterHub.db_url = "sqlite:///{workdir}/jupyterhub.sqlite"',
             f'c.JupyterHub.cookie_secret_file = "{workdir}/jupyterhub_cookie_secret"',
             f'c.JupyterHub.pid_file = "{workdir}/jupyterhub.pid"',
-            # Servers outlive a hub restart, as in production with a restarted hub.
+            # Servers outlive a hub restart, as in production with a restarted hub; they
+            # carry the test run's mark, so that the run ends them if it is interrupted.
             "c.JupyterHub.cleanup_servers = False",
+            f"c.Spawner.env_keep.append({reaper.MARK!r})",
             f'c.JupyterHub.services.append({{"name": "{ADMIN_SERVICE}", "api_token": "{token}"}})',
             f'c.JupyterHub.load_roles.append({{"name": "admin", "services": ["{ADMIN_SERVICE}"]}})',
         ]
@@ -167,13 +171,13 @@ class HubProcess:
 
     def _launch(self, timeout: float) -> None:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = reaper.start(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
+            "JupyterHub and its proxy",
             cwd=self.workdir,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
 
         def up() -> bool:

@@ -1,8 +1,6 @@
 """A throwaway PostgreSQL cluster for the test session, from the distribution's binaries.
 
-Import the fixtures from ``tests/conftest.py``::
-
-    from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
+``tests/conftest.py`` loads it as a plugin (``pytest_plugins``), for every test.
 
 ``postgres_server`` (session scope: one per pytest-xdist worker) runs ``initdb`` +
 ``pg_ctl start`` in a private temporary directory and stops the cluster at the end.
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import reaper
 from tests.support.system_deps import missing
 
 _DB_NAMES = itertools.count()
@@ -162,9 +161,10 @@ def postgres_cluster() -> Iterator[PostgresServer]:
         missing(reason)
 
     # initdb refuses to run as root; the cluster then belongs to the postgres user,
-    # in a directory of its own outside pytest's root-only (0700) tmp tree.
+    # in a directory of its own outside pytest's root-only (0700) tmp tree: in the test
+    # run's folder, which goes with the run however it ends.
     run_as: tuple[str, ...] = ()
-    base = Path(tempfile.mkdtemp(prefix="mig-spawner-pg-"))
+    base = Path(tempfile.mkdtemp(prefix="mig-spawner-pg-", dir=reaper.run_dir()))
     if os.geteuid() == 0:
         run_as = ("runuser", "-u", "postgres", "--")
         shutil.chown(base, user="postgres", group="postgres")
@@ -185,6 +185,7 @@ def postgres_cluster() -> Iterator[PostgresServer]:
             "--no-sync",
             "--no-instructions",
         )
+        reaper.register_cluster(server.data_dir)  # stopped too if the run is interrupted
         server.start()
         started = True
         yield server
@@ -192,6 +193,7 @@ def postgres_cluster() -> Iterator[PostgresServer]:
         if started:
             server.stop()
         shutil.rmtree(base, ignore_errors=True)
+        reaper.forget_cluster(server.data_dir)
 
 
 @pytest.fixture(scope="session")

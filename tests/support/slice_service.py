@@ -17,6 +17,7 @@ import requests
 from mig_spawner.service.app import REQUIRED_SCOPES
 from mig_spawner.service.handlers import METRICS_SCOPE
 from mig_spawner.service.metrics import PREFIX
+from tests.support import reaper
 from tests.support.hub_harness import ADMIN_SERVICE, STOP_TIMEOUT, HubProcess, free_port
 from tests.support.polling import until
 
@@ -56,12 +57,12 @@ class Service:
                "JUPYTERHUB_SERVICE_PREFIX": f"/services/{SERVICE}/",
                # A service slow to stop is asked where it is (close()).
                "PYTHONFAULTHANDLER": "1"}
-        self.proc = subprocess.Popen(
+        self.proc = reaper.start(
             [str(Path(sys.executable).parent / "mig-spawner-service"),
              f"--config-dir={config_d}", f"--proxy-url={hub.url}",
              f"--ledger-url=sqlite:///{hub.workdir}/mig_spawner_ledger.sqlite",
              "--log-level=DEBUG"],
-            env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
+            "the slice service", env=env, cwd=hub.workdir, stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
         )
 
