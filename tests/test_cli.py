@@ -8,14 +8,9 @@ and by :func:`test_the_command_runs_as_a_process`.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import subprocess
 import sys
-import traceback
-from pathlib import Path
 
 import pytest
 
@@ -25,27 +20,7 @@ from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``mig-spawner *args`` in ``cwd``, as its process would end: the status, stdout
-    and stderr (an exception that escapes ``main`` is a traceback and status 1)."""
-    out, err = io.StringIO(), io.StringIO()
-    here = os.getcwd()
-    try:
-        os.chdir(cwd or here)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                status = main(list(args))
-            except SystemExit as e:  # argparse's usage errors
-                status = e.code if isinstance(e.code, int) else 1
-            except Exception:  # what the interpreter does with it
-                traceback.print_exc()
-                status = 1
-    finally:
-        os.chdir(here)
-    return subprocess.CompletedProcess(["mig-spawner", *args], status or 0,
-                                       out.getvalue(), err.getvalue())
+from tests.support.cli import run_cli
 
 
 def test_the_command_runs_as_a_process(tmp_path):

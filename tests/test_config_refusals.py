@@ -22,8 +22,9 @@ import pytest
 from mig_spawner.config import load_config_files
 from mig_spawner.service.app import SliceServiceApp
 from mig_spawner.spawner.startup import check_hub_config
-from tests.test_cli import run_cli
-from tests.test_hub_start_check import GROUPS, JUPYTERHUB, REPO, write_snippets
+from tests.support.cli import run_cli
+from tests.support.hub_harness import REPO
+from tests.support.start_check import GROUPS, JUPYTERHUB, write_snippets
 
 SHARE = "must be a share above 0 and at most 1 (0.75 is 75 %)"
 INF = "inf is not a duration: write 'never' or None for no limit"

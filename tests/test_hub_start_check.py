@@ -23,6 +23,8 @@ from mig_spawner.service.app import SliceServiceApp
 from mig_spawner.spawner.startup import check_hub_config
 from tests.support.hub_harness import HubProcess
 from tests.support.start_check import (
+    GROUPS,
+    JUPYTERHUB,
     POLICY_WRONG,
     SETTING_WRONG,
     refusal,
@@ -30,7 +32,6 @@ from tests.support.start_check import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 
 def service(option: str) -> str:
     """A snippet starting the slice service on the hub's own config, plus ``option``."""
@@ -40,7 +41,6 @@ def service(option: str) -> str:
             f"['--config-dir=' + os.path.dirname(__file__), {option!r}]}}]\n")
 
 
-GROUPS = "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb']}}"
 @pytest.fixture
 def hub_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The hub's working directory: its database and ledger would lie there."""

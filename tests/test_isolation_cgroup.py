@@ -393,7 +393,7 @@ async def test_the_demo_confines_a_whole_gpu_server_to_its_stand_in_node(tmp_pat
     config.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     config.MIGPolicyConfig.group_policies = {  # as jupyterhub_config.d/25-whole-gpus.py
         **config.MIGPolicyConfig.group_policies, "gpu-users": {"allowed": ["gpu"]}}
-    s = ConfinedSpawner(config=config, user=User("gia", ["gpu-users"]), hub=Hub())
+    s = make_spawner(config, "gia", ["gpu-users"], cls=ConfinedSpawner)
     dev = Path(s.device_dir)
     own, other = str(dev / "nvidia1"), str(dev / "nvidia0")
     out = tmp_path / "out"
@@ -406,7 +406,7 @@ async def test_the_demo_confines_a_whole_gpu_server_to_its_stand_in_node(tmp_pat
     await s.start()
     try:
         assert s._lease.mode == "gpu" and s._lease.gpu_index == 1
-        server = wait_for(out / "server.json")
+        server = probed(out / "server.json")
         assert server["opens"] == {own: errno.ENXIO, other: errno.EPERM}
     finally:
         await s.stop()

@@ -32,19 +32,12 @@ from mig_spawner.layout import LayoutApplier, begin, drain, holders_of
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView, ReleaseCode
 from mig_spawner.release import HolderProbes, LocalProcesses, Releaser
 from mig_spawner.spawner.decide import make_decide
+from tests.mocking import Clock
 
 HOUR = 3600.0
 SEVEN = "h200x2:layout=1g.18gb*7"
 #: GPU 0: a 4g.71gb over slices 0-3 (a 1g.18gb held there must go), the 1g.18gb at 4-6 stay.
 TARGET = "0=4g.71gb,1g.18gb*3"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 1, 9, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.layout import LayoutApplier, begin, holders_of, stepper_gone, this_stepper
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner.decide import make_decide
-from tests.test_layout import Clock
+from tests.mocking import Clock
 
 HOUR = 3600.0
 POLICY = build_policy({"gpu": {"display_name": "Whole GPU"}}, None,

@@ -4,6 +4,7 @@ check stops the hub with."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 from mig_spawner.config import load_config_files
 from mig_spawner.spawner.startup import check_hub_config
 
+#: The hub's command, from the test's virtualenv.
+JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
+#: Group policies that pass the check: analysts may have a 1g.18gb.
+GROUPS = "c.MIGPolicyConfig.group_policies = {'analysts': {'allowed': ['1g.18gb']}}"
 SPAWNER = """
 c = get_config()  # noqa: F821
 c.JupyterHub.spawner_class = "mig-simple"
