@@ -36,6 +36,7 @@ from tests.support.slice_service import (
     SCOPES,
     SERVICE_CONFIG,
     Service,
+    end_lease_at,
     kernels,
     new_kernel,
 )
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7"
 WEEK = 7 * 86400
+AGE = 3600
 MANAGED = "mig-slices-managed"
 #: What the service logs for a sweep the hub was not there for.
 HUB_GONE = "hub unavailable, sweep cut short"
@@ -52,8 +54,9 @@ GROUPS = {
     "ana": ("kernel-quick", {"kernel_idle_timeout": 3}),
     # Limits of seconds, unwarned: a warn_before (default 10 min) must be shorter.
     "bob": ("server-short", {"server_idle_timeout": 4, "warn_before": None}),
-    # Long enough to start a server and a busy kernel on a loaded test machine.
-    "cy": ("age-capped", {"max_session_age": 25, "warn_before": None}),
+    # An hour: once cy's kernel is busy the test moves the lease's end to seconds ahead
+    # (as an extension moves it), so that no start on a loaded machine outlasts it.
+    "cy": ("age-capped", {"max_session_age": AGE, "warn_before": None}),
     "ghost": ("analysts", {}),
     # A budget scaled from the shipped defaults (window 7d, minimum hold 30m, warned at
     # 80% used or 10m ahead) to a 50 s window: 35 compute-slice-seconds (118h a week),
@@ -189,10 +192,13 @@ def test_max_session_age_stops_a_busy_server(env):
     hub, service, ledger = env
     start(hub, "cy")
     hub.wait_ready("cy")
+    lease = ledger.active_for_server("cy")
+    assert lease.expires_at == lease.claimed_at + timedelta(seconds=AGE)
     kernel = new_kernel(hub, "cy")
     ws = run_without_waiting(hub, "cy", kernel, "import time; time.sleep(600)")
     try:
         until(lambda: kernels(hub, "cy") == {kernel: "busy"}, 10, "busy kernel", show=service.log)
+        end_lease_at(hub, lease.id, datetime.now(UTC) + timedelta(seconds=2))
         until(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", show=service.log)
     finally:
         ws.close()

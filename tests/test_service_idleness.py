@@ -11,7 +11,6 @@ the hub would copy that onto its ``last_activity`` every 5 s: never idle.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -22,7 +21,7 @@ from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium, sign_in
 from tests.support.hub_harness import STOP_TIMEOUT, start_mig_hub
 from tests.support.polling import until
-from tests.support.slice_service import SERVICE_CONFIG, Service, new_kernel
+from tests.support.slice_service import SERVICE_CONFIG, Service, end_lease_at, new_kernel
 from tests.support.system_deps import require_chromium
 
 pytestmark = pytest.mark.hub
@@ -30,7 +29,9 @@ pytestmark = pytest.mark.hub
 SIM = "h200x1:layout=1g.18gb*7"
 SERVER_IDLE, KERNEL_IDLE, SWEEP, HUB_INTERVAL = 30, 15, 1, 5
 WARN = 10  # the shipped warn_before of 10 min against a 30 min limit
-MAX_AGE = 60
+#: The group's session age: an hour, which no start outlasts; the test moves the lease's
+#: end to seconds ahead.
+MAX_AGE = 3600
 CONFIG = f"""
 c.JupyterHub.last_activity_interval = {HUB_INTERVAL}
 c.Spawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "{HUB_INTERVAL}"}}
@@ -171,9 +172,7 @@ def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
     # Move the deadline (as an extension does) to a time the hub knows nothing about:
     # the stop must follow the lease, not the hub's own record of when it started.
     deadline = datetime.now(UTC) + timedelta(seconds=8)
-    with sqlite3.connect(hub.workdir / "mig_spawner_ledger.sqlite") as db:
-        db.execute("UPDATE leases SET expires_at = ? WHERE id = ?",
-                   (deadline.replace(tzinfo=None).isoformat(sep=" "), lease.id))
+    end_lease_at(hub, lease.id, deadline)
     # The stop began (the hub shows it pending, or already done) by the first whole
     # sweep past the lease's deadline; how long the server then takes to exit depends
     # on the machine's load, not on the service. The slice was held until then.

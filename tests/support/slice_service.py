@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -146,6 +147,15 @@ class Service:
 
 def _seconds_until(when: datetime) -> float:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def end_lease_at(hub: HubProcess, lease_id: str, when: datetime) -> None:
+    """Move a lease's end (``expires_at``) to ``when`` in the ledger of the service under
+    test, as an extension moves it: to a time the hub knows nothing about, and one that
+    a slow start on a loaded machine cannot have passed."""
+    with sqlite3.connect(hub.workdir / "mig_spawner_ledger.sqlite") as db:
+        db.execute("UPDATE leases SET expires_at = ? WHERE id = ?",
+                   (when.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" "), lease_id))
 
 
 def new_kernel(hub: HubProcess, user: str, *, booted: bool = False) -> str:
