@@ -116,7 +116,8 @@ def reap(*, marked: bool = False, earlier_runs: bool = False) -> list[str]:
         for postmaster in filter(None, map(_postmaster, clusters)):
             targets[postmaster.pid] = postmaster
         for child in _quietly(lambda: me.children(recursive=True), []):
-            targets[child.pid] = child
+            if not _interpreters_own(child):
+                targets[child.pid] = child
     if marked or earlier_runs:
         for process in _marked(None if earlier_runs else mark()):
             targets[process.pid] = process
@@ -233,6 +234,12 @@ def _leader_alive(value: str) -> bool:
         return f"{psutil.Process(int(pid)).create_time():.2f}" == created
     except (ValueError, psutil.Error):
         return False
+
+
+def _interpreters_own(process: psutil.Process) -> bool:
+    """multiprocessing's resource tracker (or fork server): Python's own helper, which
+    ends with the process that started it, not something a test left."""
+    return any("multiprocessing." in part for part in _quietly(process.cmdline, []))
 
 
 def _postmaster(data_dir: Path) -> psutil.Process | None:
