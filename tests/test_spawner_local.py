@@ -267,7 +267,7 @@ async def test_one_allocator_index_is_kept_across_claims_and_told_what_changed(
     outside mig-spawner and a slice given back are each seen by the next claim."""
     spec = "h200x2:layout=1g.18gb*7"
     sim = SimulatedHost.from_spec(spec, tmp_path / "sim-gpus.json")
-    s = spawner(tmp_path, ledger_url, sim=spec)
+    s = local_spawner(tmp_path, ledger_url, sim=spec)
     mine = s.user_policy(s.policies())
     index = await s.runtime.run(s.runtime.index_here)
 
