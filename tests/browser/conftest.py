@@ -18,3 +18,11 @@ def chromium() -> Iterator[Any]:
     pytest.importorskip("playwright.sync_api")
     with launch_chromium() as browser:
         yield browser
+
+
+@pytest.fixture(autouse=True)
+def close_hub_clients() -> Iterator[None]:
+    """The suite's fixture of this name closes, in the test's event loop, the hub
+    clients a test made. A browser test makes none, and Playwright's sync API runs an
+    event loop of its own in this thread, in which pytest-asyncio cannot start one."""
+    yield
