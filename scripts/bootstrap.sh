@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything mig-spawner needs on a fresh Debian machine, idempotently:
 # system packages (PostgreSQL for ledger tests, Chromium for browser tests),
-# configurable-http-proxy from npm, and a virtualenv with the package installed.
+# configurable-http-proxy from npm, a virtualenv with the package installed, and the
+# Kubernetes test cluster's programs built from upstream Go modules (once per machine,
+# cached by version; scripts/kube-build.sh).
 # Usage: scripts/bootstrap.sh [--no-system]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,3 +48,7 @@ if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
     fi
     touch "$stamp"
 fi
+
+# The Kubernetes tests' control plane (kube-apiserver, scheduler, controller-manager,
+# etcd, KWOK): built once per machine into ~/.cache/mig-spawner/kube/<version>/, niced.
+scripts/kube-build.sh
