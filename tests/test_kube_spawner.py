@@ -1,47 +1,152 @@
-"""KubeMIGSpawner end to end against the stand-in API server: KubeSpawner's real start
-and stop, pods scheduled by the stand-in's scheduler, leases in a real ledger."""
+"""KubeMIGSpawner end to end against the real control plane (tests/support/
+kube_cluster.py): KubeSpawner's real start and stop, pods placed by kube-scheduler on
+KWOK nodes whose device plugin advertises MIG slices, leases in a real ledger. The hub
+talks to the API server as the service account the documented Roles bind, through a
+tap that counts its requests."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import re
 from pathlib import Path
 
 import pytest
 from jupyterhub.spawner import SpawnException
+from kubernetes_asyncio.config import kube_config
+from kubespawner import KubeSpawner
+from kubespawner.clients import load_config
 from traitlets import TraitError
 
 from mig_spawner.ledger import Ledger
 from mig_spawner.spawner.kube import KubeMIGSpawner
-from tests.mocking import h200_single
-from tests.support.kube_objects import gpu_labels, node, pod
-from tests.support.polling import until_async
-from tests.support.spawners import a100_node, created, held, kube_spawner, make_spawner
+from tests.mocking import User
+from tests.support.kube_fixture import GPU_TAINT, TOLERATE_GPU, KubeTest
+from tests.support.kube_gpus import OWNER_LABEL, Gpu, Gpus, device_plugin_view
 
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+#: An A100 80GB cut 3g.40gb + 2x 1g.10gb, mixed strategy.
+A100 = Gpus((Gpu("a100-80gb", {"3g.40gb": 1, "1g.10gb": 2}),))
+#: KWOK's pod CIDR (tests/support/kube_cluster.py).
+POD_IPS = "http://10.244."
+
+
+def h200_single(slices: int) -> Gpus:
+    """An H200 cut into 1g.18gb only, single strategy: the device plugin advertises
+    plain ``nvidia.com/gpu``."""
+    return Gpus((Gpu("h200", {"1g.18gb": slices}),), strategy="single")
+
+
+class OrmSpawner:
+    """The database row JupyterHub keeps per server: its name and last options."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.user_options: dict | None = None
+        self.server = None
+
+
+class Hub:
+    public_host = "hub.example.org"
+    url = "http://hub:8081/hub/"
+    base_url = "/hub/"
+    api_url = "http://hub:8081/hub/api"
+
+
+@pytest.fixture
+async def standin(kube: KubeTest, monkeypatch):
+    """This test's share of the cluster, as KubeSpawner's default kubeconfig: the hub
+    may do what the Roles in docs/kubernetes.md allow, no more. (The name is the old
+    fixture's: the tests of other modules import it.)"""
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kube.kubeconfig())
+    yield kube
+    # KubeSpawner keeps pod reflectors per class across spawners: stop them with the loop.
+    for reflector in list(KubeSpawner.reflectors.values()):
+        await reflector.stop()
+    KubeSpawner.reflectors.clear()
+    KubeMIGSpawner._readers.clear()
+    # KubeSpawner loads one configuration per API host: a later test's tap may get
+    # this one's port.
+    load_config.cache_clear()
+
+
+@pytest.fixture
+def ledger_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+
+def config(kube: KubeTest, ledger_url: str, allowed=("small", "large"), **spawner) -> Config:
+    c = Config()
+    c.MIGPolicyConfig.slice_classes = {
+        "small": {"display_name": "Small", "profiles": {"a100-80gb": "1g.10gb",
+                                                        "h100": "1g.10gb",
+                                                        "h200": "1g.18gb"}},
+        "large": {"display_name": "Large", "profiles": {"a100-80gb": "3g.40gb"}},
+    }
+    c.MIGPolicyConfig.group_policies = {
+        "analysts": {"allowed": list(allowed), "max_slices_per_user": 1},
+    }
+    c.MIGSettings.ledger_url = ledger_url
+    c.KubeMIGSpawner.events_enabled = False
+    c.KubeMIGSpawner.start_timeout = 30
+    c.KubeMIGSpawner.k8s_api_request_retry_timeout = 5
+    for key, value in {**kube.spawner_config(), **spawner}.items():
+        setattr(c.KubeMIGSpawner, key, value)
+    return c
+
+
+def make(kube: KubeTest, ledger_url, name="ana", groups=("analysts",), profile="small",
+         server="", allowed=("small", "large"), **spawner) -> KubeMIGSpawner:
+    s = KubeMIGSpawner(
+        config=config(kube, ledger_url, allowed, **spawner),
+        user=User(name, list(groups)),
+        hub=Hub(),
+        orm_spawner=OrmSpawner(server),
+        _mock=True,
+    )
+    s.user_options = {"profile": profile}
+    s.api_token = "token"
+    return s
+
+
+async def created(kube: KubeTest, name: str) -> dict:
+    found = await kube.pod(name)
+    assert found is not None, f"no pod {name}"
+    return found
 
 
 async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
-    """Until KubeSpawner's pod reflector no longer has the spawner's pod."""
-    await until_async(lambda: s.pod_reflector.pods.get(s.pod_ref) is None, 30,
-                      f"the reflector without {s.pod_ref}", every=0.05)
+    """Until KubeSpawner's pod reflector, which follows the API's watch, no longer has
+    the spawner's pod."""
+    for _ in range(600):
+        if s.pod_reflector.pods.get(s.pod_ref) is None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the hub still sees {s.pod_ref}")
 
 
-async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(kube, ledger_url):
-    kube.nodes = [a100_node("gpu-a1", taints=[GPU_TAINT])]
-    s = kube_spawner(kube, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
-                     environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0",
-                                  "TEAM": "analytics"})
+def held(ledger_url: str) -> list:
+    with Ledger.open(ledger_url) as ledger:
+        return ledger.active()
+
+
+def requests_of(kube: KubeTest, pod: dict) -> dict:
+    return pod["spec"]["containers"][0]["resources"]
+
+
+async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(standin, ledger_url):
+    await standin.add_node("a1", A100, taints=[GPU_TAINT], mig_config="all-balanced")
+    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+             environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0",
+                          "TEAM": "analytics"})
     url = await s.start()
-    assert url.startswith("http://10.244.0.")
+    assert url.startswith(POD_IPS)
 
-    spec = created(kube, s.pod_name)["spec"]
+    pod = await created(standin, s.pod_name)
+    spec = pod["spec"]
     notebook = spec["containers"][0]
     assert notebook["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
     assert notebook["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
     assert TOLERATE_GPU in spec["tolerations"]
-    assert spec["nodeName"] == "gpu-a1"
+    assert spec["nodeName"] == standin.node_name("a1")
     env = {e["name"]: e.get("value") for e in notebook["env"]}
     assert env["MIG_SPAWNER_PROFILE"] == "3g.40gb"
     # The device plugin picks the device; a config that names devices is not passed on.
@@ -50,48 +155,51 @@ async def test_start_asks_for_the_slice_and_the_lease_records_pod_and_node(kube,
 
     (lease,) = held(ledger_url)
     assert (lease.mode, lease.profile, lease.state) == ("kube", "3g.40gb", "active")
-    assert (lease.pod, lease.node) == (f"jupyterhub/{s.pod_name}", "gpu-a1")
+    assert (lease.pod, lease.node) == (f"{standin.ns}/{s.pod_name}", standin.node_name("a1"))
+    # The UID the API server gave the pod (random), the lease's holder.
+    assert lease.holder_pod_uid == pod["metadata"]["uid"]
     assert s.get_state()["mig_lease_id"] == lease.id
 
     await s.stop()
-    assert kube.pods == []
+    assert await standin.pods() == []
     assert held(ledger_url) == []
 
 
-async def test_single_strategy_pod_selects_the_mig_product_node(kube, ledger_url):
-    kube.nodes = [h200_single("gpu-h1", slices=2)]
-    s = kube_spawner(kube, ledger_url, profile="small",
-                     mig_node_selector={"pool": "gpu"})
-    kube.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+async def test_single_strategy_pod_selects_the_mig_product_node(standin, ledger_url):
+    await standin.add_node("h1", h200_single(2), labels={"pool": "gpu"})
+    s = make(standin, ledger_url, profile="small",
+             mig_node_selector={"pool": "gpu", OWNER_LABEL: standin.ns})
     await s.start()
-    spec = created(kube, s.pod_name)["spec"]
+    spec = (await created(standin, s.pod_name))["spec"]
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert spec["nodeSelector"] == {"pool": "gpu",
+    assert spec["nodeSelector"] == {"pool": "gpu", OWNER_LABEL: standin.ns,
                                     "nvidia.com/gpu.product": "NVIDIA-H200-MIG-1g.18gb"}
+    assert spec["nodeName"] == standin.node_name("h1")
     await s.stop()
 
 
 async def test_mixed_fleet_class_goes_to_the_model_with_room(kube, ledger_url):
     """'small' means 1g.10gb on A100 and 1g.18gb on H200: each spawn goes where most are
     free (ties: model key order), and the pod is pinned to that model's nodes."""
-    kube.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=1)]
-    spawners = [kube_spawner(kube, ledger_url, name=n) for n in ("ana", "ben", "cy")]
+    await standin.add_node("a1", A100)
+    await standin.add_node("h1", h200_single(1))
+    spawners = [make(standin, ledger_url, name=n) for n in ("ana", "ben", "cy")]
     for s in spawners:
         await s.start()
-    placed = {p["metadata"]["name"]: (p["spec"]["nodeName"],
-                                       p["spec"]["containers"][0]["resources"]["limits"])
-              for p in kube.pods}
+    placed = {p["metadata"]["name"]: (p["spec"]["nodeName"], requests_of(standin, p)["limits"])
+              for p in await standin.pods()}
+    a1, h1 = standin.node_name("a1"), standin.node_name("h1")
     assert placed == {
-        "jupyter-ana": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
-        "jupyter-ben": ("gpu-a1", {"nvidia.com/mig-1g.10gb": "1"}),
-        "jupyter-cy": ("gpu-h1", {"nvidia.com/gpu": "1"}),
+        "jupyter-ana": (a1, {"nvidia.com/mig-1g.10gb": "1"}),
+        "jupyter-ben": (a1, {"nvidia.com/mig-1g.10gb": "1"}),
+        "jupyter-cy": (h1, {"nvidia.com/gpu": "1"}),
     }
-    terms = created(kube, "jupyter-ana")["spec"]["affinity"]["nodeAffinity"][
+    terms = (await created(standin, "jupyter-ana"))["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
                                             "values": ["NVIDIA-A100-SXM4-80GB"]}]}]
     assert sorted((lease.user, lease.profile, lease.node) for lease in held(ledger_url)) == [
-        ("ana", "1g.10gb", "gpu-a1"), ("ben", "1g.10gb", "gpu-a1"), ("cy", "1g.18gb", "gpu-h1"),
+        ("ana", "1g.10gb", a1), ("ben", "1g.10gb", a1), ("cy", "1g.18gb", h1),
     ]
     for s in spawners:
         await s.stop()
@@ -102,19 +210,18 @@ async def test_a_whole_gpu_pod_asks_for_nvidia_com_gpu_on_a_mixed_strategy_node(
     """Mixed strategy advertises a node's GPUs with MIG off as nvidia.com/gpu beside its
     MIG slices: the whole-GPU offer asks for one of those, pinned to the model's nodes,
     and is charged the model's compute slices."""
-    kube.nodes = [node("gpu-a1", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed"),
-                       {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu": "1"})]
+    await standin.add_node("a1", [Gpu("a100-80gb", {"1g.10gb": 2}), Gpu("a100-80gb", "off")])
     allowed = ("small", "gpu")
     whole = kube_spawner(kube, ledger_url, profile="gpu", allowed=allowed)
     assert "A whole GPU" in await whole.render_options_form()
     await whole.start()
-    spec = created(kube, whole.pod_name)["spec"]
+    spec = (await created(standin, whole.pod_name))["spec"]
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-    assert spec["nodeName"] == "gpu-a1"
-    small = kube_spawner(kube, ledger_url, name="ben", allowed=allowed)
+    assert spec["nodeName"] == standin.node_name("a1")
+    small = make(standin, ledger_url, name="ben", allowed=allowed)
     await small.start()
-    assert created(kube, small.pod_name)["spec"]["containers"][0]["resources"][
-        "limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert requests_of(standin, await created(standin, small.pod_name))["limits"] == {
+        "nvidia.com/mig-1g.10gb": "1"}
     assert sorted((lease.user, lease.mode, lease.profile, lease.compute_slices)
                   for lease in held(ledger_url)) == [("ana", "kube", "gpu", 7),
                                                      ("ben", "kube", "1g.10gb", 1)]
@@ -124,11 +231,12 @@ async def test_a_whole_gpu_pod_asks_for_nvidia_com_gpu_on_a_mixed_strategy_node(
         await s.stop()
 
 
-async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(kube, ledger_url):
-    kube.nodes = [a100_node("gpu-a1")]
-    kube.pods = [pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
-                     namespace="batch")]
-    s = kube_spawner(kube, ledger_url, profile="large")
+async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(standin, ledger_url):
+    await standin.add_node("a1", A100)
+    batch = await standin.namespace(f"{standin.ns}-batch")
+    await standin.run_pod("batch-train", "a1", {"nvidia.com/mig-3g.40gb": "1"},
+                          namespace=batch)
+    s = make(standin, ledger_url, profile="large")
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.status_code == 503
@@ -139,47 +247,57 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(kube, ledger_
         await until_async(ledger.refusals, 10, "the refusal recorded")
         assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
-    assert [p["metadata"]["name"] for p in kube.pods] == ["batch-train"]
+    assert await standin.pods() == []
 
 
 async def test_node_being_reconfigured_is_not_offered_and_the_refusal_says_so(
     kube, ledger_url
 ):
-    kube.nodes = [a100_node("gpu-a1", state="pending")]
-    s = kube_spawner(kube, ledger_url, profile="large")
+    labels, resources = device_plugin_view(A100)
+    await standin.add_node("a1", None, labels={
+        **labels, "nvidia.com/mig.config": "all-balanced",
+        "nvidia.com/mig.config.state": "pending"}, allocatable=resources)
+    s = make(standin, ledger_url, profile="large")
     with pytest.raises(SpawnException) as info:
         await s.start()
-    assert "gpu-a1: MIG Manager is applying a layout" in str(info.value)
+    assert f"{standin.node_name('a1')}: MIG Manager is applying a layout" in str(info.value)
     form = await s.render_options_form()
     assert "free now" not in form
     assert "no GPU in the cluster has this size" in form
     assert held(ledger_url) == []
 
 
-async def test_form_shows_cluster_free_counts_from_one_cached_read(kube, ledger_url):
-    kube.nodes = [a100_node("gpu-a1"), h200_single("gpu-h1", slices=3)]
-    kube.pods = [pod("other", "gpu-h1", {"nvidia.com/gpu": "1"}, namespace="x")]
-    forms = [await kube_spawner(kube, ledger_url, name=f"u{i}").render_options_form()
+async def test_form_shows_cluster_free_counts_from_one_cached_read(standin, ledger_url):
+    await standin.add_node("a1", A100)
+    await standin.add_node("h1", h200_single(3))
+    other = await standin.namespace(f"{standin.ns}-x")
+    await standin.run_pod("other", "h1", {"nvidia.com/gpu": "1"}, namespace=other)
+    standin.tap.reset()
+    forms = [await make(standin, ledger_url, name=f"u{i}").render_options_form()
              for i in range(5)]
     assert "4 free now" in forms[0]  # small: 2 A100 1g.10gb + 2 H200 1g.18gb
     assert "1 free now" in forms[0]  # large: the A100's 3g.40gb
     assert len(set(forms)) == 1
-    assert kube.list_hits() == 2  # five users, one Node list and one Pod list
+    # Five users, one Node list and one Pod list.
+    assert standin.tap.count("GET", "/api/v1/nodes") == 1
+    assert standin.tap.count("GET", "/api/v1/pods") == 1
 
 
 async def test_form_counts_a_profile_that_two_models_share_once(kube, ledger_url):
     """'small' is 1g.10gb on the A100 80GB and on the H100: 2 + 3 free, not 5 per model."""
-    h100 = node("gpu-h1", gpu_labels("NVIDIA-H100-80GB-HBM3", "mixed"),
-                {"nvidia.com/mig-1g.10gb": "3"})
-    kube.nodes = [a100_node("gpu-a1"), h100]
-    form = await kube_spawner(kube, ledger_url).render_options_form()
+    await standin.add_node("a1", A100)
+    await standin.add_node("h1", [Gpu("h100", {"1g.10gb": 3})])
+    form = await make(standin, ledger_url).render_options_form()
     assert "5 free now" in form and "10 free now" not in form
 
 
-async def test_form_says_why_when_the_cluster_cannot_be_read(kube, ledger_url):
-    kube.fail_with = (403, 'nodes is forbidden: User "system:serviceaccount:jhub:hub" '
-                              'cannot list resource "nodes"')
-    form = await kube_spawner(kube, ledger_url).render_options_form()
+async def test_form_says_why_when_the_cluster_cannot_be_read(standin, ledger_url,
+                                                            monkeypatch):
+    """The hub's account without 'list' in the ClusterRole: the API server's own 403."""
+    kubeconfig, url = await standin.account("hub-no-list", drop={
+        "mig-spawner-gpu-capacity": {"list"}})
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+    form = await make(standin, ledger_url, k8s_api_host=url).render_options_form()
     assert "The cluster&#39;s GPU nodes cannot be read right now. Try again" in form
     # The API server's words name accounts and resources: for the hub log only.
     assert "serviceaccount" not in form and "free now" not in form
@@ -187,35 +305,34 @@ async def test_form_says_why_when_the_cluster_cannot_be_read(kube, ledger_url):
     assert "button.disabled = true" in form  # nor Start
 
 
-async def test_quota_is_checked_in_the_ledger_before_the_cluster(kube, ledger_url):
-    kube.nodes = [a100_node("gpu-a1")]
-    first = kube_spawner(kube, ledger_url, server="one")
+async def test_quota_is_checked_in_the_ledger_before_the_cluster(standin, ledger_url):
+    await standin.add_node("a1", A100)
+    first = make(standin, ledger_url, server="one")
     await first.start()
     second = kube_spawner(kube, ledger_url, server="two")
     with pytest.raises(SpawnException) as info:
         await second.start()
     assert info.value.status_code == 409
     assert "you already hold 1 of 1" in str(info.value)
-    assert len(kube.pods) == 1
+    assert len(await standin.pods()) == 1
     await first.stop()
 
 
 async def test_unschedulable_pod_gives_its_slice_back(kube, ledger_url):
     """The cluster looked free but the pod cannot be placed (here: a configured node
     selector no node has): the start times out and the lease is released."""
-    kube.nodes = [a100_node("gpu-a1")]
-    s = kube_spawner(kube, ledger_url, profile="large", mig_node_selector={"pool": "none"},
-                     start_timeout=2)
+    await standin.add_node("a1", A100)
+    s = make(standin, ledger_url, profile="large", mig_node_selector={"pool": "none"},
+             start_timeout=3)
     with pytest.raises(TimeoutError):
         await s.start()
     assert held(ledger_url) == []
 
 
-async def test_manifest_without_a_lease_has_no_gpu(kube, ledger_url):
-    kube.nodes = [a100_node("gpu-a1")]
-    s = kube_spawner(kube, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
-                     mig_node_selector={"pool": "gpu"})
-    kube.nodes[0]["metadata"]["labels"]["pool"] = "gpu"
+async def test_manifest_without_a_lease_has_no_gpu(standin, ledger_url):
+    await standin.add_node("a1", A100, labels={"pool": "gpu"})
+    s = make(standin, ledger_url, profile="large", mig_tolerations=[TOLERATE_GPU],
+             mig_node_selector={"pool": "gpu", OWNER_LABEL: standin.ns})
     await s.start()
     await s.stop()
     pod_after = await s.get_pod_manifest()
@@ -227,16 +344,16 @@ async def test_manifest_without_a_lease_has_no_gpu(kube, ledger_url):
     assert s.node_selector == {} and s.tolerations == []
 
 
-def test_bad_settings_are_refused_at_config_time(tmp_path):
+def test_bad_settings_are_refused_at_config_time():
     with pytest.raises(TraitError, match="unknown GPU model 'h300'"):
-        KubeMIGSpawner.class_traits()["mig_product_models"]
         KubeMIGSpawner(_mock=True, mig_product_models={"X": "h300"})
     with pytest.raises(TraitError, match="'Equal' or 'Exists'"):
         KubeMIGSpawner(_mock=True, mig_tolerations=[{"key": "a", "operator": "Is"}])
 
 
-async def test_shipped_example_config_builds_a_working_spawner(kube, ledger_url):
-    """jupyterhub_config.d/examples/kube.py with the shipped group policies."""
+async def test_shipped_example_config_builds_a_working_spawner(standin, ledger_url):
+    """jupyterhub_config.d/examples/kube.py with the shipped group policies (and this
+    test's node selector, which keeps it to its own nodes)."""
     from traitlets.utils.importstring import import_item
 
     from mig_spawner.config import load_config_files
@@ -245,9 +362,11 @@ async def test_shipped_example_config_builds_a_working_spawner(kube, ledger_url)
     c = load_config_files([shipped / "20-groups.py", shipped / "examples" / "kube.py"])
     assert import_item(c.JupyterHub.spawner_class) is KubeMIGSpawner
     c.MIGSettings.ledger_url = ledger_url
-    c.KubeMIGSpawner.k8s_api_host = kube.url
-    s = make_spawner(c, cls=KubeMIGSpawner)
-    kube.nodes = [h200_single("gpu-h1", slices=2, taints=[GPU_TAINT])]
+    c.KubeMIGSpawner.k8s_api_host = standin.url
+    c.KubeMIGSpawner.mig_node_label_selector = standin.selector
+    s = KubeMIGSpawner(config=c, user=User("ana", ["analysts"]), hub=Hub(),
+                       orm_spawner=OrmSpawner(""), _mock=True)
+    await standin.add_node("h1", h200_single(2), taints=[GPU_TAINT])
     form = await s.render_options_form()
     assert "2 free now" in form  # the example tolerates the usual GPU taint
 
@@ -263,8 +382,8 @@ def test_every_setting_is_explained():
 async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_frees_it(
     kube, ledger_url
 ):
-    kube.nodes = [a100_node("gpu-a1")]
-    before = kube_spawner(kube, ledger_url, name="ana")
+    await standin.add_node("a1", A100)
+    before = make(standin, ledger_url, name="ana")
     await before.start()
     state = before.get_state()
     (lease,) = held(ledger_url)
@@ -276,7 +395,8 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
     assert [x.id for x in held(ledger_url)] == [lease.id]
 
     # The pod is deleted behind the hub's back (node drained, kubectl delete ...).
-    kube.delete_pod("jupyterhub", after.pod_name)
+    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/{after.pod_name}",
+                               {"gracePeriodSeconds": 0})
     await hub_sees_pod_gone(after)
     assert await after.poll() is not None
     assert held(ledger_url) == []
@@ -284,27 +404,29 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
         assert ledger.get(lease.id).release_code == "server_exited"
 
 
-
 async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_the_slice(
     kube, ledger_url
 ):
-    """The pod Terminates for a while and holds its slice meanwhile; another user's form
-    read then sees the slice taken. Once stop returns it is free, and the same user's
-    start right after gets it (not the form's stale 'all in use')."""
-    kube.nodes = [a100_node("gpu-a1")]
-    kube.shutdown_seconds = 0.5
-    s = kube_spawner(kube, ledger_url, profile="large")
+    """The pod Terminates for a while (its container takes 1.5 s to stop) and holds its
+    slice meanwhile; another user's form read then sees the slice taken. Once stop
+    returns it is free, and the same user's start right after gets it (not the form's
+    stale 'all in use')."""
+    await standin.add_node("a1", A100)
+    slow = {"pod-delete.stage.kwok.x-k8s.io/delay": "1500ms"}
+    s = make(standin, ledger_url, profile="large", extra_annotations=slow)
     await s.start()
     stopping = asyncio.ensure_future(s.stop())
-    await until_async(lambda: created(kube, s.pod_name)["metadata"].get("deletionTimestamp"),
-                      10, "the pod terminating")
+    terminating = await standin.admin.until(
+        f"/api/v1/namespaces/{standin.ns}/pods/{s.pod_name}",
+        lambda p: p is None or p["metadata"].get("deletionTimestamp"))
+    assert terminating is not None and not stopping.done()
     assert len(held(ledger_url)) == 1  # released only once the pod is gone
     other = await kube_spawner(kube, ledger_url, name="ben").render_options_form()
     assert "Unavailable: the only large slice is in use right now" in other
     await stopping
-    assert kube.pods == [] and held(ledger_url) == []
+    assert await standin.pods() == [] and held(ledger_url) == []
     await s.start()
-    assert created(kube, s.pod_name)["status"]["phase"] == "Running"
+    assert (await created(standin, s.pod_name))["status"]["phase"] == "Running"
     await s.stop()
 
 
@@ -312,11 +434,12 @@ async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(kube, l
     """A pod outside the hub takes the last slice between the check and the pod: the
     pod is Pending, the progress page shows the scheduler's reason, and the pod starts
     when the other one goes."""
-    kube.nodes = [a100_node("gpu-a1")]
+    await standin.add_node("a1", A100)
+    batch = await standin.namespace(f"{standin.ns}-batch")
 
-    def batch_job_takes_the_slice(spawner, pod_manifest):
-        kube.pods.append(pod("batch-train", "gpu-a1", {"nvidia.com/mig-3g.40gb": "1"},
-                             namespace="batch"))
+    async def batch_job_takes_the_slice(spawner, pod_manifest):
+        await standin.run_pod("batch-train", "a1", {"nvidia.com/mig-3g.40gb": "1"},
+                              namespace=batch)
         return pod_manifest
 
     s = kube_spawner(kube, ledger_url, profile="large", modify_pod_hook=batch_job_takes_the_slice)
@@ -331,62 +454,51 @@ async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(kube, l
                 break
         return messages
 
-    messages = await asyncio.wait_for(until_waiting(), 10)
-    assert messages[-1] == ("Waiting for room in the cluster: 0/1 nodes are available: "
-                            "1 Insufficient nvidia.com/mig-3g.40gb.")
-    assert created(kube, s.pod_name)["status"]["phase"] == "Pending"
-    kube.delete_pod("batch", "batch-train")
-    await starting
-    assert created(kube, s.pod_name)["spec"]["nodeName"] == "gpu-a1"
+    messages = await asyncio.wait_for(until_waiting(), 30)
+    # The scheduler counts every node of the cluster (other tests' too).
+    assert re.fullmatch(r"Waiting for room in the cluster: 0/\d+ nodes are available: .*"
+                        r"1 Insufficient nvidia\.com/mig-3g\.40gb.*", messages[-1]), messages
+    assert "preemption" not in messages[-1]
+    assert (await created(standin, s.pod_name))["status"]["phase"] == "Pending"
+    await standin.admin.delete(f"/api/v1/namespaces/{batch}/pods/batch-train",
+                               {"gracePeriodSeconds": 0})
+    await asyncio.wait_for(starting, 60)
+    assert (await created(standin, s.pod_name))["spec"]["nodeName"] == standin.node_name("a1")
     await s.stop()
 
 
 async def test_a_forbidden_pod_is_plain_words_to_the_user_and_named_in_the_log(
-    kube, ledger_url, caplog
+    standin, ledger_url, caplog, monkeypatch
 ):
-    kube.nodes = [a100_node("gpu-a1")]
-    kube.rbac = [replace(r, verbs=r.verbs - {"create"}) if r.namespace else r
-                 for r in kube.rbac]
-    s = kube_spawner(kube, ledger_url, profile="large")
+    """The documented Role without 'create' on pods: the real API server's 403."""
+    await standin.add_node("a1", A100)
+    kubeconfig, url = await standin.account("hub-no-create", drop={"hub": {"create"}})
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+    s = make(standin, ledger_url, profile="large", k8s_api_host=url)
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert info.value.jupyterhub_message == (
         "The cluster does not let the hub start servers; tell a hub admin.")
     assert info.value.status_code == 500
-    assert 'HTTP 403: pods is forbidden: User "system:serviceaccount:jhub:hub" cannot create ' \
-        'resource "pods"' in caplog.text
+    assert (f'HTTP 403: pods is forbidden: User "system:serviceaccount:{standin.ns}:'
+            f'hub-no-create" cannot create resource "pods"') in caplog.text
     assert held(ledger_url) == []
 
 
 async def test_a_product_name_too_long_for_a_label_still_gets_its_node(kube, ledger_url):
     """GFD cuts 'NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition-MIG-1g.24gb'
     (67 characters, over the API's 63) to fit; the hub knows the model and selects the
-    label the node carries, which admission accepts."""
+    label the node carries, which the API server accepts."""
     label = "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edi-MIG-1g.24gb"
-    kube.nodes = [node("gpu-r1", gpu_labels(label, "single"), {"nvidia.com/gpu": "4"})]
-    s = kube_spawner(kube, ledger_url, profile="tiny")
+    await standin.add_node("r1", None, labels={
+        "nvidia.com/gpu.product": label, "nvidia.com/mig.strategy": "single",
+        "nvidia.com/gpu.present": "true"}, allocatable={"nvidia.com/gpu": "4"})
+    s = make(standin, ledger_url, profile="tiny")
     s.config.MIGPolicyConfig.slice_classes["tiny"] = {
         "display_name": "Tiny", "profiles": {"rtx-pro-6000": "1g.24gb"}}
     s.config.MIGPolicyConfig.group_policies["analysts"]["allowed"].append("tiny")
     await s.start()
-    spec = created(kube, s.pod_name)["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": label}
-    assert spec["nodeName"] == "gpu-r1"
+    spec = (await created(standin, s.pod_name))["spec"]
+    assert spec["nodeSelector"]["nvidia.com/gpu.product"] == label
+    assert spec["nodeName"] == standin.node_name("r1")
     await s.stop()
-
-
-async def test_after_an_expired_watch_the_hub_lists_again_and_sees_what_happened(
-    kube, ledger_url
-):
-    """The API server compacted its history: the pod watch ends with 410 Gone, and
-    KubeSpawner's reflector lists again, so a pod deleted meanwhile is noticed."""
-    kube.nodes = [a100_node("gpu-a1")]
-    s = kube_spawner(kube, ledger_url)
-    await s.start()
-    lists = kube.hits["/api/v1/namespaces/jupyterhub/pods"]
-    kube.expire_watches()
-    kube.delete_pod("jupyterhub", s.pod_name)
-    await hub_sees_pod_gone(s)
-    assert await s.poll() is not None
-    assert kube.hits["/api/v1/namespaces/jupyterhub/pods"] > lists
-    assert held(ledger_url) == []
