@@ -1,16 +1,22 @@
-"""Free MIG slices of a cluster, read through kubernetes_asyncio from a stand-in API server."""
+"""Free MIG slices of a cluster: the arithmetic on API JSON, and the reads through
+kubernetes_asyncio from the real API server (tests/support/kube_cluster.py), with its
+paging, selectors, expiring continue tokens and RBAC."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
+import time
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from mig_spawner.kube import ClusterAvailability, ClusterReadError, cluster_slices, pod_requests
 from tests.mocking import Seconds, h200_single
-from tests.support.kube_objects import gpu_labels, node, pod, run_check_command
+from tests.support.kube_gpus import Gpu, Gpus
+from tests.support.kube_objects import gpu_labels, node, pod
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -41,16 +47,10 @@ def cpu_node(name: str) -> dict:
 
 
 @pytest.fixture
-async def standin(kube_standin):
-    return kube_standin
-
-
-@pytest.fixture
-async def api(standin):
-    """kubernetes_asyncio's CoreV1Api talking to the stand-in (KubeSpawner uses this
-    client class; its k8s_api_host sets the same Configuration.host)."""
-    config = Configuration(host=standin.url)
-    async with ApiClient(config) as client:
+async def api(kube):
+    """kubernetes_asyncio's CoreV1Api as the hub's account, through the tap (KubeSpawner
+    uses this client class)."""
+    async with kube.client() as client:
         yield CoreV1Api(client)
 
 
@@ -156,86 +156,171 @@ def test_mixed_fleet_maps_a_slice_class_to_each_model():
     assert slices.model_keys() == ("a100-80gb", "h200")
 
 
-# --- through the real client and HTTP ------------------------------------------------
+# --- through the real client and the API server ---------------------------------------
+
+A100 = Gpus((Gpu("a100-80gb", {"3g.40gb": 2, "1g.10gb": 1}),
+             Gpu("a100-80gb", {"1g.10gb": 3})))
+H200 = Gpus((Gpu("h200", {"3g.71gb": 1, "1g.18gb": 2}),))
 
 
-async def test_reads_nodes_and_pods_through_the_api(standin, api):
-    standin.nodes = [a100_mixed("a100-1"), h200_single("h200-1")]
-    standin.pods = [
-        pod("jupyter-ana", "a100-1", {"nvidia.com/mig-3g.40gb": "1"}),
-        pod("old-job", "h200-1", {"nvidia.com/gpu": "4"}, namespace="batch", phase="Succeeded"),
-        pod("jupyter-ben", "h200-1", {"nvidia.com/gpu": "1"}, namespace="other"),
-    ]
-    slices = await ClusterAvailability(api).slices()
-    assert slices.free() == {"a100-80gb": {"1g.10gb": 4, "3g.40gb": 1}, "h200": {"1g.18gb": 55}}
+async def test_reads_nodes_and_pods_through_the_api(kube, api):
+    await kube.add_node("a1", A100)
+    await kube.add_node("h1", Gpus((Gpu("h200", {"1g.18gb": 7}),), strategy="single"))
+    other = await kube.namespace(f"{kube.ns}-other")
+    await kube.run_pod("jupyter-ana", "a1", {"nvidia.com/mig-3g.40gb": "1"})
+    await kube.run_pod("jupyter-ben", "h1", {"nvidia.com/gpu": "1"}, namespace=other)
+    done = await kube.run_pod("old-job", "h1", {"nvidia.com/gpu": "4"}, namespace=other)
+    await kube.admin.patch(f"/api/v1/namespaces/{other}/pods/old-job/status",
+                           {"status": {"phase": "Succeeded"}})
+    kube.tap.reset()
+    slices = await ClusterAvailability(api, node_selector=kube.selector).slices()
+    assert slices.free() == {"a100-80gb": {"1g.10gb": 4, "3g.40gb": 1}, "h200": {"1g.18gb": 6}}
+    assert f"{other}/{done['metadata']['name']}" not in slices.counted_pods
     # Terminated pods are filtered by the API server, all namespaces are read.
-    pod_reads = [q for path, q in standin.requests if path == "/api/v1/pods"]
-    assert pod_reads[0]["fieldSelector"] == [b"status.phase!=Succeeded,status.phase!=Failed"]
+    (pod_read,) = kube.tap.matching("GET", "/api/v1/pods")
+    assert pod_read.query["fieldSelector"] == "status.phase!=Succeeded,status.phase!=Failed"
 
 
-async def test_node_with_pending_reconfiguration_is_not_offered(standin, api):
-    standin.nodes = [
-        a100_mixed("a100-1"),
-        node("a100-2", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-1g.10gb",
-                                  state="pending"),
-             {"nvidia.com/mig-1g.10gb": "14"}),
-    ]
-    slices = await ClusterAvailability(api).slices()
+async def test_the_api_defaults_a_limit_as_the_request_and_it_is_counted_once(kube, api):
+    """A pod that gives only a limit: the API server sets the request to it (and adds
+    its default tolerations, token volume and restart policy)."""
+    await kube.add_node("h1", H200)
+    pod_obj = await kube.run_pod("p", "h1", {"nvidia.com/mig-3g.71gb": "1"})
+    resources = pod_obj["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"nvidia.com/mig-3g.71gb": "1"}
+    assert {t["key"] for t in pod_obj["spec"]["tolerations"]} >= {
+        "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+    assert pod_obj["spec"]["restartPolicy"] == "Always"
+    assert any(v["name"].startswith("kube-api-access-") for v in pod_obj["spec"]["volumes"])
+    slices = await ClusterAvailability(api, node_selector=kube.selector).slices()
+    assert slices.free()["h200"] == {"1g.18gb": 2, "3g.71gb": 0}
+
+
+async def test_a_set_based_selector_reads_only_the_nodes_it_names(kube, api):
+    await kube.add_node("h1", H200, labels={"pool": "notebooks"})
+    await kube.add_node("h2", H200, labels={"pool": "batch"})
+    await kube.add_node("h3", H200)
+    selector = f"{kube.selector},pool in (notebooks, teaching),pool notin (batch)"
+    slices = await ClusterAvailability(api, node_selector=selector).slices()
+    assert [n.name for n in slices.nodes] == [kube.node_name("h1")]
+    nodes = await ClusterAvailability(api, node_selector=f"{kube.selector},!pool").slices()
+    assert [n.name for n in nodes.nodes] == [kube.node_name("h3")]
+
+
+async def test_node_with_pending_reconfiguration_is_not_offered(kube, api):
+    await kube.add_node("a1", A100)
+    await kube.add_node("a2", None, labels={
+        **gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-1g.10gb",
+                     state="pending")}, allocatable={"nvidia.com/mig-1g.10gb": "14"})
+    slices = await ClusterAvailability(api, node_selector=kube.selector).slices()
     assert [(t.nodes, t.free) for t in slices.targets({"a100-80gb": "1g.10gb"})] == [
-        (("a100-1",), 4)
+        ((kube.node_name("a1"),), 4)
     ]
-    assert [s.name for s in slices.skipped] == ["a100-2"]
+    assert [s.name for s in slices.skipped] == [kube.node_name("a2")]
 
 
-async def test_cache_serves_renders_within_ttl_and_rereads_after(standin, api):
-    standin.nodes = [h200_mixed("h1")]
+async def test_cache_serves_renders_within_ttl_and_rereads_after(kube, api):
+    await kube.add_node("h1", H200)
     clock = Seconds()
-    availability = ClusterAvailability(api, ttl=10, clock=clock)
+    availability = ClusterAvailability(api, ttl=10, clock=clock, node_selector=kube.selector)
+    kube.tap.reset()
     first = await availability.slices()
-    assert standin.list_hits() == 2  # one Node list, one Pod list
+    assert kube.tap.count("GET", "/api/v1/nodes") + kube.tap.count("GET", "/api/v1/pods") == 2
     # 30 users open the spawn form at once, then more within the TTL: no more reads.
     await asyncio.gather(*(availability.slices() for _ in range(30)))
     clock.now += 9.5
     assert (await availability.slices()) is first
-    assert standin.list_hits() == 2
-    standin.pods = [pod("p", "h1", {"nvidia.com/mig-3g.71gb": "1"})]
+    assert kube.tap.count("GET", "/api/v1/nodes") + kube.tap.count("GET", "/api/v1/pods") == 2
+    await kube.run_pod("p", "h1", {"nvidia.com/mig-3g.71gb": "1"})
     clock.now += 1
     assert (await availability.slices()).free()["h200"]["3g.71gb"] == 0
-    assert standin.list_hits() == 4
+    assert kube.tap.count("GET", "/api/v1/nodes") + kube.tap.count("GET", "/api/v1/pods") == 4
 
 
-async def test_concurrent_first_reads_share_one_request(standin, api):
-    standin.nodes = [h200_mixed("h1")]
-    availability = ClusterAvailability(api, ttl=10)
+async def test_concurrent_first_reads_share_one_request(kube, api):
+    await kube.add_node("h1", H200)
+    availability = ClusterAvailability(api, ttl=10, node_selector=kube.selector)
+    kube.tap.reset()
     results = await asyncio.gather(*(availability.slices() for _ in range(20)))
     assert all(r is results[0] for r in results)
-    assert standin.list_hits() == 2
+    assert kube.tap.count("GET", "/api/v1/nodes") + kube.tap.count("GET", "/api/v1/pods") == 2
 
 
-async def test_max_age_zero_forces_a_fresh_read(standin, api):
-    standin.nodes = [h200_mixed("h1")]
-    availability = ClusterAvailability(api, ttl=60)
+async def test_max_age_zero_forces_a_fresh_read(kube, api):
+    await kube.add_node("h1", H200)
+    availability = ClusterAvailability(api, ttl=60, node_selector=kube.selector)
+    kube.tap.reset()
     await availability.slices()
     await availability.slices(max_age=0)
-    assert standin.list_hits() == 4
+    assert kube.tap.count("GET", "/api/v1/nodes") + kube.tap.count("GET", "/api/v1/pods") == 4
 
 
-async def test_large_lists_are_read_page_by_page(standin, api, monkeypatch):
+async def test_large_lists_are_read_page_by_page(kube, api, monkeypatch):
     monkeypatch.setattr("mig_spawner.kube.availability.PAGE_SIZE", 2)
-    standin.nodes = [h200_mixed(f"h{i}") for i in range(5)]
-    standin.pods = [pod(f"p{i}", f"h{i}", {"nvidia.com/mig-1g.18gb": "1"}) for i in range(5)]
-    slices = await ClusterAvailability(api).slices()
-    assert slices.free()["h200"] == {"1g.18gb": 5, "3g.71gb": 5}
-    assert standin.hits["/api/v1/nodes"] == 3
+    for i in range(5):
+        await kube.add_node(f"h{i}", H200)
+    kube.tap.reset()
+    slices = await ClusterAvailability(api, node_selector=kube.selector).slices()
+    assert slices.free()["h200"] == {"1g.18gb": 10, "3g.71gb": 5}
+    assert kube.tap.count("GET", "/api/v1/nodes") == 3
 
 
-async def test_forbidden_list_says_which_rbac_is_missing(standin, api):
-    standin.fail_with = (403, 'nodes is forbidden: User "system:serviceaccount:jhub:hub" '
-                              'cannot list resource "nodes" in API group "" at the cluster scope')
-    with pytest.raises(ClusterReadError) as info:
-        await ClusterAvailability(api).slices()
+async def test_an_expired_continue_token_starts_the_list_again(kube, api, monkeypatch):
+    """Between two pages etcd is compacted past the version the continue token names (as
+    the API server does every 5 minutes): once the API server's cache has let that
+    version go, it answers 410 Expired, and the reader lists again, whole, as
+    client-go's pager does (before: the read failed)."""
+    monkeypatch.setattr("mig_spawner.kube.availability.PAGE_SIZE", 1)
+    for i in range(3):
+        await kube.add_node(f"h{i}", H200)
+    admin = kube.info.credentials()
+
+    def expire_the_token(seen) -> None:
+        token = seen.query.get("continue")
+        if seen.path != "/api/v1/nodes" or not token or kube.tap.matching("GET", "x"):
+            return
+        kube.compact()
+        kube.tap.requests.append(type(seen)("GET", "x", {}))  # once
+        # The API server's cache follows compactions every 15 s: until then it still
+        # serves the page. Wait until the token is refused.
+        for _ in range(400):
+            if continue_status(admin, seen.path_qs) == 410:
+                return
+            time.sleep(0.1)
+
+    kube.tap.hooks.append(expire_the_token)
+    kube.tap.reset()
+    slices = await ClusterAvailability(api, node_selector=kube.selector).slices()
+    assert slices.free()["h200"] == {"1g.18gb": 6, "3g.71gb": 3}
+    statuses = [r.status for r in kube.tap.matching("GET", "/api/v1/nodes")]
+    assert statuses == [200, 410, 200], statuses
+    assert "limit" not in kube.tap.matching("GET", "/api/v1/nodes")[-1].query
+
+
+def continue_status(credentials, path_qs: str) -> int:
+    """The API server's answer to a list request, as the admin."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(credentials.server + path_qs,
+                                     headers={"Authorization": f"Bearer {credentials.token}"})
+    try:
+        with urllib.request.urlopen(request, context=ssl.create_default_context(
+                cafile=credentials.ca), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+async def test_forbidden_list_says_which_rbac_is_missing(kube):
+    kubeconfig, _ = await kube.account("no-list", drop={"mig-spawner-gpu-capacity": {"list"}})
+    async with kube.client(kubeconfig) as client:
+        with pytest.raises(ClusterReadError) as info:
+            await ClusterAvailability(CoreV1Api(client)).slices()
     assert "HTTP 403" in str(info.value)
-    assert "cannot list resource" in str(info.value)
+    assert (f'User "system:serviceaccount:{kube.ns}:no-list" cannot list resource'
+            in str(info.value))
     assert "ClusterRole" in info.value.hint
 
 
@@ -248,39 +333,55 @@ async def test_unreachable_api_is_a_clear_error():
 # --- the admin's check: python -m mig_spawner.kube -----------------------------------
 
 
-async def test_check_command_prints_free_slices_and_left_out_nodes(standin, tmp_path):
-    standin.nodes = [
-        a100_mixed("a100-1"),
-        node("a100-2", gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", state="failed"),
-             {"nvidia.com/mig-1g.10gb": "7"}),
-    ]
-    standin.pods = [pod("jupyter-ana", "a100-1", {"nvidia.com/mig-1g.10gb": "1"})]
-    code, out, _ = await run_check_command(standin, tmp_path)
+async def run_check_command(kubeconfig: str, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_check_command_prints_free_slices_and_left_out_nodes(kube):
+    await kube.add_node("a1", A100)
+    await kube.add_node("a2", None, labels=gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed",
+                                                      state="failed"),
+                        allocatable={"nvidia.com/mig-1g.10gb": "7"})
+    await kube.run_pod("jupyter-ana", "a1", {"nvidia.com/mig-1g.10gb": "1"})
+    kubeconfig = kube.kubeconfig()
+    code, out, _ = await run_check_command(kubeconfig, "--node-selector", kube.selector)
     assert code == 0
-    assert "a100-1                   a100-80gb  mixed    1g.10gb          3    4" in out
-    assert "a100-2                   not offered: MIG Manager is applying a layout " \
-        "(nvidia.com/mig.config.state=failed)" in out
-    code, out, _ = await run_check_command(standin, tmp_path, "--json")
+    a1, a2 = kube.node_name("a1"), kube.node_name("a2")
+    assert re.search(rf"{a1}\s+a100-80gb\s+mixed\s+1g\.10gb\s+3\s+4\n", out), out
+    assert re.search(rf"{a2}\s+not offered: MIG Manager is applying a layout "
+                     r"\(nvidia\.com/mig\.config\.state=failed\)", out), out
+    code, out, _ = await run_check_command(kubeconfig, "--json", "--node-selector",
+                                           kube.selector)
     assert json.loads(out)["free"] == {"a100-80gb": {"1g.10gb": 3, "3g.40gb": 2}}
 
 
-async def test_check_command_explains_missing_rbac(standin, tmp_path):
-    standin.fail_with = (403, 'pods is forbidden: User "system:serviceaccount:jhub:hub" '
-                              'cannot list resource "pods" in API group "" at the cluster scope')
-    code, _, err = await run_check_command(standin, tmp_path)
+async def test_check_command_explains_missing_rbac(kube):
+    kubeconfig, _ = await kube.account("no-pods", drop={"mig-spawner-gpu-capacity": {"list"}})
+    code, _, err = await run_check_command(kubeconfig)
     assert code == 1
     assert "HTTP 403" in err
     assert "hint: the hub's service account needs a ClusterRole" in err
 
 
-async def test_standin_objects_are_valid_api_objects(standin, api):
-    """The stand-in's JSON deserializes into kubernetes_asyncio's V1Node and V1Pod, whose
-    required fields are checked: what the tests count is what a cluster would send."""
-    standin.nodes = [a100_mixed("a1", taints=[GPU_TAINT]), h200_single("h1"), cpu_node("c1")]
-    standin.pods = [pod("p", "a1", {"nvidia.com/mig-1g.10gb": "1"},
-                        init_containers=[{"name": "init", "image": "busybox"}])]
-    nodes = await api.list_node()
-    pods = await api.list_pod_for_all_namespaces()
-    assert [n.metadata.name for n in nodes.items] == ["a1", "h1", "c1"]
-    assert nodes.items[0].status.allocatable["nvidia.com/mig-3g.40gb"] == "2"
-    assert pods.items[0].spec.containers[0].resources.limits == {"nvidia.com/mig-1g.10gb": "1"}
+async def test_builders_are_what_the_api_stores(kube):
+    """The JSON the arithmetic above is fed (tests/support/kube_objects.py) is what the
+    real API server stores and serves, in the fields the count reads."""
+    built = node(kube.node_name("x1"), {**gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed"),
+                                        "mig-spawner.test/owner": kube.ns},
+                 {"nvidia.com/mig-1g.10gb": "2"}, taints=[GPU_TAINT], unschedulable=True)
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        del built["metadata"][key]
+    stored = await kube.admin.create({"apiVersion": "v1", "kind": "Node", **built})
+    for part in ("labels",):
+        assert stored["metadata"][part] == built["metadata"][part]
+    # The API server adds the not-ready taint to a new node; the built ones stay.
+    assert [t for t in stored["spec"]["taints"] if t["key"] == "nvidia.com/gpu"] == built[
+        "spec"]["taints"]
+    assert stored["status"]["allocatable"] == built["status"]["allocatable"]
+    assert cluster_slices([stored], []).skipped[0].reason == cluster_slices(
+        [built], []).skipped[0].reason

@@ -46,8 +46,9 @@ async def _list_all(method: Callable[..., Any], what: str, **kwargs: Any) -> lis
     """
     items: list[dict] = []
     token: str | None = None
+    restarts = 0
     while True:
-        page_args = {"limit": PAGE_SIZE, **kwargs}
+        page_args = {**({"limit": PAGE_SIZE} if not restarts else {}), **kwargs}
         if token:
             page_args["_continue"] = token
         try:
@@ -58,6 +59,12 @@ async def _list_all(method: Callable[..., Any], what: str, **kwargs: Any) -> lis
                 "check that the hub can reach the API server (KubeSpawner.k8s_api_host)",
             ) from e
         body = await response.read()
+        if response.status == 410 and token and not restarts:
+            # The continue token expired (its version was compacted away, or the
+            # API server's cache let it go): the pages read so far may be stale, so
+            # the list starts again, whole, as client-go's pager falls back to.
+            items, token, restarts = [], None, restarts + 1
+            continue
         if response.status != 200:
             hint = _FORBIDDEN_HINT if response.status == 403 else ""
             try:

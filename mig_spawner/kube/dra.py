@@ -186,11 +186,23 @@ def template_name(model_key: str, profile: str) -> str:
 
 
 def selector(profile: str, products: Iterable[str]) -> str:
-    """The CEL expression that selects a ``profile`` device of one of ``products``."""
+    """The CEL expression that selects a ``profile`` device of one of ``products``.
+
+    Each attribute is checked to be there before it is compared: the scheduler's CEL
+    aborts the claim's whole allocation on a device that lacks an attribute the
+    expression reads ("no such key"), where a missing one must just not match (a
+    device of an older driver, a GPU without MIG in a DeviceClass that admits both).
+    """
     domain = f"device.attributes['{DRIVER}']"
+
+    def equals(name: str, value: str) -> str:
+        return f"'{name}' in {domain} && {domain}.{name} == '{value}'"
+
+    expression = equals("profile", normalize_profile_name(profile))
     names = ", ".join(f"'{p}'" for p in sorted(set(products)))
-    expression = f"{domain}.profile == '{normalize_profile_name(profile)}'"
-    return f"{expression} && {domain}.productName in [{names}]" if names else expression
+    if not names:
+        return expression
+    return f"{expression} && 'productName' in {domain} && {domain}.productName in [{names}]"
 
 
 def claim_template(model_key: str, profile: str, namespace: str) -> dict[str, Any]:

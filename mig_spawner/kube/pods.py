@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .availability import ClusterReadError
@@ -134,18 +135,71 @@ async def scheduling_failures(api: Any, namespace: str, name: str, version: str 
                               timeout: float) -> AsyncIterator[str]:
     """The scheduler's ``FailedScheduling`` messages about pod ``name`` after
     ``version`` (:func:`events_version` before the pod was created, so that earlier pods
-    of that name do not count), for up to ``timeout`` seconds."""
+    of that name do not count), for up to ``timeout`` seconds.
+
+    The scheduler reports the same failure again as one event series: the Event is
+    updated (a MODIFIED change with a higher ``series.count``), not added again, and
+    each repeat is said once more ("tried 2 times"). The watch is started again where
+    it ended when the API server closes it or the connection drops, from the last
+    version seen (bookmarks keep it current while nothing changes); a version the API
+    server no longer has (410 Gone, after an etcd compaction) lists the Events again.
+    """
+    import aiohttp
     from kubernetes_asyncio import watch
+    from kubernetes_asyncio.client.exceptions import ApiException
 
     selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
-    stream = watch.Watch().stream(api.list_namespaced_event, namespace=namespace,
-                                  field_selector=selector, resource_version=version,
-                                  timeout_seconds=max(1, round(timeout)))
-    async with stream:
-        async for change in stream:
-            event = change.get("raw_object") or {}
-            if change.get("type") == "ADDED" and event.get("reason") == "FailedScheduling":
-                yield str(event.get("message", ""))
+    deadline = time.monotonic() + timeout
+    said: dict[str, int] = {}  # event uid -> the repeat count said last
+    relisted = False
+    # A list after 410 shows earlier pods' Events too (same name): those made before
+    # this wait began (a second's slack: timestamps are whole seconds) are not ours.
+    since = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+
+    def news(event: dict) -> str | None:
+        if event.get("reason") != "FailedScheduling":
+            return None
+        uid = (event.get("metadata") or {}).get("uid", "")
+        count = max(int((event.get("series") or {}).get("count") or 0),
+                    int(event.get("count") or 0), 1)
+        if said.get(uid, 0) >= count:
+            return None
+        said[uid] = count
+        message = str(event.get("message", ""))
+        return message if count == 1 else f"{message} (tried {count} times)"
+
+    while (left := deadline - time.monotonic()) > 0:
+        if relisted:
+            relisted = False
+            status, body = await _call(api.list_namespaced_event, "list events",
+                                       namespace=namespace, field_selector=selector)
+            if status != 200:
+                raise _failed(f"listing events in {namespace}", status, body)
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            for event in body.get("items") or []:
+                made = (event.get("metadata") or {}).get("creationTimestamp") or ""
+                if made and datetime.fromisoformat(made.replace("Z", "+00:00")) < since:
+                    continue
+                if (message := news(event)) is not None:
+                    yield message
+        stream = watch.Watch().stream(api.list_namespaced_event, namespace=namespace,
+                                      field_selector=selector, resource_version=version,
+                                      allow_watch_bookmarks=True,
+                                      timeout_seconds=max(1, round(left)))
+        try:
+            async with stream:
+                async for change in stream:
+                    event = change.get("raw_object") or {}
+                    version = (event.get("metadata") or {}).get("resourceVersion") or version
+                    if change.get("type") in ("ADDED", "MODIFIED") and (
+                            message := news(event)) is not None:
+                        yield message
+        except ApiException as e:
+            if e.status != 410:
+                raise
+            relisted = True  # the version was compacted away: list again
+        except (TimeoutError, aiohttp.ClientError):
+            await asyncio.sleep(POLL)  # the connection dropped: watch again from version
 
 
 async def ensure_claim_template(resource_api: Any, template: dict) -> None:
@@ -170,3 +224,25 @@ async def ensure_claim_template(resource_api: Any, template: dict) -> None:
         "the hub's service account needs 'get' and 'create' on 'resourceclaimtemplates' "
         "(API group resource.k8s.io) in its namespace (docs/kubernetes.md, 'RBAC')",
     )
+
+
+async def claims_gone(resource_api: Any, namespace: str, pod_uid: str, wait: float) -> bool:
+    """Wait up to ``wait`` seconds until no ResourceClaim in ``namespace`` that was
+    made for the pod ``pod_uid`` (its owner) is left. The garbage collector removes a
+    pod's generated claims only after the pod is gone, and until then the claim's
+    device counts as allocated: the scheduler gives it to no other claim. Returns
+    whether they are gone. Raises :class:`ClusterReadError` when the API cannot say."""
+    deadline = time.monotonic() + wait
+    while True:
+        status, body = await _call(resource_api.list_namespaced_resource_claim,
+                                   "list resourceclaims", namespace=namespace)
+        if status != 200:
+            raise _failed(f"listing resourceclaims in {namespace}", status, body)
+        left = [c for c in body.get("items") or []
+                if any(o.get("uid") == pod_uid
+                       for o in (c.get("metadata") or {}).get("ownerReferences") or [])]
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL)

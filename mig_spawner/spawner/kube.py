@@ -38,7 +38,12 @@ from mig_spawner.kube import (
     slice_request,
 )
 from mig_spawner.kube.dra import claim_template, template_name
-from mig_spawner.kube.pods import ensure_claim_template, events_version, scheduling_failures
+from mig_spawner.kube.pods import (
+    claims_gone,
+    ensure_claim_template,
+    events_version,
+    scheduling_failures,
+)
 from mig_spawner.ledger import Lease
 from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpus
 
@@ -61,6 +66,8 @@ DEVICE_VARIABLES = (
     "NVIDIA_MIG_CONFIG_DEVICES",
     "NVIDIA_MIG_MONITOR_DEVICES",
 )
+#: Seconds a stop waits for a DRA pod's claims to be removed after the pod.
+CLAIM_WAIT = 30.0
 
 
 class _PodGone(KubeSpawner):
@@ -71,10 +78,27 @@ class _PodGone(KubeSpawner):
     a grant right after the stop must not find the slice still taken."""
 
     async def stop(self, now: bool = False) -> None:
+        pod = self._reflected_pod()  # type: ignore[attr-defined]
         try:
             await super().stop(now=now)
+            uid = (pod.get("metadata") or {}).get("uid")
+            if uid and (pod.get("spec") or {}).get("resourceClaims"):
+                await self._claims_gone(uid)
         finally:
             self.availability.invalidate()  # type: ignore[attr-defined]
+
+    async def _claims_gone(self, uid: str) -> None:
+        """DRA: the pod's claims are removed after the pod, by the garbage collector;
+        their devices are not free before (the lease is released after this)."""
+        try:
+            gone = await claims_gone(self.resource_api,  # type: ignore[attr-defined]
+                                     self.namespace, uid, CLAIM_WAIT)
+        except ClusterReadError as e:
+            gone = False
+            self.log.warning("Cannot see whether the claims of pod %s are gone: %s", uid, e)
+        if not gone:
+            self.log.warning("The claims of pod %s/%s (uid %s) are still there after %s s",
+                             self.namespace, self.pod_name, uid, CLAIM_WAIT)
 
 
 @dataclass(frozen=True)
@@ -446,7 +470,14 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
             message = json.loads(e.body or b"{}").get("message", "")
         except ValueError:
             message = str(e.body)[:200]
-        if e.status == 403:
+        if e.status == 403 and "error looking up service account" in message:
+            # ServiceAccount admission: the pod's account (the namespace's 'default'
+            # unless KubeSpawner.service_account names one) does not exist (yet).
+            detail = (f"the Kubernetes API refused pod {self.pod_ref}: HTTP 403: {message}. "
+                      "Create the service account, or set KubeSpawner.service_account to "
+                      f"one that exists in namespace {self.namespace}")
+            problem = "The cluster lacks the account this server would run as"
+        elif e.status == 403:
             detail = (f"the Kubernetes API refused pod {self.pod_ref}: HTTP 403: {message}. "
                       "The hub's service account needs the Role in docs/kubernetes.md "
                       "('RBAC') in namespace " + self.namespace)

@@ -299,7 +299,6 @@ class ProcessKubelet:
     async def heartbeat(self) -> None:
         """Renew the node's Lease as the kubelet does: the node lifecycle controller
         taints a node whose lease runs out (unreachable) and evicts its pods."""
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
         while True:
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             await self.kube.apply({

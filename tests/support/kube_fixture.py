@@ -13,6 +13,7 @@ hub reads only them (``mig_node_label_selector``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
@@ -102,6 +103,45 @@ class KubeTest:
         return {"namespace": self.ns, "k8s_api_host": self.tap.url,
                 "mig_node_label_selector": self.selector,
                 "mig_node_selector": {OWNER_LABEL: self.ns}}
+
+    @contextlib.asynccontextmanager
+    async def client(self, kubeconfig: str | None = None) -> AsyncIterator[Any]:
+        """A kubernetes_asyncio ``ApiClient`` as the hub's account (or ``kubeconfig``'s),
+        configured the way KubeSpawner configures its own."""
+        from kubernetes_asyncio import client, config
+
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=kubeconfig or self.kubeconfig(),
+                                      client_configuration=configuration)
+        async with client.ApiClient(configuration) as api_client:
+            yield api_client
+
+    def compact(self) -> int:
+        """Compact etcd's history up to now, as the API server does every 5 minutes:
+        continue tokens and watches (not served from the watch cache) from an older
+        version then get 410 Gone. Returns the revision."""
+        import base64
+        import json
+        import urllib.request
+
+        def call(path: str, body: dict) -> dict:
+            request = urllib.request.Request(
+                self.info.etcd + path, data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return json.loads(r.read())
+
+        def b64(text: str) -> str:
+            return base64.b64encode(text.encode()).decode()
+
+        # A write first (outside the API server's keys), so that the versions read
+        # until now are all older than the compaction's; then what the API server's
+        # own compaction writes, which its caches follow (compact_rev_key).
+        tick = {"key": b64("/mig-spawner-test/tick"), "value": b64(self.ns)}
+        revision = int(call("/v3/kv/put", tick)["header"]["revision"])
+        call("/v3/kv/put", {"key": b64("compact_rev_key"), "value": b64(str(revision))})
+        call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     # --- RBAC ----------------------------------------------------------------------
 

@@ -202,8 +202,9 @@ class Kube:
                 return found
             left = deadline - loop.time()
             if left <= 0:
+                shown = (found or {}).get("status", found)
                 raise TimeoutError(f"{path}: not reached in {timeout} s; last: "
-                                   f"{json.dumps(found)[:800]}")
+                                   f"{json.dumps(shown)[:1500]}")
             version = (found or {}).get("metadata", {}).get("resourceVersion", "")
             try:
                 async with asyncio.timeout(min(left, 5)):

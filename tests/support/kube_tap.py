@@ -51,6 +51,7 @@ class Seen:
     query: dict[str, str]
     body: bytes = b""
     status: int = 0
+    path_qs: str = ""
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Tap:
     url: str = ""
     requests: list[Seen] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    #: Called with each request (``Seen``) before it is passed on, in the tap's thread.
+    hooks: list[Callable[[Seen], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -129,11 +132,15 @@ class Tap:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        seen = Seen(request.method, request.path, dict(request.query), body)
+        seen = Seen(request.method, request.path, dict(request.query), body,
+                    path_qs=request.path_qs)
         with self._lock:
             self.requests.append(seen)
             fault = next((f for f in self.faults if f.match(request.method, request.path)),
                          None)
+            hooks = list(self.hooks)
+        for hook in hooks:
+            await asyncio.to_thread(hook, seen)
         if fault is not None:
             seen.status = fault.status
             return web.Response(status=fault.status, body=fault.body(),
