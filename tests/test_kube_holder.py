@@ -1,7 +1,8 @@
 """The holder of a Kubernetes lease is its pod, by name and UID: before the slice service
 releases an orphan lease, and before a restarted hub drops a stale one, the pod is
-checked through the Kubernetes API (the stand-in): a live pod is deleted first, a gone
-or recreated one is not touched, and an API that cannot be read keeps the slice."""
+checked through the real Kubernetes API: a live pod is deleted first, a gone or
+recreated one (the API server gives it a new, random UID) is not touched, and an API
+that cannot be read keeps the slice."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
 from tests.support.hub_standin import StandinState
-from tests.support.kube_objects import pod
-from tests.support.spawners import a100_node, created, held, kube_spawner
+from tests.test_kube_spawner import A100, created, held, make
+from tests.test_kube_spawner import ledger_url as ledger_url
+from tests.test_kube_spawner import standin as standin
 
 POLICY = MIGPolicyConfig(group_policies={"analysts": {"allowed": ["1g.10gb"]}}).build()
-POD = "jupyterhub/jupyter-ana"
-UID = "uid-pod-jupyterhub-jupyter-ana"
 
 
 @pytest.fixture
@@ -41,13 +41,29 @@ def ledger(tmp_path):
         yield led
 
 
-def kube_lease(ledger: Ledger, uid: str | None = UID) -> str:
+def kube_lease(ledger: Ledger, kube, uid: str | None) -> str:
     """The lease of ana's pod, active with the pod's UID as its holder (as the spawner
     records it once the pod runs)."""
     lease = ledger.claim(LeaseRequest("ana"), lambda view: Grant(
-        group="analysts", profile="1g.10gb", compute_slices=1, mode="kube", pod=POD))
-    ledger.activate(lease.id, node="gpu-a1", pod_uid=uid)
+        group="analysts", profile="1g.10gb", compute_slices=1, mode="kube",
+        pod=f"{kube.ns}/jupyter-ana"))
+    ledger.activate(lease.id, node=kube.node_name("a1"), pod_uid=uid)
     return lease.id
+
+
+async def ana_pod(kube) -> dict:
+    """ana's pod, running on the test's node (its UID is the API server's)."""
+    if not await kube.admin.find(f"/api/v1/nodes/{kube.node_name('a1')}"):
+        await kube.add_node("a1", A100)
+    return await kube.run_pod("jupyter-ana", "a1", {"nvidia.com/mig-1g.10gb": "1"})
+
+
+def deletes(kube) -> list[dict]:
+    """The DeleteOptions of every pod deletion the hub's side sent."""
+    import json
+
+    return [json.loads(r.body or b"{}") for r in kube.tap.requests
+            if r.method == "DELETE" and "/pods/" in r.path]
 
 
 async def repair(hub: str, ledger: Ledger) -> tuple[Sweeper, list]:
@@ -70,30 +86,39 @@ async def repair(hub: str, ledger: Ledger) -> tuple[Sweeper, list]:
 async def test_orphan_whose_pod_runs_is_released_only_after_the_pod_is_deleted(
     kube, hub, ledger
 ):
-    kube.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
-    lease_id = kube_lease(ledger)
+    uid = (await ana_pod(standin))["metadata"]["uid"]
+    lease_id = kube_lease(ledger, standin, uid)
     sweeper, released = await repair(hub, ledger)
     assert [x.id for x in released] == [lease_id]
-    assert kube.pods == []
+    assert await standin.pods() == []
     # Deleted by UID only: a pod recreated under the name meanwhile would be refused.
-    ((_, name, options),) = kube.deletes
-    assert name == "jupyter-ana" and options["preconditions"] == {"uid": UID}
+    (options,) = deletes(standin)
+    assert options["preconditions"] == {"uid": uid}
     assert sweeper.metrics.holders_stopped._value.get() == 1
 
 
 async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod_kept(
     kube, hub, ledger
 ):
-    newer = pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})
-    newer["metadata"]["uid"] = "uid-of-a-later-pod"
-    kube.pods = [newer]
-    recreated = kube_lease(ledger)
+    first = await ana_pod(standin)
+    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+                               {"gracePeriodSeconds": 0})
+    await standin.admin.until(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+                              lambda p: p is None)
+    newer = await ana_pod(standin)  # the same name: the API server gives a new UID
+    assert newer["metadata"]["uid"] != first["metadata"]["uid"]
+    recreated = kube_lease(ledger, standin, first["metadata"]["uid"])
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [recreated]
-    assert kube.pods == [newer] and kube.deletes == []
+    assert [p["metadata"]["uid"] for p in await standin.pods()] == [newer["metadata"]["uid"]]
+    assert all(o.get("preconditions") == {"uid": first["metadata"]["uid"]}
+               for o in deletes(standin))
 
-    kube.pods = []
-    gone = kube_lease(ledger)
+    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+                               {"gracePeriodSeconds": 0})
+    await standin.admin.until(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+                              lambda p: p is None)
+    gone = kube_lease(ledger, standin, newer["metadata"]["uid"])
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [gone]
 
@@ -101,13 +126,14 @@ async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod
 async def test_orphan_whose_pod_cannot_be_read_keeps_its_slice_and_is_counted(
     kube, hub, ledger
 ):
-    kube.pods = [pod("jupyter-ana", "gpu-a1", {"nvidia.com/mig-1g.10gb": "1"})]
-    kube.fail_with = (503, "etcd is unavailable")
-    lease_id = kube_lease(ledger)
+    uid = (await ana_pod(standin))["metadata"]["uid"]
+    standin.tap.fail(503, "etcd is unavailable")
+    lease_id = kube_lease(ledger, standin, uid)
     sweeper, released = await repair(hub, ledger)
     assert released == [] and ledger.get(lease_id).held
     assert sweeper.metrics.holders_unknown._value.get() == 1
-    assert len(kube.pods) == 1
+    standin.tap.heal()
+    assert len(await standin.pods()) == 1
 
 
 async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_lease(
@@ -116,15 +142,16 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
     """The hub died after the pod started but before it saved the server's state: the
     next start of that server finds the lease, deletes the old pod (by its recorded UID)
     and only then releases the lease and starts anew."""
-    kube.nodes = [a100_node("gpu-a1")]
-    lost = kube_spawner(kube, ledger_url)
+    await standin.add_node("a1", A100)
+    lost = make(standin, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
-    assert lease.holder_pod_uid == created(kube, lost.pod_name)["metadata"]["uid"]
+    assert lease.holder_pod_uid == (await created(standin, lost.pod_name))["metadata"]["uid"]
 
     again = kube_spawner(kube, ledger_url)  # no saved state
     await again.start()
-    assert kube.deletes[0][2]["preconditions"] == {"uid": lease.holder_pod_uid}
+    assert deletes(standin)[0]["preconditions"] == {"uid": lease.holder_pod_uid}
+    assert (await created(standin, again.pod_name))["metadata"]["uid"] != lease.holder_pod_uid
     with Ledger.open(ledger_url) as led:
         assert led.get(lease.id).release_code == "stale"
     await again.stop()
@@ -133,14 +160,14 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
 async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
     kube, ledger_url
 ):
-    kube.nodes = [a100_node("gpu-a1")]
-    lost = kube_spawner(kube, ledger_url)
+    await standin.add_node("a1", A100)
+    lost = make(standin, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
     held_back = RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get()
 
-    kube.fail_with = (503, "etcd is unavailable")
-    again = kube_spawner(kube, ledger_url)
+    standin.tap.fail(503, "etcd is unavailable")
+    again = make(standin, ledger_url)
     try:
         with pytest.raises(SpawnException, match="not given back yet"):
             await again.start()
@@ -149,4 +176,5 @@ async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
             retry.cancel()
     assert [x.id for x in held(ledger_url)] == [lease.id]
     assert RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get() == held_back + 1
-    assert len(kube.pods) == 1
+    standin.tap.heal()
+    assert len(await standin.pods()) == 1

@@ -10,7 +10,7 @@ What NVIDIA's GPU Operator and DRA driver do on a real GPU node, for the fake no
   generation when the GPUs change;
 * **MIG Manager**: a changed ``nvidia.com/mig.config`` label sets
   ``nvidia.com/mig.config.state=pending``, then re-cuts the GPUs to that config of
-  the ``gpu-operator/default-mig-parted-config`` ConfigMap and sets ``success``; or
+  mig-parted config of the ``gpu-operator`` ConfigMaps and sets ``success``; or
   ``failed`` when the config is unknown, does not fit, or a pod still holds a GPU of
   the node (MIG Manager cannot re-cut a GPU in use);
 * **a kubelet** for :data:`~tests.support.kube_cluster.PROCESS_NODE`: each pod bound to
@@ -59,6 +59,8 @@ APPLIED = "mig-spawner.test/mig-config-applied"
 #: How long MIG Manager takes to re-cut a node (an annotation on the node overrides it).
 RECUT_SECONDS = "mig-spawner.test/mig-manager-seconds"
 DONE_PHASES = ("Succeeded", "Failed")
+#: The label of the ConfigMaps MIG Manager reads its configs from.
+MIG_PARTED_LABEL = "mig-spawner.test/mig-parted"
 NODES = "/api/v1/nodes"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -241,10 +243,7 @@ class GpuSide:
         state = "failed"
         relaid = None
         if not await self.busy(name):
-            cm = await self.kube.find(
-                "/api/v1/namespaces/gpu-operator/configmaps/default-mig-parted-config")
-            configs = (yaml.safe_load((cm or {}).get("data", {}).get("config.yaml", "")
-                                      or "{}") or {}).get("mig-configs") or {}
+            configs = await self.mig_configs()
             if config in configs:
                 with contextlib.suppress(ValueError):
                     relaid = apply_mig_parted(gpus, configs[config])
@@ -255,6 +254,17 @@ class GpuSide:
             state = "success"
         await self.kube.patch(f"{NODES}/{name}", {"metadata": {
             "labels": {MIG_STATE: state}, "annotations": {APPLIED: config}}})
+
+    async def mig_configs(self) -> dict[str, Any]:
+        """mig-parted's configs by name, from the gpu-operator ConfigMaps labelled
+        :data:`MIG_PARTED_LABEL` (each test brings its own; a real MIG Manager reads
+        the one ConfigMap it is given)."""
+        configs: dict[str, Any] = {}
+        for cm in await self.kube.items("/api/v1/namespaces/gpu-operator/configmaps",
+                                        labelSelector=MIG_PARTED_LABEL):
+            text = (cm.get("data") or {}).get("config.yaml") or "{}"
+            configs.update((yaml.safe_load(text) or {}).get("mig-configs") or {})
+        return configs
 
     async def busy(self, name: str) -> bool:
         """Whether a pod on the node still holds one of its GPUs."""

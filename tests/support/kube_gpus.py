@@ -345,15 +345,16 @@ def gpu_node(name: str, gpus: Gpus | Iterable[Gpu] | None = None, *, owner: str 
     }
 
 
-def mig_parted_config(configs: Mapping[str, Any]) -> dict[str, Any]:
-    """The ConfigMap MIG Manager reads its layouts from (gpu-operator namespace):
+def mig_parted_config(name: str, configs: Mapping[str, Any]) -> dict[str, Any]:
+    """A ConfigMap of mig-parted configs for MIG Manager (namespace gpu-operator):
     ``configs`` maps a config name to mig-parted's list of ``{devices, mig-enabled,
     mig-devices}``."""
     import yaml
 
     text = yaml.safe_dump({"version": "v1", "mig-configs": dict(configs)})
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "default-mig-parted-config", "namespace": "gpu-operator"},
+            "metadata": {"name": name, "namespace": "gpu-operator",
+                         "labels": {"mig-spawner.test/mig-parted": "true"}},
             "data": {"config.yaml": text}}
 
 
