@@ -76,6 +76,9 @@ def reserved(profile: str, memory: str | None, where: str) -> str:
 def unschedulable(message: str) -> str:
     """``"Waiting for room in the cluster: 0/1 nodes are available: 1 Insufficient
     nvidia.com/mig-1g.18gb."``: the scheduler's FailedScheduling words (node counts and
-    reasons, no names), without its note on preemption."""
-    reasons = message.split(" preemption:", 1)[0].strip()
-    return f"Waiting for room in the cluster: {reasons}"
+    reasons, no names), without what its PostFilter plugins add after them ("no new
+    claims to deallocate, preemption: ..."). A repeat's "(tried N times)" stays."""
+    head, dot, rest = message.partition(". ")
+    reasons = f"{head}." if dot else head.split(" preemption:", 1)[0].strip()
+    repeat = rest[rest.rfind(" (tried "):] if rest.endswith(" times)") else ""
+    return f"Waiting for room in the cluster: {reasons}{repeat}"

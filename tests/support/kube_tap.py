@@ -73,6 +73,7 @@ class Tap:
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._streams: set[web.StreamResponse] = set()  # watches being passed on
 
     # --- what tests use ------------------------------------------------------------
 
@@ -85,7 +86,7 @@ class Tap:
         return sum(1 for r in seen if r.method == method and (
             not path or (path.fullmatch(r.path) if isinstance(path, re.Pattern)
                          else r.path == path)) and (
-            watch is None or (r.query.get("watch") in ("true", "1")) == watch))
+            watch is None or (r.query.get("watch", "").lower() in ("true", "1")) == watch))
 
     def matching(self, method: str, path: str) -> list[Seen]:
         with self._lock:
@@ -107,6 +108,19 @@ class Tap:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+
+    def drop_watches(self) -> int:
+        """Cut every watch passing through now, as a lost connection or a restarted
+        API server would (the client sees its stream end mid-way). Returns how many."""
+        async def cut() -> int:
+            streams = list(self._streams)
+            for stream in streams:
+                transport = stream._req.transport if stream._req else None  # type: ignore[attr-defined]
+                if transport is not None:
+                    transport.abort()
+            return len(streams)
+
+        return asyncio.run_coroutine_threadsafe(cut(), self._loop).result(30)
 
     # --- the server ----------------------------------------------------------------
 
@@ -160,6 +174,9 @@ class Tap:
         if upstream.headers.get("Content-Encoding"):
             response.headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
         await response.prepare(request)
+        watching = seen.query.get("watch", "").lower() in ("true", "1")
+        if watching:
+            self._streams.add(response)
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
@@ -167,6 +184,7 @@ class Tap:
         except (ConnectionResetError, aiohttp.ClientError, asyncio.CancelledError):
             pass
         finally:
+            self._streams.discard(response)
             upstream.release()
         return response
 
