@@ -19,14 +19,8 @@ from mig_spawner.ledger import Ledger
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.support.hub_standin import StandinState, listen
 from tests.support.kube_fixture import kube, kube_cluster  # noqa: F401
-from tests.support.kube_standin import KubeStandin
-from tests.support.spawners import REPO
-
-#: Hooks and fixtures of the whole suite: how it spreads over xdist's workers, that
-#: nothing it starts outlives it, and the PostgreSQL server (``postgres_server``,
-#: ``postgres_url``).
-pytest_plugins = ["tests.support.scheduling", "tests.support.reaper",
-                  "tests.support.pg_fixture"]
+from tests.support.pg_fixture import postgres_server, postgres_url  # noqa: F401
+from tests.support.scheduling import pytest_collection_modifyitems  # noqa: F401
 
 
 @pytest.fixture
@@ -60,13 +54,3 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
     need another clock or backend define their own)."""
     with Ledger.open(ledger_url) as opened:
         yield opened
-
-
-@pytest.fixture
-async def kube_standin() -> AsyncIterator[KubeStandin]:
-    """The stand-in Kubernetes API server, running for one test (being retired: the
-    tests move to the real cluster, ``kube``)."""
-    server = KubeStandin()
-    server.start()
-    yield server
-    server.stop()

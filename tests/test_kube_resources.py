@@ -20,7 +20,6 @@ from mig_spawner.kube import (
     single_product_label,
     slice_request,
 )
-from tests.support.kube_objects import write_kubeconfig
 
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -30,7 +29,12 @@ def kubeconfig(tmp_path, monkeypatch):
     """KubeSpawner loads a kubeconfig when it is built (no cluster is needed to build
     manifests). kubernetes_asyncio reads $KUBECONFIG at import, so point its default
     location at ours, as its own tests do."""
-    path = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: none\n"
+        "clusters: [{name: none, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: hub, user: {token: t}}]\n"
+        "contexts: [{name: none, context: {cluster: none, user: hub}}]\n")
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
     return path
 

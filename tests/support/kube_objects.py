@@ -1,8 +1,9 @@
 """Kubernetes API objects as a cluster with NVIDIA's GPU Operator shows them.
 
 Builders for Nodes (GFD labels, device plugin allocatable) and Pods in the API's JSON,
-for tests/support/kube_standin.py and the tests; a kubeconfig pointing at a stand-in,
-and ``python -m mig_spawner.kube`` run against one.
+for the tests that compute on API JSON in-process (the arithmetic of free slices, the
+claim decision); tests/test_kube_availability.py checks that the real API server stores
+them as built. Nodes on the test cluster come from tests/support/kube_gpus.py.
 """
 
 from __future__ import annotations
@@ -130,27 +131,3 @@ def pod(
         "spec": spec,
         "status": {"phase": phase, "qosClass": "Burstable"},
     }
-
-
-def write_kubeconfig(path: Any, server: str) -> str:
-    """A kubeconfig that points at ``server``: KubeSpawner loads one when it is built."""
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
-        f"clusters: [{{name: standin, cluster: {{server: '{server}'}}}}]\n"
-        "users: [{name: hub, user: {token: standin-token}}]\n"
-        "contexts: [{name: standin, context: {cluster: standin, user: hub, "
-        "namespace: jupyterhub}}]\n"
-    )
-    return str(path)
-
-
-async def run_check_command(standin: Any, tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    """``python -m mig_spawner.kube ARGS`` against the stand-in API server ``standin``:
-    its exit status, standard output and standard error."""
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
