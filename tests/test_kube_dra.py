@@ -6,8 +6,6 @@ allocator (its CEL), with ResourceSlices in the format of NVIDIA's DRA driver.""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
 import pytest
 from jupyterhub.spawner import SpawnException
@@ -320,16 +318,3 @@ async def test_the_check_command_names_dra_and_counts_its_slices(dra, tmp_path):
                                            "--node-selector", dra.selector)
     assert code == 0
     assert "free on h200: 1g.18gb: 2, 3g.71gb: 1" in out
-
-
-async def test_doctor_kube_reads_the_cluster(dra, tmp_path):
-    (tmp_path / "conf").mkdir()
-    (tmp_path / "conf" / "40-kube.py").write_text(
-        'c.KubeMIGSpawner.mig_resource_api = "dra"\n')
-    env = {**os.environ, "KUBECONFIG": dra.kubeconfig()}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from mig_spawner.cli.main import main; "
-        "sys.exit(main(sys.argv[1:]))", "doctor", "--kube", "-f", str(tmp_path / "conf"),
-        stdout=asyncio.subprocess.PIPE, env=env)
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert "[PASS] Kubernetes MIG devices  served by NVIDIA's DRA driver" in out.decode()

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 from traitlets.config import Config
 
@@ -489,3 +490,58 @@ def check_kube_resource_api(served: str, configured: str) -> Check:
     return Check(name, Status.FAIL, f"served by {KUBE_SERVED[served]}, but the hub reads "
                  f"them as {configured} and would see no free slices",
                  f'c.KubeMIGSpawner.mig_resource_api = "{served}"')
+
+
+def kube_checks(found: Any, configured: str, strategy: str = "auto") -> list[Check]:
+    """``doctor --kube``'s checks on one read of the cluster (``found``: a
+    :class:`mig_spawner.kube.survey.Survey`) against the hub's settings
+    (``KubeMIGSpawner.mig_resource_api`` and ``mig_strategy``)."""
+    rbac_fix = ("bind the hub's service account to the Role and ClusterRole in "
+                "docs/kubernetes.md ('RBAC')")
+    if found.error:
+        return [Check("Kubernetes API", Status.FAIL, found.error, found.hint or rbac_fix)]
+    checks = [Check("Kubernetes API", Status.PASS,
+                    f"{found.version or 'version unknown'}; the hub's namespace is "
+                    f"{found.namespace}")]
+    checks.append(check_kube_resource_api(found.served, configured))
+    slices = found.slices
+    if slices.nodes:
+        per_node = "; ".join(
+            f"{n.name} ({n.model_key}, {n.strategy}): "
+            + ", ".join(f"{p} {n.free(p)}/{n.allocatable[p]}" for p in sorted(n.allocatable))
+            for n in slices.nodes[:8])
+        more = f"; and {len(slices.nodes) - 8} more" if len(slices.nodes) > 8 else ""
+        checks.append(Check("GPU nodes", Status.PASS,
+                            f"{len(slices.nodes)} offer MIG slices (free/all): "
+                            f"{per_node}{more}"))
+    else:
+        checks.append(Check("GPU nodes", Status.FAIL, "no node offers MIG slices to the hub",
+                            "see the nodes left out below, and docs/kubernetes.md section 1"))
+    for skipped in slices.skipped:
+        checks.append(Check(f"node {skipped.name}", Status.WARN, f"not offered: {skipped.reason}",
+                            "docs/kubernetes.md, 'How free slices are counted'"))
+    strategies = sorted({n.strategy for n in slices.nodes})
+    if strategies:
+        forced = strategy not in ("auto", "")
+        mixed_up = forced and configured == "device-plugin" and strategies != [strategy]
+        checks.append(Check(
+            "MIG strategy", Status.WARN if mixed_up else Status.PASS,
+            f"nodes hand out slices as {', '.join(strategies)}"
+            + (f"; the hub forces {strategy}" if forced else " (read from each node)"),
+            'c.KubeMIGSpawner.mig_strategy = "auto"' if mixed_up else ""))
+    if found.device_class is not None:
+        checks.append(Check(
+            "DeviceClass mig.nvidia.com", Status.PASS if found.device_class else Status.FAIL,
+            "present" if found.device_class else "missing: claims of the hub's pods would "
+            "never be allocated",
+            "install NVIDIA's DRA driver with its GPU resources (docs/kubernetes.md, "
+            "section 7)"))
+    if found.denied:
+        missing = "; ".join(f"{p.words(found.namespace)} (to {p.why})" for p in found.denied)
+        checks.append(Check("hub RBAC", Status.FAIL, f"the hub's account may not: {missing}",
+                            rbac_fix))
+    else:
+        rules = f" (its rules there: {'; '.join(found.rules)})" if found.rules else ""
+        checks.append(Check("hub RBAC", Status.PASS,
+                            f"the hub's account may do all it needs{rules}"))
+    return checks

@@ -107,31 +107,48 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def _kube_checks(args: argparse.Namespace) -> list[doctor.Check]:
-    """``doctor --kube``: how the cluster serves MIG devices against the hub's setting,
-    read with the in-cluster service account or the kubeconfig."""
+    """``doctor --kube``: the cluster as the hub's account reads it (in-cluster service
+    account or the kubeconfig): the API, how it serves MIG against the hub's setting,
+    the GPU nodes and their slices (or DRA devices), the DeviceClass, and whether the
+    account may do what the hub needs. Read-only."""
     import asyncio
 
     from ..kube import ClusterReadError
-    from ..kube.__main__ import served
     from ..kube.pods import connect_api
+    from ..kube.survey import survey
 
     config = hub_config(args) if args.config_dir else None
-    configured = "device-plugin"
-    if config is not None and "mig_resource_api" in config.KubeMIGSpawner:
-        configured = config.KubeMIGSpawner.mig_resource_api
+    spawner = config.KubeMIGSpawner if config is not None else {}
+    kube_spawner = config.KubeSpawner if config is not None else {}
+    configured = spawner.get("mig_resource_api", "device-plugin")
+    strategy = spawner.get("mig_strategy", "auto")
+    namespace = spawner.get("namespace") or kube_spawner.get("namespace") or _namespace()
 
-    async def detect() -> str:
-        from kubernetes_asyncio.client import ResourceV1Api
+    async def read():
+        from kubernetes_asyncio.client import AuthorizationV1Api, ResourceV1Api, VersionApi
 
         core = await connect_api()
-        async with core.api_client:
-            return await served(core, ResourceV1Api(core.api_client))
+        async with core.api_client as client:
+            return await survey(
+                core, ResourceV1Api(client), AuthorizationV1Api(client), VersionApi(client),
+                namespace=namespace, resource_api=configured,
+                strategy=None if strategy == "auto" else strategy,
+                node_selector=spawner.get("mig_node_label_selector", ""),
+                tolerations=spawner.get("mig_tolerations", []))
 
     try:
-        found = asyncio.run(detect())
+        found = asyncio.run(read())
     except ClusterReadError as e:
-        return [doctor.Check("Kubernetes MIG devices", doctor.Status.FAIL, str(e), e.hint)]
-    return [doctor.check_kube_resource_api(found, configured)]
+        return [doctor.Check("Kubernetes API", doctor.Status.FAIL, str(e), e.hint)]
+    return doctor.kube_checks(found, configured, strategy)
+
+
+def _namespace() -> str:
+    """The hub's namespace as KubeSpawner finds it: the pod's own, else 'default'."""
+    from pathlib import Path
+
+    own = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return own.read_text().strip() if own.exists() else "default"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -207,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
     p.add_argument("--kube", action="store_true",
-                   help="check the Kubernetes cluster instead of this host's GPUs: whether "
-                        "it serves MIG through the device plugin or the DRA driver, and "
-                        "whether KubeMIGSpawner.mig_resource_api matches")
+                   help="check the Kubernetes cluster instead of this host's GPUs, as the "
+                        "hub's account sees it (read-only): the API, the GPU nodes and "
+                        "their MIG slices or DRA devices, the MIG strategy, whether "
+                        "KubeMIGSpawner.mig_resource_api matches, the DeviceClass, and "
+                        "the hub's RBAC")
     p = _read_only_command(
         sub, "catalog", cmd_catalog,
         "print the MIG profile table: the catalog's, or the live driver's (read-only)",

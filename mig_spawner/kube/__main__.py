@@ -93,14 +93,16 @@ def _print_table(slices: ClusterSlices) -> None:
         print(f"free on {key}: {counts}")
 
 
-async def served(core: Any, resource: Any) -> str:
-    """How the cluster hands out MIG devices (:func:`~mig_spawner.kube.dra.served_by`); a
-    cluster without the ``resource.k8s.io/v1`` API (or without RBAC for it) has no DRA."""
+async def served(core: Any, resource: Any, node_selector: str = "") -> str:
+    """How the cluster hands out MIG devices to the nodes ``node_selector`` selects
+    (:func:`~mig_spawner.kube.dra.served_by`); a cluster without the
+    ``resource.k8s.io/v1`` API (or without RBAC for it) has no DRA."""
     try:
         slices = await _list_all(resource.list_resource_slice, "resourceslices")
     except ClusterReadError:
         slices = []
-    return served_by(await _list_all(core.list_node, "nodes"), slices)
+    selector = {"label_selector": node_selector} if node_selector else {}
+    return served_by(await _list_all(core.list_node, "nodes", **selector), slices)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -115,7 +117,7 @@ async def _run(args: argparse.Namespace) -> int:
         )
         try:
             slices = await availability.slices()
-            found = await served(core, resource)
+            found = await served(core, resource, args.node_selector)
         except ClusterReadError as e:
             print(f"error: {e}", file=sys.stderr)
             if e.hint:

@@ -227,10 +227,14 @@ def claim_template(model_key: str, profile: str, namespace: str) -> dict[str, An
 
 def served_by(nodes: Iterable[Mapping[str, Any]],
               resource_slices: Iterable[Mapping[str, Any]], driver: str = DRIVER) -> str:
-    """How the cluster hands out MIG devices: ``"dra"`` (the DRA driver publishes MIG
-    devices in ResourceSlices), ``"device-plugin"`` (nodes advertise
-    ``nvidia.com/mig-*``, or ``nvidia.com/gpu`` on a ``-MIG-`` product), else ``"none"``."""
-    if any((rs.get("spec") or {}).get("driver") == driver and any(
+    """How the cluster hands out MIG devices on ``nodes``: ``"dra"`` (the DRA driver
+    publishes MIG devices of one of them in ResourceSlices), ``"device-plugin"`` (one
+    advertises ``nvidia.com/mig-*``, or ``nvidia.com/gpu`` on a ``-MIG-`` product), else
+    ``"none"``. Slices of other nodes (another pool's) do not count."""
+    nodes = list(nodes)
+    names = {(n.get("metadata") or {}).get("name") for n in nodes}
+    if any((rs.get("spec") or {}).get("driver") == driver
+           and (rs.get("spec") or {}).get("nodeName") in names and any(
             attribute(d, "type") == "mig" for d in (rs.get("spec") or {}).get("devices") or [])
            for rs in resource_slices):
         return "dra"

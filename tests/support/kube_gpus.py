@@ -163,6 +163,11 @@ def device_plugin_view(gpus: Gpus) -> tuple[dict[str, str], dict[str, str]]:
     return labels, resources
 
 
+def gpu_labels_of(gpus: Gpus) -> dict[str, str]:
+    """GFD's labels for the GPUs (for a node no agent describes)."""
+    return device_plugin_view(gpus)[0]
+
+
 def device_plugin_devices(node: str, gpus: Gpus) -> dict[str, list[str]]:
     """The device plugin's devices per extended resource (their UUIDs), in order: what
     the kubelet hands out, one per request."""
