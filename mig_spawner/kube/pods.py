@@ -11,8 +11,8 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from .availability import ClusterReadError
 
@@ -121,85 +121,138 @@ async def connect_api(host: str = "") -> Any:
     return client.CoreV1Api(client.ApiClient(configuration))
 
 
-async def events_version(api: Any, namespace: str) -> str | None:
-    """The namespace's Event list version now: a watch from it sees only later Events.
-    Raises :class:`ClusterReadError` when the API cannot be read."""
-    status, body = await _call(api.list_namespaced_event, "list events",
-                               namespace=namespace, limit=1)
-    if status != 200:
-        raise _failed(f"listing events in {namespace}", status, body)
-    return (body.get("metadata") or {}).get("resourceVersion")
+#: Seconds the shared Events watch keeps going after its last follower left.
+WATCH_LINGER = 5.0
 
 
-async def scheduling_failures(api: Any, namespace: str, name: str, version: str | None,
-                              timeout: float) -> AsyncIterator[str]:
-    """The scheduler's ``FailedScheduling`` messages about pod ``name`` after
-    ``version`` (:func:`events_version` before the pod was created, so that earlier pods
-    of that name do not count), for up to ``timeout`` seconds.
+class SchedulingEvents:
+    """One watch of a namespace's ``FailedScheduling`` Events for every start under way
+    there (:meth:`follow`), as KubeSpawner shares one pod reflector: a class starting
+    at once costs the API server one watch, not one per server.
 
-    The scheduler reports the same failure again as one event series: the Event is
-    updated (a MODIFIED change with a higher ``series.count``), not added again, and
-    each repeat is said once more ("tried 2 times"). The watch is started again where
-    it ended when the API server closes it or the connection drops, from the last
-    version seen (bookmarks keep it current while nothing changes); a version the API
-    server no longer has (410 Gone, after an etcd compaction) lists the Events again.
+    The watch starts with the first follower and ends a few seconds after the last
+    (:data:`WATCH_LINGER`). It is started again where it ended when the API server
+    closes it or the connection drops, from the last version seen (bookmarks keep it
+    current while nothing changes); a version the API server no longer has (410 Gone,
+    after an etcd compaction: Events have no watch cache) lists the Events again.
     """
-    import aiohttp
-    from kubernetes_asyncio import watch
-    from kubernetes_asyncio.client.exceptions import ApiException
 
-    selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
-    deadline = time.monotonic() + timeout
-    said: dict[str, int] = {}  # event uid -> the repeat count said last
-    relisted = False
-    # A list after 410 shows earlier pods' Events too (same name): those made before
-    # this wait began (a second's slack: timestamps are whole seconds) are not ours.
-    since = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    _shared: ClassVar[dict[tuple[int, str], SchedulingEvents]] = {}
+    SELECTOR = "involvedObject.kind=Pod,reason=FailedScheduling"
 
-    def news(event: dict) -> str | None:
-        if event.get("reason") != "FailedScheduling":
-            return None
-        uid = (event.get("metadata") or {}).get("uid", "")
-        count = max(int((event.get("series") or {}).get("count") or 0),
-                    int(event.get("count") or 0), 1)
-        if said.get(uid, 0) >= count:
-            return None
-        said[uid] = count
-        message = str(event.get("message", ""))
-        return message if count == 1 else f"{message} (tried {count} times)"
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.followers: dict[str, set[asyncio.Queue]] = {}
+        self.task: asyncio.Task | None = None
 
-    while (left := deadline - time.monotonic()) > 0:
-        if relisted:
-            relisted = False
-            status, body = await _call(api.list_namespaced_event, "list events",
-                                       namespace=namespace, field_selector=selector)
-            if status != 200:
-                raise _failed(f"listing events in {namespace}", status, body)
-            version = (body.get("metadata") or {}).get("resourceVersion")
-            for event in body.get("items") or []:
-                made = (event.get("metadata") or {}).get("creationTimestamp") or ""
-                if made and datetime.fromisoformat(made.replace("Z", "+00:00")) < since:
-                    continue
-                if (message := news(event)) is not None:
-                    yield message
-        stream = watch.Watch().stream(api.list_namespaced_event, namespace=namespace,
-                                      field_selector=selector, resource_version=version,
-                                      allow_watch_bookmarks=True,
-                                      timeout_seconds=max(1, round(left)))
+    @classmethod
+    def of(cls, api: Any, namespace: str) -> SchedulingEvents:
+        """The namespace's shared watch on ``api`` (made on first use)."""
+        key = (id(api), namespace)
+        found = cls._shared.get(key)
+        if found is None or found.api is not api:
+            found = cls._shared[key] = cls(api, namespace)
+        return found
+
+    async def follow(self, name: str, timeout: float) -> AsyncIterator[str]:
+        """The messages about pod ``name`` from now on, for up to ``timeout`` seconds.
+
+        A watch from now first lists what is there: Events made before this call (an
+        earlier pod of that name's) are left out by their time. The scheduler reports
+        the same failure again as one event series: the Event is updated (MODIFIED,
+        a higher ``series.count``) and the repeat is said once more ("tried 2 times").
+        """
+        queue: asyncio.Queue[dict] = asyncio.Queue()
+        self.followers.setdefault(name, set()).add(queue)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._watch())
+        # Timestamps are whole seconds: a second's Events of an earlier pod can pass.
+        since = datetime.now(UTC).replace(microsecond=0)
+        said: dict[str, int] = {}  # event uid -> the repeat count said last
+        deadline = time.monotonic() + timeout
         try:
-            async with stream:
-                async for change in stream:
-                    event = change.get("raw_object") or {}
-                    version = (event.get("metadata") or {}).get("resourceVersion") or version
-                    if change.get("type") in ("ADDED", "MODIFIED") and (
-                            message := news(event)) is not None:
-                        yield message
-        except ApiException as e:
-            if e.status != 410:
-                raise
-            relisted = True  # the version was compacted away: list again
-        except (TimeoutError, aiohttp.ClientError):
-            await asyncio.sleep(POLL)  # the connection dropped: watch again from version
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    event = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    return
+                if (message := _news(event, since, said)) is not None:
+                    yield message
+        finally:
+            waiting = self.followers.get(name, set())
+            waiting.discard(queue)
+            if not waiting:
+                self.followers.pop(name, None)
+
+    def _deliver(self, event: dict) -> None:
+        name = (event.get("involvedObject") or {}).get("name", "")
+        for queue in self.followers.get(name, ()):
+            queue.put_nowait(event)
+
+    async def _watch(self) -> None:
+        import aiohttp
+        from kubernetes_asyncio import watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        version: str | None = None
+        relist = False
+        idle_since: float | None = None
+        while True:
+            if not self.followers:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= WATCH_LINGER:
+                    return
+            else:
+                idle_since = None
+            if relist:
+                relist = False
+                status, body = await _call(self.api.list_namespaced_event, "list events",
+                                           namespace=self.namespace,
+                                           field_selector=self.SELECTOR)
+                if status != 200:
+                    raise _failed(f"listing events in {self.namespace}", status, body)
+                version = (body.get("metadata") or {}).get("resourceVersion")
+                for event in body.get("items") or []:
+                    self._deliver(event)
+            stream = watch.Watch().stream(
+                self.api.list_namespaced_event, namespace=self.namespace,
+                field_selector=self.SELECTOR, resource_version=version,
+                allow_watch_bookmarks=True, timeout_seconds=round(WATCH_LINGER) * 6)
+            try:
+                async with stream:
+                    async for change in stream:
+                        event = change.get("raw_object") or {}
+                        version = (event.get("metadata") or {}).get(
+                            "resourceVersion") or version
+                        if change.get("type") in ("ADDED", "MODIFIED"):
+                            self._deliver(event)
+                        if not self.followers:
+                            break  # linger outside the stream, then end or go on
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                relist = True  # the version was compacted away: list again
+            except (TimeoutError, aiohttp.ClientError):
+                await asyncio.sleep(POLL)  # the connection dropped: watch again
+            if not self.followers:
+                await asyncio.sleep(POLL)
+
+
+def _news(event: dict, since: datetime, said: dict[str, int]) -> str | None:
+    """The message of a FailedScheduling Event a follower has not said yet (with
+    "(tried N times)" for a series' repeat), or ``None``."""
+    made = (event.get("metadata") or {}).get("creationTimestamp") or ""
+    if made and datetime.fromisoformat(made.replace("Z", "+00:00")) < since:
+        return None
+    uid = (event.get("metadata") or {}).get("uid", "")
+    count = max(int((event.get("series") or {}).get("count") or 0),
+                int(event.get("count") or 0), 1)
+    if said.get(uid, 0) >= count:
+        return None
+    said[uid] = count
+    message = str(event.get("message", ""))
+    return message if count == 1 else f"{message} (tried {count} times)"
 
 
 async def ensure_claim_template(resource_api: Any, template: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,10 +40,9 @@ from mig_spawner.kube import (
 )
 from mig_spawner.kube.dra import claim_template, template_name
 from mig_spawner.kube.pods import (
+    SchedulingEvents,
     claims_gone,
     ensure_claim_template,
-    events_version,
-    scheduling_failures,
 )
 from mig_spawner.ledger import Lease
 from mig_spawner.release import HolderProbes, KubePods, LocalProcesses, SliceGpus
@@ -68,6 +68,8 @@ DEVICE_VARIABLES = (
 )
 #: Seconds a stop waits for a DRA pod's claims to be removed after the pod.
 CLAIM_WAIT = 30.0
+#: Seconds a ResourceClaimTemplate seen in place is not read again.
+TEMPLATE_TTL = 60.0
 
 
 class _PodGone(KubeSpawner):
@@ -193,6 +195,9 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
     claim_max_age: ClassVar[float] = 2.0
     # One reader (and cache) per API client and settings, shared by every spawner.
     _readers: ClassVar[dict[tuple, ClusterAvailability]] = {}
+    # When each (namespace, name) ResourceClaimTemplate was last seen there (DRA), or
+    # the check under way.
+    _templates_seen: ClassVar[dict[tuple[str, str], float | asyncio.Future]] = {}
 
     @validate("mig_tolerations")
     def _check_tolerations(self, proposal: dict) -> list[dict]:
@@ -347,10 +352,20 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         target = self._kube_choice.target if self._kube_choice else None
         if target is None:
             return
+        template = claim_template(target.model_key, target.profile, self.namespace)
+        key = (self.namespace, template["metadata"]["name"])
+        seen = self._templates_seen.get(key)
+        if isinstance(seen, float) and time.monotonic() - seen < TEMPLATE_TTL:
+            return  # seen a moment ago: a class start asks once, not once per server
+        if not isinstance(seen, asyncio.Future) or seen.done():
+            # One read (and create) for every start that needs it now.
+            seen = self._templates_seen[key] = asyncio.ensure_future(
+                ensure_claim_template(self.resource_api, template))
         try:
-            await ensure_claim_template(self.resource_api, claim_template(
-                target.model_key, target.profile, self.namespace))
+            await asyncio.shield(seen)
+            self._templates_seen[key] = time.monotonic()
         except ClusterReadError as e:
+            self._templates_seen.pop(key, None)
             raise admin_error("The hub cannot prepare the cluster's GPU claim",
                               Reason.MIG_CONFIG, f"lease {lease.id}: {e}; {e.hint}") from None
 
@@ -359,17 +374,11 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         created on the progress page ("0/3 nodes are available: 3 Insufficient
         nvidia.com/mig-1g.18gb"): the user sees why the server waits. Only the progress
         page misses them when the Events cannot be read."""
-        try:
-            version = await events_version(self.api, self.namespace)
-        except ClusterReadError as e:
-            self.log.info("Not following the scheduling of %s: %s", self._log_name, e)
-            return
 
         async def relay() -> None:
             try:
-                async for message in scheduling_failures(
-                    self.api, self.namespace, self.pod_name, version, self.start_timeout
-                ):
+                events = SchedulingEvents.of(self.api, self.namespace)
+                async for message in events.follow(self.pod_name, self.start_timeout):
                     self.progress_log.add(75, progress.unschedulable(message))
             except Exception as e:  # the API went away: the start itself will say so
                 self.log.info("Stopped following the scheduling of %s: %s",
