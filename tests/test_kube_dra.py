@@ -93,6 +93,15 @@ async def dra(standin):  # noqa: F811 (the fixture imported above)
     return standin
 
 
+async def template_selecting(kube, name: str, expression: str) -> None:
+    """A ResourceClaimTemplate ``name`` like the hub's, selecting by ``expression``."""
+    template = claim_template("h200", "1g.18gb", kube.ns)
+    template["metadata"]["name"] = name
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {
+        "expression": expression}}]
+    await kube.admin.create(template)
+
+
 async def claim_pod(kube, name: str, template: str, namespace: str | None = None,
                     running: bool = True) -> dict:
     """Someone else's pod on the test's node, with a claim from ``template``."""
@@ -246,12 +255,9 @@ async def test_the_selector_skips_a_device_without_an_attribute_where_cel_would_
     del published["spec"]["devices"][0]["attributes"]["productName"]
     published["metadata"]["name"] = f"{name}-old-driver"
     await standin.admin.create(published)
-    old = claim_template("h200", "1g.18gb", standin.ns)
-    old["metadata"]["name"] = "unguarded"
-    old["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {
-        "expression": "device.attributes['gpu.nvidia.com'].profile == '1g.18gb' && "
-                      "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]
-    await standin.admin.create(old)
+    await template_selecting(
+        standin, "unguarded", "device.attributes['gpu.nvidia.com'].profile == '1g.18gb' && "
+        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'")
     await standin.admin.create(claim_template("h200", "1g.18gb", standin.ns))
     failing = await claim_pod(standin, "unguarded", "unguarded", running=False)
     guarded = await claim_pod(standin, "guarded", "mig-h200-1g-18gb")
@@ -295,12 +301,8 @@ async def test_the_api_refuses_what_the_old_stand_in_took(standin):  # noqa: F81
 
 async def test_a_claim_can_select_on_a_device_capacity(dra):
     """``device.capacity`` is there for CEL, by domain, as quantities."""
-    template = claim_template("h200", "1g.18gb", dra.ns)
-    template["metadata"]["name"] = "big"
-    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {
-        "expression": "device.capacity['gpu.nvidia.com'].memory.compareTo("
-                      "quantity('60Gi')) >= 0"}}]
-    await dra.admin.create(template)
+    await template_selecting(dra, "big", "device.capacity['gpu.nvidia.com'].memory"
+                             ".compareTo(quantity('60Gi')) >= 0")
     await claim_pod(dra, "big", "big")
     (claim,) = await dra.claims()
     assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == (

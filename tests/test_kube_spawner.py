@@ -435,27 +435,8 @@ async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(kube, l
     """A pod outside the hub takes the last slice between the check and the pod: the
     pod is Pending, the progress page shows the scheduler's reason, and the pod starts
     when the other one goes."""
-    await standin.add_node("a1", A100)
-    batch = await standin.namespace(f"{standin.ns}-batch")
-
-    async def batch_job_takes_the_slice(spawner, pod_manifest):
-        await standin.run_pod("batch-train", "a1", {"nvidia.com/mig-3g.40gb": "1"},
-                              namespace=batch)
-        return pod_manifest
-
-    s = kube_spawner(kube, ledger_url, profile="large", modify_pod_hook=batch_job_takes_the_slice)
-    starting = asyncio.ensure_future(s.start())
-    await asyncio.sleep(0)  # JupyterHub reads the progress of a start under way
-
-    async def until_waiting() -> list[str]:
-        messages = []
-        async for event in s.progress():
-            messages.append(event["message"])
-            if messages[-1].startswith("Waiting for room"):
-                break
-        return messages
-
-    messages = await asyncio.wait_for(until_waiting(), 30)
+    s, starting = await a_pending_spawn(standin, ledger_url)
+    messages = await waiting_messages(s, 1)
     # The scheduler counts every node of the cluster (other tests' too).
     assert re.fullmatch(r"Waiting for room in the cluster: 0/\d+ nodes are available: .*"
                         r"1 Insufficient nvidia\.com/mig-3g\.40gb[^.]*\.", messages[-1]), messages
@@ -463,7 +444,7 @@ async def test_a_pod_that_waits_for_a_node_says_why_on_the_progress_page(kube, l
     # deallocate," was shown).
     assert "preemption" not in messages[-1] and "deallocate" not in messages[-1]
     assert (await created(standin, s.pod_name))["status"]["phase"] == "Pending"
-    await standin.admin.delete(f"/api/v1/namespaces/{batch}/pods/batch-train",
+    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}-batch/pods/batch-train",
                                {"gracePeriodSeconds": 0})
     await asyncio.wait_for(starting, 60)
     assert (await created(standin, s.pod_name))["spec"]["nodeName"] == standin.node_name("a1")
@@ -521,10 +502,11 @@ async def waiting_messages(s: KubeMIGSpawner, count: int, timeout: float = 60) -
     return messages
 
 
-async def a_pending_spawn(standin, ledger_url) -> tuple[KubeMIGSpawner, asyncio.Future]:
+async def a_pending_spawn(standin, ledger_url, labels: dict | None = None, **spawner
+                          ) -> tuple[KubeMIGSpawner, asyncio.Future]:
     """A large spawn whose pod waits: a batch job took the A100's 3g.40gb between the
-    hub's check and the pod (the progress page says so once)."""
-    await standin.add_node("a1", A100)
+    hub's check and the pod (the progress page says so once). ``labels``: the node's."""
+    await standin.add_node("a1", A100, labels=labels)
     batch = await standin.namespace(f"{standin.ns}-batch")
 
     async def batch_job_takes_the_slice(spawner, pod_manifest):
@@ -533,7 +515,7 @@ async def a_pending_spawn(standin, ledger_url) -> tuple[KubeMIGSpawner, asyncio.
         return pod_manifest
 
     s = make(standin, ledger_url, profile="large", start_timeout=120,
-             modify_pod_hook=batch_job_takes_the_slice)
+             modify_pod_hook=batch_job_takes_the_slice, **spawner)
     starting = asyncio.ensure_future(s.start())
     await asyncio.sleep(0)
     await waiting_messages(s, 1)
@@ -556,20 +538,9 @@ async def test_a_repeated_scheduling_failure_is_said_again(standin, ledger_url):
     # again (it frees the resource the pod waits for), which fails the same way.
     await standin.add_node("a2", A100)
     await standin.run_pod("elsewhere", "a2", {"nvidia.com/mig-3g.40gb": "1"})
-    await standin.add_node("a1", A100, labels={"pool": "hub"})
-    batch = await standin.namespace(f"{standin.ns}-batch")
-
-    async def batch_job_takes_the_slice(spawner, pod_manifest):
-        await standin.run_pod("batch-train", "a1", {"nvidia.com/mig-3g.40gb": "1"},
-                              namespace=batch)
-        return pod_manifest
-
-    s = make(standin, ledger_url, profile="large", start_timeout=120,
-             modify_pod_hook=batch_job_takes_the_slice,
-             mig_node_selector={OWNER_LABEL: standin.ns, "pool": "hub"})
-    starting = asyncio.ensure_future(s.start())
-    await asyncio.sleep(0)
-    await waiting_messages(s, 1)
+    s, starting = await a_pending_spawn(standin, ledger_url, {"pool": "hub"},
+                                        mig_node_selector={OWNER_LABEL: standin.ns,
+                                                           "pool": "hub"})
     await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/elsewhere",
                                {"gracePeriodSeconds": 0})
     messages = await waiting_messages(s, 2)
