@@ -51,6 +51,9 @@ H200 = Gpus(tuple(Gpu("h200", {"1g.18gb": 7}) for _ in range(8)))
 H200_DRA = Gpus(tuple(Gpu("h200", {"1g.18gb": 7}, "dra") for _ in range(8)))
 
 
+HEADER = f"{'burst':<28} {'p50 s':>7} {'p95 s':>7} {'req/start':>10} {'apiserver CPU s':>16}"
+
+
 @dataclass
 class Burst:
     name: str
@@ -61,6 +64,10 @@ class Burst:
     def p(self, q: float) -> float:
         ordered = sorted(self.times)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    def line(self, starts: int) -> str:
+        return (f"{self.name:<28} {self.p(0.5):>7.2f} {self.p(0.95):>7.2f} "
+                f"{self.requests / starts:>10.2f} {self.cpu:>16.1f}")
 
 
 def apiserver_cpu(folder: str) -> float:
@@ -165,8 +172,10 @@ async def burst(name: str, spawners: list, tap: Tap, folder: str,
     if failures:
         raise RuntimeError(f"{name}: {len(failures)} starts failed, e.g. {failures[0]!r}")
     result = Burst(name, times, len(tap.requests), apiserver_cpu(folder) - cpu)
-    # Stop all, and wait until the namespace is empty (claims too) before the next.
-    await asyncio.gather(*(s.stop(now=True) for s in spawners))
+    print(result.line(len(spawners)), flush=True)
+    # Stop all (a stop that gives up waiting is fine: the pods go anyway), and wait
+    # until the namespace is empty (claims too) before the next burst.
+    await asyncio.gather(*(s.stop(now=True) for s in spawners), return_exceptions=True)
     while await admin.items(f"/api/v1/namespaces/{namespace}/pods") or await admin.items(
             f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"):
         await asyncio.sleep(0.5)
@@ -188,6 +197,7 @@ async def main(nodes: int, starts: int) -> None:
             await setup(admin, nodes)
             print(f"cluster: {nodes} + {nodes} KWOK nodes x 8 H200 x 7 1g.18gb "
                   f"(set up in {time.perf_counter() - t:.0f} s); {starts} starts at once")
+            print(HEADER, flush=True)
             for pool in ("dp", "dra"):
                 plain = []
                 for i in range(starts):
@@ -217,19 +227,16 @@ async def main(nodes: int, starts: int) -> None:
     finally:
         tap.stop()
         kube_cluster.release(run)
-    print(f"{'burst':<28} {'p50 s':>7} {'p95 s':>7} {'req/start':>10} {'apiserver CPU s':>16}")
-    for b in results:
-        print(f"{b.name:<28} {b.p(0.5):>7.2f} {b.p(0.95):>7.2f} {b.requests / starts:>10.2f} "
-              f"{b.cpu:>16.1f}")
-    for i in range(0, len(results), 2):
+    for i in range(0, len(results) - 1, 2):
         plain, mig = results[i], results[i + 1]
         print(f"{mig.name} / plain: time p50 {mig.p(0.5) / plain.p(0.5):.2f}x, "
               f"p95 {mig.p(0.95) / plain.p(0.95):.2f}x, requests "
               f"{mig.requests / plain.requests:.2f}x, API server CPU "
               f"{mig.cpu / max(plain.cpu, 0.01):.2f}x (goal: at most 1.2x on time and "
               "requests)")
-    print(f"median of each burst's {starts} times; {statistics.mean([b.cpu for b in results]):.1f}"
-          " s API server CPU per burst on average")
+    if results:
+        print(f"{statistics.mean([b.cpu for b in results]):.1f} s API server CPU per burst "
+              "on average")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from mig_spawner.kube import ClusterAvailability, ClusterReadError, cluster_slic
 from tests.mocking import Seconds, h200_single
 from tests.support.kube_gpus import Gpu, Gpus
 from tests.support.kube_objects import gpu_labels, node, pod
+from tests.support.kube_rest import ApiError
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -385,3 +386,27 @@ async def test_builders_are_what_the_api_stores(kube):
     assert stored["status"]["allocatable"] == built["status"]["allocatable"]
     assert cluster_slices([stored], []).skipped[0].reason == cluster_slices(
         [built], []).skipped[0].reason
+
+
+async def test_the_label_selector_check_agrees_with_the_api_server(kube):
+    """KubeMIGSpawner.mig_node_label_selector is refused at start-up when the API server
+    would refuse it (check_label_selector); each selector here is asked of the real one:
+    the check and the API server take and refuse the same, set-based ones too."""
+    from mig_spawner.kube import KubeConfigError, check_label_selector
+
+    selectors = ["pool=gpu", "pool==gpu,zone!=a", "pool in (a, b)", "pool notin (a)",
+                 "!pool", "pool", "pool in (a,b),!zone", "pool=", "pool in ()",
+                 "pool in (a", "a b", "-pool=x", "pool=a b", "nvidia.com/gpu.present=true"]
+    for selector in selectors:
+        try:
+            check_label_selector(selector)
+            checked = True
+        except KubeConfigError:
+            checked = False
+        try:
+            await kube.admin.get("/api/v1/nodes", labelSelector=selector, limit=1)
+            served = True
+        except ApiError as e:
+            assert e.status == 400, e
+            served = False
+        assert checked == served, (selector, checked, served)
