@@ -27,12 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -472,9 +470,3 @@ class ProcessKubelet:
             proc = self.procs.pop(uid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-def describe(node: Mapping[str, Any]) -> str:
-    """A node's GPUs in one line, for failure messages."""
-    return json.dumps(((node.get("metadata") or {}).get("annotations") or {}).get(
-        GPUS_ANNOTATION))

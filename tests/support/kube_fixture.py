@@ -300,8 +300,8 @@ class KubeTest:
         return found
 
     async def namespace(self, name: str) -> str:
-        """Another namespace for this test (deleted with it): ``<ns>-<name>``... or the
-        name given when it already has this test's prefix."""
+        """Another namespace of this test's (``name``: by convention ``<ns>-<what>``),
+        its ``default`` service account in place; deleted with the test."""
         await self.admin.apply({"apiVersion": "v1", "kind": "Namespace",
                                 "metadata": {"name": name, "labels": {OWNER_LABEL: self.ns}}})
         await self.admin.until(f"/api/v1/namespaces/{name}/serviceaccounts/default",
