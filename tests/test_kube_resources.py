@@ -35,8 +35,8 @@ def kubeconfig(tmp_path, monkeypatch):
         "clusters: [{name: none, cluster: {server: 'http://127.0.0.1:9'}}]\n"
         "users: [{name: hub, user: {token: t}}]\n"
         "contexts: [{name: none, context: {cluster: none, user: hub}}]\n")
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
-    return path
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    return str(path)
 
 
 async def manifest_json(pod) -> dict:

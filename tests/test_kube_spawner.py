@@ -570,17 +570,17 @@ async def test_the_scheduling_relay_survives_a_dropped_watch_and_a_compaction(
                      and r.query.get("watch", "").lower() == "true"]
     assert event_watches and event_watches[0].query.get("allowWatchBookmarks", "").lower() == "true"
     standin.compact()
-    assert standin.tap.drop_watches() >= 1
+    assert any(path.endswith("/events") for path in standin.tap.drop_watches())
     await standin.admin.patch(f"/api/v1/nodes/{standin.node_name('a1')}",
                               {"metadata": {"labels": {"pool": "gpu"}}})
     await cordon_and_uncordon(standin, "a1")
     messages = await waiting_messages(s, 2)
     assert sum(m.startswith("Waiting for room") for m in messages) == 2, messages
-    relists = [r for r in standin.tap.requests if r.path.endswith("/events")
-               and r.query.get("watch", "").lower() != "true" and r.status == 200]
+    # Watched again (from the version reached, which the compaction usually expired:
+    # then a list came between, as the 410 Gone arrives inside the watch's stream).
     watches = [r for r in standin.tap.requests if r.path.endswith("/events")
                and r.query.get("watch", "").lower() == "true"]
-    assert len(watches) >= 2 and (relists or any(w.status == 410 for w in watches))
+    assert len(watches) >= 2
     starting.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await starting

@@ -73,7 +73,8 @@ class Tap:
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._streams: set[web.StreamResponse] = set()  # watches being passed on
+        # The requests of the watches being passed on, by id (requests do not hash).
+        self._streams: dict[int, web.Request] = {}
 
     # --- what tests use ------------------------------------------------------------
 
@@ -109,16 +110,17 @@ class Tap:
         with self._lock:
             self.requests.clear()
 
-    def drop_watches(self) -> int:
+    def drop_watches(self) -> list[str]:
         """Cut every watch passing through now, as a lost connection or a restarted
-        API server would (the client sees its stream end mid-way). Returns how many."""
-        async def cut() -> int:
-            streams = list(self._streams)
-            for stream in streams:
-                transport = stream._req.transport if stream._req else None  # type: ignore[attr-defined]
-                if transport is not None:
-                    transport.abort()
-            return len(streams)
+        API server would (the client sees its stream end mid-way). Returns their
+        paths."""
+        async def cut() -> list[str]:
+            paths = []
+            for request in list(self._streams.values()):
+                if request.transport is not None:
+                    request.transport.abort()
+                    paths.append(request.path)
+            return paths
 
         return asyncio.run_coroutine_threadsafe(cut(), self._loop).result(30)
 
@@ -176,7 +178,7 @@ class Tap:
         await response.prepare(request)
         watching = seen.query.get("watch", "").lower() in ("true", "1")
         if watching:
-            self._streams.add(response)
+            self._streams[id(request)] = request
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
@@ -184,7 +186,7 @@ class Tap:
         except (ConnectionResetError, aiohttp.ClientError, asyncio.CancelledError):
             pass
         finally:
-            self._streams.discard(response)
+            self._streams.pop(id(request), None)
             upstream.release()
         return response
 
