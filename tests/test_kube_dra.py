@@ -15,7 +15,7 @@ from mig_spawner.cli.doctor import Status, check_kube_resource_api
 from mig_spawner.kube import ClusterAvailability
 from mig_spawner.kube.dra import claim_template, dra_slices, served_by
 from mig_spawner.spawner.kube import KubeMIGSpawner
-from tests.support.kube_gpus import Gpu, Gpus, gpu_node, resource_slices
+from tests.support.kube_gpus import Gpu, Gpus, counters_apart, gpu_node, resource_slices
 from tests.support.kube_rest import ApiError
 from tests.test_kube_availability import run_check_command
 from tests.test_kube_spawner import held, make, standin  # noqa: F401 (a fixture)
@@ -123,9 +123,10 @@ async def test_availability_reads_resource_slices_and_claims_through_the_api(dra
 
 async def test_dynamic_mig_through_the_api_and_the_scheduler(standin):  # noqa: F811
     """The driver's counters in their own ResourceSlice (1.35+ refuses them beside
-    devices); the scheduler allocates a placement and the counts follow."""
+    devices, 1.34 apart); the scheduler allocates a placement and the counts follow."""
     await standin.add_node("h1", DYNAMIC)
-    assert len(await standin.slices("h1")) == 2
+    assert len(await standin.slices("h1")) == (2 if counters_apart(standin.info.version)
+                                               else 1)
     await standin.admin.create(claim_template("h200", "3g.71gb", standin.ns))
     await claim_pod(standin, "train", "mig-h200-3g-71gb")
     async with standin.client() as client:
@@ -204,8 +205,12 @@ async def test_stop_waits_for_the_claim_to_go_before_the_lease_is_released(dra, 
     (claim,) = await dra.claims()
     path = (f"/apis/resource.k8s.io/v1/namespaces/{dra.ns}/resourceclaims/"
             f"{claim['metadata']['name']}")
-    finalizers = [*claim["metadata"].get("finalizers", []), "mig-spawner.test/unprepare"]
-    await dra.admin.patch(path, {"metadata": {"finalizers": finalizers}})
+    ours = "mig-spawner.test/unprepare"
+    # A JSON patch adds ours alone (a merge patch would send the list as read).
+    patch = ([{"op": "add", "path": "/metadata/finalizers/-", "value": ours}]
+             if claim["metadata"].get("finalizers")
+             else [{"op": "add", "path": "/metadata/finalizers", "value": [ours]}])
+    await dra.admin.patch(path, patch, kind="json")
     stopping = asyncio.ensure_future(s.stop())
     await dra.admin.until(f"/api/v1/namespaces/{dra.ns}/pods/{s.pod_name}",
                           lambda p: p is None)
@@ -273,16 +278,22 @@ async def test_the_selector_skips_a_device_without_an_attribute_where_cel_would_
 
 
 async def test_the_api_refuses_what_the_old_stand_in_took(standin):  # noqa: F811
-    """Counters beside devices in one ResourceSlice (1.35+), device names with dots, and
-    a version attribute that is no semantic version are refused by the API server;
-    the driver's own format passes."""
+    """Counters beside devices in one ResourceSlice (1.35+; apart on 1.34), device names
+    with dots, and a version attribute that is no semantic version are refused by the
+    API server; the driver's own format passes."""
     name = standin.node_name("h1")
     await standin.add_node("h1", None, agents=False)
     devices, counters = resource_slices(name, DYNAMIC)
-    both = {**devices, "metadata": {"name": f"{name}-both"},
-            "spec": {**devices["spec"], "sharedCounters": counters["spec"]["sharedCounters"]}}
-    with pytest.raises(ApiError, match="only one of `sharedCounters` or `devices`"):
-        await standin.admin.create(both)
+    (both,) = resource_slices(name, DYNAMIC, split_counters=False)
+    both["metadata"]["name"] = f"{name}-both"
+    if counters_apart(standin.info.version):
+        with pytest.raises(ApiError, match="only one of `sharedCounters` or `devices`"):
+            await standin.admin.create(both)
+    else:  # 1.34 wants them together: apart, the devices' counter set is unknown
+        with pytest.raises(ApiError, match="must reference a counterSet defined in the "
+                                           "ResourceSlice sharedCounters"):
+            await standin.admin.create(devices)
+        devices, counters = both, None
     (static,) = resource_slices(name, Gpus((Gpu("h200", {"1g.18gb": 1}, "dra"),)))
     dotted = {**static, "metadata": {"name": f"{name}-dots"}, "spec": {
         **static["spec"], "devices": [{**static["spec"]["devices"][0],
@@ -296,7 +307,8 @@ async def test_the_api_refuses_what_the_old_stand_in_took(standin):  # noqa: F81
     with pytest.raises(ApiError, match="driverVersion"):
         await standin.admin.create(unversioned)
     for ok in (devices, counters):
-        await standin.admin.create(ok)
+        if ok is not None:
+            await standin.admin.create(ok)
 
 
 async def test_a_claim_can_select_on_a_device_capacity(dra):

@@ -43,6 +43,7 @@ from tests.support.kube_gpus import (
     Gpu,
     Gpus,
     apply_mig_parted,
+    counters_apart,
     device_plugin_devices,
     device_plugin_view,
     dra_device_uuids,
@@ -102,7 +103,7 @@ class Agents:
             "lastTransitionTime": _now()}]
         node["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}]
         await kube.apply(node)
-        gpu_side = GpuSide(kube)
+        gpu_side = GpuSide(kube, counters_apart(self.info.version))
         self.kubelet = ProcessKubelet(kube, PROCESS_NODE, self.folder / "pods")
         self.tasks = [asyncio.create_task(gpu_side.run(), name="gpu-side"),
                       asyncio.create_task(self.kubelet.run(), name="kubelet"),
@@ -155,8 +156,9 @@ async def watch_forever(kube: Kube, path: str, handle: Any, ready: asyncio.Event
 class GpuSide:
     """GFD + device plugin, the DRA driver and MIG Manager for every annotated node."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, split_counters: bool = True) -> None:
         self.kube = kube
+        self.split_counters = split_counters
         self.ready = asyncio.Event()
         self.recuts: dict[str, asyncio.Task] = {}
         self.published: dict[str, list[dict]] = {}
@@ -165,6 +167,15 @@ class GpuSide:
         await watch_forever(self.kube, NODES, self.handle, self.ready)
 
     async def handle(self, kind: str, node: dict) -> None:
+        """One node's change; what the API refuses (a test's node it cannot take, a
+        node deleted meanwhile) is logged, and the agent goes on for the others."""
+        try:
+            await self._handle(kind, node)
+        except ApiError as e:
+            print(f"gpu agent: node {node['metadata'].get('name')}: {e}", file=sys.stderr,
+                  flush=True)
+
+    async def _handle(self, kind: str, node: dict) -> None:
         name = node["metadata"]["name"]
         annotations = node["metadata"].get("annotations") or {}
         if kind == "DELETED" or GPUS_ANNOTATION not in annotations:
@@ -209,11 +220,13 @@ class GpuSide:
         old = await self.kube.items(SLICES, fieldSelector=f"spec.nodeName={name}")
         mine = [s for s in old if s["spec"]["driver"] == DRIVER]
         generation = max((s["spec"]["pool"]["generation"] for s in mine), default=0)
-        wanted = resource_slices(name, gpus, generation or 1)
+        wanted = resource_slices(name, gpus, generation or 1,
+                                 split_counters=self.split_counters)
         if [s["spec"] for s in wanted] == self.published.get(name):
             return
         if mine:
-            wanted = resource_slices(name, gpus, generation + 1)
+            wanted = resource_slices(name, gpus, generation + 1,
+                                     split_counters=self.split_counters)
         for s in wanted:
             s["metadata"]["ownerReferences"] = [owner]
             await self.kube.apply(s)
@@ -221,7 +234,8 @@ class GpuSide:
             if s["metadata"]["name"] not in {w["metadata"]["name"] for w in wanted}:
                 await self.kube.delete(f"{SLICES}/{s['metadata']['name']}")
         self.published[name] = [s["spec"] for s in resource_slices(
-            name, gpus, wanted[0]["spec"]["pool"]["generation"] if wanted else 1)]
+            name, gpus, wanted[0]["spec"]["pool"]["generation"] if wanted else 1,
+            split_counters=self.split_counters)]
 
     async def recut(self, name: str, config: str) -> None:
         try:

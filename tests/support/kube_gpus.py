@@ -9,7 +9,8 @@ labels and the device plugin's ``nvidia.com/mig-*`` allocatable (mixed or single
 strategy), or NVIDIA's DRA driver ResourceSlices (driver ``gpu.nvidia.com``, its
 device names ``gpu-<minor>-mig-<profile without dots>-<profile ID>-<placement>``, its
 attributes and capacities; dynamic MIG as every placement consuming counters of its
-GPU's counter set, which 1.35+ requires in a ResourceSlice of its own). MIG Manager
+GPU's counter set, which 1.35+ requires in a ResourceSlice of its own and 1.34 beside
+the devices). MIG Manager
 changes the layouts on a ``nvidia.com/mig.config`` label.
 
 Pure functions: these are what the agents compute and what tests compare against.
@@ -239,9 +240,12 @@ def _full(g: Gpu) -> Profile:
     return max(g.catalog.profiles, key=lambda p: (p.compute_slices, p.memory_slices))
 
 
-def resource_slices(node: str, gpus: Gpus, generation: int = 1) -> list[dict[str, Any]]:
+def resource_slices(node: str, gpus: Gpus, generation: int = 1, *,
+                    split_counters: bool = True) -> list[dict[str, Any]]:
     """The driver's ResourceSlices for the node's ``dra`` GPUs: the devices, and for
-    dynamic MIG a second slice with the GPUs' counter sets (empty list: none)."""
+    dynamic MIG the GPUs' counter sets, in a second slice (``split_counters``: as
+    Kubernetes 1.35+ requires) or beside the devices (as 1.34 requires; empty list:
+    none)."""
     devices: list[dict[str, Any]] = []
     counter_sets: list[dict[str, Any]] = []
     for minor, g in enumerate(gpus.gpus):
@@ -268,12 +272,14 @@ def resource_slices(node: str, gpus: Gpus, generation: int = 1) -> list[dict[str
                         for p, s in placements(g.catalog, g.layout)]
     if not devices:
         return []
-    count = 2 if counter_sets else 1
+    count = 2 if counter_sets and split_counters else 1
     pool = {"name": node, "generation": generation, "resourceSliceCount": count}
     out = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{node}-{DRIVER}"},
             "spec": {"driver": DRIVER, "nodeName": node, "pool": pool, "devices": devices}}]
-    if counter_sets:
+    if counter_sets and not split_counters:
+        out[0]["spec"]["sharedCounters"] = counter_sets
+    elif counter_sets:
         out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                     "metadata": {"name": f"{node}-{DRIVER}-counters"},
                     "spec": {"driver": DRIVER, "nodeName": node, "pool": pool,
@@ -379,3 +385,10 @@ def apply_mig_parted(gpus: Gpus, entries: list[Mapping[str, Any]]) -> Gpus:
             placements(g.catalog, layout)  # fits, or ValueError
             layouts.append(layout)
     return gpus.relaid(layouts)
+
+
+def counters_apart(version: str) -> bool:
+    """Whether the API server of ``version`` ("v1.36.3") wants a ResourceSlice's shared
+    counters apart from its devices (1.35+) or beside them (1.34)."""
+    return int(version.lstrip("v").split(".")[1]) >= 35
+

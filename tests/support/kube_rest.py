@@ -155,11 +155,12 @@ class Kube:
                                     "resourceVersion": current["metadata"]["resourceVersion"]}}
         return await self.request("PUT", path_of(obj), body)
 
-    async def patch(self, path: str, patch: Mapping[str, Any], *,
-                    kind: str = "merge") -> dict:
-        """A merge patch (``kind="strategic"``: a strategic merge patch)."""
+    async def patch(self, path: str, patch: Any, *, kind: str = "merge") -> dict:
+        """A merge patch (``kind="strategic"``: a strategic merge patch; ``"json"``: a
+        JSON patch, a list of operations)."""
         content = {"merge": "application/merge-patch+json",
-                   "strategic": "application/strategic-merge-patch+json"}[kind]
+                   "strategic": "application/strategic-merge-patch+json",
+                   "json": "application/json-patch+json"}[kind]
         return await self.request("PATCH", path, patch, content_type=content)
 
     async def delete(self, path: str, body: Mapping[str, Any] | None = None,
