@@ -41,6 +41,7 @@ from mig_spawner.kube.dra import claim_template
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.mocking import User
 from tests.support import kube_cluster
+from tests.support.kube_fixture import nodes_usable
 from tests.support.kube_gpus import Gpu, Gpus, gpu_node, resource_slices
 from tests.support.kube_rest import Kube
 from tests.support.kube_tap import Tap
@@ -104,17 +105,8 @@ async def setup(admin: Kube, nodes: int) -> None:
         await admin.until(f"/api/v1/namespaces/{ns}/serviceaccounts/default",
                           lambda sa: sa is not None)
     await admin.apply(claim_template("h200", "1g.18gb", "bench-plain-dra"))
-    # Until every node is Ready and untainted (the node lifecycle controller).
     for pool in ("dp", "dra"):
-        while True:
-            found = await admin.items("/api/v1/nodes", labelSelector=f"bench={pool}")
-            if len(found) == nodes and all(
-                    any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in (n.get("status") or {}).get("conditions") or [])
-                    and not any(t["key"].startswith("node.kubernetes.io/")
-                                for t in n["spec"].get("taints") or []) for n in found):
-                break
-            await asyncio.sleep(0.5)
+        await nodes_usable(admin, f"bench={pool}", nodes)
 
 
 def plain_config(url: str, pool: str) -> Config:

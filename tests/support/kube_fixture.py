@@ -242,12 +242,7 @@ class KubeTest:
             that the API server puts on every new node."""
             if node is None:
                 return False
-            if not ready or not kw.get("kwok", True):
-                return True
-            conditions = (node.get("status") or {}).get("conditions") or []
-            taints = (node.get("spec") or {}).get("taints") or []
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions
-                       ) and not any(t["key"].startswith("node.kubernetes.io/") for t in taints)
+            return usable(node) or not ready or not kw.get("kwok", True)
 
         node = await self.admin.until(f"/api/v1/nodes/{name}", published)
         if want_slices:
@@ -317,6 +312,28 @@ class KubeTest:
         for path in self.cluster_objects:
             await self.admin.delete(path)
         await self.admin.delete(f"/api/v1/namespaces/{self.ns}")
+
+
+def usable(node: dict) -> bool:
+    """Ready, and without the taints the API server and the node lifecycle controller
+    put on a node that is new or not ready (``node.kubernetes.io/*``)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) and not any(
+        t["key"].startswith("node.kubernetes.io/") for t in taints)
+
+
+async def nodes_usable(admin: Kube, selector: str, count: int, timeout: float = 300) -> None:
+    """Wait until ``count`` nodes matching ``selector`` are :func:`usable` (benchmarks
+    that make many nodes at once)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = await admin.items("/api/v1/nodes", labelSelector=selector)
+        if len(found) == count and all(usable(n) for n in found):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{selector}: {sum(map(usable, found))} of {count} nodes usable")
+        await asyncio.sleep(0.5)
 
 
 def namespace_for(nodeid: str) -> str:
