@@ -39,13 +39,12 @@ from traitlets.config import Config
 
 from mig_spawner.kube.dra import claim_template
 from mig_spawner.spawner.kube import KubeMIGSpawner
-from tests.mocking import User
+from tests.mocking import Hub, OrmSpawner, User
 from tests.support import kube_cluster
 from tests.support.kube_fixture import nodes_usable
 from tests.support.kube_gpus import Gpu, Gpus, gpu_node, resource_slices
 from tests.support.kube_rest import Kube
 from tests.support.kube_tap import Tap
-from tests.test_kube_spawner import Hub, OrmSpawner
 
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 H200 = Gpus(tuple(Gpu("h200", {"1g.18gb": 7}) for _ in range(8)))

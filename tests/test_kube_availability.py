@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from mig_spawner.kube import ClusterAvailability, ClusterReadError, cluster_slices, pod_requests
 from tests.mocking import Seconds, h200_single
+from tests.support.kube_fixture import run_check_command
 from tests.support.kube_gpus import Gpu, Gpus
 from tests.support.kube_objects import gpu_labels, node, pod
 from tests.support.kube_rest import ApiError
@@ -332,15 +332,6 @@ async def test_unreachable_api_is_a_clear_error():
 
 
 # --- the admin's check: python -m mig_spawner.kube -----------------------------------
-
-
-async def run_check_command(kubeconfig: str, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_check_command_prints_free_slices_and_left_out_nodes(kube):

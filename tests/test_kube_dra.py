@@ -15,10 +15,11 @@ from mig_spawner.cli.doctor import Status, check_kube_resource_api
 from mig_spawner.kube import ClusterAvailability
 from mig_spawner.kube.dra import claim_template, dra_slices, served_by
 from mig_spawner.spawner.kube import KubeMIGSpawner
+from tests.support.kube_fixture import run_check_command
 from tests.support.kube_gpus import Gpu, Gpus, counters_apart, gpu_node, resource_slices
 from tests.support.kube_rest import ApiError
-from tests.test_kube_availability import run_check_command
-from tests.test_kube_spawner import held, make, standin  # noqa: F401 (a fixture)
+from tests.support.spawners import held
+from tests.support.spawners import kube_spawner as make
 
 #: Two H200s for NVIDIA's DRA driver: two 1g.18gb on one, a 3g.71gb on the other.
 H200 = Gpus((Gpu("h200", {"1g.18gb": 2}, "dra"), Gpu("h200", {"3g.71gb": 1}, "dra")))
@@ -86,11 +87,11 @@ def test_doctor_names_how_the_cluster_serves_mig_against_the_setting():
 
 
 @pytest.fixture
-async def dra(standin):  # noqa: F811 (the fixture imported above)
+async def dra(kube):
     """This test's share of the cluster with one node whose two H200s NVIDIA's DRA
     driver publishes (no nvidia.com/* in its allocatable)."""
-    await standin.add_node("h1", H200)
-    return standin
+    await kube.add_node("h1", H200)
+    return kube
 
 
 async def template_selecting(kube, name: str, expression: str) -> None:
@@ -121,17 +122,17 @@ async def test_availability_reads_resource_slices_and_claims_through_the_api(dra
     assert f"{dra.ns}/train" in slices.counted_pods
 
 
-async def test_dynamic_mig_through_the_api_and_the_scheduler(standin):  # noqa: F811
+async def test_dynamic_mig_through_the_api_and_the_scheduler(kube):
     """The driver's counters in their own ResourceSlice (1.35+ refuses them beside
     devices, 1.34 apart); the scheduler allocates a placement and the counts follow."""
-    await standin.add_node("h1", DYNAMIC)
-    assert len(await standin.slices("h1")) == (2 if counters_apart(standin.info.version)
+    await kube.add_node("h1", DYNAMIC)
+    assert len(await kube.slices("h1")) == (2 if counters_apart(kube.info.version)
                                                else 1)
-    await standin.admin.create(claim_template("h200", "3g.71gb", standin.ns))
-    await claim_pod(standin, "train", "mig-h200-3g-71gb")
-    async with standin.client() as client:
+    await kube.admin.create(claim_template("h200", "3g.71gb", kube.ns))
+    await claim_pod(kube, "train", "mig-h200-3g-71gb")
+    async with kube.client() as client:
         reader = ClusterAvailability(CoreV1Api(client), resource_api=ResourceV1Api(client),
-                                     node_selector=standin.selector)
+                                     node_selector=kube.selector)
         free = (await reader.slices()).free()["h200"]
     # The scheduler took the first placement that fits (0 or 4): three or four 1g
     # placements are left in the other half.
@@ -174,22 +175,22 @@ async def test_a_dra_spawn_carries_a_claim_that_the_scheduler_allocates(dra, tmp
     assert await dra.claims() == [] and held(ledger_url) == []
 
 
-async def test_a_start_right_after_a_stop_gets_the_device_the_claim_held(standin, tmp_path):  # noqa: F811
+async def test_a_start_right_after_a_stop_gets_the_device_the_claim_held(kube, tmp_path):
     """One 3g.71gb: the claim of the stopped pod goes after the pod (asynchronously);
     stop returns only then, so the next start's claim gets the device at once."""
-    await standin.add_node("h1", Gpus((Gpu("h200", {"3g.71gb": 1}, "dra"),)))
+    await kube.add_node("h1", Gpus((Gpu("h200", {"3g.71gb": 1}, "dra"),)))
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    s = make(standin, ledger_url, profile="large", mig_resource_api="dra",
+    s = make(kube, ledger_url, profile="large", mig_resource_api="dra",
              allowed=("small", "large", "3g.71gb"))
     s.user_options = {"profile": "3g.71gb"}
     await s.start()
     await s.stop()
-    assert await standin.claims() == []
-    again = make(standin, ledger_url, name="ben", mig_resource_api="dra",
+    assert await kube.claims() == []
+    again = make(kube, ledger_url, name="ben", mig_resource_api="dra",
                  allowed=("small", "large", "3g.71gb"))
     again.user_options = {"profile": "3g.71gb"}
     await asyncio.wait_for(again.start(), 30)
-    assert (await standin.pod(again.pod_name))["status"]["phase"] == "Running"
+    assert (await kube.pod(again.pod_name))["status"]["phase"] == "Running"
     await again.stop()
 
 
@@ -249,26 +250,26 @@ async def test_a_claim_no_device_satisfies_leaves_the_pod_pending_saying_so(dra)
 
 
 async def test_the_selector_skips_a_device_without_an_attribute_where_cel_would_abort(
-        standin):  # noqa: F811
+        kube):
     """A MIG device of an older driver has no productName. kube-scheduler's CEL fails a
     claim whose selector reads a missing attribute ("no such key"), and the whole
     allocation with it; the hub's selector checks first, so the claim gets the other
     device."""
-    await standin.add_node("h1", None, agents=False)
-    name = standin.node_name("h1")
+    await kube.add_node("h1", None, agents=False)
+    name = kube.node_name("h1")
     (published,) = resource_slices(name, Gpus((Gpu("h200", {"1g.18gb": 2}, "dra"),)))
     del published["spec"]["devices"][0]["attributes"]["productName"]
     published["metadata"]["name"] = f"{name}-old-driver"
-    await standin.admin.create(published)
+    await kube.admin.create(published)
     await template_selecting(
-        standin, "unguarded", "device.attributes['gpu.nvidia.com'].profile == '1g.18gb' && "
+        kube, "unguarded", "device.attributes['gpu.nvidia.com'].profile == '1g.18gb' && "
         "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'")
-    await standin.admin.create(claim_template("h200", "1g.18gb", standin.ns))
-    failing = await claim_pod(standin, "unguarded", "unguarded", running=False)
-    guarded = await claim_pod(standin, "guarded", "mig-h200-1g-18gb")
+    await kube.admin.create(claim_template("h200", "1g.18gb", kube.ns))
+    failing = await claim_pod(kube, "unguarded", "unguarded", running=False)
+    guarded = await claim_pod(kube, "guarded", "mig-h200-1g-18gb")
     assert guarded["spec"]["nodeName"] == name
-    pod = await standin.admin.until(
-        f"/api/v1/namespaces/{standin.ns}/pods/{failing['metadata']['name']}",
+    pod = await kube.admin.until(
+        f"/api/v1/namespaces/{kube.ns}/pods/{failing['metadata']['name']}",
         lambda p: any(c["type"] == "PodScheduled" and c["status"] == "False"
                       for c in p["status"].get("conditions") or []))
     (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
@@ -277,38 +278,38 @@ async def test_the_selector_skips_a_device_without_an_attribute_where_cel_would_
     assert "CEL runtime error: no such key: productName" in condition["message"]
 
 
-async def test_the_api_refuses_what_the_old_stand_in_took(standin):  # noqa: F811
+async def test_the_api_refuses_what_the_old_stand_in_took(kube):
     """Counters beside devices in one ResourceSlice (1.35+; apart on 1.34), device names
     with dots, and a version attribute that is no semantic version are refused by the
     API server; the driver's own format passes."""
-    name = standin.node_name("h1")
-    await standin.add_node("h1", None, agents=False)
+    name = kube.node_name("h1")
+    await kube.add_node("h1", None, agents=False)
     devices, counters = resource_slices(name, DYNAMIC)
     (both,) = resource_slices(name, DYNAMIC, split_counters=False)
     both["metadata"]["name"] = f"{name}-both"
-    if counters_apart(standin.info.version):
+    if counters_apart(kube.info.version):
         with pytest.raises(ApiError, match="only one of `sharedCounters` or `devices`"):
-            await standin.admin.create(both)
+            await kube.admin.create(both)
     else:  # 1.34 wants them together: apart, the devices' counter set is unknown
         with pytest.raises(ApiError, match="must reference a counterSet defined in the "
                                            "ResourceSlice sharedCounters"):
-            await standin.admin.create(devices)
+            await kube.admin.create(devices)
         devices, counters = both, None
     (static,) = resource_slices(name, Gpus((Gpu("h200", {"1g.18gb": 1}, "dra"),)))
     dotted = {**static, "metadata": {"name": f"{name}-dots"}, "spec": {
         **static["spec"], "devices": [{**static["spec"]["devices"][0],
                                        "name": "gpu-0-mig-1g.18gb-0"}]}}
     with pytest.raises(ApiError, match=r"gpu-0-mig-1g\.18gb-0"):
-        await standin.admin.create(dotted)
+        await kube.admin.create(dotted)
     device = static["spec"]["devices"][0]
     unversioned = {**static, "metadata": {"name": f"{name}-version"}, "spec": {
         **static["spec"], "devices": [{**device, "attributes": {
             **device["attributes"], "driverVersion": {"version": "580.82.07"}}}]}}
     with pytest.raises(ApiError, match="driverVersion"):
-        await standin.admin.create(unversioned)
+        await kube.admin.create(unversioned)
     for ok in (devices, counters):
         if ok is not None:
-            await standin.admin.create(ok)
+            await kube.admin.create(ok)
 
 
 async def test_a_claim_can_select_on_a_device_capacity(dra):

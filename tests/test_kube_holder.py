@@ -20,9 +20,12 @@ from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner.metrics import RELEASES_HELD_BACK
 from tests.support.hub_standin import StandinState
-from tests.test_kube_spawner import A100, created, held, make
-from tests.test_kube_spawner import ledger_url as ledger_url
-from tests.test_kube_spawner import standin as standin
+from tests.support.kube_gpus import Gpu, Gpus
+from tests.support.spawners import created, held
+from tests.support.spawners import kube_spawner as make
+
+#: An A100 80GB cut 3g.40gb + 2x 1g.10gb, mixed strategy.
+A100 = Gpus((Gpu("a100-80gb", {"3g.40gb": 1, "1g.10gb": 2}),))
 
 POLICY = MIGPolicyConfig(group_policies={"analysts": {"allowed": ["1g.10gb"]}}).build()
 
@@ -86,13 +89,13 @@ async def repair(hub: str, ledger: Ledger) -> tuple[Sweeper, list]:
 async def test_orphan_whose_pod_runs_is_released_only_after_the_pod_is_deleted(
     kube, hub, ledger
 ):
-    uid = (await ana_pod(standin))["metadata"]["uid"]
-    lease_id = kube_lease(ledger, standin, uid)
+    uid = (await ana_pod(kube))["metadata"]["uid"]
+    lease_id = kube_lease(ledger, kube, uid)
     sweeper, released = await repair(hub, ledger)
     assert [x.id for x in released] == [lease_id]
-    assert await standin.pods() == []
+    assert await kube.pods() == []
     # Deleted by UID only: a pod recreated under the name meanwhile would be refused.
-    (options,) = deletes(standin)
+    (options,) = deletes(kube)
     assert options["preconditions"] == {"uid": uid}
     assert sweeper.metrics.holders_stopped._value.get() == 1
 
@@ -100,25 +103,25 @@ async def test_orphan_whose_pod_runs_is_released_only_after_the_pod_is_deleted(
 async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod_kept(
     kube, hub, ledger
 ):
-    first = await ana_pod(standin)
-    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+    first = await ana_pod(kube)
+    await kube.admin.delete(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                                {"gracePeriodSeconds": 0})
-    await standin.admin.until(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+    await kube.admin.until(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                               lambda p: p is None)
-    newer = await ana_pod(standin)  # the same name: the API server gives a new UID
+    newer = await ana_pod(kube)  # the same name: the API server gives a new UID
     assert newer["metadata"]["uid"] != first["metadata"]["uid"]
-    recreated = kube_lease(ledger, standin, first["metadata"]["uid"])
+    recreated = kube_lease(ledger, kube, first["metadata"]["uid"])
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [recreated]
-    assert [p["metadata"]["uid"] for p in await standin.pods()] == [newer["metadata"]["uid"]]
+    assert [p["metadata"]["uid"] for p in await kube.pods()] == [newer["metadata"]["uid"]]
     assert all(o.get("preconditions") == {"uid": first["metadata"]["uid"]}
-               for o in deletes(standin))
+               for o in deletes(kube))
 
-    await standin.admin.delete(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+    await kube.admin.delete(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                                {"gracePeriodSeconds": 0})
-    await standin.admin.until(f"/api/v1/namespaces/{standin.ns}/pods/jupyter-ana",
+    await kube.admin.until(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                               lambda p: p is None)
-    gone = kube_lease(ledger, standin, newer["metadata"]["uid"])
+    gone = kube_lease(ledger, kube, newer["metadata"]["uid"])
     _, released = await repair(hub, ledger)
     assert [x.id for x in released] == [gone]
 
@@ -126,14 +129,14 @@ async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod
 async def test_orphan_whose_pod_cannot_be_read_keeps_its_slice_and_is_counted(
     kube, hub, ledger
 ):
-    uid = (await ana_pod(standin))["metadata"]["uid"]
-    standin.tap.fail(503, "etcd is unavailable")
-    lease_id = kube_lease(ledger, standin, uid)
+    uid = (await ana_pod(kube))["metadata"]["uid"]
+    kube.tap.fail(503, "etcd is unavailable")
+    lease_id = kube_lease(ledger, kube, uid)
     sweeper, released = await repair(hub, ledger)
     assert released == [] and ledger.get(lease_id).held
     assert sweeper.metrics.holders_unknown._value.get() == 1
-    standin.tap.heal()
-    assert len(await standin.pods()) == 1
+    kube.tap.heal()
+    assert len(await kube.pods()) == 1
 
 
 async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_lease(
@@ -142,16 +145,16 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
     """The hub died after the pod started but before it saved the server's state: the
     next start of that server finds the lease, deletes the old pod (by its recorded UID)
     and only then releases the lease and starts anew."""
-    await standin.add_node("a1", A100)
-    lost = make(standin, ledger_url)
+    await kube.add_node("a1", A100)
+    lost = make(kube, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
-    assert lease.holder_pod_uid == (await created(standin, lost.pod_name))["metadata"]["uid"]
+    assert lease.holder_pod_uid == (await created(kube, lost.pod_name))["metadata"]["uid"]
 
-    again = kube_spawner(kube, ledger_url)  # no saved state
+    again = make(kube, ledger_url)  # no saved state
     await again.start()
-    assert deletes(standin)[0]["preconditions"] == {"uid": lease.holder_pod_uid}
-    assert (await created(standin, again.pod_name))["metadata"]["uid"] != lease.holder_pod_uid
+    assert deletes(kube)[0]["preconditions"] == {"uid": lease.holder_pod_uid}
+    assert (await created(kube, again.pod_name))["metadata"]["uid"] != lease.holder_pod_uid
     with Ledger.open(ledger_url) as led:
         assert led.get(lease.id).release_code == "stale"
     await again.stop()
@@ -160,14 +163,14 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
 async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
     kube, ledger_url
 ):
-    await standin.add_node("a1", A100)
-    lost = make(standin, ledger_url)
+    await kube.add_node("a1", A100)
+    lost = make(kube, ledger_url)
     await lost.start()
     (lease,) = held(ledger_url)
     held_back = RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get()
 
-    standin.tap.fail(503, "etcd is unavailable")
-    again = make(standin, ledger_url)
+    kube.tap.fail(503, "etcd is unavailable")
+    again = make(kube, ledger_url)
     try:
         with pytest.raises(SpawnException, match="not given back yet"):
             await again.start()
@@ -176,5 +179,5 @@ async def test_a_restarted_hub_keeps_a_stale_lease_whose_pod_it_cannot_check(
             retry.cancel()
     assert [x.id for x in held(ledger_url)] == [lease.id]
     assert RELEASES_HELD_BACK.labels(why="holder_unknown")._value.get() == held_back + 1
-    standin.tap.heal()
-    assert len(await standin.pods()) == 1
+    kube.tap.heal()
+    assert len(await kube.pods()) == 1

@@ -27,6 +27,7 @@ from tests.support.kube_fixture import KubeTest, namespace_for
 from tests.support.kube_gpus import dra_device_uuids
 from tests.support.kube_rest import Kube
 from tests.support.kube_tap import Tap
+from tests.support.polling import until
 
 pytestmark = pytest.mark.hub
 
@@ -147,7 +148,7 @@ def stop_watching_the_release(hub: HubProcess, cluster: Cluster, ledger: Ledger,
         assert not (released and there), "the lease was released before the pod went"
         if not there:
             break
-    hub.wait_until(lambda: ledger.active_for_server(user) is None, 60)
+    until(lambda: ledger.active_for_server(user) is None, 60, f"{user}'s lease released")
 
 
 def test_spawn_gets_a_pod_with_one_slice_and_stop_gives_it_back(hub, cluster, ledger):
@@ -189,8 +190,7 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
     assert cluster.pod("bob") is None and cluster.pod("nobody") is None
     assert ledger.active() == []
     # Both kept for the usage report, with what was asked for and by which group.
-    until(lambda: len(ledger.refusals()) >= 2, 10, "both refusals recorded",
-          show=hub.log_path)
+    until(lambda: len(ledger.refusals()) >= 2, 10, "two refusals recorded")
     assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals()[-2:]] == [
         ("bob", "full", "not_allowed", "analysts"),
         ("nobody", "small", "no_gpu_access", "default"),
@@ -199,8 +199,8 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
 
 def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
     for user in ("ana", "bob"):
-        hub.wait_until(
-            lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202), 30, 1)
+        until(lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202),
+              30, f"{user}'s spawn accepted", every=1)
         hub.wait_ready(user)
     try:
         r = hub.spawn("cy", {"profile": "small"})
@@ -227,8 +227,8 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
 
 def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
     for user in ("ana", "bob"):
-        until(lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202), 30,
-              f"{user}'s spawn taken", show=hub.log_path, every=1)
+        until(lambda u=user: hub.spawn(u, {"profile": "small"}).status_code in (201, 202),
+              30, f"{user}'s spawn accepted", every=1)
         hub.wait_ready(user)
     try:
         assert hub.spawn("dee", {"profile": "small"}).status_code == 202

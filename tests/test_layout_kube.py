@@ -22,9 +22,7 @@ from mig_spawner.layout import KubeLayout, begin_kube
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView
 from mig_spawner.spawner.kube_decide import ClaimTarget, make_kube_decide
 from tests.support.kube_gpus import Gpu, Gpus, mig_parted_config
-from tests.test_kube_spawner import ledger_url as ledger_url
-from tests.test_kube_spawner import make
-from tests.test_kube_spawner import standin as standin
+from tests.support.spawners import kube_spawner as make
 
 HOUR = 3600.0
 POLICY = build_policy(None, None, {"a": {"allowed": ["1g.10gb"], "max_slices_per_user": 9}})
@@ -33,11 +31,10 @@ A100 = Gpus((Gpu("a100-80gb", {"3g.40gb": 1, "1g.10gb": 2}),))
 
 
 @pytest.fixture
-async def cluster(standin, tmp_path, monkeypatch):
+async def cluster(kube, tmp_path, monkeypatch):
     """Two A100 nodes of this test; the hub's account may do what the documented
     ClusterRoles allow, no more (a label the docs do not grant: 403); MIG Manager knows
     the config ``<namespace>-all-1g.10gb``."""
-    kube = standin
     await kube.grant(("kubernetes.md", "layout.md"))
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kube.kubeconfig())
     for short in ("a1", "a2"):

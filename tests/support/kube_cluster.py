@@ -9,10 +9,11 @@ on ``nvidia.com/mig.config``, and the one node whose "kubelet" really runs the p
 bound to it as local processes.
 
 One cluster per test run, shared by the pytest-xdist workers: the first worker to need
-it starts a supervisor (``python -m tests.support.kube_cluster serve DIR``) under a
-file lock, every worker registers its pid, and the supervisor stops everything once
-no registered worker is alive, so that an interrupted run (Ctrl-C, kill -9 of a
-worker or of pytest) leaves no process behind. Every process it starts dies with it
+it starts a supervisor (``python -m tests.support.kube_cluster serve DIR``, detached)
+under a file lock, every worker registers its pid, and the supervisor stops everything
+once no registered worker is alive, so that an interrupted run (Ctrl-C, kill -9 of a
+worker or of pytest) leaves no process behind (the test reaper, which ends what the
+run marked, would too). Every process it starts dies with it
 (``PR_SET_PDEATHSIG``). Tests isolate themselves by namespace and by node labels
 (tests/support/kube_fixture.py).
 """
@@ -316,6 +317,7 @@ def serve(folder: Path) -> None:
     """Run the cluster until no registered user of it is alive (or SIGTERM/SIGINT)."""
     from tests.support import kube_agents
 
+    (folder / "supervisor.pid").write_text(str(os.getpid()))
     users = folder / "users"
     data = Path(tempfile.mkdtemp(prefix="mig-kube-etcd-", dir="/dev/shm"
                                  if Path("/dev/shm").is_dir() else None))
@@ -397,15 +399,16 @@ def acquire(run_id: str, timeout: float = 900) -> ClusterInfo:
         running = pid_file.exists() and _alive(int(pid_file.read_text() or 0)) and not (
             folder / "stopped").exists()
         if not running:
-            for stale in ("cluster.json", "failed", "stopped"):
+            for stale in ("cluster.json", "failed", "stopped", "supervisor.pid"):
                 (folder / stale).unlink(missing_ok=True)
-            log = (folder / "supervisor.log").open("ab")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.kube_cluster", "serve", str(folder)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
-            log.close()
-            pid_file.write_text(str(proc.pid))
+            # Detached (setsid -f: a session of its own, no parent but init): no worker
+            # that ends before the others takes it down with its descendants (the test
+            # reaper); it ends when its last user has gone.
+            with (folder / "supervisor.log").open("ab") as log:
+                subprocess.run(["setsid", "-f", sys.executable, "-m",
+                                "tests.support.kube_cluster", "serve", str(folder)],
+                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, check=True)
         deadline = time.monotonic() + timeout
         while not (folder / "cluster.json").exists():
             if (folder / "failed").exists() or (folder / "stopped").exists():

@@ -336,6 +336,19 @@ async def nodes_usable(admin: Kube, selector: str, count: int, timeout: float = 
         await asyncio.sleep(0.5)
 
 
+async def run_check_command(kubeconfig: str, *args: str) -> tuple[int, str, str]:
+    """``python -m mig_spawner.kube --kubeconfig KUBECONFIG ARGS``: its exit status,
+    standard output and standard error."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mig_spawner.kube", "--kubeconfig", kubeconfig, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
 def namespace_for(nodeid: str) -> str:
     """A fresh namespace name that says which test made it."""
     name = re.sub(r"[^a-z0-9]+", "-", nodeid.rsplit("::", 1)[-1].lower()).strip("-")
@@ -343,11 +356,18 @@ def namespace_for(nodeid: str) -> str:
 
 
 @pytest.fixture
-async def kube(kube_cluster: ClusterInfo, request: pytest.FixtureRequest,
-               tmp_path: Path) -> AsyncIterator[KubeTest]:
+async def kube(kube_cluster: ClusterInfo, request: pytest.FixtureRequest, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeTest]:
     """This test's namespace on the shared cluster, its ``default`` service account in
     place (the API refuses pods without it), the hub's account bound to the documented
-    Roles, and a tap in front of the API server."""
+    Roles and written as KubeSpawner's default kubeconfig, and a tap in front of the API
+    server. KubeSpawner's pod reflectors (kept per class) stop with the test."""
+    from kubernetes_asyncio.config import kube_config
+    from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
+
+    from mig_spawner.spawner.kube import KubeMIGSpawner
+
     namespace = namespace_for(request.node.nodeid)
     admin = Kube(kube_cluster.credentials())
     tap = Tap(kube_cluster.server, kube_cluster.ca)
@@ -359,8 +379,16 @@ async def kube(kube_cluster: ClusterInfo, request: pytest.FixtureRequest,
         await admin.until(f"/api/v1/namespaces/{namespace}/serviceaccounts/default",
                           lambda sa: sa is not None)
         await test.grant()
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", test.kubeconfig())
         yield test
     finally:
+        for reflector in list(KubeSpawner.reflectors.values()):
+            await reflector.stop()
+        KubeSpawner.reflectors.clear()
+        KubeMIGSpawner._readers.clear()
+        # KubeSpawner loads one configuration per API host: a later test's tap may get
+        # this one's port.
+        load_config.cache_clear()
         try:
             await test.close()
         finally:

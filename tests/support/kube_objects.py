@@ -8,10 +8,7 @@ them as built. Nodes on the test cluster come from tests/support/kube_gpus.py.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 CREATED = "2026-12-01T09:00:00Z"

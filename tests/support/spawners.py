@@ -22,7 +22,6 @@ from mig_spawner.ledger import Lease, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.mocking import Hub, OrmSpawner, User
-from tests.support.kube_objects import gpu_labels, node
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shipped group policies (analysts, ...), the groups most spawner tests use.
@@ -92,7 +91,7 @@ def kube_config(ledger_url: str, allowed: Sequence[str] = ("small", "large"),
     }
     c.KubeMIGSpawner.namespace = "jupyterhub"
     c.KubeMIGSpawner.events_enabled = False
-    c.KubeMIGSpawner.start_timeout = 20
+    c.KubeMIGSpawner.start_timeout = 30
     c.KubeMIGSpawner.k8s_api_request_retry_timeout = 5
     for key, value in spawner.items():
         setattr(c.KubeMIGSpawner, key, value)
@@ -103,25 +102,19 @@ def kube_spawner(kube, ledger_url: str, name: str = "ana",
                  groups: Sequence[str] = ("analysts",), profile: str = "small",
                  server: str = "", allowed: Sequence[str] = ("small", "large"),
                  **spawner: Any) -> KubeMIGSpawner:
-    """A KubeMIGSpawner talking to the stand-in API server ``kube`` (the ``kube``
-    fixture), its spawn asking for ``profile``."""
-    return make_spawner(kube_config(ledger_url, allowed, k8s_api_host=kube.url, **spawner),
+    """A KubeMIGSpawner on this test's share of the real cluster ``kube`` (the ``kube``
+    fixture: its namespace, its nodes, the hub's account through the tap), its spawn
+    asking for ``profile``; ``spawner`` sets more (and may override those)."""
+    settings = {**kube.spawner_config(), **spawner}
+    return make_spawner(kube_config(ledger_url, allowed, **settings),
                         name, groups, cls=KubeMIGSpawner, server=server, profile=profile)
 
 
-def a100_node(name: str, *, state: str = "success", **kw: Any) -> dict:
-    """An A100 node cut all-balanced (mixed strategy): two 1g.10gb and one 3g.40gb."""
-    return node(
-        name,
-        gpu_labels("NVIDIA-A100-SXM4-80GB", "mixed", config="all-balanced", state=state),
-        {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
-        **kw,
-    )
-
-
-def created(kube, name: str) -> dict:
-    """The pod ``name`` as the stand-in API server holds it."""
-    return next(p for p in kube.pods if p["metadata"]["name"] == name)
+async def created(kube, name: str) -> dict:
+    """The pod ``name`` of the test's namespace, as the API server has it."""
+    found = await kube.pod(name)
+    assert found is not None, f"no pod {name}"
+    return found
 
 
 def held(ledger_url: str) -> list[Lease]:
