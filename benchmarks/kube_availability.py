@@ -82,7 +82,7 @@ async def populate(kube: Kube, nodes: list[dict], pods: list[dict]) -> None:
     """Create the nodes and pods (20 requests at a time); finished pods are marked so."""
     await kube.apply({"apiVersion": "v1", "kind": "Namespace",
                       "metadata": {"name": NAMESPACE}})
-    await kube.until(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default",
+    await kube.watch_object(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default",
                      lambda sa: sa is not None)
     gate = asyncio.Semaphore(20)
 

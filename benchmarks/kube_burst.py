@@ -101,7 +101,7 @@ async def setup(admin: Kube, nodes: int) -> None:
                          *(one(f"bench-dra-{i}", H200_DRA, "dra") for i in range(nodes)))
     for ns in ("bench-plain-dp", "bench-mig-dp", "bench-plain-dra", "bench-mig-dra"):
         await admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        await admin.until(f"/api/v1/namespaces/{ns}/serviceaccounts/default",
+        await admin.watch_object(f"/api/v1/namespaces/{ns}/serviceaccounts/default",
                           lambda sa: sa is not None)
     await admin.apply(claim_template("h200", "1g.18gb", "bench-plain-dra"))
     for pool in ("dp", "dra"):

@@ -213,9 +213,9 @@ async def test_stop_waits_for_the_claim_to_go_before_the_lease_is_released(dra, 
              else [{"op": "add", "path": "/metadata/finalizers", "value": [ours]}])
     await dra.admin.patch(path, patch, kind="json")
     stopping = asyncio.ensure_future(s.stop())
-    await dra.admin.until(f"/api/v1/namespaces/{dra.ns}/pods/{s.pod_name}",
+    await dra.admin.watch_object(f"/api/v1/namespaces/{dra.ns}/pods/{s.pod_name}",
                           lambda p: p is None)
-    deleted = await dra.admin.until(path, lambda c: c is None or c["metadata"].get(
+    deleted = await dra.admin.watch_object(path, lambda c: c is None or c["metadata"].get(
         "deletionTimestamp"))
     assert deleted is not None  # the garbage collector marked it; the finalizer holds it
     assert not stopping.done() and len(held(ledger_url)) == 1
@@ -240,7 +240,7 @@ async def test_a_claim_no_device_satisfies_leaves_the_pod_pending_saying_so(dra)
     await dra.admin.create(claim_template("h200", "2g.35gb", dra.ns))
     await claim_pod(dra, "jupyter-ana", "mig-h200-2g-35gb", running=False)
     path = f"/api/v1/namespaces/{dra.ns}/pods/jupyter-ana"
-    pod = await dra.admin.until(path, lambda p: any(
+    pod = await dra.admin.watch_object(path, lambda p: any(
         c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
     assert pod["status"]["phase"] == "Pending"
     (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
@@ -268,7 +268,7 @@ async def test_the_selector_skips_a_device_without_an_attribute_where_cel_would_
     failing = await claim_pod(kube, "unguarded", "unguarded", running=False)
     guarded = await claim_pod(kube, "guarded", "mig-h200-1g-18gb")
     assert guarded["spec"]["nodeName"] == name
-    pod = await kube.admin.until(
+    pod = await kube.admin.watch_object(
         f"/api/v1/namespaces/{kube.ns}/pods/{failing['metadata']['name']}",
         lambda p: any(c["type"] == "PodScheduled" and c["status"] == "False"
                       for c in p["status"].get("conditions") or []))

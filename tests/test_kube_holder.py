@@ -106,7 +106,7 @@ async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod
     first = await ana_pod(kube)
     await kube.admin.delete(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                                {"gracePeriodSeconds": 0})
-    await kube.admin.until(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
+    await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                               lambda p: p is None)
     newer = await ana_pod(kube)  # the same name: the API server gives a new UID
     assert newer["metadata"]["uid"] != first["metadata"]["uid"]
@@ -119,7 +119,7 @@ async def test_orphan_whose_pod_is_gone_or_recreated_is_released_and_the_new_pod
 
     await kube.admin.delete(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                                {"gracePeriodSeconds": 0})
-    await kube.admin.until(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
+    await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                               lambda p: p is None)
     gone = kube_lease(ledger, kube, newer["metadata"]["uid"])
     _, released = await repair(hub, ledger)

@@ -72,7 +72,7 @@ def cluster(kube_cluster: ClusterInfo, tmp_path_factory, request) -> Iterator[Cl
     async def setup(test: KubeTest) -> KubeTest:
         await test.admin.create({"apiVersion": "v1", "kind": "Namespace",
                                  "metadata": {"name": c.ns}})
-        await test.admin.until(f"/api/v1/namespaces/{c.ns}/serviceaccounts/default",
+        await test.admin.watch_object(f"/api/v1/namespaces/{c.ns}/serviceaccounts/default",
                                lambda sa: sa is not None)
         await test.grant()
         return test

@@ -337,7 +337,7 @@ async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_th
     s = make(kube, ledger_url, profile="large", extra_annotations=slow)
     await s.start()
     stopping = asyncio.ensure_future(s.stop())
-    terminating = await kube.admin.until(
+    terminating = await kube.admin.watch_object(
         f"/api/v1/namespaces/{kube.ns}/pods/{s.pod_name}",
         lambda p: p is None or p["metadata"].get("deletionTimestamp"))
     assert terminating is not None and not stopping.done()

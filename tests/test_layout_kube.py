@@ -104,7 +104,7 @@ async def test_the_node_is_held_drained_labelled_and_re_cut_by_mig_manager(clust
     # ana's server ends (its pod goes, its lease is given back).
     await kube.admin.delete(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                             {"gracePeriodSeconds": 0})
-    await kube.admin.until(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
+    await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                            lambda p: p is None)
     ledger.release(lease.id, "stopped")
     await settle(layout, PlanState.DONE)

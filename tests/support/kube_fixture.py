@@ -244,7 +244,7 @@ class KubeTest:
                 return False
             return usable(node) or not ready or not kw.get("kwok", True)
 
-        node = await self.admin.until(f"/api/v1/nodes/{name}", published)
+        node = await self.admin.watch_object(f"/api/v1/nodes/{name}", published)
         if want_slices:
             for _ in range(400):
                 if await self.slices(short):
@@ -289,7 +289,7 @@ class KubeTest:
         if not running:
             return created
         path = f"/api/v1/namespaces/{namespace or self.ns}/pods/{name}"
-        found = await self.admin.until(path, lambda p: p is not None and p.get(
+        found = await self.admin.watch_object(path, lambda p: p is not None and p.get(
             "status", {}).get("phase") == "Running")
         assert found is not None
         return found
@@ -299,7 +299,7 @@ class KubeTest:
         its ``default`` service account in place; deleted with the test."""
         await self.admin.apply({"apiVersion": "v1", "kind": "Namespace",
                                 "metadata": {"name": name, "labels": {OWNER_LABEL: self.ns}}})
-        await self.admin.until(f"/api/v1/namespaces/{name}/serviceaccounts/default",
+        await self.admin.watch_object(f"/api/v1/namespaces/{name}/serviceaccounts/default",
                                lambda sa: sa is not None)
         self.cluster_objects.append(f"/api/v1/namespaces/{name}")
         return name
@@ -376,7 +376,7 @@ async def kube(kube_cluster: ClusterInfo, request: pytest.FixtureRequest, tmp_pa
     try:
         await admin.create({"apiVersion": "v1", "kind": "Namespace",
                             "metadata": {"name": namespace}})
-        await admin.until(f"/api/v1/namespaces/{namespace}/serviceaccounts/default",
+        await admin.watch_object(f"/api/v1/namespaces/{namespace}/serviceaccounts/default",
                           lambda sa: sa is not None)
         await test.grant()
         monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", test.kubeconfig())

@@ -191,7 +191,7 @@ class Kube:
                 if line.strip():
                     yield json.loads(line)
 
-    async def until(self, path: str, check: Any, *, timeout: float = 30) -> dict | None:
+    async def watch_object(self, path: str, check: Any, *, timeout: float = 30) -> dict | None:
         """Read ``path`` (an object, ``None`` when gone) until ``check(obj)`` is true,
         waiting on a watch of that one object between reads; the object last read."""
         loop = asyncio.get_running_loop()
