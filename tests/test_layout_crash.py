@@ -26,7 +26,7 @@ from mig_spawner.core.policy import build_policy
 from mig_spawner.core.refusal import Refused
 from mig_spawner.gpu import GpuError, connect
 from mig_spawner.layout import LayoutApplier, begin
-from mig_spawner.ledger import LeaseRequest, Ledger
+from mig_spawner.ledger import Lease, LeaseRequest, Ledger
 from mig_spawner.spawner.decide import make_decide
 from tests.support import reaper
 from tests.support.polling import until, until_async
@@ -57,13 +57,34 @@ def claimer(ledger: Ledger, state: str, stop: threading.Event, got: list) -> Non
             time.sleep(0.02)
 
 
+def blocker(ledger: Ledger, state: str, start: int) -> Lease:
+    """A lease on the 1g.18gb at ``start`` of GPU 0: claimed as spawns claim, the ones
+    before it given back."""
+    others = []
+    with connect(state_file=state) as gpus:
+        for n in range(7):
+            decide = make_decide(POLICY.for_user(["a"]), POLICY.offer("1g.18gb"),
+                                 gpus.inventory(), "pool", "pack")
+            lease = ledger.claim(LeaseRequest("b", f"b{n}"), decide)
+            if lease.gpu_index == 0 and lease.start == start:
+                for other in others:
+                    ledger.release(other.id, "stopped")
+                return lease
+            others.append(lease)
+    raise AssertionError(f"the 1g.18gb at {start} of GPU 0 is not free")
+
+
 @pytest.mark.parametrize("round_", [1])
 def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
         tmp_path, backend_url, round_):
     state = str(tmp_path / "sim.json")
     connect(simulate=SIM, state_file=state).close()
     ledger = Ledger.open(backend_url)
-    stop, got = threading.Event(), []
+    # A server on the last 1g.18gb of GPU 0, where the target puts the 3g.71gb: the
+    # change applies up to it and waits for it to leave, so the kill below lands while
+    # the change is applying, however fast or slow the machine (the apply alone is done
+    # in milliseconds, and a loaded run once saw it end before a 5 ms poll did).
+    stop, got = threading.Event(), [blocker(ledger, state, start=6)]
     claims = threading.Thread(target=claimer, args=(ledger, state, stop, got))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(os.getcwd()), os.environ.get("PYTHONPATH")]))}
