@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -395,3 +396,28 @@ def test_doctor_skips_the_offered_profiles_when_the_hub_policy_is_wrong():
     assert "[FAIL] hub config" in out.stdout
     assert "[SKIP] offered profiles        not checked: the hub's policy is wrong" in out.stdout
     assert "no profiles are offered to any group" not in out.stdout
+
+
+@pytest.mark.parametrize("where", ["before the command", "after the command",
+                                   "after the action"])
+def test_the_global_options_are_taken_before_or_after_the_command(tmp_path, where):
+    """``-f``, ``--ledger-url`` and ``--simulate`` mean the same wherever they stand:
+    ``mig-spawner budget grant -f CFG research 20h`` as an admin types it."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    Ledger.open(url).close()  # the hub created it
+    (tmp_path / "20-groups.py").write_text(
+        "c.MIGPolicyConfig.group_policies = {'research': {'allowed': ['1g.18gb'], "
+        "'budget': '40h'}}\n")
+    options = ["-f", str(tmp_path), "--ledger-url", url, "--simulate", "h200x1"]
+    args = {"before the command": [*options, "budget", "grant", "research", "20h"],
+            "after the command": ["budget", *options, "grant", "research", "20h"],
+            "after the action": ["budget", "grant", *options, "research", "20h"]}[where]
+    out = run_cli(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "granted 20 compute-slice-hours to the budget of group 'research'" in out.stdout
+    with Ledger.open(url) as ledger:  # that ledger, the config's group
+        extras = ledger.budget_usage(datetime.now(UTC) - timedelta(hours=1))[1]
+    assert [x.group for x in extras] == ["research"]
+    # The same for a command one level deep, given before or after it.
+    for argv in (["--simulate", "h200x1", "status"], ["status", "--simulate", "h200x1"]):
+        assert "NVIDIA H200" in run_cli(*argv, "--ledger-url", url).stdout

@@ -132,6 +132,16 @@ def test_the_banner_gives_limits_and_the_slice_map(tmp_path):
                      r"http://127.0.0.1:8123/services/mig-slices/slices", text)
 
 
+def test_the_banners_cli_command_works_as_typed_without_the_venv_on_path(tmp_path):
+    text = demo.banner(_args(tmp_path), tmp_path)
+    command = re.search(r"from this folder: (\S+) doctor -f (\S+) ", text)
+    assert command is not None, text
+    # 'make demo' puts .venv/bin on its own PATH only: the shell that ran it finds no
+    # bare 'mig-spawner', so the banner names the script by its path.
+    assert "/" in command.group(1) and os.access(command.group(1), os.X_OK)
+    assert command.group(2) == str(tmp_path / "demo_config.py")
+
+
 def test_the_banner_says_how_to_stop_the_demo_in_the_background_too(tmp_path):
     text = demo.banner(_args(tmp_path), tmp_path)
     # Ctrl-C in a terminal; SIGTERM to the demo's own PID where SIGINT is ignored.

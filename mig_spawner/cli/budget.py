@@ -28,20 +28,19 @@ if TYPE_CHECKING:
     from ..ledger import Ledger
 
 
-def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
+def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) -> None:
     """Register ``budget`` (and ``budget grant``) on the ``mig-spawner`` parser."""
     p = sub.add_parser("budget", help="GPU-hour budgets: usage per group and member; "
                                       "'grant' adds hours",
                        description=__doc__.split("\n\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_gpu_options(p)
-    p.add_argument("--ledger-url", metavar="URL",
-                   help="SQLAlchemy URL of the lease ledger (default: as the hub's config)")
+    add_global_options(p)
     p.add_argument("--json", action="store_true", help="print the usage as JSON")
     p.set_defaults(func=cmd_budget)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     grant = actions.add_parser("grant", help="add compute-slice-hours to a budget for one "
                                              "window from now")
+    add_global_options(grant)
     grant.add_argument("group", help="the JupyterHub group whose budget it raises")
     grant.add_argument("hours", help="compute-slice-hours, e.g. 10h (a whole H200 uses 7 "
                                      "an hour)")

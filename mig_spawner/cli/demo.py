@@ -281,6 +281,24 @@ def who_sees_what(args: argparse.Namespace, workdir: Path) -> str:
     return "\n".join([f"GPUs: {gpus}", "  users      group     sees on the spawn form", *rows])
 
 
+def shown(path: Path) -> str:
+    """``path`` as the shell the demo was started in reaches it: relative to the
+    current folder where it lies below it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def cli_command() -> str:
+    """This package's ``mig-spawner``, as a command that works as typed in the shell the
+    demo was started from: by its path, since ``make demo`` puts ``.venv/bin`` on its own
+    PATH only, never on the shell's (the checkout's ``.venv/bin/mig-spawner``)."""
+    script = Path(sys.executable).parent / "mig-spawner"
+    name = shown(script)
+    return name if "/" in name else f"./{name}"  # a bare name would be looked up on PATH
+
+
 def _human(secs: float) -> str:
     return f"{secs / 60:g} min" if secs >= 60 else f"{secs:g} s"
 
@@ -302,8 +320,9 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
         f"Slice map (log in as {admins}, group admins): {url}{SLICEMAP_PATH}",
         f"Hub admin page ({admins}): {url}/hub/admin. Named servers are on (up to "
         f"{NAMED_SERVER_LIMIT} a user), so each group's per-user limit can be tried.",
-        "The CLI on the demo's GPUs, ledger and policies: "
-        f"mig-spawner doctor -f {workdir_config(workdir)} (also status, report).",
+        "The CLI on the demo's GPUs, ledger and policies, from this folder: "
+        f"{cli_command()} doctor -f {shown(workdir_config(workdir))} (also status, report, "
+        "budget, layout).",
         *([f"Isolation: each server can open only its slice's device nodes "
            f"({stand_in_dir(workdir) if args.simulate else '/dev'}/nvidia-caps/...; "
            "servers run as the hub's user, and a root server could leave its cgroup)."]
@@ -318,6 +337,11 @@ def banner(args: argparse.Namespace, workdir: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    given = [f"--{name.replace('_', '-')}" for name in ("config_dir", "sim_state", "ledger_url")
+             if getattr(args, name, None)]
+    if given:
+        raise SystemExit(f"error: demo writes its own config, GPUs and ledger in --dir; it "
+                         f"takes no {', '.join(given)}")
     check_isolation(args)
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -353,6 +377,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         nargs="?",
         const=DEMO_SPEC,
+        # Nothing unless given here: 'mig-spawner --simulate SPEC demo' is kept.
+        default=argparse.SUPPRESS,
         help=f"use simulated GPUs (default spec: {DEMO_SPEC}); without it, the real driver",
     )
     p.add_argument(

@@ -348,19 +348,20 @@ def cmd_node(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
+def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) -> None:
     """Register ``layout`` on the ``mig-spawner`` parser."""
     p = sub.add_parser("layout", help="plan and apply a change of the MIG layout",
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_global_options(p)
     steps = p.add_subparsers(dest="layout_command", required=True, metavar="ACTION")
     plan = steps.add_parser("plan", help="what would change and who holds it (read-only)")
-    _common(plan, add_gpu_options)
+    _common(plan, add_global_options)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=cmd_plan)
     apply = steps.add_parser("apply", help="drain what changes and apply, one instance at "
                                            "a time")
-    _common(apply, add_gpu_options)
+    _common(apply, add_global_options)
     apply.add_argument("--allow-reset", action="store_true",
                        help="a MIG mode change on an Ampere GPU (A100, A30) resets it")
     apply.add_argument("--partial", action="store_true",
@@ -377,33 +378,27 @@ def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> No
             ("end", cmd_end, "end a GPU's (or a node's) drain or change: it is granted from "
              "again", str, "the GPU's index, or a Kubernetes node's name")):
         p = steps.add_parser(name, help=text)
-        add_gpu_options(p)
+        add_global_options(p)
         p.add_argument("gpu", type=kind, metavar="GPU", help=what)
-        p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
         p.set_defaults(func=func)
     p = steps.add_parser("node", help="Kubernetes: re-cut a node to a mig-parted config "
                                       "through MIG Manager, once its slices are free")
-    add_gpu_options(p)
+    add_global_options(p)
     p.add_argument("node", metavar="NODE", help="the node's name")
     p.add_argument("mig_config", metavar="CONFIG",
                    help="a config name of the GPU Operator's mig-parted ConfigMap")
-    p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
     p.set_defaults(func=cmd_node)
     p = steps.add_parser("status", help="each GPU's change and where it stands")
-    add_gpu_options(p)
-    p.add_argument("--ledger-url", metavar="URL", help="the lease ledger (default: the hub's)")
+    add_global_options(p)
     p.add_argument("--all", action="store_true", help="also changes that ended")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_status)
 
 
-def _common(p: argparse.ArgumentParser, add_gpu_options: Callable) -> None:
-    add_gpu_options(p)
+def _common(p: argparse.ArgumentParser, add_global_options: Callable) -> None:
+    add_global_options(p)
     p.add_argument("target", metavar="TARGET",
                    help="a mig-parted config file or a spec string ('3g.71gb,2g.35gb*2')")
     p.add_argument("--config", metavar="NAME",
                    help="which config of the file (default: mig-spawner-advised, or the "
                         "file's only one)")
-    p.add_argument("--ledger-url", metavar="URL",
-                   help="SQLAlchemy URL of the lease ledger (default: the hub's, as for "
-                        "'report')")

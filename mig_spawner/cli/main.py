@@ -24,20 +24,35 @@ def _connect(args: argparse.Namespace):
     return connect(simulate=shared.simulate, state_file=shared.sim_state_file)
 
 
-def _add_gpu_options(p: argparse.ArgumentParser) -> None:
+#: The options every subcommand that reads the hub's config, GPUs or ledger takes, before
+#: or after its name (``mig-spawner -f CFG budget grant ...`` as ``mig-spawner budget grant
+#: -f CFG ...``): argparse reads an option only at the level it is given, so each level
+#: has them, and below the top their default is to set nothing, so that a value given
+#: higher up is kept.
+GLOBAL_OPTIONS = ("config_dir", "simulate", "sim_state", "ledger_url")
+
+
+def add_global_options(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """The :data:`GLOBAL_OPTIONS` on ``p``: with their defaults on the top parser
+    (``top``), setting nothing unless given on a subcommand's."""
+    default = None if top else argparse.SUPPRESS
     p.add_argument(
         "-f", "--config-dir",
-        metavar="DIR",
+        metavar="DIR", default=default,
         help="the hub's jupyterhub_config.d (or a config file): its c.MIGSettings (ledger, "
              "simulated GPUs); for doctor, its policies and mode; for report --advise, the "
              "groups that lose a profile the proposal drops. Options win over it",
     )
-    p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
+    p.add_argument("--simulate", metavar="SPEC", default=default, help=SIMULATE_HELP)
     p.add_argument(
         "--sim-state",
-        metavar="FILE",
+        metavar="FILE", default=default,
         help="simulator state file shared with a running hub (see docs/simulator.md)",
     )
+    p.add_argument("--ledger-url", metavar="URL", default=default,
+                   help="SQLAlchemy URL of the lease ledger (default: c.MIGSettings.ledger_url "
+                        "of --config-dir, else mig_spawner_ledger.sqlite beside the hub's "
+                        "database, else in this directory)")
 
 
 def _read_inventory(args: argparse.Namespace):
@@ -194,7 +209,7 @@ def _read_only_command(
 ) -> argparse.ArgumentParser:
     """A subcommand that only reads the GPUs (and the hub's config): GPU options, --json."""
     p = sub.add_parser(name, help=help_text)
-    _add_gpu_options(p)
+    add_global_options(p)
     p.add_argument("--json", action="store_true", help=json_help)
     p.set_defaults(func=func)
     return p
@@ -205,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mig-spawner",
         description="Share NVIDIA MIG slices between JupyterHub users.",
     )
+    add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _read_only_command(sub, "status", cmd_status,
@@ -212,11 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "each (user, server, purpose, age) and the layout changes under way "
                            "from the ledger",
                            "print the inventory (and the holders) as JSON")
-    p.add_argument("--ledger-url", metavar="URL",
-                   help="SQLAlchemy URL of the lease ledger, for the holders and layout "
-                        "changes (default: "
-                        "c.MIGSettings.ledger_url of --config-dir, else "
-                        "mig_spawner_ledger.sqlite beside the hub's database)")
     p = _read_only_command(
         sub, "doctor", cmd_doctor,
         "check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
@@ -239,9 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "catalog differs (never changes anything)")
     p.add_argument("--model", metavar="KEY", help="only this catalog model (e.g. h200)")
 
-    report.add_parser(sub, _add_gpu_options)
-    budget.add_parser(sub, _add_gpu_options)
-    layout.add_parser(sub, _add_gpu_options)
+    report.add_parser(sub, add_global_options)
+    budget.add_parser(sub, add_global_options)
+    layout.add_parser(sub, add_global_options)
     demo.add_parser(sub)
     return parser
 

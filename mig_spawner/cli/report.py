@@ -68,20 +68,16 @@ def ledger_url(args: argparse.Namespace) -> str:
     return MIGSettings(config=config).ledger_location(hub_db_url(config))
 
 
-def add_parser(sub: argparse._SubParsersAction, add_gpu_options: Callable) -> None:
-    """Register ``report`` on the ``mig-spawner`` parser (``add_gpu_options``: main's
-    ``--simulate``/``--sim-state``, for the current layout)."""
+def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) -> None:
+    """Register ``report`` on the ``mig-spawner`` parser (``add_global_options``: main's
+    global options: the hub's config, the GPUs for the current layout, the ledger)."""
     p = sub.add_parser(
         "report",
         help="usage per MIG profile and group from the ledger; --advise proposes a layout",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_gpu_options(p)
-    p.add_argument("--ledger-url", metavar="URL",
-                   help="SQLAlchemy URL of the lease ledger (default: c.MIGSettings.ledger_url "
-                        "of --config-dir, else mig_spawner_ledger.sqlite beside the hub's "
-                        "database, else in this directory)"),
+    add_global_options(p)
     p.add_argument("--since", default=DEFAULT_WINDOW, metavar="WHEN",
                    help="start of the window: a date (2026-11-01) or a duration back from "
                         f"now (default: {DEFAULT_WINDOW})")
