@@ -412,3 +412,38 @@ def test_the_forms_hint_judges_the_size_it_preselects(tmp_path):
         # Preselected a size never used: the hint is about the latest session's size.
         assert hint("ann", "large") == hint("ann", "medium")
         assert hint("bo", "medium") is None  # no history
+
+
+def test_the_form_and_the_report_judge_the_same_sessions(tmp_path):
+    """A running session has not reached its peak: the report left it out of nothing, so
+    that with two ended sessions and a running one it judged medium over-sized where the
+    form's hint, which skipped it, said nothing. Both now ask judge() alone."""
+    import asyncio
+
+    from mig_spawner.core.catalog import model
+    from mig_spawner.report.rightsize import rightsize_rows
+    from mig_spawner.spawner.rightsize import form_hint
+    from tests.mocking import Clock
+
+
+    mine = policy(students={"allowed": ["small", "medium"]}).for_user(["students"])
+    clock = Clock(T0)
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}", clock=clock) as ledger:
+        seed_sessions(ledger, lambda: clock.advance(hours=1), "ann", "students", "2g.35gb", 0,
+                      [9, 7])
+        running = ledger.claim(LeaseRequest("ann", ""), lambda view: Grant(
+            group="students", profile="2g.35gb", compute_slices=2, mode="pool", host="h",
+            gpu_uuid="GPU-past", gpu_index=0, start=0, size=2, mig_uuid="MIG-now"))
+        for sample in usage_samples(clock.now, 8, 32):
+            ledger.record_samples({running.id: sample})
+        leases = ledger.history(user="ann")
+        usage = ledger.usage(x.id for x in leases)
+
+        async def run(work):
+            return work()
+
+        hint = asyncio.run(form_hint(run, lambda: ledger, "ann", mine, [model("h200")],
+                                     "medium", RightsizeRule()))
+    (row,) = [r for r in rightsize_rows(leases, usage, RightsizeRule()) if r.who == "user"]
+    assert hint is None  # 2 ended sessions of the 3 needed
+    assert (row.verdict, row.measured, row.sessions) == (Verdict.TOO_FEW, 2, 3)

@@ -124,10 +124,12 @@ class Size:
 
 @dataclass(frozen=True)
 class Session:
-    """One past lease on size ``key``, with what its samples say (``None``: none)."""
+    """One lease on size ``key``, with what its samples say (``None``: none);
+    ``running``: it still holds its slice, so its peak so far is not its peak."""
 
     key: str
     usage: Usage | None
+    running: bool = False
 
 
 class Verdict(StrEnum):
@@ -171,13 +173,15 @@ def judge(sessions: Sequence[Session], key: str, sizes: Sequence[Size],
     """The verdict on size ``key`` from ``sessions`` (newest first; those on other sizes
     are ignored) among the ``sizes`` that could be picked instead.
 
-    Only sessions with at least ``rule.min_samples`` samples count; of them the newest
-    ``rule.recent`` are judged, and fewer than ``rule.min_sessions`` give TOO_FEW.
+    Only sessions that ended with at least ``rule.min_samples`` samples count (one
+    still running has not reached its peak yet); of them the newest ``rule.recent`` are
+    judged, and fewer than ``rule.min_sessions`` give TOO_FEW. The spawn form's hint
+    and ``report --rightsize`` both pass every session and leave the choice to this.
     Under-sized (LARGER) wins over over-sized: a slice that was full once is not
     offered smaller. A verdict with no size to move to is FITS.
     """
-    measured = [s.usage for s in sessions if s.key == key and s.usage is not None
-                and s.usage.samples >= rule.min_samples][: rule.recent]
+    measured = [s.usage for s in sessions if s.key == key and not s.running
+                and s.usage is not None and s.usage.samples >= rule.min_samples][: rule.recent]
     if len(measured) < rule.min_sessions:
         return Judgement(key, Verdict.TOO_FEW, len(measured), rule.min_sessions)
     peak = max(u.peak_mib for u in measured)

@@ -2,7 +2,9 @@
 usage by purpose.
 
 Every verdict comes from :func:`mig_spawner.core.rightsize.judge` on the measured
-sessions (leases with usage samples) of one user, or one group, on one profile; the
+sessions (leases that ended, with usage samples) of one user, or one group, on one
+profile, as the spawn form's hint judges them (a session still running is left out by
+``judge`` for both); the
 sizes to move to are the profiles of the same GPU model in the catalog (its ``+me``
 variants left out). Sessions without samples are never guessed from: too few measured
 ones give a line that says so.
@@ -70,7 +72,7 @@ def rightsize_rows(leases: Iterable[Lease], usage: Mapping[str, Usage],
     newest = sorted(leases, key=lambda x: x.claimed_at, reverse=True)
     by: dict[tuple[str, str, str], list[Session]] = {}
     for lease in newest:
-        session = Session(lease.profile, usage.get(lease.id))
+        session = Session(lease.profile, usage.get(lease.id), lease.held)
         by.setdefault(("user", lease.user, lease.profile), []).append(session)
         by.setdefault(("group", lease.group, lease.profile), []).append(session)
     rows = []
