@@ -1,4 +1,5 @@
-"""The spawner's side of waiting that needs no hub: the start timeout from the grant.
+"""The spawner's side of waiting that needs no hub: the start timeout from the grant,
+and who joins the line at all.
 
 The rest (join, grant on release, places, cancel, max_wait, restart) runs on a real
 hub in tests/test_hub_waiting.py.
@@ -12,8 +13,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from traitlets.config import Config
 
+from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.ledger import Ledger
+from mig_spawner.spawner import LocalMIGSpawner, waiting
 from mig_spawner.spawner.waiting import within_start_timeout
+from tests.mocking import User
 
 
 def _spawner(configured: int, raised: int, granted_ago: float | None) -> SimpleNamespace:
@@ -40,3 +46,52 @@ async def test_after_a_wait_the_start_timeout_counts_from_the_grant(caplog):
 async def test_a_start_that_never_waited_keeps_the_hubs_own_timeout():
     spawner = _spawner(configured=60, raised=60, granted_ago=None)
     assert await within_start_timeout(spawner, asyncio.sleep(0, "url")) == "url"
+
+
+def _local(tmp_path, name: str, mode: str, sim: str) -> LocalMIGSpawner:
+    c = Config()
+    c.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    c.MIGSettings.simulate = sim
+    c.MIGSettings.sim_state_file = str(tmp_path / "sim.json")
+    c.LocalMIGSpawner.mig_mode = mode
+    c.MIGPolicyConfig.group_policies = {"crowd": {
+        "allowed": ["1g.18gb", "3g.71gb"], "max_slices_per_user": 2, "queue": True,
+        "max_wait": "1h"}}
+    spawner = LocalMIGSpawner(config=c, user=User(name, ["crowd"]))
+    spawner.hub = SimpleNamespace(base_url="/hub/")  # for the wait's "free instead" link
+    return spawner
+
+
+async def _claim(spawner: LocalMIGSpawner, key: str):
+    mine = spawner.user_policy(spawner.policies())
+    lease, _plan = await waiting.claim(spawner, mine.offer(key), mine)
+    return lease
+
+
+@pytest.mark.parametrize(("mode", "sim", "joins"), [
+    ("pool", "h200x1:layout=3g.71gb,1g.18gb*2", False),
+    # Dynamic mode carves every size from one room: a small claim takes the large
+    # waiter's room, so it joins the line (and the order rule may pass the waiter over).
+    ("dynamic", "h200x1", True),
+])
+async def test_a_claim_joins_the_line_only_when_someone_waits_for_what_it_takes(
+        tmp_path, mode, sim, joins):
+    """ana waits for a 3g.71gb: bo holds one (and, in dynamic mode, dan a 1g.18gb where
+    the second would go). cy asks for a 1g.18gb, free: in pool mode no waiter can use
+    it, so he starts at once and no wait is recorded for him (the report counted such
+    starts as waits, of a second or so)."""
+    SimulatedHost.from_spec(sim, tmp_path / "sim.json")
+    await _claim(_local(tmp_path, "bo", mode, sim), "3g.71gb")
+    if mode == "dynamic":
+        await _claim(_local(tmp_path, "dan", mode, sim), "1g.18gb")
+    waiter = asyncio.ensure_future(_claim(_local(tmp_path, "ana", mode, sim), "3g.71gb"))
+    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        while not ledger.waiting():
+            await asyncio.sleep(0.01)
+        lease = await _claim(_local(tmp_path, "cy", mode, sim), "1g.18gb")
+        assert lease.profile == "1g.18gb"
+        since = lease.claimed_at.replace(year=2000)
+        assert [e.user for e in ledger.waits(since)] == (["ana", "cy"] if joins else ["ana"])
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from mig_spawner.core.catalog import GpuModel
+from mig_spawner.core.policy import Offer
+from mig_spawner.core.waitlist import contends
 from mig_spawner.ledger import Decide, Lease
 
 #: Free slices per GPU model key, then per profile name.
@@ -63,6 +65,14 @@ class ClaimPlan:
     wants: Mapping[str, str]
     host: str | None = None
     memory: Callable[[Lease], str | None] = lambda lease: None
+    #: The slice is carved from room other sizes share (dynamic mode), so a waiter for
+    #: any size of the same GPU models competes with it (``core.waitlist.contends``).
+    carved: bool = False
+
+    def contends(self, offer: Offer | None) -> bool:
+        """Whether this claim could take what a waiter for ``offer`` could be served
+        (``None``: an offer the policies no longer have, which may)."""
+        return contends(self.wants, offer.profile_for if offer else None, self.carved)
 
     @property
     def profile(self) -> str | None:

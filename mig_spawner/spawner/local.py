@@ -39,7 +39,7 @@ from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
 from .backend import ClaimPlan, SliceSupply, held_back
-from .decide import free_now, make_decide, wanted_profiles
+from .decide import free_now, make_decide, offer_kind, wanted_profiles
 from .errors import admin_error, spawn_error
 from .isolation import (
     CAPS,
@@ -208,7 +208,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             return gpu_model.profile(lease.profile).memory_text if ok else None
 
         return ClaimPlan(
-            decide, granted, wanted_profiles(offer, index), index.inventory.host, memory
+            decide, granted, wanted_profiles(offer, index), index.inventory.host, memory,
+            carved=offer_kind(offer, self.slice_kind.kind).rules.made_per_lease,
         )
 
     def wait_guard(self) -> StarvationGuard | None:

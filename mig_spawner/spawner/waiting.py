@@ -1,8 +1,10 @@
 """Waiting for a slice inside JupyterHub's own spawn: join, wait in line, start when granted.
 
-The mixin's claim goes through :func:`claim`. With nobody waiting it is a plain claim.
-When no slice is free and the charged group has ``queue`` on, or when others already
-wait (a plain claim would jump their line), the spawn joins the ledger's wait list and
+The mixin's claim goes through :func:`claim`. With nobody waiting for what it could take
+it is a plain claim (``ClaimPlan.contends``: in pool mode a waiter for another size is
+no line of its own). When no slice is free and the charged group has ``queue`` on, or
+when others already wait for what it could take (a plain claim would jump their line),
+the spawn joins the ledger's wait list and
 stays *pending*: its progress events say its place in line, an estimate and what is
 free instead, and it goes on by itself once the grant loop gives it a slice.
 
@@ -579,6 +581,7 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
     def stale_lease() -> Lease | None:
         return runtime.ledger().active_for_server(request.user, request.server_name)
 
+    offers = spawner.policies().offers
     planned: ClaimPlan | None = None
     if plan_here is None:
         # The plan reads the cluster with awaits: a stale lease first, which says more
@@ -598,10 +601,12 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
                 return _FirstTry(None, stale=stale)
             plan = plan_here()
         ledger = runtime.ledger()
-        if ledger.waiting():
-            # Others wait: join the line rather than jump it, unless the claim would be
-            # refused for a reason that waiting does not cure (a spent budget, a quota):
-            # the claim's own check on the ledger's view, writing nothing.
+        if any(plan.contends(offers.get(e.offer)) for e in ledger.waiting()):
+            # Others wait for what this claim could take: join the line rather than jump
+            # it, unless the claim would be refused for a reason that waiting does not
+            # cure (a spent budget, a quota): the claim's own check on the ledger's view,
+            # writing nothing. Waits for sizes it cannot take are no line of its own: it
+            # starts at once, and no wait is recorded for it.
             try:
                 ledger.would_claim(request, plan.decide)
             except Refused as e:

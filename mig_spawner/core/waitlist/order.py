@@ -101,6 +101,23 @@ def group_shares(
     return shares
 
 
+def contends(wants: Mapping[str, str], means: Callable[[str], str | None] | None,
+             carved: bool) -> bool:
+    """Whether a claim for ``wants`` (GPU model key -> the profile it takes there) could
+    take what a waiter could be served, whose offer ``means`` a profile per model key
+    (``None``: its offer is not known any more, so it may contend). With a fixed layout
+    only a slice of the waiter's own profile serves it; where slices are ``carved`` from
+    shared room (dynamic mode), any slice of a GPU model it can use takes its room.
+    A claim nobody contends with starts at once: it jumps nobody's line."""
+    if means is None:
+        return True
+    for model_key, profile in wants.items():
+        theirs = means(model_key)
+        if theirs is not None and (carved or theirs == profile):
+            return True
+    return False
+
+
 def order(waiters: Iterable[Waiter], shares: Mapping[str, float]) -> list[Waiter]:
     """The waiters in the order the rule serves them (see module doc)."""
     return sorted(
