@@ -20,7 +20,7 @@ from mig_spawner.cli.main import main
 from mig_spawner.cli.status import render_text
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Ledger
+from mig_spawner.ledger import LeaseRequest, Ledger
 from tests.support.cli import run_cli
 
 
@@ -421,3 +421,46 @@ def test_the_global_options_are_taken_before_or_after_the_command(tmp_path, wher
     # The same for a command one level deep, given before or after it.
     for argv in (["--simulate", "h200x1", "status"], ["status", "--simulate", "h200x1"]):
         assert "NVIDIA H200" in run_cli(*argv, "--ledger-url", url).stdout
+
+
+DEMO_GPU1 = ("h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb"
+             "+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2")
+
+
+def test_status_right_after_an_apply_shows_the_new_layouts_free_slices(tmp_path):
+    """The demo's GPU 1 re-cut to 2 x 2g.35gb + 3g.71gb while ben holds the 1g.18gb at
+    slice 0: status holds only what is being re-cut (0 and 1), and shows the kept
+    2g.35gb and 3g.71gb free; once ben is gone the next pass makes the new 2g.35gb,
+    and status shows it free, with no hold left."""
+    from mig_spawner.core.policy import build_policy
+    from mig_spawner.spawner.decide import make_decide
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    sim = ["--simulate", DEMO_GPU1, "--sim-state", str(tmp_path / "sim.json"),
+           "--ledger-url", url]
+    SimulatedHost.from_spec(DEMO_GPU1, tmp_path / "sim.json")
+    gpus = connect(simulate=DEMO_GPU1, state_file=str(tmp_path / "sim.json"))
+    mine = build_policy(None, None, {"g": {"allowed": ["1g.18gb"], "max_slices_per_user": 9}}
+                        ).for_user(["g"])
+    with Ledger.open(url) as ledger:
+        leases = [ledger.claim(LeaseRequest(user), make_decide(
+            mine, mine.offer("1g.18gb"), gpus.inventory(), "pool", "pack"))
+            for user in ("a1", "a2", "a3", "a4", "ben")]
+    (ben,) = [x for x in leases if x.gpu_index == 1]
+    assert run_cli("layout", "apply", *sim, "1=2g.35gb*2,3g.71gb").returncode == 0
+
+    def gpu1() -> tuple[list, list]:
+        data = json.loads(run_cli("status", *sim, "--json").stdout)
+        held = {h["mig_uuid"] for h in data["holders"]}
+        free = sorted((d["profile"], d["start"]) for d in data["gpus"][1]["mig_devices"]
+                      if d["uuid"] not in held)
+        return free, data["layout_changes"]
+
+    free, changes = gpu1()
+    assert [c["held_slices"] for c in changes] == [[0, 1]]
+    assert ("2g.35gb", 2) in free and ("3g.71gb", 4) in free
+    with Ledger.open(url) as ledger:
+        ledger.release(ben.id, "stopped")
+    assert run_cli("layout", "apply", *sim, "1=2g.35gb*2,3g.71gb").returncode == 0
+    assert gpu1() == ([("2g.35gb", 0), ("2g.35gb", 2), ("3g.71gb", 4)], [])
+    assert "no new server is given" not in run_cli("status", *sim).stdout
