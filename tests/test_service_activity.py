@@ -167,3 +167,36 @@ async def test_a_warning_stands_while_its_server_cannot_be_read(world):
     after = ledger.get(lease)
     assert (after.warning, after.warning_deadline) == ("server_idle", warned.warning_deadline)
     assert [e.kind for e in ledger.events(lease)] == ["warned"]
+
+
+async def test_a_lease_granted_while_the_sweep_lists_the_hub_is_read_at_its_address(
+        tmp_path, serve_hub, caplog):
+    """A waiter's spawn granted and started after the sweep read the ledger, before it
+    listed the hub: its lease is read again, and the server at its internal address, not
+    through the proxy (where each read counts as the user's activity, and one still
+    starting answers 424)."""
+    now = datetime.now(UTC)
+    state = StandinState.build(1, idle_every=0, kernels_per_server=1, now=now)
+    base = serve_hub(state)
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "kernel_idle_timeout": "1h"}}).build()
+    with Ledger.open(f"sqlite:///{tmp_path}/ledger.sqlite") as ledger:
+        client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+        sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger)
+        read = sweeper._leases
+
+        async def granted_meanwhile() -> list:
+            held = await read()
+            lease = ledger.claim(LeaseRequest("user00000"), lambda view: Grant(
+                group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
+                host="h", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
+                mig_uuid="MIG-0"))
+            ledger.activate(lease.id, server_url=f"{base}/user/user00000/")
+            return held
+
+        sweeper._leases = granted_meanwhile
+        with caplog.at_level("WARNING"):
+            report = await sweeper.sweep()
+    assert report.complete and report.servers == 1
+    assert state.requests.get(("GET", "user"), 0) >= 1  # its kernels were read...
+    assert "records no internal URL" not in caplog.text  # ...at its own address

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ import pytest
 from traitlets.config import Config
 
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Ledger
+from mig_spawner.ledger import Grant, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from mig_spawner.spawner.waiting import within_start_timeout
 from tests.mocking import User
@@ -95,3 +96,50 @@ async def test_a_claim_joins_the_line_only_when_someone_waits_for_what_it_takes(
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back(
+        tmp_path, monkeypatch):
+    """JupyterHub's DELETE of a pending spawn cancels it, waits one second and stops the
+    server, answering 500 ("pending spawn") if the spawn has not ended by then. The
+    cancel ended only after the wait's entry was cancelled in the ledger and a grant
+    that came first was given back, which a loaded host took longer than that for.
+    Here another process's grant commits just before the cancel's transaction, which
+    is held until the cancelled spawn has ended."""
+    sim = "h200x1:layout=3g.71gb,1g.18gb*2"
+    SimulatedHost.from_spec(sim, tmp_path / "sim.json")
+    holder = await _claim(_local(tmp_path, "bo", "pool", sim), "3g.71gb")
+    ana = _local(tmp_path, "ana", "pool", sim)
+    waiter = asyncio.ensure_future(_claim(ana, "3g.71gb"))
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    gate = threading.Event()
+    real_cancel = Ledger.cancel_wait
+
+    def cancel_after_a_grant(self, entry_id, reason, **kw):
+        self.release(holder.id, "stopped")  # the slice service stopped bo's server...
+        [granted] = self.grant_waiting(  # ...and a grant pass elsewhere served ana
+            lambda entry, view: Grant(group="crowd", profile="3g.71gb", compute_slices=3,
+                                      mode="pool", host=holder.host, gpu_uuid=holder.gpu_uuid,
+                                      gpu_index=0, start=holder.start, size=holder.size,
+                                      mig_uuid=holder.mig_uuid),
+            quotas={}, capacity=8).granted
+        assert granted.user == "ana"
+        gate.wait(30)
+        return real_cancel(self, entry_id, reason, **kw)
+
+    with Ledger.open(url) as ledger:
+        while not any("in line" in e["message"] for e in ana.progress_log.events):
+            await asyncio.sleep(0.01)  # told its place: it waits in line
+        monkeypatch.setattr(Ledger, "cancel_wait", cancel_after_a_grant)
+        waiter.cancel()
+        done, _ = await asyncio.wait({waiter}, timeout=10)
+        assert done, "the cancelled spawn waited for the ledger"
+        # JupyterHub's stop polls the server: it waits for the give-back, and does not
+        # take the granted lease for one the hub lost (released as server_exited).
+        polled = asyncio.ensure_future(ana.poll())
+        gate.set()
+        await polled
+        (lease,) = [x for x in ledger.history(user="ana")]
+        assert (lease.state, lease.release_code) == ("released", "cancelled")
+        assert [e.state for e in ledger.waits(lease.claimed_at.replace(year=2000))
+                if e.user == "ana"] == ["granted"]

@@ -125,6 +125,40 @@ class SweepReport:
     error: str | None = None
 
 
+class SweepLeases:
+    """The held leases of one sweep, by server: read at its start, and read once more
+    (at most, the read shared by every server that asks) when a server the hub lists as
+    running has no lease there, or one without its internal URL: the lease of a spawn
+    granted from the wait list while the sweep listed the hub. Without it that server
+    was read through the proxy, each read counted as its user's activity, and one still
+    starting answered 424."""
+
+    def __init__(self, leases: Iterable[Lease],
+                 read_again: Callable[[], Awaitable[list[Lease]]] | None) -> None:
+        self._by_server = _by_server(leases)
+        self._read_again = read_again
+        self._again: asyncio.Future[dict[tuple[str, str], Lease]] | None = None
+
+    async def of(self, server: HubServer) -> Lease | None:
+        """The lease ``server`` holds, as fresh as the sweep needs it."""
+        lease = self._by_server.get(server.key)
+        if (lease is not None and lease.server_url) or self._read_again is None \
+                or not is_cullable(server):
+            return lease
+        if self._again is None:
+            self._again = asyncio.ensure_future(_by_server_of(self._read_again))
+        return (await asyncio.shield(self._again)).get(server.key, lease)
+
+
+def _by_server(leases: Iterable[Lease]) -> dict[tuple[str, str], Lease]:
+    return {(lease.user, lease.server_name): lease for lease in leases}
+
+
+async def _by_server_of(read: Callable[[], Awaitable[list[Lease]]]
+                        ) -> dict[tuple[str, str], Lease]:
+    return _by_server(await read())
+
+
 class Sweeper:
     """Runs sweeps; keeps between them only the orphan clocks (``missing_since``)."""
 
@@ -260,7 +294,7 @@ class Sweeper:
         Raises :class:`HubError` when the listing fails, after the servers already
         listed have been handled.
         """
-        by_server = {(lease.user, lease.server_name): lease for lease in leases}
+        found = SweepLeases(leases, self._held_now if self.ledger is not None else None)
         running: set[tuple[str, str]] = set()
         tasks: list[asyncio.Future[None]] = []
         listed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -268,8 +302,8 @@ class Sweeper:
             async for user in self.client.iter_users(state="active"):
                 for server in user.servers:
                     running.add(server.key)
-                    tasks.append(asyncio.ensure_future(self._handle_server(
-                        now, user, server, by_server.get(server.key), report, listed
+                    tasks.append(asyncio.ensure_future(self._handle_found(
+                        now, user, server, found, report, listed
                     )))
         except BaseException:
             listed.set_result(False)
@@ -279,6 +313,17 @@ class Sweeper:
         finally:
             await asyncio.gather(*tasks)
         return running
+
+    async def _handle_found(
+        self, now: datetime, user: HubUser, server: HubServer, found: SweepLeases,
+        report: SweepReport, listed: asyncio.Future[bool],
+    ) -> None:
+        await self._handle_server(now, user, server, await found.of(server), report, listed)
+
+    async def _held_now(self) -> list[Lease]:
+        """The held leases now (:class:`SweepLeases` reads them again)."""
+        assert self.ledger is not None
+        return await asyncio.to_thread(self.ledger.active)
 
     def _error(self, kind: str, message: str, report: SweepReport) -> None:
         self.metrics.errors.labels(kind=kind).inc()

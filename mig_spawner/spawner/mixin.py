@@ -627,10 +627,15 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     # that it ended because it was stopped, not because the server died.
     _stopping = False
 
+    #: The ending of the wait this server's last spawn left (``waiting.claim``).
+    wait_ending: asyncio.Future | None = None
+
     async def poll(self) -> int | None:
         status = await super().poll()
         if status is None:
             return None
+        # A cancelled wait's grant is given back as cancelled, not found here as lost.
+        await waiting.wait_ended(self)
         if self.lease_id is None and not self._spawn_pending:
             # A hub killed before it saved this server's state (pid, lease id) polls it
             # after its restart as "stopped while the Hub was down": the lease, and
@@ -656,6 +661,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return status
 
     async def stop(self, now: bool = False) -> None:
+        await waiting.wait_ended(self)
         self._stopping = True
         try:
             await super().stop(now=now)

@@ -30,7 +30,9 @@ group's ``max_wait`` for a spawn that may wait; the wait itself ends at ``max_wa
 server's start to the configured ``start_timeout`` again.
 
 A JupyterHub cancel of the pending spawn (stop, or DELETE on the server) cancels the
-task: the entry is cancelled, and a slice granted in the same instant is given back.
+task, which ends at once: the entry is cancelled in the background, and a slice granted
+in the same instant is given back (the server's poll, stop and next start wait for
+that).
 Entries left ``waiting`` by an earlier hub process (killed or restarted) are ended
 ``abandoned`` when this process first opens the wait list: JupyterHub does not resume
 a pending spawn after a restart, so nobody would ever start them.
@@ -519,7 +521,7 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     """
     runtime = spawner.runtime
     grant_loop = loop_for(runtime)
-    await grant_loop.clear_ghosts()
+    await asyncio.gather(grant_loop.clear_ghosts(), wait_ended(spawner))
     request = LeaseRequest(spawner.user.name, spawner.name or "")
     group = charged_group(mine, offer)
     queue = group is not None and group.queue
@@ -548,18 +550,42 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     joined = time.perf_counter()
     try:
         return await _wait(spawner, ticket, queue), ticket.plan
-    except BaseException:
-        # Cancelled by JupyterHub (stop, start_timeout) or refused: end the entry; a
-        # grant that won the race is this server's to give back.
-        ended = await asyncio.shield(runtime.run(
-            lambda: runtime.ledger().cancel_wait(entry.id, "cancelled by the user")))
-        if ended is not None and ended.state == "granted" and ended.lease_id:
-            spawner.lease_id = ended.lease_id
-            await spawner._release(ReleaseCode.CANCELLED, "while waiting")
+    except BaseException as e:
+        # Cancelled by JupyterHub (stop, DELETE, start_timeout) or refused: end the
+        # entry; a grant that won the race is this server's to give back. A cancel
+        # returns at once and the entry ends in the background: JupyterHub's DELETE of
+        # a pending spawn gives the cancel one second, then answers 500 ("pending
+        # spawn") if the spawn still runs, which a give-back on a loaded host overran.
+        ending = spawner.wait_ending = asyncio.ensure_future(_end_wait(spawner, entry.id))
+        if not isinstance(e, asyncio.CancelledError):
+            await asyncio.shield(ending)
         raise
     finally:
         grant_loop.leave(entry.id)
         spawner._in_line = time.perf_counter() - joined
+
+
+async def _end_wait(spawner: MIGSpawnerMixin, entry_id: int) -> None:
+    """End a wait that its spawn left (cancelled or refused); the slice of a grant that
+    came first is given back (code ``cancelled``). The spawner's poll, stop and next
+    start await it (:func:`wait_ended`), so none of them takes that lease for its own."""
+    runtime = spawner.runtime
+    try:
+        ended = await runtime.run(
+            lambda: runtime.ledger().cancel_wait(entry_id, "cancelled by the user"))
+        if ended is not None and ended.state == "granted" and ended.lease_id:
+            spawner.lease_id = ended.lease_id
+            await spawner._release(ReleaseCode.CANCELLED, "while waiting")
+    except Exception as e:  # the next sweep's orphan repair gives such a lease back
+        spawner.log.error("Could not end the wait of %s (entry %d): %s", spawner._log_name,
+                          entry_id, e)
+
+
+async def wait_ended(spawner: MIGSpawnerMixin) -> None:
+    """Until the wait this server's last spawn left has ended (:func:`_end_wait`)."""
+    ending = getattr(spawner, "wait_ending", None)
+    if ending is not None:
+        await asyncio.shield(ending)
 
 
 @dataclass(frozen=True)
