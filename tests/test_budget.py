@@ -425,8 +425,8 @@ def test_the_form_shows_the_budget_left_beside_each_size_and_when_a_spent_one_ca
         budget_line=line)}
     small, whole = choices["1g.18gb"], choices["7g.141gb"]
     assert small.available and small.budget == (
-        "12 of 40 compute-slice-hours left in your group's budget this 7d (1.7 whole-GPU "
-        "hours): this size uses 1 an hour, so about 12h")
+        "12 of 40 compute-slice-hours left in your group's budget in the last 7 days (1.7 "
+        "whole-GPU hours): this size uses 1 an hour, so about 12h")
     assert "this size uses 7 an hour, so about 1h 42m" in whole.budget
     assert whole.available  # 12 left pays the 3.5 a whole GPU needs for 30 minutes
     html = form.render_form(list(choices.values()))
@@ -517,7 +517,7 @@ def test_a_small_budget_is_said_in_minutes_and_seconds_not_as_0_hours():
         "compute slice)")
     assert budget.form_line(g, "ben", 1, spans, [], NOW).startswith(
         "20 compute-slice-seconds of 2 compute-slice-minutes left in your group's budget "
-        "this 10m (2.9 whole-GPU seconds)")
+        "in the last 10 minutes (2.9 whole-GPU seconds)")
     # A server started now keeps its minimum hold aside, and the message says so.
     running = [*spans, Span("team", "ana", 1, at(-2), None)]
     g = group(budget_s=120.0, window=600.0, hold=10.0)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from mig_spawner.core.durations import format_duration
+from mig_spawner.core.durations import format_duration, period_words
 from mig_spawner.core.refusal import Reason, Refused
 
 _US = 1_000_000  # microseconds in a second
@@ -395,8 +395,8 @@ def form_line(group: BudgetPolicy, user: str, compute_slices: int, spans: Iterab
     whose = "your own budget" if low.limit.user is not None else "your group's budget"
     left_text, total = slice_amounts(left, low.amount + low.extra, unit_last=True)
     (whole,) = slice_amounts(left / 7, noun="whole-GPU ")
-    return (f"{left_text} of {total} left in {whose} this "
-            f"{format_duration(group.budget_window)} ({whole}): this size uses "
+    return (f"{left_text} of {total} left in {whose} in the last "
+            f"{period_words(group.budget_window)} ({whole}): this size uses "
             f"{compute_slices} an hour, so about {last}")
 
 

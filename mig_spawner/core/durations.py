@@ -147,3 +147,20 @@ def format_duration(seconds: float | None) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return " ".join(parts) or "0s"
+
+
+#: Units a period is said in, largest first: (seconds, singular, plural).
+_PERIOD_WORDS = ((86400, "day", "days"), (3600, "hour", "hours"), (60, "minute", "minutes"),
+                 (1, "second", "seconds"))
+
+
+def period_words(seconds: float) -> str:
+    """A period as a person says it: ``604800`` -> ``"7 days"``, ``86400`` -> ``"day"``
+    (as in *the last day*), ``5400`` -> ``"90 minutes"``: in the largest unit that
+    divides it, else as :func:`format_duration` writes it."""
+    whole = round(seconds)
+    for size, one, many in _PERIOD_WORDS:
+        if whole and whole % size == 0:
+            count = whole // size
+            return one if count == 1 else f"{count} {many}"
+    return format_duration(seconds)
