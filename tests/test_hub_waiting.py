@@ -34,6 +34,8 @@ playwright = pytest.importorskip("playwright.sync_api")
 IMG = REPO / "docs" / "img"
 
 SIM = "h200x1:layout=1g.18gb*3"
+#: The shipped "small" as the form's heading, and every sentence, names it.
+SMALL = "\u201cSmall: 1 of 7 compute slices\u201d"
 CROWD = [f"u{i}" for i in range(1, 9)]
 VIEWER = "u9"  # in the crowd too, with no server: sees the form's wait-list choice
 EXTRA = """
@@ -147,13 +149,13 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
             # The pending page of the last in line: its place, then the line moving.
             pending = login(browser, hub, "u8")
             pending.goto(f"{hub.url}/hub/spawn-pending/u8")
-            pending.locator("text=/5th in line for a small slice/").first.wait_for(
+            pending.locator(f"text=/5th in line for {SMALL}/").first.wait_for(
                 timeout=15_000)
             pending.screenshot(path=str(IMG / "spawn-pending-wait.png"))
 
             # A release starts the first waiter's server within 2 s.
             hub.stop_server("u1")
-            pending.locator("text=/4th in line for a small slice/").first.wait_for(
+            pending.locator(f"text=/4th in line for {SMALL}/").first.wait_for(
                 timeout=15_000)
         hub.wait_ready("u4")
         released = next(lease for lease in ledger.history(user="u1") if lease.released_at)
@@ -194,7 +196,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert [e.user for e in ledger.waiting()] == ["u5"]
         # ...and a waiter who comes back is told what happened.
         form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").text
-        assert "Your wait for a small slice ended when the hub restarted" in form
+        assert f"Your wait for {SMALL} ended when the hub restarted" in form
         no_double_grant(ledger)
         assert {lease.user for lease in ledger.active()} == {"u2", "u3", "u4"}
         metrics = hub.session.get(f"{hub.url}/hub/metrics", timeout=10).text

@@ -343,7 +343,7 @@ async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_th
     assert terminating is not None and not stopping.done()
     assert len(held(ledger_url)) == 1  # released only once the pod is gone
     other = await make(kube, ledger_url, name="ben").render_options_form()
-    assert "Unavailable: the only large slice is in use right now" in other
+    assert "Unavailable: the only one is in use right now" in other
     await stopping
     assert await kube.pods() == [] and held(ledger_url) == []
     await s.start()

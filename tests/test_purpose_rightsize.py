@@ -407,8 +407,9 @@ def test_the_forms_hint_judges_the_size_it_preselects(tmp_path):
             return asyncio.run(form_hint(run, lambda: ledger, user, mine, [model("h200")],
                                          preselected, RightsizeRule()))
 
-        assert hint("ann", "medium") == (
-            "Your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do.")
+        assert hint("ann", "medium") == (  # the sizes as the form's headings name them
+            "Your last 3 sessions on \u201cmedium\u201d peaked at 9.0 GiB: \u201csmall\u201d "
+            "(16.0 GiB) would do.")
         # Preselected a size never used: the hint is about the latest session's size.
         assert hint("ann", "large") == hint("ann", "medium")
         assert hint("bo", "medium") is None  # no history

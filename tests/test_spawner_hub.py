@@ -27,6 +27,8 @@ from tests.support.polling import until
 pytestmark = pytest.mark.hub
 
 SIM = "h200x1:layout=1g.18gb*7:perm=none+h200x1:layout=1g.18gb*3,2g.35gb,1g.35gb"
+#: The shipped "small" as the form's heading, and every sentence, names it.
+SMALL = "\u201cSmall: 1 of 7 compute slices\u201d"
 
 
 # What the tests add to the shipped snippets besides the simulated GPUs: fast polling.
@@ -91,7 +93,7 @@ def _held(ledger: Ledger) -> dict[str, str]:
 def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus):
     events = _start(hub, "ana", "small")
     messages = [e["message"] for e in events]
-    assert "Reserving a small slice" in messages, messages
+    assert f"Reserving {SMALL}" in messages, messages
     assert any("Reserved 1g.18gb (16.0 GiB) on GPU" in m for m in messages), messages
     assert "Starting your server" in messages
     _start(hub, "mia", "1g.35gb")
@@ -146,14 +148,16 @@ def test_query_and_form_paths_are_validated_too(hub, ledger):
     r = browser.get(f"{hub.url}/hub/spawn/ana", params={"opt-profile": "large"})
     assert r.status_code == 403
     # In a sentence for the person on the page, not advice on what a script sends.
-    assert "Error: Your groups (analysts) are not allowed the large slice." in r.text
+    assert ("Error: Your groups (analysts) are not allowed \u201cLarge: 3 of 7 compute "
+            "slices\u201d.") in r.text
     assert 'name="profile"' in r.text  # the form again, to pick an allowed size
     # A form post (as the browser sends it) with a value the form never offered.
     r = browser.post(
         f"{hub.url}/hub/spawn/ana", params={"_xsrf": hub.xsrf(browser)}, data={"profile": "full"}
     )
     assert r.status_code == 403
-    assert "are not allowed the full slice. Choose one of: small, medium." in r.text
+    assert (f"are not allowed \u201cWhole GPU (one MIG instance)\u201d. Choose one of: {SMALL}, "
+            "\u201cMedium: 2 of 7 compute slices\u201d.") in r.text
     assert hub.server_model("ana") is None
     assert _held(ledger) == {}
 
@@ -192,7 +196,7 @@ def test_the_next_spawn_when_all_are_taken_hears_why(hub, ledger):
         assert "free now: 1g.18gb: 10" in message  # what bob could pick instead
         # The form shows the same: medium disabled, small with its free count.
         form = hub.login("bob").get(f"{hub.url}/hub/spawn/bob").text
-        assert "the only medium slice is in use right now" in form and "10 free now" in form
+        assert "the only one is in use right now" in form and "10 free now" in form
         # ...and one slice per user: ana cannot start a second server's worth.
         assert _held(ledger) == {"ana": "2g.35gb"}
     finally:

@@ -126,7 +126,7 @@ def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
     small, medium = choices
     assert small.free == 3 and small.available
     assert small.facts[0].compute_text == "1/7 of the GPU's compute"
-    assert medium.unavailable == "the only medium slice is in use right now"
+    assert medium.unavailable == "the only one is in use right now"
     html = form.render_form(choices, last="medium")
     radios = _parse(html).radios
     assert [r["value"] for r in radios] == ["small", "medium"]
@@ -136,7 +136,7 @@ def test_form_shows_only_allowed_offers_with_free_counts_and_reasons(analyst):
     # Every radio has a label (keyboard and screen readers) and posts as "profile".
     assert {r["id"] for r in radios} <= _parse(html).labels
     assert {r["name"] for r in radios} == {"profile"}
-    assert "3 free now" in html and "the only medium slice is in use right now" in html
+    assert "3 free now" in html and "the only one is in use right now" in html
 
 
 def test_form_says_when_a_quota_is_used_up(analyst):
@@ -264,7 +264,7 @@ def test_form_tells_no_such_slice_from_all_in_use_and_offers_the_wait_list(analy
     # The only slice of a size is "the only one", not "all 1".
     only = form.build_choices(analyst, [model("h200")], free, lambda offer, c: None,
                               in_use={"1g.18gb": 1}, waits={"small": "0 waiting"})
-    assert only[0].wait == "The only small slice is in use \u2014 join the wait list (0 waiting)"
+    assert only[0].wait == "The only one is in use \u2014 join the wait list (0 waiting)"
     # A quota refusal is never a wait.
     full = form.build_choices(analyst, [model("h200")], free, lambda offer, c: "quota full",
                               in_use={"1g.18gb": 6}, waits={"small": "0 waiting"})

@@ -32,13 +32,26 @@ def test_before_history_exists_the_groups_limits_give_the_range_marked_as_such()
     est = estimate_wait(1, [Holder(age=2 * 3600)], HISTORY[:2], limits=limits)
     assert est is not None and est.from_limits
     assert (est.low, est.high) == (0, 6 * 3600)  # idle limit already past; 6 h to 8 h
-    assert est.said("usually") == "0-6 h by your group's limits (too few past sessions yet)"
+    assert est.said("usually") == "0-6 h by the limits in force (too few past sessions yet)"
     # Second in line: after that release, a fresh hold of 1 h to 8 h.
     second = estimate_wait(2, [Holder(age=2 * 3600)], [], limits=limits)
     assert second is not None and (second.low, second.high) == (3600, 14 * 3600)
     # A holder's own end (max_session_age already set on its lease) still caps it.
     capped = estimate_wait(1, [Holder(age=0, ends_within=1800)], [], limits=limits)
     assert capped is not None and capped.high == 1800
+    # A holder's own idle limit, counted from its last activity, bounds it too: a
+    # 1-day session left idle under a 5-minute limit while others wait goes within 5
+    # minutes, not "0-24 h" (the demo said so of holders idle for minutes).
+    demo = HoldLimits(idle=300, session=24 * 3600)
+    idle = estimate_wait(1, [Holder(age=600, ends_within=24 * 3600 - 600, idle_within=180)],
+                         [], limits=demo)
+    assert idle is not None and (idle.low, idle.high) == (0, 180)
+    assert idle.said("estimated") == "0-3 min by the limits in force (too few past sessions yet)"
+    # Third in line: after the two holders' releases, the first waiter's fresh hold of
+    # 5 min to 1 day.
+    third = estimate_wait(3, [Holder(age=600, idle_within=180), Holder(age=60, idle_within=240)],
+                          [], limits=demo)
+    assert third is not None and (third.low, third.high) == (300, 180 + 24 * 3600)
     # Once history exists, it decides and says "usually".
     known = estimate_wait(1, [Holder(age=5 * MIN)], HISTORY, limits=limits)
     assert known is not None and not known.from_limits

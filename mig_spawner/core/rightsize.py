@@ -12,7 +12,7 @@ docs/analyst-guide.md, "Right-sizing".
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -154,14 +154,15 @@ class Judgement:
     memory_mib: int | None = None
     suggested: Size | None = None
 
-    def sentence(self, whose: str = "your") -> str | None:
+    def sentence(self, whose: str = "your", named: Callable[[str], str] = str) -> str | None:
         """The verdict in one sentence (``None`` for FITS and TOO_FEW):
-        ``"your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do"``."""
+        ``"your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do"``;
+        ``named``: how the sentence names a size's key (the form: its display name)."""
         if self.suggested is None or self.peak_mib is None:
             return None
-        head = (f"{whose} last {self.measured} sessions on {self.key} peaked at "
+        head = (f"{whose} last {self.measured} sessions on {named(self.key)} peaked at "
                 f"{format_gib(self.peak_mib)}")
-        room = f"{self.suggested.key} ({format_gib(self.suggested.memory_mib)})"
+        room = f"{named(self.suggested.key)} ({format_gib(self.suggested.memory_mib)})"
         if self.verdict is Verdict.SMALLER:
             return f"{head}: {room} would do"
         return (f"{head}, the slice's limit of {format_gib(self.memory_mib or 0)}: {room} "

@@ -146,14 +146,15 @@ def build_choices(
             if absent:
                 why = f"no such slice {scope} (ask a hub admin)"
             elif changing:
-                why = "not free for a while: an admin is re-cutting its GPU"
+                why = RECUT
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:
-                why = f"{in_use_text(offer.key, held)} right now"
+                why = f"{in_use_text(held)} right now"
             if not absent and offer.key in waits:
-                busy = in_use_text(offer.key, held).capitalize() if held else "None free"
-                wait = f"{busy} \u2014 join the wait list ({waits[offer.key]})"
+                # An admin's re-cut first: waiting then lasts until it is done.
+                busy = RECUT if changing else in_use_text(held) if held else "none free"
+                wait = f"{busy[0].upper()}{busy[1:]} \u2014 join the wait list ({waits[offer.key]})"
                 why = None
         choices.append(
             Choice(
@@ -174,10 +175,14 @@ def build_choices(
     return choices
 
 
-def in_use_text(key: str, held: int) -> str:
-    """``"the only large slice is in use"``, ``"all 6 in use"``: ``held`` slices of
-    offer ``key``, all of them held."""
-    return f"the only {key} slice is in use" if held == 1 else f"all {held} in use"
+#: A size whose slices an admin's layout change holds (docs/layout.md).
+RECUT = "not free for a while: an admin is re-cutting its GPU"
+
+
+def in_use_text(held: int) -> str:
+    """``"the only one is in use"``, ``"all 6 in use"``: ``held`` slices of a size, all
+    of them held (said under the size's own heading, which names it)."""
+    return "the only one is in use" if held == 1 else f"all {held} in use"
 
 
 def blocked_choices(policy: UserPolicy) -> list[Choice]:

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Bool, Unicode, default
@@ -404,11 +404,14 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             recut=supply.recut,
         )
 
-    def switch_url(self, offer_key: str) -> str:
-        """The hub page that starts this server with ``offer_key`` (the form's query)."""
+    def switch_url(self, offer_key: str, purpose: str | None = None) -> str:
+        """The hub page that starts this server with ``offer_key`` (and ``purpose``, what
+        it was for), as the form's ``?opt-`` query does."""
         server = f"/{quote(self.name)}" if self.name else ""
-        return (f"{self.hub.base_url}spawn/{quote(self.user.name)}{server}"
-                f"?{options.PROFILE}={quote(offer_key)}")
+        query = {f"opt-{options.PROFILE}": offer_key}
+        if purpose:
+            query[f"opt-{PURPOSE}"] = purpose
+        return f"{self.hub.base_url}spawn/{quote(self.user.name)}{server}?{urlencode(query)}"
 
     # --- start ----------------------------------------------------------------------
 
@@ -553,9 +556,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         raise refusal(Reason.PREVIOUS_LEASE, _previous_lease(held or stale))
 
     async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
-        # The choice's key ("small", "1g.35gb") reads well in a sentence; display names
-        # are headings ("Small: 1 of 7 compute slices").
-        self.progress_log.add(10, progress.reserving(offer.key))
+        self.progress_log.add(10, progress.reserving(offer.named))
         tic = time.perf_counter()
         self.claim_plan = None
         try:

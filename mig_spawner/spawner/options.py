@@ -84,6 +84,11 @@ def _example(policy: UserPolicy) -> str:
     return ", ".join(policy.offer_keys) or "none (your groups allow no GPU slice)"
 
 
+def _named(policy: UserPolicy) -> str:
+    """The user's offers as the spawn form's headings name them, for a sentence."""
+    return ", ".join(o.named for o in policy.offers) or "none"
+
+
 def _first(policy: UserPolicy) -> str:
     return policy.offer_keys[0] if policy.offer_keys else "1g.18gb"
 
@@ -129,7 +134,7 @@ def requested_offer(
             "Choose a GPU slice for this server: none was selected.",
         ))
     wrong = say("", f"That is not a GPU slice you can choose here. Choose one of: "
-                    f"{_example(user_policy)}.")
+                    f"{_named(user_policy)}.")
     if not isinstance(value, str):
         raise _invalid(wrong or (
             f"'{PROFILE}' must be one name, not {type(value).__name__} {_short(value)}; "
@@ -147,8 +152,8 @@ def requested_offer(
         raise Refused(Reason.NOT_ALLOWED, say(
             f"{value!r} is not allowed for your groups ({', '.join(user_policy.group_names)}); "
             f"allowed: {_example(user_policy)}",
-            f"Your groups ({', '.join(user_policy.group_names)}) are not allowed the "
-            f"{value} slice. Choose one of: {_example(user_policy)}.",
+            f"Your groups ({', '.join(user_policy.group_names)}) are not allowed "
+            f"{policies.offers[value].named}. Choose one of: {_named(user_policy)}.",
         ))
     meant = offer_key(value)  # the offer a looser reading would have picked
     if meant in policies.offers:

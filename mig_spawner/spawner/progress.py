@@ -4,8 +4,8 @@
 page calls ``Spawner.progress()`` afresh) replays them from the first and then
 follows new ones until the start has finished. The pending page shows the latest
 message as its headline (``templates/hub/spawn_pending.html``), so each message is one
-plain sentence: the size as the user picked it, then the profile and its memory as
-every screen shows them (``1g.18gb``, ``16.8 GiB``).
+plain sentence: the size as the form's heading names it, then the profile and its
+memory as every screen shows them (``1g.18gb``, ``16.8 GiB``).
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ class ProgressLog:
             await changed.wait()
 
 
-def reserving(offer_key: str) -> str:
-    """``"Reserving a small slice"``: the size in the user's words (offer key); a whole
-    GPU is no slice."""
-    return "Reserving a whole GPU" if offer_key == WHOLE_GPU else f"Reserving a {offer_key} slice"
+def reserving(named: str) -> str:
+    """``"Reserving “Small: 1 of 7 compute slices”"``: the size as the form's heading
+    names it (``Offer.named``)."""
+    return f"Reserving {named}"
 
 
 def reserved(profile: str, memory: str | None, where: str) -> str:

@@ -58,5 +58,6 @@ async def form_hint(run: Run, ledger: Callable[[], Ledger], user: str, mine: Use
     if not sessions:
         return None
     key = preselected if any(s.key == preselected for s in sessions) else sessions[0].key
-    text = judge(sessions, key, sizes, rule).sentence("your")
+    names = {offer.key: offer.named for offer in mine.offers}
+    text = judge(sessions, key, sizes, rule).sentence("your", names.__getitem__)
     return None if text is None else text[0].upper() + text[1:] + "."

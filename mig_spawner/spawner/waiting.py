@@ -51,7 +51,8 @@ from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from mig_spawner.core.policy import GroupPolicy, Offer, UserPolicy
+from mig_spawner.core.policy import GroupPolicy, Offer, PolicySet, UserPolicy
+from mig_spawner.core.purpose import PURPOSE
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import (
     FIT_REASONS,
@@ -73,7 +74,7 @@ from mig_spawner.ledger import (
     WaitRequest,
 )
 
-from . import options
+from . import form, options
 from .backend import ClaimPlan, SliceSupply
 from .metrics import ABANDONED_WAITS, CLAIM_DURATION, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
 
@@ -138,8 +139,10 @@ class Ticket:
     plan: ClaimPlan
     position: int | None = None
     estimate: Estimate | None = None
-    #: Keys of the user's other offers free to take now.
-    free: tuple[str, ...] = ()
+    #: The user's other offers free to take now.
+    free: tuple[Offer, ...] = ()
+    #: Slices of its size are held by an admin's layout change (docs/layout.md).
+    recut: bool = False
     #: Its group's budget cannot pay for it now: why, and when it can (it is passed over
     #: until then, and counts as ahead of nobody).
     budget: Refused | None = None
@@ -155,14 +158,15 @@ class Ticket:
         return self._ended.done()
 
     def tell(self, entry: WaitEntry, position: int, estimate: Estimate | None,
-             free: tuple[str, ...], budget: Refused | None = None) -> None:
+             free: tuple[Offer, ...], budget: Refused | None = None,
+             recut: bool = False) -> None:
         """A pass's word: still waiting, at ``position`` (``budget``: but its budget
-        cannot pay for it yet)."""
+        cannot pay for it yet; ``recut``: its size is held by a layout change)."""
         self.entry, self.position, self.estimate, self.free = entry, position, estimate, free
-        self.budget = budget
+        self.budget, self.recut = budget, recut
         self._news.set()
 
-    def end(self, entry: WaitEntry, plan: ClaimPlan, free: tuple[str, ...]) -> None:
+    def end(self, entry: WaitEntry, plan: ClaimPlan, free: tuple[Offer, ...]) -> None:
         """The wait ended (granted, expired, cancelled): resolve the ticket."""
         self.entry, self.plan, self.free = entry, plan, free
         if not self._ended.done():
@@ -295,7 +299,8 @@ class GrantLoop:
         delegate = tickets[0].spawner
         fleet = await delegate.read_fleet()
         plans = {t.entry.id: t.spawner.plan_claim(fleet, t.offer, t.mine) for t in tickets}
-        quotas = {name: g.quota_slices for name, g in delegate.policies().groups.items()}
+        policies = delegate.policies()
+        quotas = {name: g.quota_slices for name, g in policies.groups.items()}
         guard = delegate.wait_guard()
 
         def capacity(held: tuple[Lease, ...]) -> int:
@@ -333,12 +338,13 @@ class GrantLoop:
                 continue
             ticket.plan = plan
             profiles = set(plan.wants.values())
-            holders = [_holder(lease, now) for lease in done.held if lease.profile in profiles]
+            holders = [_holder(lease, now, policies) for lease in done.held
+                       if lease.profile in profiles]
             past = history_for(history, plan.profile or entry.offer, entry.group)
             place = places.get(entry.id, 1)
             limits = HoldLimits.of(charged_group(ticket.mine, ticket.offer))
             ticket.tell(entry, place, estimate_wait(place, holders, past, limits=limits), free,
-                        spent.get(entry.id))
+                        spent.get(entry.id), _recut(ticket, plan, supply))
         WAITERS.clear()
         for entry in done.line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
@@ -372,6 +378,7 @@ class GrantLoop:
         keys = [o for o in mine.offers if may_wait(mine, o)]
         if not keys:
             return {}
+        policies = spawner.policies()
         line, held = await self.runtime.run(
             lambda: (self.runtime.ledger().waiting(), self.runtime.ledger().active()))
         history = await self._holds()
@@ -380,7 +387,8 @@ class GrantLoop:
         for offer in keys:
             ahead = sum(1 for e in line if e.offer == offer.key)
             group = charged_group(mine, offer)
-            holders = [_holder(lease, now) for lease in held if _means(offer, lease.profile)]
+            holders = [_holder(lease, now, policies) for lease in held
+                       if _means(offer, lease.profile)]
             past = history_for([(offer.key, g, seconds) for p, g, seconds in history
                                 if _means(offer, p)], offer.key, group.name if group else "")
             guess = estimate_wait(ahead + 1, holders, past, limits=HoldLimits.of(group))
@@ -426,8 +434,9 @@ async def ended_notice(spawner: MIGSpawnerMixin) -> str | None:
             if e.user == spawner.user.name and e.server_name == (spawner.name or "")]
     if not mine or mine[-1].state != "abandoned":
         return None
-    return (f"Your wait for a {mine[-1].offer} slice ended when the hub restarted; start "
-            "again to join the wait list.")
+    offer = spawner.policies().offers.get(mine[-1].offer)
+    name = offer.named if offer else mine[-1].offer
+    return f"Your wait for {name} ended when the hub restarted; start again to join the wait list."
 
 
 def _held_by_group(held: Iterable[Lease]) -> dict[str, int]:
@@ -441,9 +450,21 @@ def _at_user_limit(mine: UserPolicy, user: str, held: Iterable[Lease]) -> bool:
     return sum(1 for lease in held if lease.user == user) >= mine.max_slices
 
 
-def _holder(lease: Lease, now: datetime) -> Holder:
+def _holder(lease: Lease, now: datetime, policies: PolicySet) -> Holder:
+    """``lease`` as the estimates see it: its age, its session's end, and when its idle
+    limit stops it if nobody uses it from now on (the limit in force while others wait,
+    from its last recorded activity, never before the warning that comes first)."""
     ends = (lease.expires_at - now).total_seconds() if lease.expires_at else None
-    return Holder((now - lease.claimed_at).total_seconds(), ends)
+    group = policies.group(lease.group)
+    limits = HoldLimits.of(group)
+    idle = None
+    if limits is not None and limits.idle is not None:
+        active = lease.last_activity_at or lease.started_at or lease.claimed_at
+        warned = lease.warning_deadline if lease.warning == "server_idle" else None
+        lead = ((warned - now).total_seconds() if warned is not None
+                else group.warn_before or 0.0)
+        idle = max((active - now).total_seconds() + limits.idle, lead)
+    return Holder((now - lease.claimed_at).total_seconds(), ends, idle)
 
 
 _LOOPS: dict[int, GrantLoop] = {}
@@ -680,16 +701,16 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
                     spawner._granted_at - joined)
                 if last is not None:
                     spawner.progress_log.add(WAIT_PROGRESS + 5,
-                                             f"Your turn: a {offer.key} slice was released")
+                                             f"Your turn: a slice of {offer.named} was released")
                 return lease
             if entry.state == "expired":
                 raise Refused(Reason.NONE_FREE, _expired_message(ticket))
-            raise Refused(Reason.NONE_FREE, f"Your wait for a {offer.key} slice ended "
+            raise Refused(Reason.NONE_FREE, f"Your wait for {offer.named} ended "
                           f"({entry.reason or entry.state}); start it again")
         if not queue:
             others = (ticket.position or 1) - 1
             raise Refused(Reason.NONE_FREE,
-                          f"No {offer.key} slice is free right now"
+                          f"None of {offer.named} is free right now"
                           + (f" and {others} spawn(s) wait for one" if others > 0 else "")
                           + "; your group cannot wait for one: try again later")
         message = _place_message(spawner, ticket)
@@ -701,29 +722,39 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
             last = message
 
 
-def _free_instead(ticket: Ticket, supply: SliceSupply) -> tuple[str, ...]:
-    """Keys of the user's other offers that are free to take on ``supply``."""
+def _free_instead(ticket: Ticket, supply: SliceSupply) -> tuple[Offer, ...]:
+    """The user's other offers that are free to take on ``supply``."""
     choices = ticket.spawner.choices_from(ticket.mine, supply)
-    return tuple(c.key for c in choices
-                 if c.key != ticket.offer.key and c.available and c.free)
+    free = {c.key for c in choices if c.key != ticket.offer.key and c.available and c.free}
+    return tuple(o for o in ticket.mine.offers if o.key in free)
+
+
+def _recut(ticket: Ticket, plan: ClaimPlan, supply: SliceSupply) -> bool:
+    """Whether slices of the size ``ticket`` waits for are held by an admin's layout
+    change (docs/layout.md): then it is not free for a while, whatever the estimate."""
+    return any(supply.recut.get(profile, 0) for profile in set(plan.wants.values()))
 
 
 def _place_message(spawner: MIGSpawnerMixin, ticket: Ticket) -> tuple[str, str]:
-    """What the pending page says: place, estimate, and what is free instead (text and
-    HTML, the latter with a link that starts the server with the free offer)."""
+    """What the pending page's headline says: place, estimate, maintenance, and what is
+    free instead (text and HTML, the latter with a link that stops this wait and starts
+    the server with the free offer, keeping its purpose)."""
     place = ticket.position or 1
+    name = ticket.offer.named
     if ticket.budget is not None:
-        text = f"Waiting for a {ticket.offer.key} slice, but {ticket.budget.sentence}"
+        text = f"Waiting for {name}, but {ticket.budget.sentence}"
         return text, escape(text)
     guess = ticket.estimate.said("estimated") if ticket.estimate else "no estimate yet"
-    text = f"{ordinal(place)} in line for a {ticket.offer.key} slice; {guess}"
+    text = f"{ordinal(place)} in line for {name}; " + (
+        f"{form.RECUT} ({guess})" if ticket.recut else guess)
     html = escape(text)
     if ticket.free:
         other = ticket.free[0]
-        text += f". {other} is free now: stop this wait and start with {other} instead"
-        html += (f". {escape(other)} is free now: stop this wait, then "
-                 f'<a href="{escape(spawner.switch_url(other))}">start with {escape(other)} '
-                 "instead</a>")
+        text += f". {other.named} is free now: stop this wait and start with it instead"
+        url = spawner.switch_url(other.key, (spawner.user_options or {}).get(PURPOSE))
+        html += (f". {escape(other.named)} is free now: "
+                 f'<a class="mig-instead" href="{escape(url)}">stop this wait and start with '
+                 "it instead</a>")
     return text, html
 
 
@@ -731,7 +762,7 @@ def _expired_message(ticket: Ticket) -> str:
     entry = ticket.entry
     seconds = (entry.deadline - entry.joined_at).total_seconds() if entry.deadline else 0
     waited = f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
-    instead = (f"{ticket.free[0]} is free now: start with it instead" if ticket.free
+    instead = (f"{ticket.free[0].named} is free now: start with it instead" if ticket.free
                else "try again later")
-    return (f"Waited {waited} (the longest your group may wait) and no "
-            f"{ticket.offer.key} slice was released; {instead}")
+    return (f"Waited {waited} (the longest your group may wait) and no slice of "
+            f"{ticket.offer.named} was released; {instead}")

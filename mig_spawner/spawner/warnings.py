@@ -44,6 +44,9 @@ KEEPS = Counter(
     ["outcome", "reason", "group"],
 )
 
+#: Stops that no Keep puts off: the pages show no "Keep my server" for them.
+CANNOT_KEEP = frozenset({"drain", "budget"})
+
 #: Seconds past its deadline after which a pending warning is no longer shown.
 STALE_AFTER = 60.0
 
@@ -77,6 +80,9 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
         "reason": rule,
         "seconds_left": round(left),
         "deadline": deadline.isoformat(),
+        # The pages offer "Keep my server" only where it can do something: a re-cut's
+        # stop and a spent budget cannot be put off (Keep could only refuse).
+        "keep": rule not in CANNOT_KEEP,
         "message": (
             f"Your server{' ' + lease.server_name if lease.server_name else ''} stops in "
             f"about {_about(left)}: {REASONS.get(rule, rule)}. {keep}"

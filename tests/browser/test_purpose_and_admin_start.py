@@ -118,7 +118,8 @@ def test_a_returning_user_is_told_a_smaller_size_would_do(chromium, hub):
         page.goto(f"{hub.url}/hub/spawn")
         hint = page.locator(".mig-rightsize")
         assert hint.inner_text() == (
-            "Your last 3 sessions on medium peaked at 9.0 GiB: small (16.0 GiB) would do.")
+            "Your last 3 sessions on \u201cMedium: 2 of 7 compute slices\u201d peaked at "
+            "9.0 GiB: \u201cSmall: 1 of 7 compute slices\u201d (16.0 GiB) would do.")
         assert page.locator("#spawn_form [type=submit]").is_enabled()
     # Someone with nothing to choose: Start is off, and the form says why.
     with signed_in(chromium, hub, "zed") as page:

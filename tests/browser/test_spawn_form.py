@@ -71,7 +71,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
         assert medium.is_enabled() and medium.is_checked()
         assert large.is_disabled()
         text = page.locator("#spawn_form").inner_text()
-        assert "2 free now" in text and "the only large slice is in use right now" in text
+        assert "2 free now" in text and "the only one is in use right now" in text
         assert "2/7 of the GPU's compute" in text
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))
@@ -122,7 +122,7 @@ def test_the_pending_page_headline_follows_the_steps(hub):
             assert seen[0] == "Your server is starting up."
             # The hub's own "Server requested" first, then each of the spawner's steps.
             steps = list(dict.fromkeys(seen[1:]))
-            assert steps[-2] == "Reserving a small slice", seen
+            assert steps[-2] == "Reserving \u201cSmall: 1 of 7 compute slices\u201d", seen
             assert reserved.match(steps[-1]), seen
             assert page.locator("#progress-message").is_hidden()  # no second copy
             page.locator("main, #main, body").first.screenshot(path=str(PENDING_SCREENSHOT))

@@ -83,6 +83,13 @@ class Offer:
         return self.kind == "class"
 
     @property
+    def named(self) -> str:
+        """How a sentence a user reads names this offer: its display name, the heading the
+        spawn form shows for it, in quotes (``“Large: 3 of 7 compute slices”``), never
+        its key."""
+        return f"\u201c{self.display_name or self.key}\u201d"
+
+    @property
     def whole(self) -> bool:
         """A whole GPU, not a MIG slice."""
         return self.kind == "gpu"

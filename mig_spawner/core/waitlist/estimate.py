@@ -8,9 +8,11 @@ that ends it (``max_session_age``, or an idle limit already running). A slice re
 to a waiter is then held for a fresh hold time before it frees again. Doing that with
 the lower and with the upper quartile of the hold times gives the range; a wider truth
 is not hidden behind one number. With fewer than :data:`MIN_HISTORY` past holds the
-range comes from the waiting group's own limits instead (:class:`HoldLimits`: a hold
-lasts from the idle limit to ``max_session_age``), marked as such; without a session
-limit either the answer is ``None``: "no estimate yet".
+range comes from the limits instead, marked as such: a hold lasts from the waiting
+group's idle limit to its ``max_session_age`` (:class:`HoldLimits`), and each current
+holder's by its own limits (its session's end, and the idle limit it is under while
+others wait, from its last activity: ``Holder.idle_within``); without a session limit
+either the answer is ``None``: "no estimate yet".
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ _LOW, _HIGH = 0.25, 0.75
 @dataclass(frozen=True)
 class Holder:
     """A lease that holds a slice the line can use: ``age`` seconds since it was claimed,
-    ended at the latest ``ends_within`` seconds from now (``None``: no limit known)."""
+    ended at the latest ``ends_within`` seconds from now (``None``: no limit known), and
+    ``idle_within`` seconds from now by its own idle limit if nobody uses it from now on
+    (the limit in force while others wait, from its last activity; ``None``: none)."""
 
     age: float
     ends_within: float | None = None
+    idle_within: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class Estimate:
         """The estimate in a sentence: ``lead`` and the range from history (``"usually
         5-15 min"``), or the range marked as coming from the group's limits."""
         if self.from_limits:
-            return f"{self.text} by your group's limits (too few past sessions yet)"
+            return f"{self.text} by the limits in force (too few past sessions yet)"
         return f"{lead} {self.text}"
 
     @property
@@ -158,8 +163,17 @@ def estimate_wait(
     if limits is None or limits.session is None:
         return None
     # A hold lasts from the idle limit (a server left unused from its start) to the
-    # session limit: the range's two ends.
+    # session limit: the range's two ends. A holder's own limits bound both: its
+    # session's end, and the idle limit it is under while others wait (a holder left
+    # idle goes then, which is what servers in a queue usually do).
     shortest = min(limits.idle if limits.idle is not None else 0.0, limits.session)
-    low, high = (_nth_release(position, holders, lambda h, d=d: _capped(h, max(d - h.age, 0.0)),
-                              d) for d in (shortest, limits.session))
+
+    def held(holder: Holder, hold: float) -> float:
+        left = max(hold - holder.age, 0.0)
+        if holder.idle_within is not None:
+            left = min(left, max(holder.idle_within, 0.0))
+        return _capped(holder, left)
+
+    low, high = (_nth_release(position, holders, lambda h, d=d: held(h, d), d)
+                 for d in (shortest, limits.session))
     return Estimate(low, high + slack, from_limits=True)

@@ -84,11 +84,14 @@
     }
     const key = warning.reason + "@" + warning.deadline;
     if (shown && shown.key === "answered:" + key) return;
+    // "Keep my server" only where it can do something (a re-cut cannot be put off).
+    const actions = warning.keep ? [
+      {label: "Keep my server", commandId: "mig-spawner:keep", displayType: "accent"},
+    ] : [];
     if (shown && shown.key === key) {
       // The same warning: keep its time left true.
       lab.commands.execute("apputils:update-notification", {
-        id: shown.id, message: warning.message, type: "warning", autoClose: false,
-        actions: [{label: "Keep my server", commandId: "mig-spawner:keep", displayType: "accent"}],
+        id: shown.id, message: warning.message, type: "warning", autoClose: false, actions,
       });
       return;
     }
@@ -96,10 +99,7 @@
       lab.commands.execute("apputils:dismiss-notification", {id: shown.id});
     }
     const id = await lab.commands.execute("apputils:notify", {
-      message: warning.message, type: "warning",
-      options: {autoClose: false, actions: [
-        {label: "Keep my server", commandId: "mig-spawner:keep", displayType: "accent"},
-      ]},
+      message: warning.message, type: "warning", options: {autoClose: false, actions},
     });
     shown = {id, key};
   }
