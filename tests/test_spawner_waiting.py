@@ -143,3 +143,37 @@ async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back
         assert (lease.state, lease.release_code) == ("released", "cancelled")
         assert [e.state for e in ledger.waits(lease.claimed_at.replace(year=2000))
                 if e.user == "ana"] == ["granted"]
+
+
+async def test_a_cancelled_wait_leaves_no_server_record_to_roll_back(tmp_path):
+    """JupyterHub rolls back a session that a request handler leaves dirty when it
+    finishes (BaseHandler.finish). The cancelled start dropped the server's record in
+    the hub's session without committing it, so the next request to finish brought it
+    back: a server "ready" that never started and held no lease, which the slice service
+    read through the proxy (a 424, counted as its user's activity)."""
+    from jupyterhub import orm
+    from sqlalchemy.orm import object_session
+
+    sim = "h200x1:layout=3g.71gb,1g.18gb*2"
+    SimulatedHost.from_spec(sim, tmp_path / "sim.json")
+    await _claim(_local(tmp_path, "bo", "pool", sim), "3g.71gb")
+    hub_db = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    db = orm.new_session_factory(hub_db)()
+    record = orm.Spawner(user=orm.User(name="ana"), name="", server=orm.Server())
+    db.add(record)
+    db.commit()
+    ana = _local(tmp_path, "ana", "pool", sim)
+    ana.orm_spawner = record
+    ana.user_options = {"profile": "3g.71gb"}
+    start = asyncio.ensure_future(ana.start())
+    while not any("in line" in e["message"] for e in ana.progress_log.events):
+        await asyncio.sleep(0.01)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert not object_session(record).dirty  # nothing a rollback could bring back
+    db.rollback()
+    assert ana.server is None and record.server is None
+    fresh = orm.new_session_factory(hub_db)()
+    assert fresh.query(orm.Server).count() == 0
+    await waiting.wait_ended(ana)

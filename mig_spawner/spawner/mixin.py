@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlencode, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
+from sqlalchemy.orm import object_session
 from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
@@ -498,6 +499,13 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             # on a server that is not there. Without the record it is a cancelled spawn.
             self.log.info("Start of %s cancelled", self._log_name)
             self.server = None
+            # Written at once: the next request handler that finishes with the hub's
+            # session dirty rolls it back (JupyterHub's BaseHandler.finish), which brought
+            # the record back, and with it a "ready" server that never started, which
+            # the slice service then read through the proxy (a 424, counted as activity).
+            session = object_session(self.orm_spawner) if self.orm_spawner else None
+            if session is not None:
+                session.commit()
             raise
         finally:
             self.progress_log.finish()
