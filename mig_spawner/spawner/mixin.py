@@ -181,7 +181,22 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     def _apply_options(self, sent: Any) -> None:
         """JupyterHub's ``apply_user_options``: a start that names no slice (an admin's
         "Start Server" or "Start All", a REST spawn without options) gets the user's
-        default offer, or is refused naming the missing choice; then validate."""
+        default offer, or is refused naming the missing choice; then validate.
+
+        A refusal is raised from :meth:`run_pre_spawn_hook`, which JupyterHub calls next:
+        JupyterHub logs every error of ``apply_user_options`` with a traceback, where an
+        expected refusal is one line ("Not starting ...: <reason>"), and the API answers
+        it alike (the admin page shows it)."""
+        self._refused_options = None
+        try:
+            self._default_and_validate(sent)
+        except SpawnException as e:
+            self._refused_options = e
+
+    #: A refusal of the options JupyterHub applied (:meth:`_apply_options`), not raised yet.
+    _refused_options: SpawnException | None = None
+
+    def _default_and_validate(self, sent: Any) -> None:
         mine = self.user_policy(self.policies())
         chosen = options.with_default(sent, mine)
         if chosen is not sent:
@@ -467,8 +482,12 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return log
 
     def run_pre_spawn_hook(self) -> Any:
-        """Right before JupyterHub reads ``start_timeout``: let a queued spawn wait
-        (``waiting.allow_wait``), then the admin's ``pre_spawn_hook``."""
+        """Right after JupyterHub applied the options and before it reads
+        ``start_timeout``: refuse options that :meth:`_apply_options` refused, let a
+        queued spawn wait (``waiting.allow_wait``), then the admin's ``pre_spawn_hook``."""
+        refused, self._refused_options = self._refused_options, None
+        if refused is not None:
+            raise refused
         waiting.allow_wait(self)
         return super().run_pre_spawn_hook()
 

@@ -180,7 +180,8 @@ def warning_environment(env: dict[str, str]) -> dict[str, str]:
 
 def configure_hub(c: Any) -> None:
     """Add the warning's endpoints, the hub home page's notice, the pending page's
-    headline (the latest progress step) and the 403 page's scope hint to a hub config
+    headline (the latest progress step), the admin page's reason for a refused start
+    and the 403 page's scope hint to a hub config
     ``c``. mig-spawner's one hub template folder goes first: JupyterHub's own
     templates are the last entry of ``template_paths``, and ours extend them (by their
     ``templates/`` prefix). An admin who wants an own ``home.html`` prepends a folder

@@ -9,7 +9,8 @@ with two small, one medium and one large slice, shared by every case:
   peaked at 9 GiB is told on the form that *small* would do; a user with nothing to
   choose finds Start turned off;
 * an admin's "Start Server" on /hub/admin starts a student's server on the group's
-  ``default_offer``; a group without one is refused with the missing choice named.
+  ``default_offer``; a group without one is refused with the missing choice named, on
+  the admin page too, and without a traceback in the hub's log.
 """
 
 from __future__ import annotations
@@ -134,7 +135,20 @@ def test_an_admins_start_server_gets_the_groups_default_offer(chromium, hub):
         row.get_by_role("button", name="Start Server").click()
         hub.wait_ready("cam", timeout=90)
     assert lease_of(hub, "cam").profile == "1g.18gb"  # students' default: small
-    # A group without a default: the same start is refused, the missing choice named.
+    # A group without a default: the same start is refused, and the admin page says why
+    # (JupyterHub's own alert says only "Failed to start server."), the missing choice
+    # named; the hub logs it in one line, as the refusal it is, with no traceback.
+    with signed_in(chromium, hub, "boss", next_url="/hub/admin") as page:
+        row = page.get_by_role("row").filter(has_text="gil")
+        row.get_by_role("button", name="Start Server").click()
+        reason = page.locator(".mig-admin-refusal")
+        reason.wait_for(timeout=30_000)
+        assert reason.inner_text().startswith(
+            "Could not start gil's server: no GPU slice size was chosen")
+        assert "default_offer" in reason.inner_text()
+    log = hub.log_tail(10**7)
+    assert "Not starting gil's server" in log
+    assert "Exception applying user_options" not in log and "Traceback" not in log
     refused = hub.spawn("gil")
     assert refused.status_code == 400
     message = refused.json()["message"]
