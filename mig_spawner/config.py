@@ -106,8 +106,10 @@ class MIGPolicyConfig(Configurable):
         ``quota_slices`` and ``quota_compute_slices`` (whole group, None = unlimited),
         ``server_idle_timeout``, ``kernel_idle_timeout``, ``max_session_age`` (durations
         such as "30m", "8h", "1h30m"; None or "never" = no limit), ``cull_busy_kernels``
-        (bool, default False), ``priority`` (int, default 0: which group a lease is
-        charged to first, and whose waiters go first), and for the wait list ``queue``
+        (bool, default False), ``cull_connected_kernels`` (bool, default True: the kernel
+        limit applies to kernels a tab is connected to, after a warning), ``priority``
+        (int, default 0: which group a lease is charged to first, and whose waiters go
+        first), and for the wait list ``queue``
         (bool, default False: members may wait when nothing is free), ``max_wait``
         (duration, default "30m"), ``max_waiting_per_user`` (default 1) and
         ``server_idle_timeout_when_waited`` (a shorter idle limit while anyone waits for

@@ -169,6 +169,7 @@ def test_group_settings_and_defaults() -> None:
     assert plain.quota_slices is plain.quota_compute_slices is None
     assert plain.server_idle_timeout is plain.kernel_idle_timeout is plain.max_session_age is None
     assert plain.cull_busy_kernels is False
+    assert plain.cull_connected_kernels is True  # an open tab does not keep an idle kernel
     assert plain.priority == 0
     assert (plain.queue, plain.max_wait, plain.max_waiting_per_user) == (False, 1800, 1)
     assert plain.server_idle_timeout_when_waited is None

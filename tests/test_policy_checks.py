@@ -82,6 +82,9 @@ MAY_BE_ON_PURPOSE = [
     ({"cull_busy_kernels": True},
      "group 'team' has cull_busy_kernels = True but no server_idle_timeout or "
      "kernel_idle_timeout: nothing is culled for idleness, busy or not"),
+    ({"cull_connected_kernels": False},
+     "group 'team' has cull_connected_kernels = False but no kernel_idle_timeout: no "
+     "kernel is shut down for idleness anyway"),
     ({"server_idle_timeout": "8h", "max_session_age": "8h"},
      "group 'team' has server_idle_timeout 8h, but no server runs longer than 8h "
      "(max_session_age): the age limit always stops it first, so this idle limit never acts"),

@@ -54,6 +54,8 @@ GROUP_MISTAKES = [
     ({"kernel_idle_timeout": [5]}, "kernel_idle_timeout: a duration must be a string or a "
                                    "number, got list [5]"),
     ({"cull_busy_kernels": "yes"}, "cull_busy_kernels must be True or False, got 'yes'"),
+    ({"cull_connected_kernels": "no"},
+     "cull_connected_kernels must be True or False, got 'no'"),
     ({"queue": 1}, "queue must be True or False, got 1"),
     ({"max_wait": "30 mins later"}, "max_wait: '30 mins later' is not a duration"),
     ({"max_waiting_per_user": 0}, "max_waiting_per_user must be a whole number, 1 or more, "

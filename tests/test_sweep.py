@@ -93,23 +93,27 @@ SERVER_TABLE = [
 ]
 
 
+KEEP_CONNECTED = replace(LIMITS, cull_connected_kernels=False)
+
 KERNEL_TABLE = [
-    ("idle kernel past limit is shut down", [kernel("idle", 11)], LIMITS, False,
+    ("idle kernel past limit is shut down", [kernel("idle", 11)], LIMITS,
      [(Rule.KERNEL_IDLE, "k1")]),
-    ("idle kernel under limit stays", [kernel("idle", 9)], LIMITS, False, []),
-    ("busy kernel never, by default", [kernel("busy", 60)], LIMITS, False, []),
-    ("busy kernel with cull_busy_kernels", [kernel("busy", 11)], BUSY_OK, False,
+    ("idle kernel under limit stays", [kernel("idle", 9)], LIMITS, []),
+    ("busy kernel never, by default", [kernel("busy", 60)], LIMITS, []),
+    ("busy kernel with cull_busy_kernels", [kernel("busy", 11)], BUSY_OK,
      [(Rule.KERNEL_IDLE, "k1")]),
     ("kernel nobody talked to (still 'starting') past limit",
-     [kernel("starting", 11)], LIMITS, False, [(Rule.KERNEL_IDLE, "k1")]),
-    ("just started kernel stays", [kernel("starting", 1)], LIMITS, False, []),
-    ("connected idle kernel stays by default", [kernel("idle", 11, connections=1)],
-     LIMITS, False, []),
-    ("connected idle kernel with cull_connected_kernels", [kernel("idle", 11, connections=1)],
-     LIMITS, True, [(Rule.KERNEL_IDLE, "k1")]),
-    ("no kernel limit: none shut down", [kernel("idle", 600)], NO_LIMITS, False, []),
+     [kernel("starting", 11)], LIMITS, [(Rule.KERNEL_IDLE, "k1")]),
+    ("just started kernel stays", [kernel("starting", 1)], LIMITS, []),
+    # An open tab does not keep an idle kernel, which holds the slice's memory (with a
+    # lease its user is warned first: test_a_connected_kernel_is_warned_then_shut_down).
+    ("connected idle kernel past limit is shut down too", [kernel("idle", 11, connections=1)],
+     LIMITS, [(Rule.KERNEL_IDLE, "k1")]),
+    ("connected idle kernel stays where the group keeps connected kernels",
+     [kernel("idle", 11, connections=1)], KEEP_CONNECTED, []),
+    ("no kernel limit: none shut down", [kernel("idle", 600)], NO_LIMITS, []),
     ("only the idle one of two",
-     [kernel("idle", 11, kid="old"), kernel("busy", 11, kid="work")], LIMITS, False,
+     [kernel("idle", 11, kid="old"), kernel("busy", 11, kid="work")], LIMITS,
      [(Rule.KERNEL_IDLE, "old")]),
 ]
 
@@ -118,10 +122,10 @@ def outcome(decisions):
     return [(d.rule, d.kernel_id) for d in decisions]
 
 
-def cull(now, srv, group, limits, probe, connected=False, lease=None):
+def cull(now, srv, group, limits, probe, lease=None):
     """What the sweep culls on one server: ``decide_server``'s verdict, then ``decide``."""
     stop = decide_server(now, srv, group, limits, probe, lease)
-    return decide(now, srv, group, limits, probe, stop, connected)
+    return decide(now, srv, group, limits, probe, stop, lease)
 
 
 @pytest.mark.parametrize(("case", "srv", "limits", "probe", "expected"), SERVER_TABLE,
@@ -130,13 +134,48 @@ def test_server_decisions(case, srv, limits, probe, expected):
     assert outcome(cull(NOW, srv, limits.name, limits, probe)) == expected
 
 
-@pytest.mark.parametrize(("case", "kernels", "limits", "connected", "expected"), KERNEL_TABLE,
+@pytest.mark.parametrize(("case", "kernels", "limits", "expected"), KERNEL_TABLE,
                          ids=[row[0] for row in KERNEL_TABLE])
-def test_kernel_decisions(case, kernels, limits, connected, expected):
+def test_kernel_decisions(case, kernels, limits, expected):
     # The server itself is active, so only kernel rules can fire.
     probe = Probe(kernels=tuple(kernels))
-    decisions = cull(NOW, server(active_ago=1), limits.name, limits, probe, connected)
+    decisions = cull(NOW, server(active_ago=1), limits.name, limits, probe)
     assert outcome(decisions) == expected
+
+
+def test_a_connected_kernel_is_warned_then_shut_down():
+    """The kernel limit is 10 min and ``warn_before`` 10 min: a connected kernel's user
+    (the notebook is open) is warned half the kernel limit ahead, at the latest; the
+    kernel goes at the warned time, not before; a Keep counts as using it."""
+    limits = replace(LIMITS, warn_before=10 * MIN)
+    srv = server(active_ago=1)
+    open_idle = Probe(kernels=(kernel("idle", 6, connections=1),))
+    held = leased(60, None)
+    # Idle 6 of 10 min: its stop is 4 min away, within the 5-minute lead: warned.
+    warning = warning_due(NOW, srv, limits, open_idle, held)
+    assert (warning.rule, warning.deadline) == (Rule.KERNEL_IDLE, NOW + timedelta(minutes=5))
+    assert cull(NOW, srv, limits.name, limits, open_idle, held) == []
+    # Past its limit but warned only 2 minutes ago: it stays until the warned time...
+    late = Probe(kernels=(kernel("idle", 11, connections=1),))
+    warned = replace(held, warning=Rule.KERNEL_IDLE.value, warned_at=ago(2),
+                     warning_deadline=NOW + timedelta(minutes=3))
+    assert cull(NOW, srv, limits.name, limits, late, warned) == []
+    # ...and goes then.
+    due = replace(warned, warning_deadline=ago(0.5))
+    assert outcome(cull(NOW, srv, limits.name, limits, late, due)) == [(Rule.KERNEL_IDLE, "k1")]
+    # Keep my server a minute ago: the kernel counts as used then.
+    kept = replace(due, warning=None, warning_deadline=None, kept_at=ago(1))
+    assert cull(NOW, srv, limits.name, limits, late, kept) == []
+    assert warning_due(NOW, srv, limits, late, kept) is None
+    # An unconnected kernel is nobody's open notebook: shut down at its limit, unwarned.
+    alone = Probe(kernels=(kernel("idle", 11),))
+    assert warning_due(NOW, srv, limits, alone, held) is None
+    assert outcome(cull(NOW, srv, limits.name, limits, alone, held)) == [
+        (Rule.KERNEL_IDLE, "k1")]
+    # A group that keeps connected kernels: neither warned nor shut down.
+    keeps = replace(limits, cull_connected_kernels=False)
+    assert warning_due(NOW, srv, keeps, open_idle, held) is None
+    assert cull(NOW, srv, keeps.name, keeps, late, held) == []
 
 
 def test_decision_carries_who_what_and_measured_idle_time():

@@ -162,12 +162,6 @@ class SliceServiceApp(Application):
         jupyterhub-idle-culler: cheaper, but a kernel busy in a long computation
         with no output then looks idle.""",
     ).tag(config=True)
-    cull_connected_kernels = Bool(
-        False,
-        help="""Shut down idle kernels even while a browser tab is connected to them.
-
-        False (the default) keeps a kernel someone has open, however idle.""",
-    ).tag(config=True)
     holder_stop_grace = Finite(
         holder.STOP_GRACE,
         help="""Seconds between SIGTERM and SIGKILL when the service stops a server
@@ -266,10 +260,6 @@ class SliceServiceApp(Application):
         "no-probe": (
             {"SliceServiceApp": {"probe_servers": False}},
             "Judge servers on hub data alone; do not read kernels.",
-        ),
-        "cull-connected-kernels": (
-            {"SliceServiceApp": {"cull_connected_kernels": True}},
-            "Also shut down idle kernels that have a client connected.",
         ),
     }
 
@@ -411,7 +401,6 @@ class SliceServiceApp(Application):
             client, policy, metrics, ledger=ledger, gpus=gpus, layout=layout,
             layout_notice=notice,
             dry_run=self.dry_run, probe_servers=self.probe_servers,
-            cull_connected_kernels=self.cull_connected_kernels,
             orphan_grace=self.orphan_grace if self.release_orphans else float("inf"),
             holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube,
             activity_resolution=activity_resolution(self.slice_idle_after),

@@ -32,9 +32,12 @@ Rules (see docs/culling.md):
   latest (:func:`idle_deadline`). A warning is due only when a deadline that the rules
   would apply is within ``warn_before``; activity or a Keep moves the deadline out of
   reach and the warning is withdrawn, as is one whose stop did not come.
-* ``kernel_idle_timeout``: a kernel with no activity for this long is shut down
-  (its server and slice stay). A busy kernel only with ``cull_busy_kernels``;
-  a kernel with a connected client only with the service's ``cull_connected_kernels``.
+* ``kernel_idle_timeout``: a kernel with no activity for this long (nor a Keep since)
+  is shut down (its server and slice stay). A busy kernel only with
+  ``cull_busy_kernels``. A kernel with a connected client (an open notebook tab) too,
+  unless the group sets ``cull_connected_kernels`` False: it holds the slice's memory
+  however idle; its user is warned first, as of a stop (:func:`kernel_stop_at`), the
+  lead being ``warn_before`` or half the kernel limit, whichever is shorter.
 * GPU work (``gpu_activity_counts``, on by default): a server whose slice ran
   compute processes with SM activity above ``GPU_WORK_SM_SHARE`` (any compute
   process where the GPU has no GPM, or when its processes cannot be read) is
@@ -74,6 +77,8 @@ class CullLimits(Protocol):
     def max_session_age(self) -> float | None: ...
     @property
     def cull_busy_kernels(self) -> bool: ...
+    @property
+    def cull_connected_kernels(self) -> bool: ...
     @property
     def gpu_activity_counts(self) -> bool: ...
     @property
@@ -448,6 +453,9 @@ def warning_due(
     idle = _idle_deadline(now, server, limits, probe, lease)
     if idle is not None and _until(now, idle) <= warn:
         due.append(StopWarning(Rule.SERVER_IDLE, idle))
+    kernel = _kernel_warning(now, limits, probe, lease)
+    if kernel is not None:
+        due.append(kernel)
     return min(due, key=lambda w: w.deadline, default=None)
 
 
@@ -477,28 +485,72 @@ def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) ->
     return busy_ok and (cull_connected or kernel.connections == 0)
 
 
+def kernel_lead(limits: CullLimits) -> float | None:
+    """How long before shutting down a connected kernel its user is warned:
+    ``warn_before``, but at most half the kernel limit (a 2-minute limit with a 3-minute
+    warning would warn at every pause); ``None``: no warning."""
+    limit, warn = limits.kernel_idle_timeout, limits.warn_before
+    return None if warn is None or limit is None else min(warn, limit / 2)
+
+
+def kernel_stop_at(now: datetime, kernel: Kernel, limits: CullLimits, lease: Lease | None,
+                   warns: bool = True) -> datetime | None:
+    """When ``kernel`` is shut down for ``kernel_idle_timeout``, or ``None``: never (no
+    limit, busy, or connected where the group keeps connected kernels). Its activity is
+    its own or the user's last Keep; a connected kernel, whose user has it open, is shut
+    down no sooner than its warning says (:func:`kernel_lead`), as an idle server is
+    (:func:`idle_deadline`); ``warns=False`` (a dry run): not held back for one."""
+    limit = limits.kernel_idle_timeout
+    if limit is None or not kernel_is_cullable(kernel, limits.cull_busy_kernels,
+                                               limits.cull_connected_kernels):
+        return None
+    active = _latest([kernel.last_activity, lease.kept_at if lease else None])
+    if active is None:
+        return None
+    if not kernel.connections or not warns or lease is None:
+        return active + timedelta(seconds=limit)
+    warned = lease.warning_deadline if lease.warning == Rule.KERNEL_IDLE.value else None
+    return idle_deadline(now, active, limit, kernel_lead(limits), warned)
+
+
+def _kernel_warning(now: datetime, limits: CullLimits, probe: Probe | None,
+                    lease: Lease | None) -> StopWarning | None:
+    """The warning of the first connected kernel to be shut down, when it is due within
+    its lead: the user has it open and loses what it holds in memory."""
+    lead = kernel_lead(limits)
+    if lead is None or lease is None or probe is None or not probe.reachable:
+        return None
+    stops = [at for k in probe.kernels if k.connections
+             and (at := kernel_stop_at(now, k, limits, lease)) is not None]
+    first = min(stops, default=None)
+    if first is None or _until(now, first) > lead:
+        return None
+    return StopWarning(Rule.KERNEL_IDLE, first)
+
+
 def decide_kernels(
     now: datetime,
     server: HubServer,
     group: str,
     limits: CullLimits,
     kernels: Sequence[Kernel],
-    cull_connected: bool,
+    lease: Lease | None = None,
+    warns: bool = True,
 ) -> list[Decision]:
-    """The kernels of ``server`` to shut down for ``kernel_idle_timeout``."""
+    """The kernels of ``server`` to shut down for ``kernel_idle_timeout``
+    (:func:`kernel_stop_at`)."""
     limit = limits.kernel_idle_timeout
     if limit is None or not is_cullable(server):
         return []
     decisions = []
     for kernel in kernels:
-        idle = _since(now, kernel.last_activity)
-        if idle is not None and idle >= limit and kernel_is_cullable(
-            kernel, limits.cull_busy_kernels, cull_connected
-        ):
+        stop_at = kernel_stop_at(now, kernel, limits, lease, warns)
+        if stop_at is not None and now >= stop_at:
             decisions.append(
                 Decision(
                     Rule.KERNEL_IDLE, server.user, server.name, group,
-                    idle_seconds=idle, age_seconds=_since(now, server.started),
+                    idle_seconds=_since(now, kernel.last_activity),
+                    age_seconds=_since(now, server.started),
                     limit_seconds=limit, kernel_id=kernel.id,
                 )
             )
@@ -512,16 +564,17 @@ def decide(
     limits: CullLimits,
     probe: Probe | None,
     stop: Decision | None,
-    cull_connected_kernels: bool = False,
+    lease: Lease | None = None,
+    warns: bool = True,
 ) -> list[Decision]:
     """Everything to cull on one server: the server itself (``stop``, the verdict of
     :func:`decide_server` on the same ``probe``, passed in so that it runs once), or
-    else its idle kernels."""
+    else its idle kernels (``lease``: the Keep and the warning they count)."""
     if stop is not None:
         return [stop]
     if probe is None or not probe.reachable:
         return []
-    return decide_kernels(now, server, group, limits, probe.kernels, cull_connected_kernels)
+    return decide_kernels(now, server, group, limits, probe.kernels, lease, warns)
 
 
 def find_orphans(

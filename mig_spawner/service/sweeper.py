@@ -172,7 +172,6 @@ class Sweeper:
         gpus: GpuSource | None = None,
         dry_run: bool = False,
         probe_servers: bool = True,
-        cull_connected_kernels: bool = False,
         orphan_grace: float = 300.0,
         holder_grace: float = holder.STOP_GRACE,
         connect_kube: Callable[[], Awaitable[Any]] | None = None,
@@ -190,7 +189,6 @@ class Sweeper:
         self.gpus = gpus
         self.dry_run = dry_run
         self.probe_servers = probe_servers
-        self.cull_connected_kernels = cull_connected_kernels
         self.orphan_grace = orphan_grace
         self.holder_grace = holder_grace
         # Kubernetes leases' pods are checked through this API (a CoreV1Api), connected
@@ -516,9 +514,7 @@ class Sweeper:
             stop = decide_server(now, server, limits.name, limits, probe, lease, warns)
         await self._record_activity(now, server, limits, lease, probe)
         spent, budget_warns = self.budget_stop(now, server, lease)
-        decisions = decide(
-            now, server, limits.name, limits, probe, stop or spent, self.cull_connected_kernels
-        )
+        decisions = decide(now, server, limits.name, limits, probe, stop or spent, lease, warns)
         if not any(d.stops_server for d in decisions):
             await self._warn(now, server, limits, probe, lease, report, budget_warns)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise

@@ -52,6 +52,7 @@ STALE_AFTER = 60.0
 
 REASONS = {
     "server_idle": "it has not been used for a while",
+    "kernel_idle": "unused for a while; its variables are lost, the server stays",
     "max_session_age": "it reached your group's longest session",
     "budget": "its GPU-hour budget runs out",
     "drain": "an admin is re-cutting its GPU",
@@ -75,6 +76,11 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
         keep = "Keep cannot add hours: save your work."
     else:
         keep = "Save your work, or keep it."
+    what = f"Your server{' ' + lease.server_name if lease.server_name else ''} stops"
+    if rule == "kernel_idle":
+        what = (f"A kernel of your server{' ' + lease.server_name if lease.server_name else ''}"
+                " is shut down")
+        keep = "Use it or keep it."
     return {
         "server": lease.server_name,
         "reason": rule,
@@ -83,10 +89,7 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
         # The pages offer "Keep my server" only where it can do something: a re-cut's
         # stop and a spent budget cannot be put off (Keep could only refuse).
         "keep": rule not in CANNOT_KEEP,
-        "message": (
-            f"Your server{' ' + lease.server_name if lease.server_name else ''} stops in "
-            f"about {_about(left)}: {REASONS.get(rule, rule)}. {keep}"
-        ),
+        "message": f"{what} in about {_about(left)}: {REASONS.get(rule, rule)}. {keep}",
     }
 
 

@@ -163,6 +163,11 @@ def contradiction_warnings(policies: PolicySet) -> list[str]:
                 f"{who} has cull_busy_kernels = True but no server_idle_timeout or "
                 "kernel_idle_timeout: nothing is culled for idleness, busy or not"
             )
+        if not group.cull_connected_kernels and group.kernel_idle_timeout is None:
+            warnings.append(
+                f"{who} has cull_connected_kernels = False but no kernel_idle_timeout: no "
+                "kernel is shut down for idleness anyway"
+            )
         warnings += _idle_beyond_age(group, who)
     return warnings
 

@@ -123,7 +123,9 @@ class GroupPolicy:
     * ``open_tab_counts``: when True, any request to the server (an open JupyterLab
       tab's polling included) counts as activity, as jupyterhub-idle-culler judges it;
     * ``kernel_idle_timeout``: shut down an idle kernel after this long (the server and
-      its slice stay);
+      its slice stay), one that a notebook tab is connected to as well, after a warning
+      (the kernel holds the slice's memory); ``cull_connected_kernels`` False keeps a
+      connected kernel however idle;
     * ``max_session_age``: stop the server once its lease is this old, busy or not;
     * ``cull_busy_kernels``: when True, a kernel that has been executing with no output
       for ``kernel_idle_timeout`` is treated as idle; when False busy kernels are never
@@ -165,6 +167,7 @@ class GroupPolicy:
     kernel_idle_timeout: float | None = None
     max_session_age: float | None = None
     cull_busy_kernels: bool = False
+    cull_connected_kernels: bool = True
     gpu_activity_counts: bool = True
     warn_before: float | None = 600.0
     extend_by: float | None = None
