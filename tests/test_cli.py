@@ -464,3 +464,18 @@ def test_status_right_after_an_apply_shows_the_new_layouts_free_slices(tmp_path)
     assert run_cli("layout", "apply", *sim, "1=2g.35gb*2,3g.71gb").returncode == 0
     assert gpu1() == ([("2g.35gb", 0), ("2g.35gb", 2), ("3g.71gb", 4)], [])
     assert "no new server is given" not in run_cli("status", *sim).stdout
+
+
+def test_doctor_says_how_long_servers_may_take_to_start(tmp_path):
+    """JupyterHub's 30 s http_timeout ended starts on a loaded host: doctor says what
+    the spawner makes of the hub's two timeouts."""
+    (tmp_path / "00-hub.py").write_text("c.Spawner.http_timeout = 30\n"
+                                        "c.Spawner.start_timeout = 60\n")
+    out = run_cli("doctor", "--simulate", "h200x1:layout=1g.18gb*7", "-f", str(tmp_path),
+                  "--json")
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    found = checks["start timeouts"]
+    assert found["status"] == "pass"
+    assert found["detail"].startswith("servers may take 300 s to answer (http_timeout 30 s")
+    assert "started once more on its slice" in found["detail"]
+    assert "JupyterHub's start_timeout becomes 721 s" in found["detail"]

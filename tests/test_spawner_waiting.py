@@ -177,3 +177,33 @@ async def test_a_cancelled_wait_leaves_no_server_record_to_roll_back(tmp_path):
     fresh = orm.new_session_factory(hub_db)()
     assert fresh.query(orm.Server).count() == 0
     await waiting.wait_ended(ana)
+
+
+def test_a_server_may_take_what_the_last_ones_took_and_more_to_answer():
+    from mig_spawner.core.answer import FLOOR, HEADROOM, answer_timeout, start_bound
+
+    # JupyterHub's 30 s is never all: a loaded host took 147 s for 15 starts at once.
+    assert answer_timeout(30, []) == FLOOR == 300
+    assert answer_timeout(600, [5.0]) == 600  # an admin's longer http_timeout stands
+    assert answer_timeout(30, [20.0, 150.0, 40.0]) == HEADROOM * 150 == 450
+    # JupyterHub's start_timeout covers each try's start and answer, and a wait in line.
+    assert start_bound(60, 300, 2) == 721
+    assert start_bound(60, 300, 1, wait=1801) == 2162
+
+
+async def test_jupyterhubs_timeouts_fit_the_answer_wait_and_a_wait_in_line(tmp_path):
+    sim = "h200x1:layout=3g.71gb"
+    ana = _local(tmp_path, "ana", "pool", sim)
+    ana.start_timeout, ana.http_timeout = 60, 30
+    ana.user_options = {"profile": "3g.71gb"}
+    ana.runtime.answers.clear()
+    ana.runtime.answers.extend([12.0, 140.0])
+    waiting.allow_wait(ana)
+    # 3 x 140 s to answer, twice (a second start on the same slice), plus max_wait (1 h).
+    assert ana.http_timeout == 420
+    assert ana.start_timeout == 2 * (60 + 420) + 3600 + 1 + 1
+    # The configured values are what the next spawn starts from.
+    ana.runtime.answers.clear()
+    ana.user_options = {"profile": "7g.141gb"}  # not allowed: start() refuses it later
+    waiting.allow_wait(ana)
+    assert (ana.http_timeout, ana.start_timeout) == (300, 2 * (60 + 300) + 1)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from traitlets import TraitError
 from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
@@ -467,6 +468,39 @@ def config_checks(config: Config) -> list[Check]:
         return checks  # reported by the "hub config" check
     checks += [Check("hub policy", Status.WARN, w, fix) for w in warnings]
     return checks
+
+
+def check_start_timeouts(config: Config) -> Check:
+    """What the hub's spawner makes of JupyterHub's ``start_timeout`` and
+    ``http_timeout``: how long a server may take to answer (``core.answer``), whether a
+    server that does not is started once more on its slice, and the ``start_timeout``
+    JupyterHub then gets (docs/operations.md, "Starting on a loaded host")."""
+    from ..core.answer import FLOOR, HEADROOM, RECENT, answer_timeout, start_bound
+    from ..spawner.local import LocalMIGSpawner
+    from ..spawner.mixin import MIGSpawnerMixin
+    from ..spawner.startup import is_kube
+
+    try:
+        spawner = LocalMIGSpawner(config=config)  # JupyterHub's two settings, as configured
+    except TraitError:
+        return Check("start timeouts", Status.SKIP,
+                     "not checked: a setting is wrong (see hub settings)")
+    tries = MIGSpawnerMixin.answer_tries if is_kube(config) else spawner.answer_tries
+    answer = answer_timeout(spawner.http_timeout, [])
+    again = ("a server that exits or does not answer is started once more on its slice, "
+             "which it keeps" if tries > 1 else "a pod that does not answer is not started "
+             "again (its own restart policy applies)")
+    return Check(
+        "start timeouts", Status.PASS,
+        f"servers may take {answer:.0f} s to answer (http_timeout {spawner.http_timeout} s; "
+        f"at least {FLOOR:.0f} s: 15 servers started at once on a busy 2-core host took "
+        f"147 s; {HEADROOM:g} x the slowest of the last {RECENT} once measured, "
+        "mig_spawner_server_answer_seconds); "
+        f"{again}; JupyterHub's start_timeout becomes "
+        f"{start_bound(spawner.start_timeout, answer, tries)} s (plus max_wait "
+        f"for a spawn that may wait), the server's own start keeping "
+        f"{spawner.start_timeout} s",
+    )
 
 
 #: How a cluster hands out MIG devices (:func:`mig_spawner.kube.dra.served_by`), in words.

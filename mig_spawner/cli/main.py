@@ -184,7 +184,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..device_cgroup import host_support
 
     config = hub_config(args) if args.config_dir else None
-    settings = [] if config is None else doctor.config_checks(config)
+    settings = [] if config is None else [*doctor.config_checks(config),
+                                           doctor.check_start_timeouts(config)]
     try:
         simulated = bool(MIGSettings(config=hub_config(args)).simulate)
     except TraitError:

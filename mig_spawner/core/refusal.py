@@ -50,6 +50,8 @@ class Reason(StrEnum):
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503
+    # The server exited or did not answer, once more on the same slice too.
+    SERVER_START = "server_start", 503
     MIG_BACKEND = "mig_backend", 503
     MIG_CONFIG = "mig_config", 500
     POLICY_CONFIG = "policy_config", 500

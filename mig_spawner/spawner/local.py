@@ -156,6 +156,9 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     #: How this host confines servers (tests stand in other kinds of host).
     host_support = staticmethod(device_cgroup.host_support)
 
+    #: A server that exits or does not answer is started once more on its slice.
+    answer_tries = 2
+
     _configured_cmd: list[str] | None = None
     _join: device_cgroup.CgroupJoin | None = None
     _scope_user: str | None = None

@@ -63,6 +63,12 @@ WAIT_SECONDS = Histogram(
     ["profile", "group"],
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600),
 )
+SERVER_ANSWER = Histogram(
+    "mig_spawner_server_answer_seconds",
+    "Time from a server's start on its slice to its first answer (the spawner waits for "
+    "it: docs/operations.md, 'Starting on a loaded host').",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)
 RELEASE_TO_GRANT = Histogram(
     "mig_spawner_release_to_grant_seconds",
     "Time from the release that freed a slice to its grant to the first waiter.",

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlencode, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
+from jupyterhub.utils import AnyTimeoutError, wait_for_http_server
 from sqlalchemy.orm import object_session
 from traitlets import Bool, Unicode, default
 
@@ -79,6 +80,7 @@ from .metrics import (
     LEASES_CLAIMED,
     LEASES_RELEASED,
     RELEASES_HELD_BACK,
+    SERVER_ANSWER,
     SPAWN_REFUSALS,
 )
 from .progress import ProgressLog
@@ -502,9 +504,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
                 lease = await self.after_claim(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
-                url = await waiting.within_start_timeout(self, super().start())
-                await self._activate(lease, url)
-                return url
+                return await self._start_until_answering(lease)
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
                 self.log.warning("Start of %s failed, giving its slice back", self._log_name)
@@ -528,6 +528,75 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             raise
         finally:
             self.progress_log.finish()
+
+    #: How many times a server that exits or does not answer is started on its slice
+    #: before the start fails (docs/operations.md, "Starting on a loaded host").
+    answer_tries: ClassVar[int] = 1
+
+    async def _start_until_answering(self, lease: Lease) -> Any:
+        """Start the server on its slice and wait for it to answer: JupyterHub gives it
+        ``http_timeout`` (30 s by default) and then stops it, which a loaded host
+        overran. The wait lasts while its process lives, up to ``http_timeout`` as
+        ``allow_wait`` fitted it to the measured answers (``core.answer``). A server
+        that exits or does not answer in time is started once more on the same slice
+        (``answer_tries``), which it keeps meanwhile: it is not given back, nor is a
+        waiter's place lost."""
+        for attempt in range(1, self.answer_tries + 1):
+            tic = time.monotonic()
+            url = await waiting.within_start_timeout(self, super().start())
+            await self._activate(lease, url)
+            failed = await self._until_answering(url, tic)
+            if failed is None:
+                return url
+            self.log.warning("%s %s (start %d of %d on lease %s)", self._log_name, failed,
+                             attempt, self.answer_tries, lease.id)
+            if attempt == self.answer_tries:
+                raise spawn_error(f"Your server {failed}; start it again, or tell a hub "
+                                  "admin if it keeps failing.", Reason.SERVER_START)
+            self.progress_log.add(70, f"Your server {failed}; starting it once more on "
+                                  "the same slice")
+            await self._stop_for_restart()
+            self._granted_at = time.monotonic()  # the start timeout counts from here
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _stop_for_restart(self) -> None:
+        """Stop the server's process, keeping its slice and its token for the next start
+        (the concrete stop polls, which would give the lease back, and clears the
+        token)."""
+        token, self._restarting = self.api_token, True
+        try:
+            await super().stop(now=True)
+        finally:
+            self._restarting = False
+            self.api_token = token
+
+    #: Set while a server that did not answer is stopped to start again on its slice.
+    _restarting = False
+
+    async def _until_answering(self, started: Any, tic: float) -> str | None:
+        """Wait until the server at ``started`` answers, as JupyterHub would check it
+        (``api`` under its URL); ``None`` once it does, else what went wrong. Left to
+        JupyterHub's own check where this cannot reach it (no server record, internal
+        SSL)."""
+        url = self.address_details(started).get("server_url")
+        if url is None or self.internal_ssl:
+            return None
+        bound = self.http_timeout
+        answer = asyncio.ensure_future(wait_for_http_server(url + "api", timeout=bound))
+        try:
+            while not (await asyncio.wait({answer}, timeout=1.0))[0]:
+                if await super().poll() is not None:
+                    return "stopped before it answered"
+            answer.result()
+        except AnyTimeoutError:
+            return f"did not answer within {bound} s"
+        finally:
+            answer.cancel()
+        took = time.monotonic() - tic
+        self.runtime.answers.append(took)
+        SERVER_ANSWER.observe(took)
+        self.log.info("%s answered %.1f s after its start", self._log_name, took)
+        return None
 
     async def _activate(self, lease: Lease, url: Any) -> None:
         """Record the server process in the lease (its holder) and mark it active.
@@ -660,8 +729,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     async def poll(self) -> int | None:
         status = await super().poll()
-        if status is None:
-            return None
+        if status is None or self._restarting:
+            return status
         # A cancelled wait's grant is given back as cancelled, not found here as lost.
         await waiting.wait_ended(self)
         if self.lease_id is None and not self._spawn_pending:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from mig_spawner.core.allocator import SliceIndex
+from mig_spawner.core.answer import RECENT
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.gpu import GpuAdapter, connect
 from mig_spawner.ledger import Ledger
@@ -93,6 +95,8 @@ class SpawnerRuntime:
     )
     _ledger: Ledger | None = None
     _gpu: GpuAdapter | None = None
+    #: Seconds the last servers took to answer after their start (core.answer).
+    answers: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     _demand: tuple[float, dict[str, int]] | None = None
     _opening: threading.Lock = field(default_factory=threading.Lock)
     # The shared GPU reads (see inventory_here()): how many have started, and the last

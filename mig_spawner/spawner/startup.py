@@ -92,7 +92,8 @@ def fleet_of(inventory: Inventory | None) -> list[GpuModel] | None:
     return [model(k) for k in sorted(keys)] or None
 
 
-def _is_kube(config: Config) -> bool:
+def is_kube(config: Config) -> bool:
+    """Whether ``config`` runs the Kubernetes spawner."""
     spawner = str(config.get("JupyterHub", {}).get("spawner_class", ""))
     return spawner == "mig-kube" or "Kube" in spawner
 
@@ -103,7 +104,7 @@ def _checked_classes(config: Config) -> dict[str, type[Configurable]]:
         MIGPolicyConfig, MIGSettings, RightsizeConfig, MIGSpawnerSettings, MIGSpawnerMixin,
         LocalMIGSpawner, SimpleLocalMIGSpawner,
     ]
-    if "KubeMIGSpawner" in config or _is_kube(config):
+    if "KubeMIGSpawner" in config or is_kube(config):
         from .kube import KubeMIGSpawner  # needs kubespawner: only where it is used
 
         classes.append(KubeMIGSpawner)
@@ -278,7 +279,7 @@ def check_hub_config(config: Config) -> PolicySet:
             "will not start.\n" + "\n".join(f"  - {p}" for p in problems)
             + "\nFix the file and start the hub again (docs/admin-install.md)."
         )
-    kube = _is_kube(config)
+    kube = is_kube(config)
     inventory = None if kube else local_inventory(config)
     try:
         policies = MIGPolicyConfig(config=config).build(fleet_of(inventory))

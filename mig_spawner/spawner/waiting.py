@@ -24,10 +24,11 @@ read. Nothing runs per waiter while nothing happens. docs/architecture.md, "Gran
 
 Timeouts (docs/operations.md, "Waiting and start_timeout"): JupyterHub reads
 ``spawner.start_timeout`` once, when it wraps ``start()`` in ``asyncio.wait_for``, after
-``run_pre_spawn_hook``. :func:`allow_wait` (called from there) raises it by the
-group's ``max_wait`` for a spawn that may wait; the wait itself ends at ``max_wait``
-(the entry's deadline), and from the grant on :func:`within_start_timeout` holds the
-server's start to the configured ``start_timeout`` again.
+``run_pre_spawn_hook``. :func:`allow_wait` (called from there) raises it by what
+``start()`` does beyond the backend's start: the wait for the server to answer, and
+the group's ``max_wait`` for a spawn that may wait; the wait itself ends at
+``max_wait`` (the entry's deadline), and from the grant on :func:`within_start_timeout`
+holds the backend's start to the configured ``start_timeout``.
 
 A JupyterHub cancel of the pending spawn (stop, or DELETE on the server) cancels the
 task, which ends at once: the entry is cancelled in the background, and a slice granted
@@ -51,6 +52,7 @@ from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from mig_spawner.core.answer import answer_timeout, start_bound
 from mig_spawner.core.policy import GroupPolicy, Offer, PolicySet, UserPolicy
 from mig_spawner.core.purpose import PURPOSE
 from mig_spawner.core.refusal import Reason, Refused
@@ -482,36 +484,39 @@ def loop_for(runtime: SpawnerRuntime) -> GrantLoop:
 
 
 def allow_wait(spawner: MIGSpawnerMixin) -> None:
-    """Before JupyterHub reads ``start_timeout``: raise it by ``max_wait`` for a spawn
-    that may wait, so the hub's timeout does not end the wait (see the module doc)."""
+    """Before JupyterHub reads ``start_timeout``, which bounds all of ``start()``: raise
+    it to cover what ``start()`` does beyond the backend's start, which
+    :func:`within_start_timeout` holds to the configured ``start_timeout`` itself: the
+    wait for the server to answer (``core.answer``, also JupyterHub's ``http_timeout``
+    now) on each try, and ``max_wait`` for a spawn that may wait (see the module doc)."""
     configured = spawner.__dict__.setdefault("_configured_start_timeout", spawner.start_timeout)
-    spawner.start_timeout = configured
+    http = spawner.__dict__.setdefault("_configured_http_timeout", spawner.http_timeout)
     spawner._granted_at = None
+    answer = answer_timeout(http, spawner.runtime.answers)
+    spawner.http_timeout = int(answer)
+    wait = 0.0
     try:
         policies = spawner.policies()
         mine = spawner.user_policy(policies)
         offer = options.requested_offer(spawner.user_options, mine, policies)
     except Exception:
-        return  # start() refuses it with the reason (and records the refusal once)
-    group = charged_group(mine, offer)
+        offer = None  # start() refuses it with the reason (and records the refusal once)
+    group = charged_group(mine, offer) if offer is not None else None
     if group is not None and group.queue:
-        spawner.start_timeout = int(configured + (group.max_wait or 24 * 3600)
-                                    + DEADLINE_SLACK_SECONDS)
+        wait = (group.max_wait or 24 * 3600) + DEADLINE_SLACK_SECONDS
+    spawner.start_timeout = start_bound(configured, answer, spawner.answer_tries, wait)
 
 
 async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
-    """Await the backend's start, bounded by the configured ``start_timeout`` counted
-    from the grant when JupyterHub's own bound was raised for a possible wait."""
-    configured = spawner.__dict__.get("_configured_start_timeout")
-    if configured is None or spawner.start_timeout == configured:
-        return await start  # JupyterHub's own timeout is the configured one
-    # Raised for a wait (allow_wait); a claim granted at once counts from now.
+    """Await the backend's start, bounded by the configured ``start_timeout``, counted
+    from the grant after a wait (JupyterHub's own bound covers more: :func:`allow_wait`)."""
+    configured = spawner.__dict__.get("_configured_start_timeout", spawner.start_timeout)
     granted = getattr(spawner, "_granted_at", None) or time.monotonic()
-    spawner.start_timeout = configured  # what JupyterHub's timeout message names
     left = configured - (time.monotonic() - granted)
     try:
         return await asyncio.wait_for(start, max(left, 1.0))
     except TimeoutError:
+        spawner.start_timeout = configured  # what JupyterHub's timeout message names
         spawner.log.warning("%s did not start within %ss of its grant", spawner._log_name,
                             configured)
         raise
