@@ -195,7 +195,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert all("restarted" in (e.reason or "") for e in ended.values())
         assert [e.user for e in ledger.waiting()] == ["u5"]
         # ...and a waiter who comes back is told what happened.
-        form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").text
+        form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").content.decode()  # UTF-8
         assert f"Your wait for {SMALL} ended when the hub restarted" in form
         no_double_grant(ledger)
         assert {lease.user for lease in ledger.active()} == {"u2", "u3", "u4"}

@@ -148,8 +148,9 @@ def test_query_and_form_paths_are_validated_too(hub, ledger):
     r = browser.get(f"{hub.url}/hub/spawn/ana", params={"opt-profile": "large"})
     assert r.status_code == 403
     # In a sentence for the person on the page, not advice on what a script sends.
+    # The page is UTF-8 (its meta tag says so; requests would guess Latin-1).
     assert ("Error: Your groups (analysts) are not allowed \u201cLarge: 3 of 7 compute "
-            "slices\u201d.") in r.text
+            "slices\u201d.") in r.content.decode()
     assert 'name="profile"' in r.text  # the form again, to pick an allowed size
     # A form post (as the browser sends it) with a value the form never offered.
     r = browser.post(
@@ -157,7 +158,7 @@ def test_query_and_form_paths_are_validated_too(hub, ledger):
     )
     assert r.status_code == 403
     assert (f"are not allowed \u201cWhole GPU (one MIG instance)\u201d. Choose one of: {SMALL}, "
-            "\u201cMedium: 2 of 7 compute slices\u201d.") in r.text
+            "\u201cMedium: 2 of 7 compute slices\u201d.") in r.content.decode()
     assert hub.server_model("ana") is None
     assert _held(ledger) == {}
 
