@@ -14,13 +14,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from traitlets.config import Config
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from mig_spawner.spawner.waiting import within_start_timeout
-from tests.mocking import User
+from tests.support.polling import until_async
+from tests.support.spawners import make_spawner, mig_config
 
 
 def _spawner(configured: int, raised: int, granted_ago: float | None) -> SimpleNamespace:
@@ -50,17 +50,19 @@ async def test_a_start_that_never_waited_keeps_the_hubs_own_timeout():
 
 
 def _local(tmp_path, name: str, mode: str, sim: str) -> LocalMIGSpawner:
-    c = Config()
-    c.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    c.MIGSettings.simulate = sim
-    c.MIGSettings.sim_state_file = str(tmp_path / "sim.json")
-    c.LocalMIGSpawner.mig_mode = mode
-    c.MIGPolicyConfig.group_policies = {"crowd": {
-        "allowed": ["1g.18gb", "3g.71gb"], "max_slices_per_user": 2, "queue": True,
-        "max_wait": "1h"}}
-    spawner = LocalMIGSpawner(config=c, user=User(name, ["crowd"]))
-    spawner.hub = SimpleNamespace(base_url="/hub/")  # for the wait's "free instead" link
-    return spawner
+    config = mig_config(f"sqlite:///{tmp_path / 'ledger.sqlite'}", sim=sim,
+                        sim_state=tmp_path / "sim.json", policies={"crowd": {
+                            "allowed": ["1g.18gb", "3g.71gb"], "max_slices_per_user": 2,
+                            "queue": True, "max_wait": "1h"}})
+    config.LocalMIGSpawner.mig_mode = mode
+    return make_spawner(config, name, ["crowd"])
+
+
+async def in_line(spawner: LocalMIGSpawner) -> None:
+    """Until ``spawner``'s spawn was told its place: it waits in line."""
+    await until_async(lambda: any("in line" in e["message"]
+                                  for e in spawner.progress_log.events),
+                      30, f"{spawner.user.name} told its place in line")
 
 
 async def _claim(spawner: LocalMIGSpawner, key: str):
@@ -87,8 +89,7 @@ async def test_a_claim_joins_the_line_only_when_someone_waits_for_what_it_takes(
         await _claim(_local(tmp_path, "dan", mode, sim), "1g.18gb")
     waiter = asyncio.ensure_future(_claim(_local(tmp_path, "ana", mode, sim), "3g.71gb"))
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        while not ledger.waiting():
-            await asyncio.sleep(0.01)
+        await until_async(ledger.waiting, 30, "ana in line")
         lease = await _claim(_local(tmp_path, "cy", mode, sim), "1g.18gb")
         assert lease.profile == "1g.18gb"
         since = lease.claimed_at.replace(year=2000)
@@ -128,8 +129,7 @@ async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back
         return real_cancel(self, entry_id, reason, **kw)
 
     with Ledger.open(url) as ledger:
-        while not any("in line" in e["message"] for e in ana.progress_log.events):
-            await asyncio.sleep(0.01)  # told its place: it waits in line
+        await in_line(ana)
         monkeypatch.setattr(Ledger, "cancel_wait", cancel_after_a_grant)
         waiter.cancel()
         done, _ = await asyncio.wait({waiter}, timeout=10)
@@ -166,8 +166,7 @@ async def test_a_cancelled_wait_leaves_no_server_record_to_roll_back(tmp_path):
     ana.orm_spawner = record
     ana.user_options = {"profile": "3g.71gb"}
     start = asyncio.ensure_future(ana.start())
-    while not any("in line" in e["message"] for e in ana.progress_log.events):
-        await asyncio.sleep(0.01)
+    await in_line(ana)
     start.cancel()
     with pytest.raises(asyncio.CancelledError):
         await start

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from traitlets.config import Config
 
 from mig_spawner.core.catalog import model
 from mig_spawner.core.policy import build_policy
@@ -21,7 +20,7 @@ from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, form, waiting
 from mig_spawner.spawner.options import requested_offer
 from mig_spawner.spawner.warnings import notice
-from tests.mocking import User
+from tests.support.spawners import make_spawner, mig_config
 
 CLASSES = {
     "small": {"display_name": "Small: 1 of 7 compute slices", "profiles": {"h200": "1g.18gb"}},
@@ -36,13 +35,10 @@ LARGE = "\u201cLarge: 3 of 7 compute slices\u201d"
 
 @pytest.fixture
 def bea(tmp_path) -> LocalMIGSpawner:
-    c = Config()
-    c.MIGSettings.ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    c.MIGSettings.simulate = "h200x1"
-    c.MIGPolicyConfig.slice_classes = CLASSES
-    c.MIGPolicyConfig.group_policies = GROUPS
-    spawner = LocalMIGSpawner(config=c, user=User("bea", ["crowd"]))
-    spawner.hub = SimpleNamespace(base_url="/hub/")
+    config = mig_config(f"sqlite:///{tmp_path / 'ledger.sqlite'}", sim="h200x1",
+                        policies=GROUPS)
+    config.MIGPolicyConfig.slice_classes = CLASSES
+    spawner = make_spawner(config, "bea", ["crowd"])
     spawner.user_options = {"profile": "large", "purpose": "thesis: chapter 3"}
     return spawner
 

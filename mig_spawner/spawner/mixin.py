@@ -40,7 +40,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from jupyterhub.utils import AnyTimeoutError, wait_for_http_server
-from sqlalchemy.orm import object_session
+from sqlalchemy import inspect
 from traitlets import Bool, Unicode, default
 
 from mig_spawner import holder
@@ -522,9 +522,9 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             # session dirty rolls it back (JupyterHub's BaseHandler.finish), which brought
             # the record back, and with it a "ready" server that never started, which
             # the slice service then read through the proxy (a 424, counted as activity).
-            session = object_session(self.orm_spawner) if self.orm_spawner else None
-            if session is not None:
-                session.commit()
+            record = inspect(self.orm_spawner, raiseerr=False)  # None: not a database row
+            if record is not None and record.session is not None:
+                record.session.commit()
             raise
         finally:
             self.progress_log.finish()
