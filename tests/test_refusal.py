@@ -26,6 +26,7 @@ STATUS = {
     "mig_config": 500,
     "policy_config": 500,
     "isolation": 500,
+    "server_start": 503,
 }
 
 
