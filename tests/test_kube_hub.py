@@ -190,8 +190,8 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
     assert cluster.pod("bob") is None and cluster.pod("nobody") is None
     assert ledger.active() == []
     # Both kept for the usage report, with what was asked for and by which group.
-    until(lambda: len(ledger.refusals()) >= 2, 10, "two refusals recorded")
-    assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals()[-2:]] == [
+    until(lambda: len(ledger.refusals.between()) >= 2, 10, "two refusals recorded")
+    assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals.between()[-2:]] == [
         ("bob", "full", "not_allowed", "analysts"),
         ("nobody", "small", "no_gpu_access", "default"),
     ]

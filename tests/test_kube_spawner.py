@@ -163,10 +163,11 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(kube, ledger_
     with Ledger.open(ledger_url) as ledger:
         # Written on one of the worker threads without waiting: it comes, soon.
         for _ in range(100):
-            if ledger.refusals():
+            if ledger.refusals.between():
                 break
             await asyncio.sleep(0.1)
-        assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals()] == [
+        assert [(r.user, r.offer, r.profile, r.reason, r.group)
+                for r in ledger.refusals.between()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
     assert await kube.pods() == []
 

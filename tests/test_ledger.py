@@ -321,13 +321,13 @@ def test_request_counts_add_recent_leases_and_refusals_per_profile(
     since = clock.now
     ledger.claim(LeaseRequest("a"), first_free)
     ledger.claim(LeaseRequest("b"), lambda view: first_free(view, size=2))
-    ledger.record_refusal(LeaseRequest("c"), offer="2g.20gb", profile="2g.20gb",
+    ledger.refusals.record(LeaseRequest("c"), offer="2g.20gb", profile="2g.20gb",
                           reason="no_capacity", group="physics" * 50)
     # A slice class refused where it means several profiles: no profile to count.
-    ledger.record_refusal(LeaseRequest("d"), offer="small", reason="none_free")
-    assert ledger.request_counts(since) == {"1g.10gb": 1, "2g.20gb": 2}
-    assert ledger.request_counts(T0) == {"1g.10gb": 2, "2g.20gb": 2}
-    assert len(ledger.refusals(since)[0].group) == 255  # kept to the column's size
+    ledger.refusals.record(LeaseRequest("d"), offer="small", reason="none_free")
+    assert ledger.refusals.request_counts(since) == {"1g.10gb": 1, "2g.20gb": 2}
+    assert ledger.refusals.request_counts(T0) == {"1g.10gb": 2, "2g.20gb": 2}
+    assert len(ledger.refusals.between(since)[0].group) == 255  # kept to the column's size
 
 
 def test_invalid_decisions_are_refused_with_what_is_wrong(ledger: Ledger) -> None:
@@ -461,8 +461,8 @@ def test_user_and_server_names_of_300_characters_claim_release_and_refuse(
     user, server = "u" * 300, "s" * 300
     lease = ledger.claim(LeaseRequest(user, server), first_free)
     assert ledger.active_for_server(user, server) == lease
-    ledger.record_refusal(LeaseRequest(user, server), offer="small", reason="none_free")
-    assert [r.user for r in ledger.refusals()] == [user]
+    ledger.refusals.record(LeaseRequest(user, server), offer="small", reason="none_free")
+    assert [r.user for r in ledger.refusals.between()] == [user]
     released = ledger.release(lease.id, "stopped")
     assert (released.user, released.server_name, released.state) == (user, server, "released")
 

@@ -29,6 +29,7 @@ from mig_spawner.ledger import (
     LeaseStateError,
     Ledger,
     WaitRequest,
+    rows,
 )
 from mig_spawner.ledger.engine import create_ledger_engine
 from mig_spawner.ledger.migrate import alembic_config, upgrade
@@ -85,8 +86,8 @@ def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, ne
     lease = lease_in(ledger, old)
     with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
         IllegalTransition, match=f"is {old}; it cannot become {new}"
-    ) as refused, ledger._write() as connection:
-        ledger._move(connection, ledger._lock_lease(connection, lease.id), new)
+    ) as refused, ledger._tx.write() as connection:
+        rows.move(connection, rows.lock_lease(connection, lease.id), new)
     assert isinstance(refused.value, LeaseStateError) and refused.value.lease == lease
     assert ledger.get(lease.id) == lease  # nothing written
     assert f"it cannot become {new}" in caplog.text

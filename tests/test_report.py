@@ -274,15 +274,15 @@ def test_ledger_keeps_refusals_and_the_report_counts_them(tmp_path, capsys):
     record_history(url)
     clock = Clock(at(10.25))
     with Ledger.open(url, clock=clock) as ledger:
-        ledger.record_refusal(LeaseRequest("r3"), offer=BIG, profile=BIG, reason="none_free",
+        ledger.refusals.record(LeaseRequest("r3"), offer=BIG, profile=BIG, reason="none_free",
                               group="research", host="gpu1", message="no 3g.71gb free")
         clock.now = at(10.5)
-        ledger.record_refusal(LeaseRequest("a3", "second"), offer="small",
+        ledger.refusals.record(LeaseRequest("a3", "second"), offer="small",
                               reason="user_limit", group="analysts", message="limit")
-        kept = ledger.refusals(at(10.4))
+        kept = ledger.refusals.between(at(10.4))
         assert [(r.user, r.server_name, r.offer, r.reason) for r in kept] == [
             ("a3", "second", "small", "user_limit")]
-        assert [r.at for r in ledger.refusals(until=at(10.3))] == [at(10.25)]
+        assert [r.at for r in ledger.refusals.between(until=at(10.3))] == [at(10.25)]
     assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
                  "--until", "2026-12-02", "--json"]) == 0
     rows = {(r["profile"], r["group"]): r for r in json.loads(capsys.readouterr().out)["usage"]}
@@ -301,9 +301,9 @@ def test_the_report_keeps_classes_and_profiles_in_their_own_columns(tmp_path, ca
     clock = Clock(at(10.5))
     with Ledger.open(url, clock=clock) as ledger:
         # A class refused before a slice was chosen, and one refused with its profile known.
-        ledger.record_refusal(LeaseRequest("a3"), offer="small", reason="user_limit",
+        ledger.refusals.record(LeaseRequest("a3"), offer="small", reason="user_limit",
                               group="analysts", message="limit")
-        ledger.record_refusal(LeaseRequest("a4"), offer="small", profile=SMALL,
+        ledger.refusals.record(LeaseRequest("a4"), offer="small", profile=SMALL,
                               reason="none_free", group="analysts", message="none free")
     assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
                  "--until", "2026-12-02"]) == 0
@@ -328,7 +328,7 @@ def test_report_opens_the_ledger_read_only(tmp_path, capsys):
         with Ledger.open_existing(url) as ledger:
             assert len(ledger.history()) == 6
             with pytest.raises(LedgerUnavailable, match="readonly"):
-                ledger.record_refusal(LeaseRequest("x"), offer=BIG, reason="none_free")
+                ledger.refusals.record(LeaseRequest("x"), offer=BIG, reason="none_free")
     assert main(["report", "--ledger-url", f"sqlite:///{path}", "--since", "2026-12-01",
                  "--until", "2026-12-02"]) == 0
     assert path.read_bytes() == before

@@ -236,13 +236,14 @@ def test_refused_spawns_are_recorded_and_every_outcome_is_counted(hub, ledger):
     _start(hub, "bob", "small")
     hub.stop_server("bob")
 
-    until(lambda: len(ledger.refusals(since)) == 2, 10, "both refusals recorded",
+    until(lambda: len(ledger.refusals.between(since)) == 2, 10, "both refusals recorded",
           show=hub.log_path)
-    assert [(r.user, r.offer, r.profile, r.reason, r.group) for r in ledger.refusals(since)] == [
+    assert [(r.user, r.offer, r.profile, r.reason, r.group)
+            for r in ledger.refusals.between(since)] == [
         ("bob", "large", None, "not_allowed", "analysts"),
         ("mia", "large", "3g.71gb", "none_free", "ml-team"),
     ]
-    assert "not allowed for your groups" in ledger.refusals(since)[0].message
+    assert "not allowed for your groups" in ledger.refusals.between(since)[0].message
     after = [metric(hub, name, **labels) for name, labels in watched]
     # Two refusals, one grant and one release; three claims were timed (two reached the
     # backend: the not-allowed one was refused before).

@@ -106,7 +106,7 @@ def big_slices_were_asked_for(ledger_url: str, how: str) -> None:
         for i in range(5):
             request = LeaseRequest(f"u{i}")
             if how == "refusals":
-                ledger.record_refusal(request, offer="4g.71gb", profile="4g.71gb",
+                ledger.refusals.record(request, offer="4g.71gb", profile="4g.71gb",
                                       reason="no_capacity")
                 continue
             lease = ledger.claim(request, lambda view: Grant(
@@ -138,7 +138,7 @@ async def test_demand_is_read_once_per_minute_not_per_claim(tmp_path, ledger_url
     big_slices_were_asked_for(ledger_url, "refusals")
     assert await s.runtime.run(s.runtime.demand) == first == {}
     with Ledger.open(ledger_url) as ledger:
-        assert ledger.request_counts(datetime(2026, 1, 1, tzinfo=UTC)) == {"4g.71gb": 5}
+        assert ledger.refusals.request_counts(datetime(2026, 1, 1, tzinfo=UTC)) == {"4g.71gb": 5}
 
 
 async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
@@ -152,7 +152,8 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
             group="analysts", profile="1g.18gb", compute_slices=1, mode="dynamic",
             host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=1))
     since = datetime.now(UTC) - DEMAND_WINDOW
-    before = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
+    refusals = holder.runtime.ledger().refusals
+    before = await holder.runtime.run(lambda: refusals.request_counts(since))
     for i in range(300):
         s = local_spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
         # Half forbidden (1g.35gb is not the analysts'), half over the user's limit.
@@ -161,11 +162,11 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
             await s.start()
     # All kept: refusals are written off the request's path, so wait for the last ones.
     async def all_kept() -> bool:
-        return len(await holder.runtime.run(holder.runtime.ledger().refusals)) >= 300
+        return len(await holder.runtime.run(refusals.between)) >= 300
 
     await until_async(all_kept, 10, "300 refusals recorded", every=0.1)
-    assert len(await holder.runtime.run(holder.runtime.ledger().refusals)) == 300
-    after = await holder.runtime.run(lambda: holder.runtime.ledger().request_counts(since))
+    assert len(await holder.runtime.run(refusals.between)) == 300
+    after = await holder.runtime.run(lambda: refusals.request_counts(since))
     for profile in ("1g.18gb", "1g.35gb"):
         assert after.get(profile, 0) - before.get(profile, 0) <= 1, (profile, before, after)
 

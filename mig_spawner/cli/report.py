@@ -167,7 +167,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         allowed_by = _allowed_by(args.config_dir) if args.advise else {}
         with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
-            refusals = ledger.refusals(since, until)
+            refusals = ledger.refusals.between(since, until)
             waits = wait_rows(ledger.waits(since, until))
             held = ledger.active() if args.advise else []
             measured = ledger.usage(x.id for x in leases) if rule is not None else {}

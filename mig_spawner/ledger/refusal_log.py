@@ -1,24 +1,23 @@
 """Refused spawns, and the request mix that leases and refusals show together.
 
-:class:`RefusalLog` is a part of :class:`~mig_spawner.ledger.store.Ledger`, built with
-the ledger's read and write transactions and its clock; the ledger's
-``record_refusal``, ``refusals`` and ``request_counts`` answer through it. A refusal
-changes no lease: it is written outside any claim transaction and never read by claims.
+:class:`RefusalLog` is the ledger's refusals store (``ledger.refusals``), on the
+ledger's shared transactions and clock. A refusal changes no lease: it is written
+outside any claim transaction and never read by claims.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
-from contextlib import AbstractContextManager
 from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import ColumnElement, Connection, and_, func, insert, select
+from sqlalchemy import ColumnElement, and_, func, insert, select
 
 from .models import leases, refusals
 from .records import LeaseRequest, RefusalRecord, require_aware
+from .transactions import Transactions
 
 T = TypeVar("T")
 
@@ -49,18 +48,11 @@ def once_per_window(
     return kept
 
 
-Transaction = Callable[[], AbstractContextManager[Connection]]
-
-
 class RefusalLog:
     """The ledger's record of refused spawns (see the module docstring)."""
 
-    def __init__(self, read: Transaction, write: Transaction, now: Callable[[], datetime]):
-        """``read``/``write`` open a read or a write transaction on the ledger's
-        database; ``now`` is the ledger's clock."""
-        self._read = read
-        self._write = write
-        self._now = now
+    def __init__(self, tx: Transactions) -> None:
+        self._tx = tx
 
     def record(
         self,
@@ -82,7 +74,7 @@ class RefusalLog:
         if not offer or not reason:
             raise ValueError("a refusal needs the offer asked for and the refusal code")
         record = RefusalRecord(
-            at=self._now(), user=request.user, server_name=request.server_name, offer=offer,
+            at=self._tx.now(), user=request.user, server_name=request.server_name, offer=offer,
             reason=reason, profile=profile, group=group[:_GROUP_MAX] if group else None,
             host=host,
             message=(message or "")[:_MESSAGE_MAX],
@@ -91,7 +83,7 @@ class RefusalLog:
             _REFUSAL_COLUMN_FOR.get(f.name, f.name): getattr(record, f.name)
             for f in fields(RefusalRecord)
         }
-        with self._write() as connection:
+        with self._tx.write() as connection:
             connection.execute(insert(refusals).values(values))
         return record
 
@@ -106,7 +98,7 @@ class RefusalLog:
             where.append(refusals.c.at >= since)
         if until is not None:
             where.append(refusals.c.at <= until)
-        with self._read() as connection:
+        with self._tx.read() as connection:
             rows = connection.execute(
                 select(refusals).where(and_(True, *where)).order_by(refusals.c.at, refusals.c.id)
             )
@@ -137,7 +129,7 @@ class RefusalLog:
             .where(refusals.c.at >= since, refusals.c.profile.is_not(None))
         )
         counts: Counter[str] = Counter()
-        with self._read() as connection:
+        with self._tx.read() as connection:
             for profile, n in connection.execute(granted):
                 counts[profile] += n
             rows = connection.execute(refused).all()

@@ -8,177 +8,70 @@ Callers get frozen ``Lease`` records back, never live ORM rows.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import fields, replace
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
-from uuid import uuid4
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Row,
-    and_,
-    bindparam,
-    delete,
-    func,
-    insert,
-    literal_column,
-    or_,
-    select,
-    type_coerce,
-    update,
-)
-from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, func, insert, or_, select
 
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
-from mig_spawner.core.lifecycle import lease_move_allowed
 from mig_spawner.core.rightsize import Usage, UsageSample, summarize
 
 from . import migrate
-from .changes import (
-    ChangeWatch,
-    MarkChanges,
-    PostgresChanges,
-    SqliteChanges,
-    announce,
-    new_origin,
-)
-from .engine import DEFAULT_URL, create_ledger_engine, lock_claims, prepare_write
-from .errors import (
-    Conflict,
-    DoubleGrant,
-    IllegalTransition,
-    InvalidDecision,
-    LeaseNotFound,
-    LeaseStateError,
-    LedgerMissing,
-    LedgerUnavailable,
-    SchemaError,
-    ServerHasLease,
-)
+from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
+from .engine import DEFAULT_URL, create_ledger_engine, lock_claims
+from .errors import InvalidDecision, LeaseNotFound, LeaseStateError, LedgerMissing, ServerHasLease
 from .layout import LayoutChanges, read_holds
-from .models import (
-    UtcDateTime,
-    budget_grants,
-    layout_changes,
-    lease_events,
-    lease_samples,
-    lease_servers,
-    lease_slots,
-    leases,
-    waits,
-)
+from .models import budget_grants, layout_changes, lease_events, lease_samples, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
     Grant,
-    GrantedSlice,
     KeepResult,
     Lease,
     LeaseEvent,
     LeaseRequest,
     LeaseState,
     LedgerView,
-    RefusalRecord,
     ReleaseCode,
     require_aware,
 )
 from .refusal_log import RefusalLog
+from .rows import (
+    HELD,
+    SERVER_LEASE,
+    HeldLeases,
+    clean_text,
+    first_why,
+    free_slots,
+    held_on,
+    insert_lease,
+    lock_lease,
+    move,
+    new_lease,
+    release_code,
+    released_since,
+    select_leases,
+    to_lease,
+    update,
+)
+from .transactions import Transactions
 from .waitlist import WaitList
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
 Decide = Callable[[LedgerView], Grant]
 
-# Lease field -> column, where the SQL name differs (``user``/``group`` are SQL keywords).
-_COLUMN_FOR = {
-    "user": "user_name",
-    "group": "group_name",
-    "start": "placement_start",
-    "size": "placement_size",
-}
-_FIELDS = tuple(f.name for f in fields(Lease))
-_DETAIL_MAX = leases.c.release_detail.type.length or 255
 log = logging.getLogger(__name__)
 #: Seconds within which another "Keep my server" with no warning pending writes nothing:
 #: a user pressing it again and again is one activity, not a row per press.
 KEEP_RESOLUTION = 60.0
-
-
-#: A lease's columns in the order of its fields: a row of :data:`_SELECT_LEASES` zips
-#: with :data:`_FIELDS` into a Lease without a lookup per column. Times are read as the
-#: naive UTC they are stored as and made aware in :func:`_to_lease`, once per lease
-#: rather than through a Python processor per column and row (a tenth of a claim).
-_COLUMNS = tuple(
-    type_coerce(column, column.type.impl).label(column.name)
-    if isinstance(column.type, UtcDateTime) else column
-    for column in (leases.c[_COLUMN_FOR.get(name, name)] for name in _FIELDS))
-_TIMES = tuple(name for name in _FIELDS
-               if isinstance(leases.c[_COLUMN_FOR.get(name, name)].type, UtcDateTime))
-
-# The statements of the hot paths (claim, activation, release, the stale-lease check),
-# built once with bound parameters. A statement built anew for each call costs SQLAlchemy
-# its construction and a walk for its cache key every time: most of a claim's CPU.
-_SELECT_LEASES = select(*_COLUMNS)
-_BY_CLAIM = (leases.c.claimed_at, leases.c.id)
-#: The held states written into the SQL: they never change, and an IN list of bound
-#: values would be rendered again at every execution.
-_HELD = leases.c.state.in_([literal_column(f"'{state.value}'") for state in HELD_STATES])
-_HELD_LEASES = _SELECT_LEASES.where(_HELD).order_by(*_BY_CLAIM)
-_SERVER_LEASE = _SELECT_LEASES.where(
-    _HELD, leases.c.user_name == bindparam("user"),
-    leases.c.server_name == bindparam("server_name")).order_by(*_BY_CLAIM)
-_LOCK_LEASE = _SELECT_LEASES.where(leases.c.id == bindparam("lease_id")).with_for_update()
-_RELEASED_SINCE = _SELECT_LEASES.where(
-    leases.c.state == LeaseState.RELEASED.value,
-    leases.c.released_at >= bindparam("since")).order_by(*_BY_CLAIM)
-_INSERT_LEASE = insert(leases)
-_INSERT_SERVER = insert(lease_servers)
-_INSERT_SLOTS = insert(lease_slots)
-#: Sets the columns given with the parameters (named as in the table) of lease
-#: ``lease_key`` (not ``id``: a parameter named as a column is a value to set).
-_UPDATE_LEASE = update(leases).where(leases.c.id == bindparam("lease_key"))
-_DELETE_SLOTS = delete(lease_slots).where(lease_slots.c.lease_id == bindparam("lease_id"))
-_DELETE_SERVER = delete(lease_servers).where(lease_servers.c.lease_id == bindparam("lease_id"))
 _EXTRAS = select(budget_grants).order_by(budget_grants.c.id)
 _EXTRAS_SINCE = _EXTRAS.where(budget_grants.c.granted_at >= bindparam("since"))
-
-
-def _to_lease(row: Row[Any]) -> Lease:
-    """A row of :data:`_SELECT_LEASES` (its columns in field order) as a Lease."""
-    values = dict(zip(_FIELDS, row, strict=True))
-    for name in _TIMES:
-        if values[name] is not None:
-            values[name] = values[name].replace(tzinfo=UTC)
-    values["state"] = LeaseState(values["state"])
-    if values["release_code"] is not None:
-        values["release_code"] = ReleaseCode(values["release_code"])
-    return Lease(**values)
-
-
-def _to_columns(**values: Any) -> dict[str, Any]:
-    return {_COLUMN_FOR.get(name, name): value for name, value in values.items()}
-
-
-def _release_code(code: ReleaseCode | str) -> ReleaseCode:
-    try:
-        return ReleaseCode(code)
-    except ValueError:
-        raise ValueError(
-            f"{code!r} is not a release code; say why the lease ends with one of "
-            f"{', '.join(ReleaseCode)} (the particulars go in the detail)"
-        ) from None
-
-
-def _clean_text(text: str | None) -> str | None:
-    text = (text or "").strip()
-    return text[:_DETAIL_MAX] or None
 
 
 class Ledger(WaitList, LayoutChanges):
@@ -193,16 +86,11 @@ class Ledger(WaitList, LayoutChanges):
     def __init__(self, url: str = DEFAULT_URL, *, clock: Clock = utcnow, echo: bool = False,
                  readonly: bool = False):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
-        self._clock = clock
-        self._schema_ok = False
-        self._origin = new_origin()
-        # SQLite has one writer at a time: this process's writers queue on a lock in
-        # turn rather than in SQLite's busy handler, which sleeps up to 100 ms between
-        # tries. Other databases serialise in the database (the claim lock) alone.
-        self._writers: AbstractContextManager[Any] = (
-            threading.Lock() if self.dialect == "sqlite" else nullcontext())
-        self._refusal_log = RefusalLog(self._read, self._write, self._now)
-        self._held_rows: dict[tuple[Any, ...], Lease] = {}
+        self._tx = Transactions(self._engine, clock)
+        self._origin = self._tx.origin
+        self._held_leases = HeldLeases()
+        #: Refused spawns (``record``, ``between``, ``request_counts``).
+        self.refusals = RefusalLog(self._tx)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -227,12 +115,12 @@ class Ledger(WaitList, LayoutChanges):
         """
         ledger = cls(url, readonly=True, **kwargs)
         try:
-            with ledger._database():
+            with ledger._tx.database():
                 if ledger.revision() is None:
                     raise LedgerMissing(
                         f"the database {ledger.url} has no ledger tables: nothing was ever "
                         "recorded there (the hub creates them when it first opens it)")
-                ledger._check_schema()
+                ledger._tx.check_schema()
         except BaseException:
             ledger.close()
             raise
@@ -241,7 +129,7 @@ class Ledger(WaitList, LayoutChanges):
     @property
     def url(self) -> str:
         """The database URL, password hidden (safe for logs)."""
-        return self._engine.url.render_as_string(hide_password=True)
+        return self._tx.url
 
     @property
     def dialect(self) -> str:
@@ -250,9 +138,9 @@ class Ledger(WaitList, LayoutChanges):
 
     def upgrade(self) -> str:
         """Run pending migrations (safe to call from several processes at once)."""
-        with self._database():
+        with self._tx.database():
             revision = migrate.upgrade(self._engine)
-        self._schema_ok = True
+        self._tx.schema_checked()
         return revision
 
     def revision(self) -> str | None:
@@ -277,110 +165,24 @@ class Ledger(WaitList, LayoutChanges):
     def __repr__(self) -> str:
         return f"Ledger({self.url!r})"
 
-    # -- transactions ---------------------------------------------------------
+    # -- the shared transactions (the wait list's and the layout changes' bases use them)
 
-    def _check_schema(self) -> None:
-        if self._schema_ok:
-            return
-        current, head = self.revision(), migrate.head_revision()
-        if current != head:
-            raise SchemaError(
-                f"the ledger database {self.url} is at schema revision {current or 'none'}, "
-                f"this mig-spawner needs {head}: open it with Ledger.open() (which migrates), "
-                "or call Ledger.upgrade() once"
-            )
-        self._schema_ok = True
+    def _read(self) -> AbstractContextManager[Connection]:
+        return self._tx.read()
 
-    @contextmanager
-    def _database(self) -> Iterator[None]:
-        """The database failing (down, unreachable, not a database) becomes
-        LedgerUnavailable; constraint violations and SQL mistakes stay as they are."""
-        try:
-            yield
-        except (IntegrityError, ProgrammingError):
-            raise
-        except DBAPIError as e:
-            raise LedgerUnavailable(
-                f"the ledger database {self.url} cannot be used: {e.orig}; check that it is "
-                "up and reachable from here, and that the URL points at a ledger"
-            ) from e
-
-    @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        with self._database():
-            self._check_schema()
-            with self._engine.connect() as connection, connection.begin():
-                yield connection
-
-    @contextmanager
-    def _write(self) -> Iterator[Connection]:
-        with self._database(), self._writers:
-            self._check_schema()
-            with self._engine.connect() as connection:
-                prepare_write(connection)
-                with connection.begin():
-                    yield connection
+    def _write(self) -> AbstractContextManager[Connection]:
+        return self._tx.write()
 
     def _now(self) -> datetime:
-        now = self._clock()
-        require_aware("the ledger clock's time", now)
-        return now
-
-    @staticmethod
-    def _select(connection: Connection, *where: ColumnElement[bool]) -> list[Lease]:
-        rows = connection.execute(_SELECT_LEASES.where(*where).order_by(*_BY_CLAIM))
-        return [_to_lease(row) for row in rows]
+        return self._tx.now()
 
     def _held(self, connection: Connection) -> list[Lease]:
-        """The leases that hold a slice now, oldest claim first.
+        return self._held_leases.read(connection)
 
-        Every claim and grant pass reads them all, and most are as the last read left
-        them: a row read before (equal in every column) gives the same frozen Lease back
-        instead of a new one. Only the rows of the last read are kept."""
-        known, fresh = self._held_rows, {}
-        for row in connection.execute(_HELD_LEASES):
-            values = tuple(row)  # a tuple compares in C; a Row in Python
-            fresh[values] = known.get(values) or _to_lease(row)
-        self._held_rows = fresh
-        return list(fresh.values())
-
-    def _held_on(self, connection: Connection, host: str, gpu_uuid: str) -> list[Lease]:
-        """The leases that hold a slice of one GPU now, in the caller's transaction."""
-        return self._select(connection, _HELD, leases.c.host == host,
-                            leases.c.gpu_uuid == gpu_uuid)
-
-    @staticmethod
-    def _lock_lease(connection: Connection, lease_id: str) -> Lease | None:
-        row = connection.execute(_LOCK_LEASE, {"lease_id": lease_id}).first()
-        return None if row is None else _to_lease(row)
-
-    @staticmethod
-    def _write_columns(connection: Connection, lease: Lease, values: dict[str, Any]) -> None:
-        if values:
-            connection.execute(_UPDATE_LEASE, {**_to_columns(**values), "lease_key": lease.id})
-
-    @classmethod
-    def _update(cls, connection: Connection, lease: Lease, **changes: Any) -> Lease:
-        if "state" in changes:
-            raise TypeError("a lease's state is written by _move, which checks the move")
-        cls._write_columns(connection, lease, changes)
-        return replace(lease, **changes)
-
-    @classmethod
-    def _move(cls, connection: Connection, lease: Lease, state: LeaseState,
-              **changes: Any) -> Lease:
-        """Write ``lease`` (locked in this transaction by :meth:`_lock_lease`) with
-        ``state`` and ``changes``: the one place a lease's state is written. A move the
-        transition table (:data:`~mig_spawner.core.lifecycle.LEASE_MOVES`) does not
-        allow is logged and refused with :class:`IllegalTransition`; nothing is written."""
-        if not lease_move_allowed(lease.state, state):
-            error = IllegalTransition(f"lease {lease.id} of server {lease.server}",
-                                      lease.state, state, lease)
-            log.error("refused: %s", error)
-            raise error
-        values = {**changes, "state": state}
-        cls._write_columns(connection, lease, values)
-        return replace(lease, **values)
+    _select = staticmethod(select_leases)
+    _held_on = staticmethod(held_on)
+    _insert = staticmethod(insert_lease)
+    _new_lease = staticmethod(new_lease)
 
     # -- claiming ---------------------------------------------------------------
 
@@ -398,8 +200,8 @@ class Ledger(WaitList, LayoutChanges):
         with self._write() as connection:
             lock_claims(connection)
             decision, now = self._decide(connection, request, decide)
-            lease = self._new_lease(request, decision, now)
-            self._insert(connection, lease)
+            lease = new_lease(request, decision, now)
+            insert_lease(connection, lease)
         return lease
 
     def would_claim(self, request: LeaseRequest, decide: Decide) -> Grant:
@@ -430,49 +232,6 @@ class Ledger(WaitList, LayoutChanges):
             )
         return decision, now
 
-    @staticmethod
-    def _new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:
-        granted = {f.name: getattr(decision, f.name) for f in fields(GrantedSlice)}
-        return Lease(
-            id=uuid4().hex,
-            user=request.user,
-            server_name=request.server_name,
-            state=LeaseState.CLAIMED,
-            claimed_at=now,
-            **granted,
-        )
-
-    @staticmethod
-    def _insert(connection: Connection, lease: Lease) -> None:
-        connection.execute(_INSERT_LEASE, _to_columns(
-            **{name: getattr(lease, name) for name in _FIELDS}))
-        try:
-            connection.execute(_INSERT_SERVER, {
-                "user_name": lease.user, "server_name": lease.server_name, "lease_id": lease.id})
-        except IntegrityError as e:
-            raise Conflict(
-                f"server {lease.server} got a lease from a concurrent claim; nothing was "
-                "written. Retry: the spawn will find the existing lease."
-            ) from e
-        slices = lease.memory_slices
-        if not slices or lease.host is None or lease.gpu_uuid is None:
-            return  # kube mode: the device plugin, not the ledger, places the slice
-        try:
-            connection.execute(
-                _INSERT_SLOTS,
-                [
-                    {
-                        "host": lease.host,
-                        "gpu_uuid": lease.gpu_uuid,
-                        "memory_slice": s,
-                        "lease_id": lease.id,
-                    }
-                    for s in slices
-                ],
-            )
-        except IntegrityError as e:
-            raise DoubleGrant(lease.host, lease.gpu_uuid, slices) from e
-
     # -- budgets ------------------------------------------------------------------
 
     #: Seconds back that claims read released leases and extra hours for the budgets
@@ -485,8 +244,7 @@ class Ledger(WaitList, LayoutChanges):
         if self.budget_horizon is None:
             return (), ()
         since = now - timedelta(seconds=self.budget_horizon)
-        past = connection.execute(_RELEASED_SINCE, {"since": since})
-        return tuple(_to_lease(row) for row in past), tuple(self._extras(connection, since))
+        return released_since(connection, since), tuple(self._extras(connection, since))
 
     @staticmethod
     def _extras(connection: Connection, since: datetime | None) -> list[Extra]:
@@ -505,7 +263,7 @@ class Ledger(WaitList, LayoutChanges):
             connection.execute(insert(budget_grants).values(
                 group_name=group, user_name=user or None, slice_seconds=float(slice_seconds),
                 granted_at=now, granted_by=by[:255], note=(note or "")[:255]))
-            announce(connection, self._origin)  # a waiter may be served now
+            self._tx.announce(connection)  # a waiter may be served now
         return Extra(group, user or None, float(slice_seconds), now)
 
     def budget_usage(self, since: datetime) -> tuple[list[Lease], list[Extra]]:
@@ -513,32 +271,9 @@ class Ledger(WaitList, LayoutChanges):
         from then on, in one read: what budgets are counted from."""
         require_aware("since", since)
         with self._read() as connection:
-            held = self._select(connection, or_(leases.c.released_at.is_(None),
+            held = select_leases(connection, or_(leases.c.released_at.is_(None),
                                                 leases.c.released_at >= since))
             return held, self._extras(connection, since)
-
-    # -- refused spawns (kept by the ledger's RefusalLog) ----------------------
-
-    def record_refusal(
-        self, request: LeaseRequest, *, offer: str, reason: str, message: str = "",
-        profile: str | None = None, group: str | None = None, host: str | None = None,
-    ) -> RefusalRecord:
-        """Keep a refused spawn for usage reports; it changes no lease
-        (:meth:`RefusalLog.record <mig_spawner.ledger.refusal_log.RefusalLog.record>`)."""
-        return self._refusal_log.record(request, offer=offer, reason=reason, message=message,
-                                        profile=profile, group=group, host=host)
-
-    def refusals(
-        self, since: datetime | None = None, until: datetime | None = None
-    ) -> list[RefusalRecord]:
-        """Refused spawns in ``[since, until]`` (both optional), oldest first."""
-        return self._refusal_log.between(since, until)
-
-    def request_counts(self, since: datetime) -> dict[str, int]:
-        """How often each profile was asked for since ``since``: leases claimed plus
-        refusals, each user's once per window (see
-        :meth:`mig_spawner.ledger.refusal_log.RefusalLog.request_counts`)."""
-        return self._refusal_log.request_counts(since)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -554,7 +289,7 @@ class Ledger(WaitList, LayoutChanges):
         learnt = {"mig_uuid": mig_uuid, "gi_id": gi_id, "ci_id": ci_id}
         with self._write() as connection:
             lease = self._lock_startable(connection, lease_id, "record an instance")
-            return self._update(connection, lease, **self._new_facts(lease, learnt))
+            return update(connection, lease, **self._new_facts(lease, learnt))
 
     def activate(
         self,
@@ -600,9 +335,9 @@ class Ledger(WaitList, LayoutChanges):
                 facts = self._new_facts(lease, learnt)
             except LeaseStateError as e:
                 refused = e
-                self._update(connection, lease, **holder)
+                update(connection, lease, **holder)
             else:
-                return self._move(
+                return move(
                     connection,
                     lease,
                     LeaseState.ACTIVE,
@@ -614,7 +349,7 @@ class Ledger(WaitList, LayoutChanges):
         raise refused
 
     def _lock_startable(self, connection: Connection, lease_id: str, doing: str) -> Lease:
-        lease = self._lock_lease(connection, lease_id)
+        lease = lock_lease(connection, lease_id)
         if lease is None:
             raise LeaseNotFound(lease_id)
         if lease.state not in (LeaseState.CLAIMED, LeaseState.ACTIVE):
@@ -644,12 +379,12 @@ class Ledger(WaitList, LayoutChanges):
         """Record activity; the time only moves forward. ``None`` if released or unknown."""
         require_aware("last_activity_at", last_activity_at)
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
             if lease.last_activity_at is not None and lease.last_activity_at >= last_activity_at:
                 return lease
-            return self._update(connection, lease, last_activity_at=last_activity_at)
+            return update(connection, lease, last_activity_at=last_activity_at)
 
     def record_gpu(
         self, lease_id: str, *, gpu_active_at: datetime | None = None,
@@ -660,7 +395,7 @@ class Ledger(WaitList, LayoutChanges):
         if gpu_active_at is not None:
             require_aware("gpu_active_at", gpu_active_at)
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
             changes: dict[str, Any] = {}
@@ -670,16 +405,16 @@ class Ledger(WaitList, LayoutChanges):
                 changes["gpu_active_at"] = gpu_active_at
             if peak_memory_mib is not None and peak_memory_mib > (lease.peak_memory_mib or 0):
                 changes["peak_memory_mib"] = peak_memory_mib
-            return self._update(connection, lease, **changes) if changes else lease
+            return update(connection, lease, **changes) if changes else lease
 
     def record_purpose(self, lease_id: str, purpose: str | None) -> Lease | None:
         """Record what the server is for (already checked and cleaned by
         :func:`mig_spawner.core.purpose.clean_purpose`). ``None`` if released or unknown."""
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            return self._update(connection, lease, purpose=purpose)
+            return update(connection, lease, purpose=purpose)
 
     # -- measured use, for right-sizing (docs/ledger.md, "Usage samples") --------------
 
@@ -734,22 +469,22 @@ class Ledger(WaitList, LayoutChanges):
         require_aware("deadline", deadline)
         now = self._now()
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
             if lease.warning == rule:
-                return self._update(connection, lease, warning_deadline=deadline)
+                return update(connection, lease, warning_deadline=deadline)
             self._event(connection, lease.id, now, "warned", rule, detail)
-            return self._update(connection, lease, warning=rule, warned_at=now,
+            return update(connection, lease, warning=rule, warned_at=now,
                                 warning_deadline=deadline)
 
     def clear_warning(self, lease_id: str) -> Lease | None:
         """The warned stop is no longer due (the user came back): forget the warning."""
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held or lease.warning is None:
                 return lease
-            return self._update(connection, lease, warning=None, warning_deadline=None)
+            return update(connection, lease, warning=None, warning_deadline=None)
 
     def keep(
         self, lease_id: str, *, extend_by: float | None, max_extensions: int
@@ -763,7 +498,7 @@ class Ledger(WaitList, LayoutChanges):
         refusal repeated for the same warning none either."""
         now = self._now()
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return KeepResult("gone", "This server is not running any more.")
             rule = lease.warning or "server_idle"
@@ -790,7 +525,7 @@ class Ledger(WaitList, LayoutChanges):
                 if lease.warning is not None or lease.kept_at is None or (
                     (now - lease.kept_at).total_seconds() >= KEEP_RESOLUTION
                 ):
-                    kept = self._update(connection, lease, kept_at=now, warning=None,
+                    kept = update(connection, lease, kept_at=now, warning=None,
                                         warning_deadline=None)
                 if lease.warning is not None:
                     self._event(connection, lease.id, now, "kept", rule, "counts as activity")
@@ -809,7 +544,7 @@ class Ledger(WaitList, LayoutChanges):
                     self._event(connection, lease.id, now, "refused", rule, why)
                 return KeepResult("refused", message, lease)
             expires = lease.expires_at + timedelta(seconds=extend_by)
-            extended = self._update(connection, lease, expires_at=expires, extensions=used + 1,
+            extended = update(connection, lease, expires_at=expires, extensions=used + 1,
                                     kept_at=now, warning=None, warning_deadline=None)
             self._event(connection, lease.id, now, "extended", rule,
                         f"expires_at {expires.isoformat()} ({used + 1} of {max_extensions})")
@@ -849,14 +584,14 @@ class Ledger(WaitList, LayoutChanges):
         someone else (the slice service stops a server whose budget is spent through
         the hub): the release that follows keeps this code, as it keeps the first one
         given. The lease stays as it is otherwise. ``None`` if released or unknown."""
-        code, detail = _release_code(code), _clean_text(detail)
+        code, detail = release_code(code), clean_text(detail)
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
             if lease.release_code is not None:
                 return lease
-            return self._update(connection, lease, release_code=code, release_detail=detail)
+            return update(connection, lease, release_code=code, release_detail=detail)
 
     def begin_release(
         self, lease_id: str, code: ReleaseCode | str, detail: str | None = None, *,
@@ -871,16 +606,16 @@ class Ledger(WaitList, LayoutChanges):
         who starts that server again); a lease already releasing gets the newer one.
         ``None`` if released or unknown.
         """
-        code, detail, held_by = _release_code(code), _clean_text(detail), _clean_text(held_by)
+        code, detail, held_by = release_code(code), clean_text(detail), clean_text(held_by)
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            why = self._first_why(lease, code, detail)
+            why = first_why(lease, code, detail)
             if (lease.state, lease.held_by) == (LeaseState.RELEASING, held_by) and why == {
                     "release_code": lease.release_code, "release_detail": lease.release_detail}:
                 return lease
-            return self._move(connection, lease, LeaseState.RELEASING, held_by=held_by, **why)
+            return move(connection, lease, LeaseState.RELEASING, held_by=held_by, **why)
 
     def release(self, lease_id: str, code: ReleaseCode | str,
                 detail: str | None = None) -> Lease | None:
@@ -891,23 +626,16 @@ class Ledger(WaitList, LayoutChanges):
         and reconcilers can call it without checking first. The first code given
         (here or to ``begin_release``) and its detail are the ones recorded.
         """
-        code, detail = _release_code(code), _clean_text(detail)
+        code, detail = release_code(code), clean_text(detail)
         now = self._now()
         with self._write() as connection:
-            lease = self._lock_lease(connection, lease_id)
+            lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return None
-            connection.execute(_DELETE_SLOTS, {"lease_id": lease.id})
-            connection.execute(_DELETE_SERVER, {"lease_id": lease.id})
-            announce(connection, self._origin)  # for the grant loops (ledger/changes.py)
-            return self._move(connection, lease, LeaseState.RELEASED, released_at=now,
-                              held_by=None, **self._first_why(lease, code, detail))
-
-    @staticmethod
-    def _first_why(lease: Lease, code: ReleaseCode, detail: str | None) -> dict[str, Any]:
-        if lease.release_code is not None:
-            return {"release_code": lease.release_code, "release_detail": lease.release_detail}
-        return {"release_code": code, "release_detail": detail}
+            free_slots(connection, lease)
+            self._tx.announce(connection)  # for the grant loops (ledger/changes.py)
+            return move(connection, lease, LeaseState.RELEASED, released_at=now,
+                              held_by=None, **first_why(lease, code, detail))
 
     # -- change notes for the grant loops (ledger/changes.py) ---------------------
 
@@ -930,7 +658,7 @@ class Ledger(WaitList, LayoutChanges):
     def watch_changes(self) -> ChangeWatch:
         """A watch on releases and line changes made by other processes: PostgreSQL
         ``LISTEN`` (psycopg2), SQLite's data version, else the :meth:`change_mark`."""
-        with self._database():
+        with self._tx.database():
             if self.dialect == "postgresql" and self._engine.dialect.driver == "psycopg2":
                 return PostgresChanges(self._engine, self._origin)
             if self.dialect == "sqlite":
@@ -942,7 +670,7 @@ class Ledger(WaitList, LayoutChanges):
     def get(self, lease_id: str) -> Lease | None:
         """One lease by id, held or not."""
         with self._read() as connection:
-            found = self._select(connection, leases.c.id == lease_id)
+            found = select_leases(connection, leases.c.id == lease_id)
         return found[0] if found else None
 
     def active(self, host: str | None = None) -> list[Lease]:
@@ -950,21 +678,21 @@ class Ledger(WaitList, LayoutChanges):
         with self._read() as connection:
             if host is None:
                 return self._held(connection)
-            return self._select(connection, _HELD, leases.c.host == host)
+            return select_leases(connection, HELD, leases.c.host == host)
 
     def active_for_server(self, user: str, server_name: str = "") -> Lease | None:
         """The lease a server holds now, if any (at most one, by construction)."""
         with self._read() as connection:
             row = connection.execute(
-                _SERVER_LEASE, {"user": user, "server_name": server_name}).first()
-        return None if row is None else _to_lease(row)
+                SERVER_LEASE, {"user": user, "server_name": server_name}).first()
+        return None if row is None else to_lease(row)
 
     def expired(self, now: datetime | None = None) -> list[Lease]:
         """Held leases whose ``expires_at`` (max session age) has passed."""
         now = now or self._now()
         require_aware("now", now)
         with self._read() as connection:
-            return self._select(
+            return select_leases(
                 connection,
                 leases.c.state.in_(HELD_STATES),
                 leases.c.expires_at.is_not(None),
@@ -993,4 +721,4 @@ class Ledger(WaitList, LayoutChanges):
         if group is not None:
             where.append(leases.c.group_name == group)
         with self._read() as connection:
-            return self._select(connection, and_(True, *where))
+            return select_leases(connection, and_(True, *where))

@@ -448,7 +448,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             host = plan.host if plan else None
 
             def record() -> None:
-                self.runtime.ledger().record_refusal(
+                self.runtime.ledger().refusals.record(
                     request, offer=offer.key, reason=reason, message=message,
                     profile=profile, group=group, host=host,
                 )

@@ -208,7 +208,7 @@ class SpawnerRuntime:
         cached = self._demand
         if cached is None or now - cached[0] > DEMAND_TTL_SECONDS:
             since = datetime.now(UTC) - DEMAND_WINDOW
-            cached = self._demand = (now, self.ledger().request_counts(since))
+            cached = self._demand = (now, self.ledger().refusals.request_counts(since))
         return cached[1]
 
 
