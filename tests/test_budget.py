@@ -282,7 +282,7 @@ def world(tmp_path):
     })
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     ledger = Ledger.open(url, clock=clock)
-    ledger.budget_horizon = policies.budget_horizon
+    ledger.usage.budget_horizon = policies.budget_horizon
     yield ledger, policies, inventory, clock, url
     ledger.close()
 
@@ -308,7 +308,7 @@ def test_a_claim_is_refused_until_the_retry_time_and_succeeds_then(world, tmp_pa
     assert "assumes your group's running servers stop now" in refused.value.message
     # Durable: a ledger opened again (a restarted hub) counts the same hours.
     again = Ledger.open(url, clock=clock)
-    again.budget_horizon = policies.budget_horizon
+    again.usage.budget_horizon = policies.budget_horizon
     held = again.active_for_server("ben", "a")
     again.release(held.id, "stopped")
     again.close()
@@ -332,7 +332,7 @@ def test_a_spent_group_passes_the_lease_to_another_group_and_extra_hours_help(wo
         claim_as(world, "ana", "1g.18gb")
     # A member of a second group without a budget is charged there instead.
     assert claim_as(world, "ana", "1g.18gb", groups=("team", "spare")).group == "spare"
-    ledger.grant_hours("team", None, 20.0, by="admin", note="deadline")
+    ledger.usage.grant_hours("team", None, 20.0, by="admin", note="deadline")
     assert claim_as(world, "ben", "1g.18gb").group == "team"
 
 
@@ -486,7 +486,7 @@ def test_the_slice_map_shows_each_group_budgets_use(world):
     claim_as(world, "ben", "1g.18gb")
     clock.now = at(20)  # 70 + 10 compute-slice-seconds used of 100
     view = slice_map(inventory, ledger.active(), clock.now, policies,
-                     budgets=ledger.budget_usage(at(-100)))
+                     budgets=ledger.usage.budget(at(-100)))
     rows = {g.name: g for g in view.groups}
     assert rows["team"].budget_used_hours * 3600 == pytest.approx(80)
     assert rows["team"].budget_hours * 3600 == pytest.approx(100)

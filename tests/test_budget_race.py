@@ -51,7 +51,7 @@ def inventory():
 def open_ledger(url: str, found) -> Ledger:
     """A ledger as the hub's runtime opens it: claims read the budgets' window back."""
     ledger = Ledger.open(url)
-    ledger.budget_horizon = found.budget_horizon
+    ledger.usage.budget_horizon = found.budget_horizon
     return ledger
 
 

@@ -181,7 +181,7 @@ def test_activate_refuses_unknown_leases_and_contradictions(ledger: Ledger) -> N
         ledger.activate(pool.id, mig_uuid="MIG-other")
     assert ledger.get(pool.id) == pool
     assert ledger.release("nope", "stopped") is None
-    assert ledger.touch("nope", T0) is None
+    assert ledger.usage.touch("nope", T0) is None
 
 
 def test_a_created_instance_is_recorded_before_the_server_starts(ledger: Ledger) -> None:
@@ -236,7 +236,7 @@ def test_claims_see_held_leases_as_changed_elsewhere(ledger: Ledger, backend_url
     ledger.claim(LeaseRequest("bob"), watch)
     assert views[-1].leases == (lease,)
     with Ledger.open(backend_url) as other:
-        touched = other.touch(lease.id, T0 + timedelta(minutes=5))
+        touched = other.usage.touch(lease.id, T0 + timedelta(minutes=5))
     ledger.claim(LeaseRequest("carol"), watch)
     assert [held for held in views[-1].leases if held.id == lease.id] == [touched]
     assert touched != lease
@@ -252,17 +252,17 @@ def test_claims_see_held_leases_as_changed_elsewhere(ledger: Ledger, backend_url
 def test_touch_only_moves_forward(ledger: Ledger, clock: Clock) -> None:
     lease = ledger.activate(ledger.claim(LeaseRequest("alice"), first_free).id)
     later = T0 + timedelta(minutes=10)
-    assert ledger.touch(lease.id, later).last_activity_at == later
-    assert ledger.touch(lease.id, T0 + timedelta(minutes=3)).last_activity_at == later
+    assert ledger.usage.touch(lease.id, later).last_activity_at == later
+    assert ledger.usage.touch(lease.id, T0 + timedelta(minutes=3)).last_activity_at == later
     with pytest.raises(ValueError, match="timezone-aware"):
-        ledger.touch(lease.id, datetime(2026, 12, 1, 12, 0))
+        ledger.usage.touch(lease.id, datetime(2026, 12, 1, 12, 0))
     # Offsets are normalised: 11:20+01:00 is 10:20 UTC.
     plus_one = datetime(2026, 12, 1, 11, 20, tzinfo=timezone(timedelta(hours=1)))
-    assert ledger.touch(lease.id, plus_one).last_activity_at == datetime(
+    assert ledger.usage.touch(lease.id, plus_one).last_activity_at == datetime(
         2026, 12, 1, 10, 20, tzinfo=UTC
     )
     ledger.release(lease.id, "stopped")
-    assert ledger.touch(lease.id, later + timedelta(hours=1)) is None
+    assert ledger.usage.touch(lease.id, later + timedelta(hours=1)) is None
 
 
 def test_quota_counts_per_user_and_charged_group(ledger: Ledger) -> None:

@@ -60,8 +60,8 @@ def test_slices_by_state_holder_memory_age_and_quota(world):
     world.sim.set_processes(big.uuid, [(101, 4096)])
     world.lease("bob", "analysts", world.device(1, "1g.18gb"))
     world.clock.advance(minutes=20)
-    world.ledger.touch(world.leases["ada"].id, world.clock.now)
-    world.ledger.record_gpu(world.leases["ada"].id, gpu_active_at=world.clock.now,
+    world.ledger.usage.touch(world.leases["ada"].id, world.clock.now)
+    world.ledger.usage.record_gpu(world.leases["ada"].id, gpu_active_at=world.clock.now,
                             peak_memory_mib=4096)
     stray = world.device(1, "2g.35gb")
     world.sim.set_processes(stray.uuid, [(666, 512)])

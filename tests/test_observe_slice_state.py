@@ -43,7 +43,7 @@ def test_leased_slice_names_holder_group_age_and_idle_time(world):
     device = world.device(0, "3g.71gb")
     world.lease("ada", "research", device, server="big", expires_in=timedelta(hours=8))
     world.clock.advance(minutes=5)
-    world.ledger.touch(world.leases["ada"].id, world.clock.now)
+    world.ledger.usage.touch(world.leases["ada"].id, world.clock.now)
     world.clock.advance(minutes=3)
     row = next(r for r in snapshot(world).slices if r.mig_uuid == device.uuid)
     assert row.state == "leased"
@@ -63,7 +63,7 @@ def test_slice_without_activity_for_idle_after_is_idle(world):
     assert [r.state for r in rows] == ["idle"]
     assert rows[0].idle_limit_seconds == pytest.approx(1800)
     # Activity makes it leased again.
-    world.ledger.touch(world.leases["bob"].id, world.clock.now)
+    world.ledger.usage.touch(world.leases["bob"].id, world.clock.now)
     assert [r.state for r in snapshot(world, idle_after=600).slices if r.user == "bob"] == [
         "leased"]
 
@@ -85,7 +85,7 @@ def test_a_busy_servers_tile_stays_leased_sweep_after_sweep(world, idle_after):
                                     recorded,
                                     activity_resolution(idle_after))
         if active is not None:
-            world.ledger.touch(lease.id, active)
+            world.ledger.usage.touch(lease.id, active)
         states += [r.state for r in snapshot(world, idle_after=idle_after).slices
                    if r.user == "bob"]
     assert set(states) == {"leased"}

@@ -309,15 +309,15 @@ def test_the_ledger_keeps_purposes_and_usage_samples(backend_url):
         assert ledger.get(one.id).purpose == "course exercises"
         for i in range(3):
             at = T0 + timedelta(minutes=i)
-            stored = ledger.record_samples({
+            stored = ledger.usage.record_samples({
                 one.id: UsageSample(at, 1000 * (i + 1), 32 * GIB, 0.5, 1),
                 two.id: UsageSample(at, 10, 32 * GIB, None, 0)})
             assert stored == 2
         ledger.release(two.id, "stopped")
         # A sample of a released lease is dropped, never stored.
-        assert ledger.record_samples({two.id: UsageSample(T0, 1, 1, None, 0)}) == 0
+        assert ledger.usage.record_samples({two.id: UsageSample(T0, 1, 1, None, 0)}) == 0
         assert ledger.record_purpose(two.id, "late") is None
-        usage = ledger.usage([one.id, two.id, "unknown"])
+        usage = ledger.usage.summaries([one.id, two.id, "unknown"])
     assert usage[one.id] == Usage(samples=3, peak_mib=3000, p95_mib=3000,
                                   memory_total_mib=32 * GIB, sampled_seconds=120,
                                   active_seconds=120)
@@ -376,7 +376,7 @@ def test_the_service_samples_each_leased_slice_once_per_interval(tmp_path):
         for second in (0, 30, 60, 90, 120):  # sweeps every 30 s, samples every 60 s
             now = T0 + timedelta(seconds=second)
             asyncio.run(sweeper._gpu_activity(now, world.ledger.active()))
-        found = world.ledger.samples([lease.id])[lease.id]
+        found = world.ledger.usage.samples([lease.id])[lease.id]
     finally:
         world.close()
     assert [s.at for s in found] == [T0 + timedelta(seconds=s) for s in (0, 60, 120)]

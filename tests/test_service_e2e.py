@@ -233,7 +233,7 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="budget", group="budgeted") == 1
     # The next spawn is refused with the time it can succeed.
-    held, extras = ledger.budget_usage(ended.claimed_at)
+    held, extras = ledger.usage.budget(ended.claimed_at)
     retry = budget.retry_at(group, "dee", 1, budget.spans_of([], held), extras,
                             datetime.now(UTC))
     _, events = hub.spawn_and_follow("dee", {"profile": "small"})

@@ -259,7 +259,7 @@ async def test_the_service_samples_the_work_on_a_whole_gpu(ledger, busy_gpu):
     now = datetime.now(UTC)
     (seen,) = await sweeper._gpu_activity(now, ledger.active())
     assert (seen.gpu_active_at, seen.peak_memory_mib) == (now, 9000)
-    (sample,) = ledger.samples([lease.id])[lease.id]
+    (sample,) = ledger.usage.samples([lease.id])[lease.id]
     assert (sample.memory_used_mib, sample.processes) == (9000, 1)
     assert sample.memory_total_mib == gpus.inventory().gpus[1].memory_total_mib
 

@@ -80,7 +80,7 @@ def cmd_grant(args: argparse.Namespace) -> int:
     try:
         Ledger.open_existing(url).close()  # there, and at this package's schema
         with Ledger(url) as ledger:
-            extra = ledger.grant_hours(args.group, args.user, seconds, by=getpass.getuser(),
+            extra = ledger.usage.grant_hours(args.group, args.user, seconds, by=getpass.getuser(),
                                        note=args.note)
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -121,7 +121,7 @@ def budget_section(policies: PolicySet, ledger: Ledger, now: datetime
 
     if policies.budget_horizon is None:
         return None
-    leases, extras = ledger.budget_usage(now - timedelta(seconds=policies.budget_horizon))
+    leases, extras = ledger.usage.budget(now - timedelta(seconds=policies.budget_horizon))
     rows = budget_rows(policies, leases, extras, {x.id for x in leases if x.held}, now)
     return budgets_text(rows), [{**asdict(r), "left_hours": r.left_hours} for r in rows]
 

@@ -170,7 +170,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
             refusals = ledger.refusals.between(since, until)
             waits = wait_rows(ledger.waits(since, until))
             held = ledger.active() if args.advise else []
-            measured = ledger.usage(x.id for x in leases) if rule is not None else {}
+            measured = ledger.usage.summaries(x.id for x in leases) if rule is not None else {}
             budgets = _budgets(args, ledger, now)
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)
         extra = _purpose_and_rightsize(args, leases, measured, rule, since, until)

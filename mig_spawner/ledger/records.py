@@ -231,7 +231,7 @@ class RefusalRecord:
 class LedgerView:
     """What ``decide`` sees inside the claim transaction: every held lease, and the clock.
 
-    Where budgets apply (``Ledger.budget_horizon`` set), also the leases released within
+    Where budgets apply (``ledger.usage.budget_horizon`` set), also the leases released within
     that horizon (``past``) and the admin's extra hours given within it (``extras``),
     read in the same transaction."""
 

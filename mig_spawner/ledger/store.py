@@ -8,25 +8,23 @@ Callers get frozen ``Lease`` records back, never live ORM rows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, func, insert, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, func, insert, or_, select
 
-from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
-from mig_spawner.core.rightsize import Usage, UsageSample, summarize
 
 from . import migrate
 from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims
 from .errors import InvalidDecision, LeaseNotFound, LeaseStateError, LedgerMissing, ServerHasLease
 from .layout import LayoutChanges, read_holds
-from .models import budget_grants, layout_changes, lease_events, lease_samples, leases, waits
+from .models import layout_changes, lease_events, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
@@ -54,12 +52,12 @@ from .rows import (
     move,
     new_lease,
     release_code,
-    released_since,
     select_leases,
     to_lease,
     update,
 )
 from .transactions import Transactions
+from .usage import Usage
 from .waitlist import WaitList
 
 Clock = Callable[[], datetime]
@@ -70,8 +68,6 @@ log = logging.getLogger(__name__)
 #: Seconds within which another "Keep my server" with no warning pending writes nothing:
 #: a user pressing it again and again is one activity, not a row per press.
 KEEP_RESOLUTION = 60.0
-_EXTRAS = select(budget_grants).order_by(budget_grants.c.id)
-_EXTRAS_SINCE = _EXTRAS.where(budget_grants.c.granted_at >= bindparam("since"))
 
 
 class Ledger(WaitList, LayoutChanges):
@@ -91,6 +87,8 @@ class Ledger(WaitList, LayoutChanges):
         self._held_leases = HeldLeases()
         #: Refused spawns (``record``, ``between``, ``request_counts``).
         self.refusals = RefusalLog(self._tx)
+        #: Activity, GPU work, usage samples and budgets.
+        self.usage = Usage(self._tx)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -223,7 +221,7 @@ class Ledger(WaitList, LayoutChanges):
         for lease in held:
             if (lease.user, lease.server_name) == (request.user, request.server_name):
                 raise ServerHasLease(lease)
-        past, extras = self._budget_book(connection, now)
+        past, extras = self.usage.book(connection, now)
         decision = decide(LedgerView(request=request, leases=tuple(held), now=now,
                                      past=past, extras=extras, holds=read_holds(connection)))
         if not isinstance(decision, Grant):
@@ -231,49 +229,6 @@ class Ledger(WaitList, LayoutChanges):
                 f"decide() must return a Grant, it returned {type(decision).__name__}"
             )
         return decision, now
-
-    # -- budgets ------------------------------------------------------------------
-
-    #: Seconds back that claims read released leases and extra hours for the budgets
-    #: (the policies' longest ``budget_window``); ``None``: no budget, nothing read.
-    budget_horizon: float | None = None
-
-    def _budget_book(self, connection: Connection, now: datetime
-                     ) -> tuple[tuple[Lease, ...], tuple[Extra, ...]]:
-        """Released leases and extra hours within ``budget_horizon`` of ``now``."""
-        if self.budget_horizon is None:
-            return (), ()
-        since = now - timedelta(seconds=self.budget_horizon)
-        return released_since(connection, since), tuple(self._extras(connection, since))
-
-    @staticmethod
-    def _extras(connection: Connection, since: datetime | None) -> list[Extra]:
-        rows = (connection.execute(_EXTRAS) if since is None
-                else connection.execute(_EXTRAS_SINCE, {"since": since}))
-        return [Extra(r.group_name, r.user_name, r.slice_seconds, r.granted_at) for r in rows]
-
-    def grant_hours(self, group: str, user: str | None, slice_seconds: float, *,
-                    by: str, note: str = "") -> Extra:
-        """Give ``group``'s budget (``user`` ``None``) or one member's own budget extra
-        compute-slice-seconds, valid for one budget window from now."""
-        if not group or slice_seconds <= 0:
-            raise ValueError("a grant needs a group and a positive number of hours")
-        now = self._now()
-        with self._write() as connection:
-            connection.execute(insert(budget_grants).values(
-                group_name=group, user_name=user or None, slice_seconds=float(slice_seconds),
-                granted_at=now, granted_by=by[:255], note=(note or "")[:255]))
-            self._tx.announce(connection)  # a waiter may be served now
-        return Extra(group, user or None, float(slice_seconds), now)
-
-    def budget_usage(self, since: datetime) -> tuple[list[Lease], list[Extra]]:
-        """Every lease that held a slice from ``since`` on, and the extra hours given
-        from then on, in one read: what budgets are counted from."""
-        require_aware("since", since)
-        with self._read() as connection:
-            held = select_leases(connection, or_(leases.c.released_at.is_(None),
-                                                leases.c.released_at >= since))
-            return held, self._extras(connection, since)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -375,38 +330,6 @@ class Ledger(WaitList, LayoutChanges):
             )
         return given
 
-    def touch(self, lease_id: str, last_activity_at: datetime) -> Lease | None:
-        """Record activity; the time only moves forward. ``None`` if released or unknown."""
-        require_aware("last_activity_at", last_activity_at)
-        with self._write() as connection:
-            lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held:
-                return None
-            if lease.last_activity_at is not None and lease.last_activity_at >= last_activity_at:
-                return lease
-            return update(connection, lease, last_activity_at=last_activity_at)
-
-    def record_gpu(
-        self, lease_id: str, *, gpu_active_at: datetime | None = None,
-        peak_memory_mib: int | None = None,
-    ) -> Lease | None:
-        """Record the slice's GPU work and memory; both only move forward (the last
-        work, the peak). ``None`` if the lease is released or unknown."""
-        if gpu_active_at is not None:
-            require_aware("gpu_active_at", gpu_active_at)
-        with self._write() as connection:
-            lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held:
-                return None
-            changes: dict[str, Any] = {}
-            if gpu_active_at is not None and (
-                lease.gpu_active_at is None or gpu_active_at > lease.gpu_active_at
-            ):
-                changes["gpu_active_at"] = gpu_active_at
-            if peak_memory_mib is not None and peak_memory_mib > (lease.peak_memory_mib or 0):
-                changes["peak_memory_mib"] = peak_memory_mib
-            return update(connection, lease, **changes) if changes else lease
-
     def record_purpose(self, lease_id: str, purpose: str | None) -> Lease | None:
         """Record what the server is for (already checked and cleaned by
         :func:`mig_spawner.core.purpose.clean_purpose`). ``None`` if released or unknown."""
@@ -415,50 +338,6 @@ class Ledger(WaitList, LayoutChanges):
             if lease is None or not lease.held:
                 return None
             return update(connection, lease, purpose=purpose)
-
-    # -- measured use, for right-sizing (docs/ledger.md, "Usage samples") --------------
-
-    def record_samples(self, samples: Mapping[str, UsageSample]) -> int:
-        """Store one sample per lease id in one transaction; those of leases released or
-        unknown meanwhile are dropped. Returns how many were stored."""
-        if not samples:
-            return 0
-        with self._write() as connection:
-            held = set(connection.execute(
-                select(leases.c.id).where(leases.c.id.in_(list(samples)),
-                                          leases.c.state.in_(HELD_STATES))).scalars())
-            rows = [{"lease_id": lease_id, "at": sample.at,
-                     "memory_used_mib": sample.memory_used_mib,
-                     "memory_total_mib": sample.memory_total_mib,
-                     "sm_active": sample.sm_active, "processes": sample.processes}
-                    for lease_id, sample in samples.items() if lease_id in held]
-            if rows:
-                connection.execute(insert(lease_samples), rows)
-        return len(rows)
-
-    def samples(self, lease_ids: Iterable[str]) -> dict[str, list[UsageSample]]:
-        """The samples of each of ``lease_ids`` (oldest first; a lease without any is
-        left out)."""
-        wanted = list(dict.fromkeys(lease_ids))
-        found: dict[str, list[UsageSample]] = {}
-        with self._read() as connection:
-            for start in range(0, len(wanted), 500):  # bound the IN list
-                rows = connection.execute(
-                    select(lease_samples).where(
-                        lease_samples.c.lease_id.in_(wanted[start:start + 500]))
-                    .order_by(lease_samples.c.lease_id, lease_samples.c.at))
-                for row in rows:
-                    found.setdefault(row.lease_id, []).append(UsageSample(
-                        at=row.at, memory_used_mib=row.memory_used_mib,
-                        memory_total_mib=row.memory_total_mib, sm_active=row.sm_active,
-                        processes=row.processes))
-        return found
-
-    def usage(self, lease_ids: Iterable[str]) -> dict[str, Usage]:
-        """Each lease's measured :class:`~mig_spawner.core.rightsize.Usage` (peak, p95,
-        time active), for the leases that have samples."""
-        return {lease_id: usage for lease_id, found in self.samples(lease_ids).items()
-                if (usage := summarize(found)) is not None}
 
     # -- warnings before a stop, and "Keep my server" ----------------------------------
 

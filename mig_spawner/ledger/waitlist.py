@@ -31,6 +31,7 @@ from .errors import IllegalTransition, InvalidDecision
 from .layout import read_holds
 from .models import leases, waits
 from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
+from .usage import Usage
 
 WAIT_STATES: tuple[WaitState, ...] = tuple(WaitState)
 #: How a wait may end without a grant.
@@ -121,7 +122,7 @@ class WaitList:
     _insert: Callable[[Connection, Lease], None]
     _select: Callable[..., list[Lease]]
     _held: Callable[[Connection], list[Lease]]
-    _budget_book: Callable[[Connection, datetime], tuple[tuple[Lease, ...], tuple[Any, ...]]]
+    usage: Usage
     _origin: str
 
     def join_wait(self, request: WaitRequest, *, max_waiting: int = 1) -> WaitEntry:
@@ -255,7 +256,7 @@ class WaitList:
                 else:
                     waiting.append(entry)
             by_id = {entry.id: entry for entry in waiting}
-            past, extras = self._budget_book(connection, now)
+            past, extras = self.usage.book(connection, now)
             holds = read_holds(connection)
             refused: dict[int, Refused] = {}
 

@@ -418,7 +418,7 @@ def slice_map(
     and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
     them out. ``idle_after``: seconds without activity after which a leased slice is
     shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``budgets``: the
-    leases and extra hours of the longest budget window (``Ledger.budget_usage``), for
+    leases and extra hours of the longest budget window (``ledger.usage.budget``), for
     each group budget's use. ``changes``: the layout changes under way
     (``Ledger.layout_changes()``).
     """

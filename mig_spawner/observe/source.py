@@ -51,7 +51,7 @@ class SliceSource:
                 return self._cached[1]
             now = self._clock()
             horizon = self.policy.budget_horizon if self.policy is not None else None
-            book = (self.ledger.budget_usage(now - timedelta(seconds=horizon))
+            book = (self.ledger.usage.budget(now - timedelta(seconds=horizon))
                     if horizon is not None else None)
             view = slice_map(
                 self.gpus.inventory(), self.ledger.active(), now, self.policy,

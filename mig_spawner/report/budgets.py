@@ -2,7 +2,7 @@
 of its members, used over the budget window, against what they have.
 
 Pure: the caller reads the leases and the extra hours from the ledger
-(``Ledger.budget_usage``) and the policies from the hub's config.
+(``ledger.usage.budget``) and the policies from the hub's config.
 """
 
 from __future__ import annotations

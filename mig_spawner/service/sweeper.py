@@ -335,7 +335,7 @@ class Sweeper:
         since = self.clock() - timedelta(seconds=horizon) if horizon is not None else None
 
         def read() -> tuple[list[Lease], list[Any], tuple[list[Lease], list[Extra]]]:
-            usage = self.ledger.budget_usage(since) if since is not None else ([], [])
+            usage = self.ledger.usage.budget(since) if since is not None else ([], [])
             return self.ledger.active(), self.ledger.waiting(), usage
 
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
@@ -416,7 +416,7 @@ class Sweeper:
             facts = gpu_facts_to_record(now, lease, activity) if activity else {}
             if facts:
                 if not self.dry_run and self._worth_writing(lease, facts):
-                    await asyncio.to_thread(self.ledger.record_gpu, lease.id, **facts)
+                    await asyncio.to_thread(self.ledger.usage.record_gpu, lease.id, **facts)
                 lease = replace(lease, **facts)
             if activity is not None and activity.working:
                 self.metrics.gpu_working.labels(lease.group).inc()
@@ -443,7 +443,7 @@ class Sweeper:
         if not due or self.dry_run:
             return
         try:
-            await asyncio.to_thread(self.ledger.record_samples, due)
+            await asyncio.to_thread(self.ledger.usage.record_samples, due)
         except LedgerError as e:
             self.metrics.errors.labels(kind="ledger").inc()
             self.log.error("cannot record usage samples: %s", e)
@@ -596,7 +596,7 @@ class Sweeper:
         if active is not None:
             # ``touch`` only moves forward and skips released leases: safe against a
             # stop racing this sweep.
-            await asyncio.to_thread(self.ledger.touch, lease.id, active)
+            await asyncio.to_thread(self.ledger.usage.touch, lease.id, active)
 
     async def _probe(self, server: HubServer, lease: Lease | None, needs_status: bool) -> Probe:
         """Read the server's kernels, what its people did, and its status when server

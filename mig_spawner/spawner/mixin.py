@@ -388,7 +388,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         now = datetime.now(UTC)
         since = now - timedelta(seconds=max(windows))
         leases, extras = await self.runtime.run(
-            lambda: self.runtime.ledger().budget_usage(since))
+            lambda: self.runtime.ledger().usage.budget(since))
         return LedgerView(LeaseRequest(self.user.name, self.name or ""), supply.held, now,
                           past=tuple(x for x in leases if not x.held), extras=tuple(extras))
 

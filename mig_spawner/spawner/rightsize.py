@@ -49,7 +49,7 @@ async def form_hint(run: Run, ledger: Callable[[], Ledger], user: str, mine: Use
         store = ledger()
         past = sorted(store.history(user=user), key=lambda x: x.claimed_at,
                       reverse=True)[: 4 * rule.recent]
-        usage = store.usage(x.id for x in past)
+        usage = store.usage.summaries(x.id for x in past)
         # Running ones too: judge() leaves them out, as it does for the report.
         return [Session(offer_of[x.profile], usage.get(x.id), x.held) for x in past
                 if x.profile in offer_of]

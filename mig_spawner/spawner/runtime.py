@@ -183,7 +183,7 @@ class SpawnerRuntime:
             with self._opening:
                 if self._ledger is None:
                     self._ledger = Ledger.open(self.key.ledger_url)
-        self._ledger.budget_horizon = self.budget_horizon
+        self._ledger.usage.budget_horizon = self.budget_horizon
         return self._ledger
 
     #: How far back claims read past leases for budgets (the policies' longest budget

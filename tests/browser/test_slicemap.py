@@ -57,8 +57,8 @@ def setup(tmp_path_factory):
     world.lease("bob", "analysts", world.device(1, "1g.18gb"))
     world.clock.now = datetime.now(UTC) - timedelta(minutes=50)
     world.lease("cy", "analysts", world.device(0, "2g.35gb"))
-    world.ledger.touch(world.leases["ada"].id, datetime.now(UTC) - timedelta(minutes=1))
-    world.ledger.touch(world.leases["cy"].id, datetime.now(UTC) - timedelta(minutes=3))
+    world.ledger.usage.touch(world.leases["ada"].id, datetime.now(UTC) - timedelta(minutes=1))
+    world.ledger.usage.touch(world.leases["cy"].id, datetime.now(UTC) - timedelta(minutes=3))
     world.sim.set_processes(world.device(1, "2g.35gb").uuid, [(9999, 1024)])  # no lease
     ledger_url = world.ledger.url
     state_file = world.state_file

@@ -38,6 +38,6 @@ def seed_sessions(ledger: Ledger, advance, user: str, group: str, profile: str, 
             ledger.record_purpose(lease.id, purpose)
         for sample in samples(now() if now else lease.claimed_at, peak,
                               found.memory_mib / GIB, count):
-            ledger.record_samples({lease.id: sample})
+            ledger.usage.record_samples({lease.id: sample})
         advance()
         ledger.release(lease.id, "stopped")
