@@ -68,7 +68,7 @@ def one_run(held: int, seed: int, workdir: Path) -> tuple[float, float, int, int
           target)
     applier = LayoutApplier(ledger, gpus, lambda group: NOTICE, clock=clock)
     started, wall, stopped = clock.now, 0.0, []
-    while ledger.layout_changes():
+    while ledger.holds.changes():
         for lease_id, end in ends.items():  # servers that ended on their own
             if end <= clock.now:
                 ledger.release(lease_id, ReleaseCode.STOPPED)
@@ -80,7 +80,7 @@ def one_run(held: int, seed: int, workdir: Path) -> tuple[float, float, int, int
         if done.due:
             applier.step()
         wall += time.perf_counter() - t0
-        if ledger.layout_changes():
+        if ledger.holds.changes():
             clock.now += timedelta(seconds=SWEEP)
     warned = sum(1 for x in stopped if any(e.kind == "warned" and e.rule == "drain"
                                            for e in ledger.events(x)))

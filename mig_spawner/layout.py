@@ -60,7 +60,7 @@ from mig_spawner.core.layout import (
 from mig_spawner.gpu.errors import GpuError, InstanceInUse
 from mig_spawner.holder import start_time, this_host
 from mig_spawner.ledger import KUBE_NODE, LayoutChange, Lease, Ledger
-from mig_spawner.ledger.layout import Replan
+from mig_spawner.ledger.holds import Replan
 
 #: The warning rule a drain writes on a lease (beside ``server_idle``, ``max_session_age``).
 DRAIN_RULE = "drain"
@@ -125,7 +125,7 @@ def begin(ledger: Ledger, host: str, plan: LayoutPlan, target: Target) -> list[L
     for g in plan.changing:
         entry = target.for_gpu(g.index)
         assert entry is not None  # the plan covers only GPUs the target names
-        opened.append(ledger.open_change(host, g.uuid, g.index,
+        opened.append(ledger.holds.open_change(host, g.uuid, g.index,
                                          target_json(entry, layout_before(g)),
                                          g.changing_slices, whole_gpu=g.mode_change))
     return opened
@@ -135,7 +135,7 @@ def drain(ledger: Ledger, host: str, gpu: Gpu) -> LayoutChange:
     """Hold every slice of ``gpu`` from new grants and drain its holders (maintenance,
     or a MIG mode change in dynamic mode): the change stays ``draining`` until an admin
     ends it (``mig-spawner layout end``)."""
-    return ledger.open_change(host, gpu.uuid, gpu.index, DRAIN_TARGET, (), whole_gpu=True,
+    return ledger.holds.open_change(host, gpu.uuid, gpu.index, DRAIN_TARGET, (), whole_gpu=True,
                               state=PlanState.DRAINING)
 
 
@@ -218,13 +218,13 @@ class LayoutApplier:
     def step(self) -> Pass:
         """One pass over every open change of this host that no other stepper has."""
         result = Pass()
-        if not self.ledger.layout_changes():
+        if not self.ledger.holds.changes():
             return result  # the common case: one indexed read, no GPU read
         host = self.gpus.inventory().host
-        for change in self.ledger.layout_changes(host):
+        for change in self.ledger.holds.changes(host):
             if change.gpu_uuid == KUBE_NODE:
                 continue
-            mine = self.ledger.take_change(change.id, self.stepper,
+            mine = self.ledger.holds.take_change(change.id, self.stepper,
                                            lambda c: stepper_gone(c, self.clock()))
             if mine is None:
                 result.gpus.append(GpuOutcome(change.gpu_index, change.state,
@@ -233,7 +233,7 @@ class LayoutApplier:
             try:
                 result.gpus.append(self._one(mine, result))
             finally:
-                self.ledger.let_go(change.id, self.stepper)
+                self.ledger.holds.let_go(change.id, self.stepper)
         return result
 
     def _one(self, change: LayoutChange, result: Pass) -> GpuOutcome:
@@ -270,7 +270,7 @@ class LayoutApplier:
         state = PlanState.DRAINING if waiting else PlanState.APPLYING
         detail = outcome.why or (f"waits for {', '.join(waiting_for(waiting))}" if waiting
                                  else f"{len(outcome.done)} step(s) done")
-        moved = self.ledger.move_change(change.id, state, detail=detail)
+        moved = self.ledger.holds.move_change(change.id, state, detail=detail)
         outcome.state = moved.state if moved else state
         return outcome
 
@@ -281,7 +281,7 @@ class LayoutApplier:
             holders = {(h.gpu_uuid, h.start): h for h in holders_of(leases)}
             return plan_gpu(gpu, entry, instances_of(gpu, holders))
 
-        return self.ledger.replan(change.id, self.stepper, plan)
+        return self.ledger.holds.replan(change.id, self.stepper, plan)
 
     def _run_steps(self, change: LayoutChange, gpu: Gpu, plan: GpuPlan,
                    outcome: GpuOutcome, *, keep_going: bool = False) -> str | None:
@@ -305,13 +305,13 @@ class LayoutApplier:
                 continue  # MIG mode changes only once nothing is held or busy on the GPU
             on = (s.instance.slices if s.kind is StepKind.DESTROY and s.instance is not None
                   else s.new.slices if s.new is not None else every_slice)
-            why = self.ledger.check_step(change.id, self.stepper, on)
+            why = self.ledger.holds.check_step(change.id, self.stepper, on)
             if why is not None:
                 # Never touch what the hold does not cover: the next pass plans again.
                 outcome.why = f"{s.describe()}: not now: {why}"
                 return None
             if change.state is not PlanState.APPLYING:
-                change = self.ledger.move_change(change.id, PlanState.APPLYING) or change
+                change = self.ledger.holds.move_change(change.id, PlanState.APPLYING) or change
             try:
                 self._run(s)
             except InstanceInUse as e:
@@ -371,7 +371,7 @@ class LayoutApplier:
                   else f"waits for {len(on_gpu)} server(s)"
                   + (f" and processes on {len(busy)} instance(s)" if busy else ""))
         if detail != change.detail:
-            self.ledger.move_change(change.id, PlanState.DRAINING, detail=detail)
+            self.ledger.holds.move_change(change.id, PlanState.DRAINING, detail=detail)
         outcome.why = detail
         return outcome
 
@@ -419,7 +419,7 @@ def _missing(gpu: Gpu | None, entry: TargetEntry) -> str:
 def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: str) -> None:
     """End ``change`` (done or failed): its hold ends, and a drain warning it gave a
     server that still runs there is withdrawn (that stop is no longer due)."""
-    ledger.move_change(change.id, state, detail=detail)
+    ledger.holds.move_change(change.id, state, detail=detail)
     kube = change.gpu_uuid == KUBE_NODE  # its leases record the node, not a host
     for lease in ledger.active(None if kube else change.host):
         on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
@@ -436,7 +436,7 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
     if not holders:
         return change
     if change.notice_from is None:
-        change = ledger.move_change(change.id, PlanState.DRAINING, notice_from=now) or change
+        change = ledger.holds.move_change(change.id, PlanState.DRAINING, notice_from=now) or change
     by_id = {x.id: x for x in leases}
     for h in holders:
         lease = by_id.get(h.lease_id)
@@ -479,7 +479,7 @@ def begin_kube(ledger: Ledger, node: str, config: str) -> LayoutChange:
     """Hold every slice of ``node`` from new grants, to re-cut it to the mig-parted
     config ``config`` (MIG Manager re-cuts every GPU whose layout changes whole, and
     resets all the node's GPUs for a MIG mode change: the node is held whole)."""
-    return ledger.open_change(node, KUBE_NODE, 0, {"mig_config": config}, (), whole_gpu=True)
+    return ledger.holds.open_change(node, KUBE_NODE, 0, {"mig_config": config}, (), whole_gpu=True)
 
 
 def _mig_pods(pods: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -526,7 +526,7 @@ class KubeLayout:
         import asyncio
 
         result = Pass()
-        changes = [c for c in await asyncio.to_thread(self.ledger.layout_changes)
+        changes = [c for c in await asyncio.to_thread(self.ledger.holds.changes)
                    if c.gpu_uuid == KUBE_NODE]
         if not changes:
             return result
@@ -549,7 +549,7 @@ class KubeLayout:
             if state in (PlanState.DONE, PlanState.FAILED):
                 end_change(ledger, change, state, detail)
             else:
-                ledger.move_change(change.id, state, detail=detail)
+                ledger.holds.move_change(change.id, state, detail=detail)
             outcome.state, outcome.why = state, detail
             return outcome
 

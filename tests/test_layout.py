@@ -207,7 +207,7 @@ def test_processes_without_a_lease_on_an_instance_that_must_go_make_the_change_w
           parse_spec(TARGET))
     applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
     [gpu0] = applier.step().gpus
-    [change] = ledger.layout_changes()
+    [change] = ledger.holds.changes()
     assert gpu0.state is PlanState.DRAINING and "process" in change.detail, change.detail
     assert layout_of(gpus, 0) == [("1g.18gb", s) for s in (2, 4, 5, 6)]
     sim.set_processes(busy.uuid, [])
@@ -236,7 +236,7 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
     kept = ledger.keep(lease.id, extend_by=HOUR, max_extensions=3)
     assert kept.outcome == "refused" and "re-cutting" in kept.message
     # The 4g.71gb's room is held from grants; the 1g.18gb that stay are granted as usual.
-    assert ledger.holds()[(inventory.host, change.gpu_uuid)] == frozenset(range(4))
+    assert ledger.holds.held()[(inventory.host, change.gpu_uuid)] == frozenset(range(4))
 
     clock.now += timedelta(minutes=30)
     assert applier.step().due == []  # still within the notice; warned once only
@@ -255,7 +255,7 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
     assert last.gpus[0].state is PlanState.DONE
     assert layout_of(gpus, 0) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
                                   ("4g.71gb", 0)]
-    assert ledger.holds() == {} and ledger.layout_changes() == []
+    assert ledger.holds.held() == {} and ledger.holds.changes() == []
     assert layout_of(gpus, 1) == [("1g.18gb", s) for s in range(7)]
 
 
@@ -293,8 +293,8 @@ def test_no_picker_grants_a_placement_that_will_change_and_the_form_says_why(wor
         ledger.claim(LeaseRequest("w"), decide)
     assert refused.value.reason is Reason.NONE_FREE
     # Once the changes end, their slices are granted again.
-    for change in ledger.layout_changes():
-        ledger.move_change(change.id, PlanState.FAILED, detail="test")
+    for change in ledger.holds.changes():
+        ledger.holds.move_change(change.id, PlanState.FAILED, detail="test")
     decide = make_decide(mine, policy.offer("1g.18gb"), inventory, "pool", "pack")
     assert ledger.claim(LeaseRequest("u", "again"), decide).start == 0
 
@@ -320,10 +320,10 @@ def test_an_nvml_error_at_any_step_stops_that_gpu_with_the_reason_and_the_rest_g
     other = first[1 - hit.gpu_index]
     assert other.state is PlanState.DONE
     if ends is PlanState.FAILED:
-        [failed] = [c for c in ledger.layout_changes(open_only=False)
+        [failed] = [c for c in ledger.holds.changes(open_only=False)
                     if c.state is PlanState.FAILED]
         assert failed.detail and failed.gpu_index == hit.gpu_index
-        assert ledger.holds() == {}  # a failed change holds nothing
+        assert ledger.holds.held() == {}  # a failed change holds nothing
     else:  # in use: the next pass goes on where it stopped
         assert applier.step().gpus[0].state is PlanState.DONE
     # Whatever failed, no instance is left that the target does not have or that has no
@@ -346,18 +346,18 @@ def test_a_change_that_fails_midway_puts_back_what_it_destroyed(world, caplog):
     assert gpu0.state is PlanState.FAILED
     assert any(d.startswith("destroy") for d in gpu0.done)  # it had destroyed some
     assert layout_of(gpus, 0) == [("1g.18gb", s) for s in range(7)]
-    [failed] = ledger.layout_changes(open_only=False)
+    [failed] = ledger.holds.changes(open_only=False)
     assert failed.detail.startswith("put back") and "could not" not in failed.detail
-    assert ledger.holds() == {}
+    assert ledger.holds.held() == {}
     # Where the way back fails too, what is missing is said and logged; the hold ends.
     begin(ledger, inventory.host, plan_layout(gpus.inventory(), target), target)
     sim.inject_error("nvmlGpuInstanceCreateComputeInstance", "UNKNOWN", count=2)
     with caplog.at_level("WARNING", logger="mig_spawner.layout"):
         assert applier.step().gpus[0].state is PlanState.FAILED
-    failed = ledger.layout_changes(open_only=False)[-1]
+    failed = ledger.holds.changes(open_only=False)[-1]
     assert "could not put back 1x 1g.18gb" in failed.detail, failed.detail
     assert "could not put back 1x 1g.18gb" in caplog.text
-    assert len(gpus.gpu(0).gpu_instances) == 6 and ledger.holds() == {}
+    assert len(gpus.gpu(0).gpu_instances) == 6 and ledger.holds.held() == {}
 
 
 def test_a_profile_the_driver_does_not_offer_is_refused_before_anything_is_destroyed(
@@ -375,7 +375,7 @@ def test_a_profile_the_driver_does_not_offer_is_refused_before_anything_is_destr
     with connect(state_file=str(state)) as gpus:
         assert layout_of(gpus, 0) == [("2g.12gb", 0), ("2g.12gb", 2)]
     with Ledger.open(url) as ledger:
-        assert ledger.layout_changes(open_only=False) == []
+        assert ledger.holds.changes(open_only=False) == []
 
 
 def test_a_compute_instance_lost_to_a_crash_is_cleaned_up_on_the_next_pass(world):
@@ -435,11 +435,11 @@ def test_dynamic_mode_refuses_a_target_layout_and_drains_a_gpu_instead(tmp_path,
     assert main(["status", "--sim-state", str(state), "--ledger-url", url]) == 0
     assert "GPU 0: drained for maintenance (draining)" in capsys.readouterr().out
     with Ledger.open(url) as ledger:
-        assert ledger.holds()[(holder.this_host(), connect(state_file=str(state))
+        assert ledger.holds.held()[(holder.this_host(), connect(state_file=str(state))
                                .inventory().gpus[0].uuid)] == frozenset(range(64))
     assert main(["layout", "end", "--ledger-url", url, "0"]) == 0
     with Ledger.open(url) as ledger:
-        assert ledger.holds() == {}
+        assert ledger.holds.held() == {}
 
 
 def test_the_map_shows_a_gpu_being_re_cut_and_which_slices_are_held(world):
@@ -453,7 +453,7 @@ def test_the_map_shows_a_gpu_being_re_cut_and_which_slices_are_held(world):
     begin(ledger, inventory.host, plan, parse_spec(TARGET))
     LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
     data = slicemap_json(slice_map(gpus.inventory(), ledger.active(), clock.now,
-                                   changes=ledger.layout_changes()))
+                                   changes=ledger.holds.changes()))
     gpu0, gpu1 = data["gpus"]
     assert gpu0["change"] == "being re-cut (draining): waits for ana"
     assert gpu0["held_slices"] == [0, 1, 2, 3]
@@ -485,4 +485,4 @@ def test_ending_a_change_withdraws_the_drain_warning_of_a_server_that_stays(worl
     LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
     assert ledger.get(lease.id).warning == "drain"
     assert main(["layout", "end", "--ledger-url", ledger.url, "1"]) == 0
-    assert ledger.get(lease.id).warning is None and ledger.holds() == {}
+    assert ledger.get(lease.id).warning is None and ledger.holds.held() == {}

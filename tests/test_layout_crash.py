@@ -95,16 +95,16 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
     try:
         def applying() -> bool:
             assert apply.poll() is None, "the apply ended before it applied"
-            return any(c.state is PlanState.APPLYING for c in ledger.layout_changes())
+            return any(c.state is PlanState.APPLYING for c in ledger.holds.changes())
 
-        until(applying, 60, "the change applying", show=ledger.layout_changes, every=0.005)
+        until(applying, 60, "the change applying", show=ledger.holds.changes, every=0.005)
         claims.start()
         time.sleep(0.02 * round_)  # a few steps in, at a different point each round
     finally:
         apply.send_signal(signal.SIGKILL)
         apply.wait()
     try:
-        assert ledger.layout_changes(), "the kill came too late: nothing left to resume"
+        assert ledger.holds.changes(), "the kill came too late: nothing left to resume"
         with connect(state_file=state) as gpus:
             applier = LayoutApplier(ledger, gpus, lambda group: 3600.0)  # the restart
             for _ in range(20):
@@ -128,9 +128,9 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
                 ledger.release(lease.id, "stopped")
             for _ in range(3):
                 applier.step()
-            assert ledger.layout_changes() == []
+            assert ledger.holds.changes() == []
             assert all(c.state is PlanState.DONE
-                       for c in ledger.layout_changes(open_only=False)[-2:])
+                       for c in ledger.holds.changes(open_only=False)[-2:])
             for gpu in gpus.inventory().gpus:
                 assert sorted((gi.profile, gi.start) for gi in gpu.gpu_instances) == [
                     ("1g.18gb", 0), ("1g.18gb", 1), ("2g.35gb", 2), ("3g.71gb", 4)]
@@ -175,19 +175,19 @@ async def test_kill_9_of_the_slice_service_mid_apply_resumes_on_its_restart(
 
         async def applying() -> bool:
             assert first.poll() is None, (tmp_path / "service.log").read_text()[-3000:]
-            changes = await asyncio.to_thread(ledger.layout_changes)
+            changes = await asyncio.to_thread(ledger.holds.changes)
             return any(c.state is PlanState.APPLYING for c in changes)
 
         await until_async(applying, 60, "the change applying", show=tmp_path / "service.log",
                           every=0.002)
         first.send_signal(signal.SIGKILL)
         first.wait()
-        assert ledger.layout_changes(), "the kill came after the change was done"
+        assert ledger.holds.changes(), "the kill came after the change was done"
         second = service(tmp_path, hub, backend_url, str(config), log)
 
         async def done() -> bool:
             assert second.poll() is None, (tmp_path / "service.log").read_text()[-3000:]
-            return not await asyncio.to_thread(ledger.layout_changes)
+            return not await asyncio.to_thread(ledger.holds.changes)
 
         try:
             await until_async(done, 120, "the change done by the restarted service",
@@ -200,7 +200,7 @@ async def test_kill_9_of_the_slice_service_mid_apply_resumes_on_its_restart(
                 assert sorted((gi.profile, gi.start) for gi in gpu.gpu_instances) == [
                     ("1g.18gb", 0), ("1g.18gb", 1), ("2g.35gb", 2), ("3g.71gb", 4)]
                 assert len(gpu.gpu_instances) == len(gpu.mig_devices)
-        assert ledger.holds() == {}
+        assert ledger.holds.held() == {}
     finally:
         if first is not None and first.poll() is None:
             first.kill()

@@ -140,7 +140,7 @@ def test_processes_on_a_gpu_held_by_nobody_keep_its_mig_mode_too(host_of):
     applier = start_change(ledger, gpus, clock, "0=7g.141gb")
     [gpu0] = applier.step().gpus
     assert gpu0.state is PlanState.DRAINING
-    assert "processes on the whole GPU" in ledger.layout_changes()[0].detail
+    assert "processes on the whole GPU" in ledger.holds.changes()[0].detail
     assert not gpus.gpu(0).mig_current
     sim.set_processes(gpus.gpu(0).uuid, [])
     assert applier.step().gpus[0].state is PlanState.DONE
@@ -293,7 +293,8 @@ def _run_events(ledger, gpus, target, servers, events, claim_before_destroy):
                 held.append(claim(ledger, gpus, f"late{next(late)}"))
         gi = next(g for g in gpus.gpu(gpu_index).gpu_instances if g.gi_id == gi_id)
         slices = set(range(gi.start, gi.start + gi.size))
-        assert slices <= ledger.holds().get((host, uuid), frozenset()), (gi, ledger.holds())
+        held_now = ledger.holds.held()
+        assert slices <= held_now.get((host, uuid), frozenset()), (gi, held_now)
         assert not any(slices & set(x.memory_slices) for x in ledger.active())
         destroy(gpu_index, gi_id)
 
@@ -311,7 +312,7 @@ def _run_events(ledger, gpus, target, servers, events, claim_before_destroy):
     for lease in ledger.active():
         ledger.release(lease.id, "stopped")
     applier.step()
-    assert ledger.layout_changes() == []
+    assert ledger.holds.changes() == []
     assert Counter(p for p, _ in layout_of(gpus)) == Counter(
         parse_spec(target).entries[0].counts)
 
@@ -356,7 +357,7 @@ def test_two_steppers_never_step_one_change_at_once(tmp_path, backend_url):
         for _ in range(4):
             a.step()
             b.step()
-        ended = first.layout_changes(open_only=False)
+        ended = first.holds.changes(open_only=False)
         assert [c.state for c in ended] == [PlanState.DONE, PlanState.DONE], [
             (c.state, c.detail) for c in ended]
         for i in (0, 1):
@@ -374,7 +375,7 @@ import sys, time
 from mig_spawner.layout import this_stepper
 from mig_spawner.ledger import Ledger
 ledger = Ledger.open(sys.argv[1])
-assert ledger.take_change(int(sys.argv[2]), this_stepper(), lambda c: False) is not None
+assert ledger.holds.take_change(int(sys.argv[2]), this_stepper(), lambda c: False) is not None
 print("taken", flush=True)
 time.sleep(600)
 """
@@ -383,7 +384,7 @@ time.sleep(600)
 def test_a_stepper_killed_mid_change_never_wedges_it(backend_url, host_of):
     ledger, gpus, _, clock = host_of("h200x1:layout=1g.18gb*7")
     applier = start_change(ledger, gpus, clock, "0=7g.141gb")
-    [change] = ledger.layout_changes()
+    [change] = ledger.holds.changes()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))}
     hung = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG, backend_url,
@@ -404,7 +405,7 @@ def test_a_stepper_killed_mid_change_never_wedges_it(backend_url, host_of):
 def test_a_stepper_this_host_cannot_look_up_is_gone_only_after_a_long_silence():
     from dataclasses import replace
 
-    from mig_spawner.ledger.layout import LayoutChange
+    from mig_spawner.ledger.holds import LayoutChange
 
     now = datetime(2026, 12, 1, 9, tzinfo=UTC)
     change = LayoutChange(1, "h", "GPU-x", 0, {}, PlanState.APPLYING, frozenset(), False,

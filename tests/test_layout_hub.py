@@ -92,10 +92,10 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             assert kept["outcome"] == "refused"
 
             def done() -> bool:
-                return not ledger.layout_changes()
+                return not ledger.holds.changes()
             until(done, NOTICE + 30, "the change done", show=service.log)
             took = time.monotonic() - started
-            [change] = ledger.layout_changes(open_only=False)
+            [change] = ledger.holds.changes(open_only=False)
             assert change.state is PlanState.DONE, change.detail
             assert layout(tmp_path) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
                                         ("4g.71gb", 0)]

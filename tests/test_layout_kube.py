@@ -114,7 +114,7 @@ async def test_the_node_is_held_drained_labelled_and_re_cut_by_mig_manager(clust
     assert labels["nvidia.com/mig.config.state"] == "success"
     assert node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "7"
     assert "nvidia.com/mig-3g.40gb" not in node["status"]["allocatable"]
-    assert ledger.holds() == {}
+    assert ledger.holds.held() == {}
     # The re-cut node serves again, with its new layout.
     slices = await snapshot(kube)
     assert {n.name: dict(n.allocatable) for n in slices.nodes}[a1] == {"1g.10gb": 7}
@@ -130,12 +130,12 @@ async def test_mig_manager_failing_fails_the_change_and_ends_the_hold(cluster):
     decide = make_kube_decide(POLICY.for_user(["a"]), POLICY.offer("1g.10gb"), slices,
                               f"{kube.ns}/jupyter-y", ClaimTarget())
     with pytest.raises(Refused) as refused:
-        decide(LedgerView(LeaseRequest("y"), (), ledger._now(), holds=ledger.holds()))
+        decide(LedgerView(LeaseRequest("y"), (), ledger._now(), holds=ledger.holds.held()))
     assert refused.value.reason is Reason.GPU_RECUT
     passes = await settle(KubeLayout(ledger, api, lambda group: HOUR), PlanState.FAILED)
     assert "mig.config.state=failed" in passes[-1].gpus[0].why
-    [failed] = ledger.layout_changes(open_only=False)
-    assert failed.state is PlanState.FAILED and ledger.holds() == {}
+    [failed] = ledger.holds.changes(open_only=False)
+    assert failed.state is PlanState.FAILED and ledger.holds.held() == {}
 
 
 async def test_the_form_tells_a_held_node_apart_from_a_free_one(cluster, ledger_url):

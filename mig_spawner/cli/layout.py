@@ -249,11 +249,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
             while True:
                 done = applier.step()
                 _print_pass(done)
-                left = ledger.layout_changes(inventory.host)
+                left = ledger.holds.changes(inventory.host)
                 if not args.wait or not left:
                     break
                 time.sleep(args.interval)
-            failed = [c for c in ledger.layout_changes(inventory.host, open_only=False)
+            failed = [c for c in ledger.holds.changes(inventory.host, open_only=False)
                       if c.id in {o.id for o in opened} and c.state.value == "failed"]
             return 1 if failed else 0
     except (LayoutError, LedgerError, ValueError) as e:
@@ -269,7 +269,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .report import ledger_url
 
     with Ledger.open_existing(ledger_url(args)) as ledger:
-        changes = ledger.layout_changes(open_only=not args.all)
+        changes = ledger.holds.changes(open_only=not args.all)
     if args.json:
         print(json.dumps([{"id": c.id, "host": c.host, "gpu": c.gpu_index, "uuid": c.gpu_uuid,
                            "state": c.state.value, "target": c.target,
@@ -318,7 +318,7 @@ def cmd_end(args: argparse.Namespace) -> int:
 
     gpu = args.gpu.isdigit()
     with Ledger.open(ledger_url(args)) as ledger:
-        ended = [c for c in ledger.layout_changes()
+        ended = [c for c in ledger.holds.changes()
                  if (gpu and c.host == this_host() and c.gpu_index == int(args.gpu)
                      and c.gpu_uuid != KUBE_NODE)
                  or (not gpu and c.host == args.gpu and c.gpu_uuid == KUBE_NODE)]

@@ -18,7 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .layout import KUBE_NODE, LayoutChange
+from .holds import KUBE_NODE, LayoutChange
 from .readonly import PROBE_TIMEOUT_S, probe
 from .records import (
     HELD_STATES,

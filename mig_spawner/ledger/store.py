@@ -23,7 +23,7 @@ from . import migrate
 from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims
 from .errors import InvalidDecision, LeaseNotFound, LeaseStateError, LedgerMissing, ServerHasLease
-from .layout import LayoutChanges, read_holds
+from .holds import Holds, read_holds
 from .models import layout_changes, lease_events, leases, waits
 from .readonly import readonly_engine
 from .records import (
@@ -46,7 +46,6 @@ from .rows import (
     clean_text,
     first_why,
     free_slots,
-    held_on,
     insert_lease,
     lock_lease,
     move,
@@ -70,7 +69,7 @@ log = logging.getLogger(__name__)
 KEEP_RESOLUTION = 60.0
 
 
-class Ledger(WaitList, LayoutChanges):
+class Ledger(WaitList):
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
@@ -89,6 +88,8 @@ class Ledger(WaitList, LayoutChanges):
         self.refusals = RefusalLog(self._tx)
         #: Activity, GPU work, usage samples and budgets.
         self.usage = Usage(self._tx)
+        #: Capacity held from new grants: layout changes.
+        self.holds = Holds(self._tx)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -178,7 +179,6 @@ class Ledger(WaitList, LayoutChanges):
         return self._held_leases.read(connection)
 
     _select = staticmethod(select_leases)
-    _held_on = staticmethod(held_on)
     _insert = staticmethod(insert_lease)
     _new_lease = staticmethod(new_lease)
 

@@ -28,7 +28,7 @@ from mig_spawner.core.waitlist import StarvationGuard, Waiter, next_grants
 from .changes import announce
 from .engine import lock_claims
 from .errors import IllegalTransition, InvalidDecision
-from .layout import read_holds
+from .holds import read_holds
 from .models import leases, waits
 from .records import HELD_STATES, Grant, Lease, LeaseRequest, LedgerView
 from .usage import Usage

@@ -420,7 +420,7 @@ def slice_map(
     shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``budgets``: the
     leases and extra hours of the longest budget window (``ledger.usage.budget``), for
     each group budget's use. ``changes``: the layout changes under way
-    (``Ledger.layout_changes()``).
+    (``ledger.holds.changes()``).
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")

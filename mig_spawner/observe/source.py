@@ -56,7 +56,7 @@ class SliceSource:
             view = slice_map(
                 self.gpus.inventory(), self.ledger.active(), now, self.policy,
                 idle_after=self.idle_after, waits=self.ledger.waiting(), budgets=book,
-                changes=self.ledger.layout_changes(),
+                changes=self.ledger.holds.changes(),
             )
             self._cached = (time.monotonic(), view)
             return view

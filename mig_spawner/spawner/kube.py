@@ -108,7 +108,7 @@ class KubeFleet:
     """One read of the cluster, and the nodes layout changes hold from new pods."""
 
     slices: ClusterSlices
-    #: Holds per (node, ``KUBE_NODE``), as ``Ledger.holds`` gives them (docs/layout.md).
+    #: Holds per (node, ``KUBE_NODE``), as ``ledger.holds.held()`` gives them (docs/layout.md).
     holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
 
@@ -283,7 +283,7 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         return KubeFleet(slices, holds)
 
     async def _holds(self) -> Mapping[tuple[str, str], frozenset[int]]:
-        return await self.runtime.run(lambda: self.runtime.ledger().holds())
+        return await self.runtime.run(lambda: self.runtime.ledger().holds.held())
 
     def supply_from(self, fleet: KubeFleet, held: Sequence[Lease]) -> SliceSupply:
         """The cluster's free slices in ``fleet``, less the leases whose pods are not

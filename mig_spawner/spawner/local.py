@@ -177,7 +177,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         recent request mix."""
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = self.runtime.demand() if self.slice_kind.made_per_lease else None
-        holds = self.runtime.ledger().holds()
+        holds = self.runtime.ledger().holds.held()
         return LocalFleet(self.runtime.index_here(), demand, holds)
 
     def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:

@@ -164,7 +164,7 @@ def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
             gpu1 = page.locator('section.gpu[data-gpu="1"]')
             assert gpu1.get_by_text("being re-cut", exact=True).count() >= 1
             page.screenshot(path=str(DRAIN_SCREENSHOT), full_page=True)
-            for opened in ledger.layout_changes():
+            for opened in ledger.holds.changes():
                 end_change(ledger, opened, PlanState.FAILED, "the test ends it")
 
 

@@ -1,39 +1,42 @@
-"""Layout changes in the ledger: each GPU's plan state and the slices it holds from grants.
+"""The holds store: capacity held from new grants, and the layout changes that hold it.
 
-:class:`LayoutChanges` is a base of :class:`~mig_spawner.ledger.store.Ledger`. A change
-is one row per GPU (:data:`~mig_spawner.ledger.models.layout_changes`); while it is
-``pending``, ``draining`` or ``applying`` its held slices are part of every claim's and
-every grant pass's view (:attr:`LedgerView.holds`, read in their transaction), so no
-picker can grant a placement that is about to change. Opening a change takes the claim
-lock: a claim either committed before it (its lease is then a holder the drain waits
-for) or sees the hold. docs/layout.md tells the whole way.
+A **hold** is durable: slices of a GPU (or the whole GPU) that no claim and no grant
+pass may take while it stands. Every claim and grant pass reads every hold in its own
+transaction (:func:`read_holds`, as :attr:`LedgerView.holds`), and a hold is taken
+under the claim lock, so a claim either committed before it (its lease is then a holder
+the hold's owner waits for) or sees it. Holds are one idea with several causes, each a
+*source* of rows giving ``(host, GPU UUID, held slices, whole GPU)`` for the holds that
+stand (:data:`HOLD_SOURCES`); the view is their union.
+
+Today's one source is a layout change (``layout_changes``, one row per GPU: a re-cut
+or a drain): while it is ``pending``, ``draining`` or ``applying`` its held slices are
+held. A GPU found faulty is another cause of the same kind (its source is added to
+:data:`HOLD_SOURCES`, its writes beside the layout change's here). docs/layout.md
+tells a layout change's whole way.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, Select, bindparam, insert, select, update
 
 from mig_spawner.core.layout import HOLDING_STATES, GpuPlan, PlanState
 
-from .changes import announce
-from .engine import lock_claims
 from .models import layout_changes
-
-if TYPE_CHECKING:
-    from .records import Lease
+from .records import Lease
+from .rows import held_on
+from .transactions import Transactions
 
 #: The ``gpu_uuid`` of a hold on a whole Kubernetes node (its name is the ``host``):
 #: MIG Manager re-cuts a node's GPUs whole, so the node is held whole.
 KUBE_NODE = "node"
 #: (host, GPU UUID) -> memory slices held from new grants.
-Holds = Mapping[tuple[str, str], frozenset[int]]
+HeldSlices = dict[tuple[str, str], frozenset[int]]
 _DETAIL_MAX = layout_changes.c.detail.type.length or 255
 _FINAL = (PlanState.DONE, PlanState.FAILED)
 
@@ -55,7 +58,7 @@ class LayoutChange:
     notice_from: datetime | None = None
     detail: str | None = None
     #: The process stepping the change now (None: nobody), and when it last took or
-    #: checked a step (see :meth:`LayoutChanges.take_change`).
+    #: checked a step (see :meth:`Holds.take_change`).
     stepper: str | None = None
     stepper_seen: datetime | None = None
 
@@ -70,7 +73,7 @@ class LayoutChange:
 
 
 class Replan(NamedTuple):
-    """What :meth:`LayoutChanges.replan` read and decided in one transaction: the change
+    """What :meth:`Holds.replan` read and decided in one transaction: the change
     with its hold as written, the leases held on its GPU, and the plan."""
 
     change: LayoutChange
@@ -104,33 +107,41 @@ _LOCK_CHANGE = select(layout_changes).where(
     layout_changes.c.id == bindparam("change_id")).with_for_update()
 
 
-#: What :func:`read_holds` reads, built once: every claim and grant pass reads it.
-_HOLDS = select(
-    layout_changes.c.host, layout_changes.c.gpu_uuid, layout_changes.c.held_slices,
-    layout_changes.c.whole_gpu,
-).where(layout_changes.c.state.in_([s.value for s in HOLDING_STATES]))
+_OPEN = layout_changes.c.state.in_([s.value for s in HOLDING_STATES])
+#: Each cause of a hold, as a statement giving ``(host, GPU UUID, held slices as a bit
+#: mask, whole GPU)`` for its holds that stand. Built once: every claim and grant pass
+#: reads them all.
+HOLD_SOURCES: tuple[Select[Any], ...] = (
+    # A layout change while it is open.
+    select(layout_changes.c.host, layout_changes.c.gpu_uuid, layout_changes.c.held_slices,
+           layout_changes.c.whole_gpu).where(_OPEN),
+)
 
 
-def read_holds(connection: Connection) -> dict[tuple[str, str], frozenset[int]]:
-    """The slices open changes hold, per (host, GPU UUID); read in the caller's
-    transaction. A whole-GPU hold is every slice (64 bits: more than any GPU has)."""
-    rows = connection.execute(_HOLDS)
+def read_holds(connection: Connection) -> HeldSlices:
+    """The slices every hold that stands holds, per (host, GPU UUID), whatever its
+    cause; read in the caller's transaction. A whole-GPU hold is every slice (64 bits:
+    more than any GPU has)."""
     holds: dict[tuple[str, str], frozenset[int]] = {}
-    for host, gpu_uuid, mask, whole in rows:
-        held = frozenset(range(64)) if whole else _slices(mask)
-        holds[(host, gpu_uuid)] = holds.get((host, gpu_uuid), frozenset()) | held
+    for source in HOLD_SOURCES:
+        for host, gpu_uuid, mask, whole in connection.execute(source):
+            held = frozenset(range(64)) if whole else _slices(mask)
+            holds[(host, gpu_uuid)] = holds.get((host, gpu_uuid), frozenset()) | held
     return holds
 
 
-class LayoutChanges:
-    """The ledger's layout changes (see the module docstring)."""
+class Holds:
+    """The ledger's holds store (see the module docstring)."""
 
-    # Provided by Ledger.
-    _read: Callable[[], AbstractContextManager[Connection]]
-    _write: Callable[[], AbstractContextManager[Connection]]
-    _now: Callable[[], datetime]
-    _origin: str
-    _held_on: Callable[[Connection, str, str], list[Lease]]
+    def __init__(self, tx: Transactions) -> None:
+        self._tx = tx
+
+    def held(self) -> HeldSlices:
+        """The slices every hold that stands holds now, per (host, GPU UUID)."""
+        with self._tx.read() as connection:
+            return read_holds(connection)
+
+    # -- layout changes ---------------------------------------------------------------
 
     def open_change(self, host: str, gpu_uuid: str, gpu_index: int, target: Mapping[str, Any],
                     held_slices: Iterable[int], *, whole_gpu: bool = False,
@@ -138,13 +149,12 @@ class LayoutChanges:
         """Start a change of one GPU, holding ``held_slices`` (or the whole GPU) from new
         grants at once. An open change of that GPU is replaced (it ends ``failed``,
         "replaced by a new plan")."""
-        with self._write() as connection:
-            lock_claims(connection)
-            now = self._now()
+        with self._tx.claims() as connection:
+            now = self._tx.now()
             connection.execute(
                 update(layout_changes)
                 .where(layout_changes.c.host == host, layout_changes.c.gpu_uuid == gpu_uuid,
-                       layout_changes.c.state.in_([s.value for s in HOLDING_STATES]))
+                       _OPEN)
                 .values(state=PlanState.FAILED.value, updated_at=now,
                         detail="replaced by a new plan"))
             new_id = connection.execute(insert(layout_changes).values(
@@ -161,13 +171,12 @@ class LayoutChanges:
                     notice_from: datetime | None = None) -> LayoutChange | None:
         """Move a change on; a done or failed one stays as it is (returns None). Ending
         it gives its slices back to the grant loops (they are told)."""
-        with self._write() as connection:
-            lock_claims(connection)
+        with self._tx.claims() as connection:
             row = connection.execute(select(layout_changes)
                                      .where(layout_changes.c.id == change_id)).one_or_none()
             if row is None or _to_change(row).state in _FINAL:
                 return None
-            values: dict[str, Any] = {"state": state.value, "updated_at": self._now()}
+            values: dict[str, Any] = {"state": state.value, "updated_at": self._tx.now()}
             if detail is not None:
                 values["detail"] = detail.strip()[:_DETAIL_MAX]
             if held_slices is not None:
@@ -177,25 +186,20 @@ class LayoutChanges:
             connection.execute(update(layout_changes)
                                .where(layout_changes.c.id == change_id).values(values))
             if state in _FINAL or held_slices is not None:
-                announce(connection, self._origin)
+                self._tx.announce(connection)
             return _to_change(connection.execute(
                 select(layout_changes).where(layout_changes.c.id == change_id)).one())
 
-    def layout_changes(self, host: str | None = None, *, open_only: bool = True
-                       ) -> list[LayoutChange]:
+    def changes(self, host: str | None = None, *, open_only: bool = True
+                ) -> list[LayoutChange]:
         """Changes (open ones only, by default), oldest first; on ``host`` when given."""
         query = select(layout_changes).order_by(layout_changes.c.id)
         if open_only:
-            query = query.where(layout_changes.c.state.in_([s.value for s in HOLDING_STATES]))
+            query = query.where(_OPEN)
         if host is not None:
             query = query.where(layout_changes.c.host == host)
-        with self._read() as connection:
+        with self._tx.read() as connection:
             return [_to_change(r) for r in connection.execute(query)]
-
-    def holds(self) -> dict[tuple[str, str], frozenset[int]]:
-        """The slices open changes hold now, per (host, GPU UUID)."""
-        with self._read() as connection:
-            return read_holds(connection)
 
     # -- stepping a change: one stepper at a time, each step inside the hold ----------
 
@@ -206,21 +210,21 @@ class LayoutChanges:
         change has ended, or another stepper has it and ``gone(change)`` does not say
         that stepper is provably gone (a stepper killed with -9 never lets go; the next
         one takes the change over, so a crash never wedges it)."""
-        with self._write() as connection:
+        with self._tx.write() as connection:
             row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
             if row is None:
                 return None
             change = _to_change(row)
             if not change.open or (change.stepper not in (None, stepper) and not gone(change)):
                 return None
-            now = self._now()
+            now = self._tx.now()
             connection.execute(update(layout_changes).where(layout_changes.c.id == change_id)
                                .values(stepper=stepper, stepper_seen=now))
             return replace(change, stepper=stepper, stepper_seen=now)
 
     def let_go(self, change_id: int, stepper: str) -> None:
         """Stop stepping change ``change_id`` (when ``stepper`` still has it)."""
-        with self._write() as connection:
+        with self._tx.write() as connection:
             connection.execute(
                 update(layout_changes)
                 .where(layout_changes.c.id == change_id, layout_changes.c.stepper == stepper)
@@ -235,22 +239,21 @@ class LayoutChanges:
         among ``leases``: a holder the plan waits for) or sees the hold; a slice the plan
         destroys is never granted between the read and the destroy. None when
         ``stepper`` no longer steps the change (it ended, or was taken over)."""
-        with self._write() as connection:
-            lock_claims(connection)
+        with self._tx.claims() as connection:
             row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
             change = None if row is None else _to_change(row)
             if change is None or not change.open or change.stepper != stepper:
                 return None
-            held = self._held_on(connection, change.host, change.gpu_uuid)
+            held = held_on(connection, change.host, change.gpu_uuid)
             planned = plan(held)
-            now = self._now()
+            now = self._tx.now()
             values: dict[str, Any] = {"stepper_seen": now}
             if planned.problem is None and planned.steps:
                 whole, slices = planned.mode_change, planned.changing_slices
                 if (whole, frozenset(slices)) != (change.whole_gpu, change.held_slices):
                     values.update(held_slices=_mask(slices), whole_gpu=int(whole),
                                   updated_at=now)
-                    announce(connection, self._origin)  # a hold that shrank frees slices
+                    self._tx.announce(connection)  # a hold that shrank frees slices
                     change = replace(change, held_slices=frozenset(slices), whole_gpu=whole)
             connection.execute(update(layout_changes)
                                .where(layout_changes.c.id == change_id).values(values))
@@ -262,8 +265,7 @@ class LayoutChanges:
         holds every one of ``slices``, and no lease holds any of them. Read just before
         the step, so nothing granted is ever destroyed or built over."""
         wanted = frozenset(slices)
-        with self._write() as connection:
-            lock_claims(connection)
+        with self._tx.claims() as connection:
             row = connection.execute(_LOCK_CHANGE, {"change_id": change_id}).one_or_none()
             change = None if row is None else _to_change(row)
             if change is None or not change.open:
@@ -273,10 +275,10 @@ class LayoutChanges:
             if not change.holds(wanted):
                 outside = sorted(wanted - change.held_slices)
                 return f"memory slices {', '.join(map(str, outside))} are not held by the change"
-            leased = [x for x in self._held_on(connection, change.host, change.gpu_uuid)
+            leased = [x for x in held_on(connection, change.host, change.gpu_uuid)
                       if wanted.intersection(x.memory_slices)]
             if leased:
                 return f"{leased[0].server} holds it"
             connection.execute(update(layout_changes).where(layout_changes.c.id == change_id)
-                               .values(stepper_seen=self._now()))
+                               .values(stepper_seen=self._tx.now()))
             return None
