@@ -57,13 +57,12 @@ from mig_spawner.core.layout import (
     instances_of,
     plan_gpu,
 )
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.gpu.errors import GpuError, InstanceInUse
 from mig_spawner.holder import start_time, this_host
 from mig_spawner.ledger import KUBE_NODE, LayoutChange, Lease, Ledger
 from mig_spawner.ledger.holds import Replan
 
-#: The warning rule a drain writes on a lease (beside ``server_idle``, ``max_session_age``).
-DRAIN_RULE = "drain"
 #: The node label MIG Manager applies, and the one it reports on (mig-parted config names).
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 #: What a maintenance drain asks for: the GPU emptied, its layout left as it is.
@@ -423,7 +422,7 @@ def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: s
     kube = change.gpu_uuid == KUBE_NODE  # its leases record the node, not a host
     for lease in ledger.active(None if kube else change.host):
         on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
-        if on_it and lease.warning == DRAIN_RULE:
+        if on_it and lease.warning is StopRule.DRAIN:
             ledger.clear_warning(lease.id)
 
 
@@ -443,12 +442,12 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
         notice = notice_for(h.group)
         if lease is None or notice is None:
             continue  # no notice in the group's policy: the change waits for it
-        if lease.warning != DRAIN_RULE:
+        if lease.warning is not StopRule.DRAIN:
             # Users may read it: the node's name stays out (no host in their messages).
             where = "its node" if change.gpu_uuid == KUBE_NODE else f"GPU {change.gpu_index}"
             detail = (f"{where} is re-cut by an admin: the server stops within "
                       f"{format_duration(notice)}")
-            if ledger.warn(lease.id, DRAIN_RULE, now + timedelta(seconds=notice),
+            if ledger.warn(lease.id, StopRule.DRAIN, now + timedelta(seconds=notice),
                            detail) is not None:
                 outcome.warned.append(lease.id)
         elif lease.warning_deadline is not None and lease.warning_deadline <= now:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 from mig_spawner.ledger.records import Lease
@@ -22,7 +23,6 @@ from mig_spawner.service.cull_rules import (
     HUB_DATA_ONLY,
     UNREACHABLE,
     Probe,
-    Rule,
     activity_to_record,
     decide_server,
     idle_limit,
@@ -78,7 +78,7 @@ def look(interaction_ago: float | None, page_seen_ago: float | None = 10,
                  people=people)
 
 
-def warned(rule_deadline: tuple[Rule, datetime] | None, srv, limits, probe, held):
+def warned(rule_deadline: tuple[StopRule, datetime] | None, srv, limits, probe, held):
     warning = warning_due(NOW, srv, limits, probe, held)
     assert (None if warning is None else (warning.rule, warning.deadline)) == rule_deadline
 
@@ -104,12 +104,12 @@ def test_an_open_untouched_tab_does_not_keep_the_server():
     # late), then stopped at the warned time.
     srv, idle = server(), look(interaction_ago=LIMIT - WARN + 30)
     due = NOW + timedelta(seconds=WARN)
-    warned((Rule.SERVER_IDLE, due), srv, UNWAITED, idle, lease())
+    warned((StopRule.SERVER_IDLE, due), srv, UNWAITED, idle, lease())
     warned(None, srv, UNWAITED, look(interaction_ago=LIMIT - WARN - 30), lease())
     after = NOW + timedelta(seconds=WARN)
     stop = decide_server(after, srv, "analysts", UNWAITED, look(LIMIT + 30),
                          lease(warning="server_idle", warning_deadline=due))
-    assert stop is not None and stop.rule is Rule.SERVER_IDLE
+    assert stop is not None and stop.rule is StopRule.SERVER_IDLE
 
 
 @pytest.mark.parametrize(
@@ -153,13 +153,13 @@ def test_someone_waiting_shortens_the_limit_but_only_after_a_warning():
     # Someone starts waiting: idle past the shorter limit already, but warned first,
     # with warn_before to save their work.
     due = NOW + timedelta(seconds=WARN)
-    warned((Rule.SERVER_IDLE, due), srv, WAITED, idle, lease())
+    warned((StopRule.SERVER_IDLE, due), srv, WAITED, idle, lease())
     assert decide_server(NOW, srv, "analysts", WAITED, idle, lease()) is None
     pending = lease(warning="server_idle", warning_deadline=due)
     just_before = due - timedelta(seconds=1)
     assert decide_server(just_before, srv, "analysts", WAITED, idle, pending) is None
     stop = decide_server(due, srv, "analysts", WAITED, idle, pending)
-    assert stop is not None and stop.rule is Rule.SERVER_IDLE
+    assert stop is not None and stop.rule is StopRule.SERVER_IDLE
     # The waiter gave up: the longer limit is far off again, the warning is withdrawn.
     warned(None, srv, UNWAITED, idle, pending)
 

@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mig_spawner.core.inventory import Gpu, GpuProcess, Inventory, MigDevice
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
 from mig_spawner.ledger.records import Lease
 from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Probe,
-    Rule,
     SliceActivity,
     decide,
     decide_server,
@@ -61,31 +61,31 @@ NO_LIMITS = GroupPolicy("research")
 SERVER_TABLE = [
     ("recently active server stays", server(active_ago=5), LIMITS, None, []),
     ("idle past server limit is stopped on hub data alone",
-     server(active_ago=31), LIMITS, None, [(Rule.SERVER_IDLE, None)]),
+     server(active_ago=31), LIMITS, None, [(StopRule.SERVER_IDLE, None)]),
     ("exactly at the limit is stopped", server(active_ago=30), LIMITS, None,
-     [(Rule.SERVER_IDLE, None)]),
+     [(StopRule.SERVER_IDLE, None)]),
     ("no limits: never culled", server(active_ago=10_000, started_ago=10_000),
      NO_LIMITS, None, []),
     ("over max age: stopped although active", server(active_ago=0, started_ago=481),
-     LIMITS, None, [(Rule.MAX_SESSION_AGE, None)]),
+     LIMITS, None, [(StopRule.MAX_SESSION_AGE, None)]),
     ("over max age: stopped although unreachable", server(active_ago=0, started_ago=481),
-     LIMITS, UNREACHABLE, [(Rule.MAX_SESSION_AGE, None)]),
+     LIMITS, UNREACHABLE, [(StopRule.MAX_SESSION_AGE, None)]),
     ("over max age with a busy kernel: still stopped", server(started_ago=481), LIMITS,
-     Probe(kernels=(kernel("busy", active_ago=400),)), [(Rule.MAX_SESSION_AGE, None)]),
+     Probe(kernels=(kernel("busy", active_ago=400),)), [(StopRule.MAX_SESSION_AGE, None)]),
     ("hub says idle but server unreachable: never culled for that",
      server(active_ago=600), LIMITS, UNREACHABLE, []),
     ("hub says idle but a kernel is busy: stays",
      server(active_ago=45), LIMITS, Probe(kernels=(kernel("busy", active_ago=45),)), []),
     ("busy kernel with cull_busy_kernels: server idle",
      server(active_ago=45), BUSY_OK, Probe(kernels=(kernel("busy", active_ago=45),)),
-     [(Rule.SERVER_IDLE, None)]),
+     [(StopRule.SERVER_IDLE, None)]),
     ("hub activity stale but server's own status recent: stays",
      server(active_ago=45), LIMITS,
      Probe(status=ServerStatus(ago(60), ago(2), 0, 0)), []),
     ("hub activity stale, kernel active recently: stays, kernel not idle enough",
      server(active_ago=45), LIMITS, Probe(kernels=(kernel("idle", active_ago=3),)), []),
     ("no activity recorded: idle since start",
-     server(active_ago=None, started_ago=31), LIMITS, None, [(Rule.SERVER_IDLE, None)]),
+     server(active_ago=None, started_ago=31), LIMITS, None, [(StopRule.SERVER_IDLE, None)]),
     ("pending server is left alone",
      server(active_ago=600, started_ago=600, pending="stop"), LIMITS, None, []),
     ("not ready server is left alone",
@@ -97,24 +97,24 @@ KEEP_CONNECTED = replace(LIMITS, cull_connected_kernels=False)
 
 KERNEL_TABLE = [
     ("idle kernel past limit is shut down", [kernel("idle", 11)], LIMITS,
-     [(Rule.KERNEL_IDLE, "k1")]),
+     [(StopRule.KERNEL_IDLE, "k1")]),
     ("idle kernel under limit stays", [kernel("idle", 9)], LIMITS, []),
     ("busy kernel never, by default", [kernel("busy", 60)], LIMITS, []),
     ("busy kernel with cull_busy_kernels", [kernel("busy", 11)], BUSY_OK,
-     [(Rule.KERNEL_IDLE, "k1")]),
+     [(StopRule.KERNEL_IDLE, "k1")]),
     ("kernel nobody talked to (still 'starting') past limit",
-     [kernel("starting", 11)], LIMITS, [(Rule.KERNEL_IDLE, "k1")]),
+     [kernel("starting", 11)], LIMITS, [(StopRule.KERNEL_IDLE, "k1")]),
     ("just started kernel stays", [kernel("starting", 1)], LIMITS, []),
     # An open tab does not keep an idle kernel, which holds the slice's memory (with a
     # lease its user is warned first: test_a_connected_kernel_is_warned_then_shut_down).
     ("connected idle kernel past limit is shut down too", [kernel("idle", 11, connections=1)],
-     LIMITS, [(Rule.KERNEL_IDLE, "k1")]),
+     LIMITS, [(StopRule.KERNEL_IDLE, "k1")]),
     ("connected idle kernel stays where the group keeps connected kernels",
      [kernel("idle", 11, connections=1)], KEEP_CONNECTED, []),
     ("no kernel limit: none shut down", [kernel("idle", 600)], NO_LIMITS, []),
     ("only the idle one of two",
      [kernel("idle", 11, kid="old"), kernel("busy", 11, kid="work")], LIMITS,
-     [(Rule.KERNEL_IDLE, "old")]),
+     [(StopRule.KERNEL_IDLE, "old")]),
 ]
 
 
@@ -153,16 +153,16 @@ def test_a_connected_kernel_is_warned_then_shut_down():
     held = leased(60, None)
     # Idle 6 of 10 min: its stop is 4 min away, within the 5-minute lead: warned.
     warning = warning_due(NOW, srv, limits, open_idle, held)
-    assert (warning.rule, warning.deadline) == (Rule.KERNEL_IDLE, NOW + timedelta(minutes=5))
+    assert (warning.rule, warning.deadline) == (StopRule.KERNEL_IDLE, NOW + timedelta(minutes=5))
     assert cull(NOW, srv, limits.name, limits, open_idle, held) == []
     # Past its limit but warned only 2 minutes ago: it stays until the warned time...
     late = Probe(kernels=(kernel("idle", 11, connections=1),))
-    warned = replace(held, warning=Rule.KERNEL_IDLE.value, warned_at=ago(2),
+    warned = replace(held, warning=StopRule.KERNEL_IDLE.value, warned_at=ago(2),
                      warning_deadline=NOW + timedelta(minutes=3))
     assert cull(NOW, srv, limits.name, limits, late, warned) == []
     # ...and goes then.
     due = replace(warned, warning_deadline=ago(0.5))
-    assert outcome(cull(NOW, srv, limits.name, limits, late, due)) == [(Rule.KERNEL_IDLE, "k1")]
+    assert outcome(cull(NOW, srv, limits.name, limits, late, due)) == [(StopRule.KERNEL_IDLE, "k1")]
     # Keep my server a minute ago: the kernel counts as used then.
     kept = replace(due, warning=None, warning_deadline=None, kept_at=ago(1))
     assert cull(NOW, srv, limits.name, limits, late, kept) == []
@@ -171,7 +171,7 @@ def test_a_connected_kernel_is_warned_then_shut_down():
     alone = Probe(kernels=(kernel("idle", 11),))
     assert warning_due(NOW, srv, limits, alone, held) is None
     assert outcome(cull(NOW, srv, limits.name, limits, alone, held)) == [
-        (Rule.KERNEL_IDLE, "k1")]
+        (StopRule.KERNEL_IDLE, "k1")]
     # A group that keeps connected kernels: neither warned nor shut down.
     keeps = replace(limits, cull_connected_kernels=False)
     assert warning_due(NOW, srv, keeps, open_idle, held) is None
@@ -180,7 +180,7 @@ def test_a_connected_kernel_is_warned_then_shut_down():
 
 def test_decision_carries_who_what_and_measured_idle_time():
     [d] = cull(NOW, server(active_ago=45, name="big"), "analysts", LIMITS, None)
-    assert (d.user, d.server, d.group, d.rule) == ("ana", "big", "analysts", Rule.SERVER_IDLE)
+    assert (d.user, d.server, d.group, d.rule) == ("ana", "big", "analysts", StopRule.SERVER_IDLE)
     assert d.idle_seconds == 45 * MIN
     assert d.limit_seconds == 30 * MIN
     assert d.stops_server
@@ -198,7 +198,7 @@ def test_kernel_decision_does_not_stop_the_server():
 def test_server_stop_takes_precedence_over_kernel_shutdowns():
     probe = Probe(kernels=(kernel("idle", 50),))
     assert outcome(cull(NOW, server(active_ago=50), "a", LIMITS, probe)) == [
-        (Rule.SERVER_IDLE, None)
+        (StopRule.SERVER_IDLE, None)
     ]
 
 
@@ -324,13 +324,13 @@ def leased(claimed_ago: float, expires_in: float | None) -> Lease:
         # The hub's "started" (reset, or not, by a hub restart) does not matter once a
         # lease records the deadline: the lease is the one truth.
         ("lease expired although the hub says it started a minute ago", 1,
-         leased(8 * 60 + 1, -1), [(Rule.MAX_SESSION_AGE, None)]),
+         leased(8 * 60 + 1, -1), [(StopRule.MAX_SESSION_AGE, None)]),
         ("lease not expired although the hub says it started 9 h ago", 9 * 60,
          leased(9 * 60, 30), []),
         ("lease without a deadline (group had none at claim)", 9 * 60, leased(9 * 60, None),
          []),
         ("no lease: the hub's start plus the limit", 8 * 60 + 1, None,
-         [(Rule.MAX_SESSION_AGE, None)]),
+         [(StopRule.MAX_SESSION_AGE, None)]),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -342,7 +342,7 @@ def test_session_age_is_the_leases_expires_at(case, started_ago, lease, expected
 def test_session_age_decision_measures_from_the_claim():
     [d] = cull(NOW, server(active_ago=1), "analysts", LIMITS, Probe(),
                  lease=leased(8 * 60 + 5, -5))
-    assert d.rule is Rule.MAX_SESSION_AGE
+    assert d.rule is StopRule.MAX_SESSION_AGE
     assert (d.age_seconds, d.limit_seconds) == ((8 * 60 + 5) * MIN, 8 * 60 * MIN)
 
 
@@ -374,10 +374,10 @@ def gpu_lease(gpu_active_ago: float | None) -> Lease:
     [
         ("GPU work within the idle limit keeps an idle server", gpu_lease(5), LIMITS, []),
         ("GPU work longer ago than the limit does not", gpu_lease(31), LIMITS,
-         [(Rule.SERVER_IDLE, None)]),
-        ("never any GPU work", gpu_lease(None), LIMITS, [(Rule.SERVER_IDLE, None)]),
+         [(StopRule.SERVER_IDLE, None)]),
+        ("never any GPU work", gpu_lease(None), LIMITS, [(StopRule.SERVER_IDLE, None)]),
         ("the group says GPU work does not count", gpu_lease(5),
-         replace(LIMITS, gpu_activity_counts=False), [(Rule.SERVER_IDLE, None)]),
+         replace(LIMITS, gpu_activity_counts=False), [(StopRule.SERVER_IDLE, None)]),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -397,14 +397,14 @@ def test_gpu_facts_record_work_and_a_new_peak_only():
     ("case", "srv", "lease", "expected"),
     [
         ("idle 21 of 30 min, warn 10 min before: warned, stop due in 9 min",
-         server(active_ago=21), None, (Rule.SERVER_IDLE, NOW + timedelta(minutes=9))),
+         server(active_ago=21), None, (StopRule.SERVER_IDLE, NOW + timedelta(minutes=9))),
         ("idle 19 of 30 min: too early", server(active_ago=19), None, None),
         ("kept a minute ago: not idle", server(active_ago=25),
          replace(leased(60, None), kept_at=ago(1)), None),
         ("session ends in 5 min, server active", server(active_ago=1), leased(60, 5),
-         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=5))),
+         (StopRule.MAX_SESSION_AGE, NOW + timedelta(minutes=5))),
         ("both due: the sooner stop", server(active_ago=25), leased(60, 2),
-         (Rule.MAX_SESSION_AGE, NOW + timedelta(minutes=2))),
+         (StopRule.MAX_SESSION_AGE, NOW + timedelta(minutes=2))),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )

@@ -1,5 +1,6 @@
-"""The life of a lease and of a wait-list entry: their states, the moves allowed between
-them, and the codes that say why a lease ended.
+"""The life of a lease, of a wait-list entry and of a warning before a stop: their
+states, the moves allowed between them, the codes that say why a lease ended and the
+rules the slice service stops a server by.
 
 The ledger stores these values and refuses, in the same transaction as the write, any
 move the tables below do not list (docs/architecture.md, "States and transitions").
@@ -100,6 +101,37 @@ class ReleaseCode(StrEnum):
     STALE = "stale", "its server was gone when it started again"
     CANCELLED = "cancelled", "its wait was cancelled as it was granted"
     ORPHAN = "orphan", "the hub no longer ran its server"
-    # Reserved for the coming features (a GPU drained for maintenance, a spent budget).
+    #: Its GPU is re-cut or drained (docs/layout.md): the slice service stops the server
+    #: through the hub at the end of its drain notice.
     DRAIN = "drain", "its GPU is being drained"
+    #: Its GPU-hour budget is spent (docs/policies.md, "Budgets"): the slice service
+    #: stops the server through the hub.
     BUDGET = "budget", "its group's budget is spent"
+
+
+class StopRule(StrEnum):
+    """Why the slice service stops a server or shuts a kernel down: the rule a warning
+    names (``leases.warning``, ``lease_events.rule``) and the ``reason`` label of its
+    metrics. The values never change: the ledger stores them. A new reason to stop a
+    server (a GPU fault) is a new member here, with its release code in
+    :data:`STOP_CODES` where the stop is not an ordinary one."""
+
+    #: A kernel idle past the group's ``kernel_idle_timeout`` (the kernel alone stops).
+    KERNEL_IDLE = "kernel_idle"
+    #: A server idle past the group's ``server_idle_timeout``.
+    SERVER_IDLE = "server_idle"
+    #: A server older than the group's ``max_session_age`` (its lease's ``expires_at``).
+    MAX_SESSION_AGE = "max_session_age"
+    #: The GPU-hour budget the lease is charged to is spent.
+    BUDGET = "budget"
+    #: The server's GPU is re-cut or drained, and its drain notice has ended.
+    DRAIN = "drain"
+
+
+#: The release code the slice service records before it asks the hub to stop a server
+#: for these rules (the hub's stop keeps the first code given). A stop for any other
+#: rule ends as a stop does (``stopped``).
+STOP_CODES: Mapping[StopRule, ReleaseCode] = {
+    StopRule.BUDGET: ReleaseCode.BUDGET,
+    StopRule.DRAIN: ReleaseCode.DRAIN,
+}

@@ -19,6 +19,7 @@ from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
 from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
+from mig_spawner.core.lifecycle import StopRule
 
 from .errors import InvalidDecision
 
@@ -165,8 +166,8 @@ class Lease(GrantedSlice):
     server_url: str | None = None
     gpu_active_at: datetime | None = None
     peak_memory_mib: int | None = None
-    #: The stop the user was warned of (``server_idle``/``max_session_age``), if pending.
-    warning: str | None = None
+    #: The stop the user was warned of, while that warning is pending.
+    warning: StopRule | None = None
     warned_at: datetime | None = None
     warning_deadline: datetime | None = None
     #: The user's last "Keep my server"; counts as activity.
@@ -208,7 +209,7 @@ class LeaseEvent:
     lease_id: str
     at: datetime
     kind: str
-    rule: str
+    rule: StopRule
     detail: str
 
 

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from mig_spawner.core.lifecycle import lease_move_allowed
+from mig_spawner.core.lifecycle import StopRule, lease_move_allowed
 
 from .errors import Conflict, DoubleGrant, IllegalTransition
 from .models import UtcDateTime, lease_servers, lease_slots, leases
@@ -97,6 +97,8 @@ def to_lease(row: Row[Any]) -> Lease:
     values["state"] = LeaseState(values["state"])
     if values["release_code"] is not None:
         values["release_code"] = ReleaseCode(values["release_code"])
+    if values["warning"] is not None:
+        values["warning"] = StopRule(values["warning"])
     return Lease(**values)
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, Connection, and_, func, insert, or_, selec
 
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.durations import format_duration
+from mig_spawner.core.lifecycle import StopRule
 
 from . import migrate
 from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
@@ -341,10 +342,12 @@ class Ledger(WaitList):
 
     # -- warnings before a stop, and "Keep my server" ----------------------------------
 
-    def warn(self, lease_id: str, rule: str, deadline: datetime, detail: str) -> Lease | None:
+    def warn(self, lease_id: str, rule: StopRule | str, deadline: datetime, detail: str
+             ) -> Lease | None:
         """Record that the user was warned of a stop (``rule``) due at ``deadline``; the
         same pending warning at another time only moves its deadline (no new event).
         ``None`` if the lease is released or unknown."""
+        rule = StopRule(rule)
         require_aware("deadline", deadline)
         now = self._now()
         with self._write() as connection:
@@ -380,8 +383,8 @@ class Ledger(WaitList):
             lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held:
                 return KeepResult("gone", "This server is not running any more.")
-            rule = lease.warning or "server_idle"
-            if rule == "budget":
+            rule = lease.warning or StopRule.SERVER_IDLE
+            if rule is StopRule.BUDGET:
                 # Hours are not activity: a spent budget stops the server whatever the
                 # user does; only an admin's extra hours move it.
                 why = "A GPU budget cannot be extended with Keep"
@@ -392,14 +395,14 @@ class Ledger(WaitList):
                 if not self._refused_since_warned(connection, lease):
                     self._event(connection, lease.id, now, "refused", rule, why)
                 return KeepResult("refused", message, lease)
-            if rule == "drain" and lease.warning_deadline is not None:
+            if rule is StopRule.DRAIN and lease.warning_deadline is not None:
                 # The GPU is re-cut (docs/layout.md): no answer moves that stop.
                 why = "An admin is re-cutting the GPU of this slice"
                 if not self._refused_since_warned(connection, lease):
                     self._event(connection, lease.id, now, "refused", rule, why)
                 return KeepResult("refused", f"{why}: the server stops at "
                                   f"{lease.warning_deadline:%H:%M} UTC. Save your work.", lease)
-            if rule != "max_session_age" or lease.expires_at is None:
+            if rule is not StopRule.MAX_SESSION_AGE or lease.expires_at is None:
                 kept = lease
                 if lease.warning is not None or lease.kept_at is None or (
                     (now - lease.kept_at).total_seconds() >= KEEP_RESOLUTION
@@ -449,7 +452,7 @@ class Ledger(WaitList):
                 select(lease_events).where(lease_events.c.lease_id == lease_id)
                 .order_by(lease_events.c.id)
             )
-            return [LeaseEvent(r.lease_id, r.at, r.kind, r.rule, r.detail) for r in rows]
+            return [LeaseEvent(r.lease_id, r.at, r.kind, StopRule(r.rule), r.detail) for r in rows]
 
     @staticmethod
     def _event(connection: Connection, lease_id: str, at: datetime, kind: str, rule: str,

@@ -53,9 +53,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 
 if TYPE_CHECKING:
@@ -89,16 +89,6 @@ class CullLimits(Protocol):
     def server_idle_timeout_when_waited(self) -> float | None: ...
     @property
     def server_idle_timeout_when_unwaited(self) -> float | None: ...
-
-
-class Rule(StrEnum):
-    """Why something was culled; also the ``reason`` label of the metrics."""
-
-    KERNEL_IDLE = "kernel_idle"
-    SERVER_IDLE = "server_idle"
-    MAX_SESSION_AGE = "max_session_age"
-    #: The GPU-hour budget the lease is charged to is spent (docs/policies.md, "Budgets").
-    BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -166,7 +156,7 @@ def gpu_facts_to_record(
 class Decision:
     """One thing to cull: a kernel (``kernel_id`` set) or a whole server."""
 
-    rule: Rule
+    rule: StopRule
     user: str
     server: str
     group: str
@@ -184,10 +174,10 @@ class Decision:
         """One log line: what, whose, which rule, measured against which limit."""
         where = f"{self.user}/{self.server}" if self.server else self.user
         what = f"kernel {self.kernel_id} of {where}" if self.kernel_id else f"server {where}"
-        if self.rule is Rule.BUDGET:
+        if self.rule is StopRule.BUDGET:
             return f"{what} (group {self.group}): budget spent, age {_fmt(self.age_seconds)}"
-        measured = self.age_seconds if self.rule is Rule.MAX_SESSION_AGE else self.idle_seconds
-        kind = "age" if self.rule is Rule.MAX_SESSION_AGE else "idle"
+        measured = self.age_seconds if self.rule is StopRule.MAX_SESSION_AGE else self.idle_seconds
+        kind = "age" if self.rule is StopRule.MAX_SESSION_AGE else "idle"
         return (
             f"{what} (group {self.group}): {self.rule.value}, {kind} "
             f"{_fmt(measured)} >= limit {_fmt(self.limit_seconds)}"
@@ -251,9 +241,9 @@ def idle_by_hub_data(
     :func:`decide_server`'s verdict without a probe) would stop the server for
     idleness, or warn of it; only then is what its people did worth reading."""
     if by_hub_data is not None:
-        return by_hub_data.rule is Rule.SERVER_IDLE
+        return by_hub_data.rule is StopRule.SERVER_IDLE
     warning = warning_due(now, server, limits, None, lease)
-    return warning is not None and warning.rule is Rule.SERVER_IDLE
+    return warning is not None and warning.rule is StopRule.SERVER_IDLE
 
 
 def judged_by_people(probe: Probe | None, open_tab_counts: bool) -> bool:
@@ -372,7 +362,7 @@ def decide_server(
     if deadline is not None and now >= deadline:
         began = lease.claimed_at if lease is not None else server.started
         return Decision(
-            Rule.MAX_SESSION_AGE, server.user, server.name, group,
+            StopRule.MAX_SESSION_AGE, server.user, server.name, group,
             idle_seconds=_since(now, server.last_activity), age_seconds=_since(now, began),
             limit_seconds=(deadline - began).total_seconds() if began else 0.0,
         )
@@ -380,7 +370,7 @@ def decide_server(
     if deadline is not None and now >= deadline:
         active = server_active_at(now, server, limits, probe, lease)
         return Decision(
-            Rule.SERVER_IDLE, server.user, server.name, group,
+            StopRule.SERVER_IDLE, server.user, server.name, group,
             idle_seconds=_since(now, active), age_seconds=age,
             limit_seconds=limits.server_idle_timeout or 0.0,
         )
@@ -401,7 +391,7 @@ def _idle_deadline(
         return None
     if not warns or lease is None:  # no warning to wait for: none is recorded
         return idle_deadline(now, active, limit, None, None)
-    warned = lease.warning_deadline if lease.warning == Rule.SERVER_IDLE.value else None
+    warned = lease.warning_deadline if lease.warning == StopRule.SERVER_IDLE else None
     return idle_deadline(now, active, limit, limits.warn_before, warned)
 
 
@@ -418,7 +408,7 @@ def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
 class StopWarning:
     """A stop the user must be told of: which rule, and when it is due."""
 
-    rule: Rule
+    rule: StopRule
     deadline: datetime
 
     def describe(self, now: datetime) -> str:
@@ -449,10 +439,10 @@ def warning_due(
         return budget
     deadline = session_deadline(server, limits, lease)
     if deadline is not None and _until(now, deadline) <= warn:
-        due.append(StopWarning(Rule.MAX_SESSION_AGE, deadline))
+        due.append(StopWarning(StopRule.MAX_SESSION_AGE, deadline))
     idle = _idle_deadline(now, server, limits, probe, lease)
     if idle is not None and _until(now, idle) <= warn:
-        due.append(StopWarning(Rule.SERVER_IDLE, idle))
+        due.append(StopWarning(StopRule.SERVER_IDLE, idle))
     kernel = _kernel_warning(now, limits, probe, lease)
     if kernel is not None:
         due.append(kernel)
@@ -470,7 +460,7 @@ def budget_warning(
         return None
     near = warn_before is not None and _until(now, runs_out) <= warn_before
     if near or (warn_share is not None and share_used >= warn_share):
-        return StopWarning(Rule.BUDGET, runs_out)
+        return StopWarning(StopRule.BUDGET, runs_out)
     return None
 
 
@@ -509,7 +499,7 @@ def kernel_stop_at(now: datetime, kernel: Kernel, limits: CullLimits, lease: Lea
         return None
     if not kernel.connections or not warns or lease is None:
         return active + timedelta(seconds=limit)
-    warned = lease.warning_deadline if lease.warning == Rule.KERNEL_IDLE.value else None
+    warned = lease.warning_deadline if lease.warning == StopRule.KERNEL_IDLE else None
     return idle_deadline(now, active, limit, kernel_lead(limits), warned)
 
 
@@ -525,7 +515,7 @@ def _kernel_warning(now: datetime, limits: CullLimits, probe: Probe | None,
     first = min(stops, default=None)
     if first is None or _until(now, first) > lead:
         return None
-    return StopWarning(Rule.KERNEL_IDLE, first)
+    return StopWarning(StopRule.KERNEL_IDLE, first)
 
 
 def decide_kernels(
@@ -548,7 +538,7 @@ def decide_kernels(
         if stop_at is not None and now >= stop_at:
             decisions.append(
                 Decision(
-                    Rule.KERNEL_IDLE, server.user, server.name, group,
+                    StopRule.KERNEL_IDLE, server.user, server.name, group,
                     idle_seconds=_since(now, kernel.last_activity),
                     age_seconds=_since(now, server.started),
                     limit_seconds=limit, kernel_id=kernel.id,

@@ -32,6 +32,8 @@ from mig_spawner.core import budget
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
+from mig_spawner.core.layout import HOLDING_STATES
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.gpu.errors import GpuError
@@ -39,7 +41,7 @@ from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.kinds import kind_of
-from mig_spawner.layout import DRAIN_RULE, KubeLayout, LayoutApplier
+from mig_spawner.layout import KubeLayout, LayoutApplier
 from mig_spawner.layout import Pass as LayoutPass
 from mig_spawner.ledger import Lease, Ledger, LedgerError, ReleaseCode
 from mig_spawner.release import (
@@ -56,7 +58,6 @@ from mig_spawner.service.cull_rules import (
     UNREACHABLE,
     Decision,
     Probe,
-    Rule,
     SliceActivity,
     StopWarning,
     activity_to_record,
@@ -374,7 +375,7 @@ class Sweeper:
         standing = budget.standings(group, lease.user, self._spans, self._extras, now)
         if any(s.remaining <= 0 for s in standing):
             began = lease.claimed_at
-            return Decision(Rule.BUDGET, server.user, server.name, group.name,
+            return Decision(StopRule.BUDGET, server.user, server.name, group.name,
                             idle_seconds=None, age_seconds=(now - began).total_seconds(),
                             limit_seconds=0.0), None
         runs_out = budget.exhausted_at(group, lease.user, self._spans, self._extras, now)
@@ -552,7 +553,7 @@ class Sweeper:
         ``warn_before`` and show the user a second one."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
-        if lease.warning == DRAIN_RULE:
+        if lease.warning is StopRule.DRAIN:
             return  # the layout change's warning: it stands until its stop (_apply_layouts)
         warning = warning_due(now, server, limits, probe, lease, budget_warns)
         if warning is None:
@@ -560,12 +561,12 @@ class Sweeper:
             if lease.warning is not None and not unread and not self.dry_run:
                 await asyncio.to_thread(self.ledger.clear_warning, lease.id)
             return
-        if (lease.warning, lease.warning_deadline) == (warning.rule.value, warning.deadline):
+        if (lease.warning, lease.warning_deadline) == (warning.rule, warning.deadline):
             return
-        if lease.warning == warning.rule.value:
+        if lease.warning is warning.rule:
             # The same stop, at another time (the limit that applies changed): the
             # pages show the new time; no new warning.
-            await asyncio.to_thread(self.ledger.warn, lease.id, warning.rule.value,
+            await asyncio.to_thread(self.ledger.warn, lease.id, warning.rule,
                                     warning.deadline, warning.describe(now))
             return
         report.warnings.append((server.label, warning))
@@ -574,7 +575,7 @@ class Sweeper:
             self.log.info("would warn %s (dry run)", what)
             return
         recorded = await asyncio.to_thread(
-            self.ledger.warn, lease.id, warning.rule.value, warning.deadline,
+            self.ledger.warn, lease.id, warning.rule, warning.deadline,
             warning.describe(now),
         )
         if recorded is not None:
@@ -642,7 +643,7 @@ class Sweeper:
                     server, decision.kernel_id, internal=lease.server_url if lease else None
                 )
                 return True
-            if decision.rule is Rule.BUDGET and lease is not None and self.ledger is not None:
+            if decision.rule is StopRule.BUDGET and lease is not None and self.ledger is not None:
                 # The spawner's stop releases the lease through the Releaser; the code
                 # recorded first (this one) is the one it keeps.
                 await asyncio.to_thread(self.ledger.end_for, lease.id, ReleaseCode.BUDGET,
@@ -680,9 +681,9 @@ class Sweeper:
             self._error("layout", f"cannot apply the layout changes: {e}", report)
             return
         report.layout = done
-        for state in ("pending", "draining", "applying"):
+        for state in HOLDING_STATES:
             self.metrics.layout_gpus.labels(state).set(
-                sum(1 for g in done.gpus if g.state.value == state))
+                sum(1 for g in done.gpus if g.state is state))
         for lease in done.due:
             outcome = await self.releaser.release(
                 lease, ReleaseCode.DRAIN, f"GPU {lease.gpu_index} is re-cut; the drain "
@@ -691,7 +692,7 @@ class Sweeper:
                 self.log.warning("drain of %s: %s", lease.server, outcome.why or outcome.error)
                 continue
             report.drained.append(lease)
-            self.metrics.slices_reclaimed.labels("drain", lease.group).inc()
+            self.metrics.slices_reclaimed.labels(StopRule.DRAIN, lease.group).inc()
             try:
                 await self.client.stop_server(lease.user, lease.server_name)
             except HubError as e:  # its process is gone; the hub's poll sees it too

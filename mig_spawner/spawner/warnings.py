@@ -33,6 +33,7 @@ from prometheus_client import Counter
 from tornado import web
 
 from mig_spawner.core.durations import format_duration
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.ledger import Lease
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "hub"
@@ -45,17 +46,17 @@ KEEPS = Counter(
 )
 
 #: Stops that no Keep puts off: the pages show no "Keep my server" for them.
-CANNOT_KEEP = frozenset({"drain", "budget"})
+CANNOT_KEEP = frozenset({StopRule.DRAIN, StopRule.BUDGET})
 
 #: Seconds past its deadline after which a pending warning is no longer shown.
 STALE_AFTER = 60.0
 
 REASONS = {
-    "server_idle": "it has not been used for a while",
-    "kernel_idle": "unused for a while; its variables are lost, the server stays",
-    "max_session_age": "it reached your group's longest session",
-    "budget": "its GPU-hour budget runs out",
-    "drain": "an admin is re-cutting its GPU",
+    StopRule.SERVER_IDLE: "it has not been used for a while",
+    StopRule.KERNEL_IDLE: "unused for a while; its variables are lost, the server stays",
+    StopRule.MAX_SESSION_AGE: "it reached your group's longest session",
+    StopRule.BUDGET: "its GPU-hour budget runs out",
+    StopRule.DRAIN: "an admin is re-cutting its GPU",
 }
 
 
@@ -65,19 +66,19 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
     short (JupyterLab cuts a notification's text at 140 characters)."""
     deadline = lease.warning_deadline or now
     left = max(0.0, (deadline - now).total_seconds())
-    rule = lease.warning or "server_idle"
+    rule = StopRule(lease.warning or StopRule.SERVER_IDLE)
     extensions_left = max(0, max_extensions - (lease.extensions or 0)) if extend_by else 0
-    if rule == "drain":
+    if rule is StopRule.DRAIN:
         keep = "Save your work: this stop cannot be put off."
-    elif rule == "max_session_age":
+    elif rule is StopRule.MAX_SESSION_AGE:
         keep = (f"Keep adds {format_duration(extend_by)} ({extensions_left} more allowed)."
                 if extensions_left else "No more extensions: save your work.")
-    elif rule == "budget":
+    elif rule is StopRule.BUDGET:
         keep = "Keep cannot add hours: save your work."
     else:
         keep = "Save your work, or keep it."
     what = f"Your server{' ' + lease.server_name if lease.server_name else ''} stops"
-    if rule == "kernel_idle":
+    if rule is StopRule.KERNEL_IDLE:
         what = (f"A kernel of your server{' ' + lease.server_name if lease.server_name else ''}"
                 " is shut down")
         keep = "Use it or keep it."
@@ -164,7 +165,7 @@ class KeepHandler(_OwnServers):
             lambda: spawner.runtime.ledger().keep(
                 lease.id, extend_by=extend_by, max_extensions=max_extensions)
         )
-        rule = lease.warning or "server_idle"
+        rule = lease.warning or StopRule.SERVER_IDLE
         KEEPS.labels(result.outcome, rule, lease.group).inc()
         self.log.info("Keep of %s/%s (lease %s, %s): %s", user.name, name, lease.id, rule,
                       result.outcome)
