@@ -83,7 +83,7 @@ def one_run(held: int, seed: int, workdir: Path) -> tuple[float, float, int, int
         if ledger.holds.changes():
             clock.now += timedelta(seconds=SWEEP)
     warned = sum(1 for x in stopped if any(e.kind == "warned" and e.rule == "drain"
-                                           for e in ledger.events(x)))
+                                           for e in ledger.warnings.events(x)))
     minutes = (clock.now - started).total_seconds() / 60
     ledger.close()
     gpus.close()

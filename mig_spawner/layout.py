@@ -423,7 +423,7 @@ def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: s
     for lease in ledger.active(None if kube else change.host):
         on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
         if on_it and lease.warning is StopRule.DRAIN:
-            ledger.clear_warning(lease.id)
+            ledger.warnings.withdraw(lease.id)
 
 
 def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder],
@@ -447,7 +447,7 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
             where = "its node" if change.gpu_uuid == KUBE_NODE else f"GPU {change.gpu_index}"
             detail = (f"{where} is re-cut by an admin: the server stops within "
                       f"{format_duration(notice)}")
-            if ledger.warn(lease.id, StopRule.DRAIN, now + timedelta(seconds=notice),
+            if ledger.warnings.warn(lease.id, StopRule.DRAIN, now + timedelta(seconds=notice),
                            detail) is not None:
                 outcome.warned.append(lease.id)
         elif lease.warning_deadline is not None and lease.warning_deadline <= now:

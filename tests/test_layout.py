@@ -233,14 +233,14 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
     assert warned.warning == "drain" and warned.warning_deadline == clock.now + timedelta(
         hours=1)
     # Keep cannot pass it.
-    kept = ledger.keep(lease.id, extend_by=HOUR, max_extensions=3)
+    kept = ledger.warnings.keep(lease.id, extend_by=HOUR, max_extensions=3)
     assert kept.outcome == "refused" and "re-cutting" in kept.message
     # The 4g.71gb's room is held from grants; the 1g.18gb that stay are granted as usual.
     assert ledger.holds.held()[(inventory.host, change.gpu_uuid)] == frozenset(range(4))
 
     clock.now += timedelta(minutes=30)
     assert applier.step().due == []  # still within the notice; warned once only
-    assert [e.kind for e in ledger.events(lease.id)] == ["warned", "refused"]
+    assert [e.kind for e in ledger.warnings.events(lease.id)] == ["warned", "refused"]
 
     clock.now += timedelta(minutes=31)
     due = applier.step().due

@@ -103,7 +103,7 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             assert ended.release_code is ReleaseCode.DRAIN
             # Warned once (by the apply), over many sweeps; the stop came no earlier
             # than the notice.
-            assert [e.kind for e in ledger.events(held.id)] == ["warned", "refused"]
+            assert [e.kind for e in ledger.warnings.events(held.id)] == ["warned", "refused"]
             assert took >= NOTICE
             assert ledger.active_for_server("bob") is not None  # bob was never touched
         until(lambda: hub.server_model("ana") is None, 30, "ana's server gone",

@@ -476,36 +476,38 @@ def test_keep_counts_as_activity_or_extends_up_to_the_limit_and_is_recorded(tmp_
                             host="h", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
                             mig_uuid="MIG-0", expires_at=view.now + td(hours=8))
         lease = ledger.activate(ledger.claim(LeaseRequest("ana"), decide).id)
-        ledger.warn(lease.id, "server_idle", now[0] + td(minutes=10), "idle 20m of 30m")
-        kept = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        ledger.warnings.warn(lease.id, "server_idle", now[0] + td(minutes=10), "idle 20m of 30m")
+        kept = ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1)
         assert (kept.outcome, kept.lease.kept_at, kept.lease.warning) == ("kept", now[0], None)
 
-        ledger.warn(lease.id, "max_session_age", lease.expires_at, "age")
-        extended = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        ledger.warnings.warn(lease.id, "max_session_age", lease.expires_at, "age")
+        extended = ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1)
         assert extended.outcome == "extended"
         assert extended.lease.expires_at == lease.expires_at + td(hours=1)
         assert "21:00 UTC" in extended.message and "http" not in extended.message
-        ledger.warn(lease.id, "max_session_age", extended.lease.expires_at, "age")
-        refused = ledger.keep(lease.id, extend_by=3600, max_extensions=1)
+        ledger.warnings.warn(lease.id, "max_session_age", extended.lease.expires_at, "age")
+        refused = ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1)
         assert refused.outcome == "refused"
         assert refused.message.startswith("This session was already extended 1 time, the most")
         assert ledger.get(lease.id).expires_at == extended.lease.expires_at
-        assert [e.kind for e in ledger.events(lease.id)] == [
+        assert [e.kind for e in ledger.warnings.events(lease.id)] == [
             "warned", "kept", "warned", "extended", "warned", "refused"]
         # Pressing again and again (818 rows from one user in 150 s, once): one row per
         # change of state, and a warning moved in time is not a new one.
         for _ in range(20):
-            assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "refused"
-        ledger.warn(lease.id, "max_session_age", extended.lease.expires_at, "age, again")
-        assert len(ledger.events(lease.id)) == 6
-        ledger.clear_warning(lease.id)
+            again = ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1)
+            assert again.outcome == "refused"
+        ledger.warnings.warn(lease.id, "max_session_age", extended.lease.expires_at, "age, again")
+        assert len(ledger.warnings.events(lease.id)) == 6
+        ledger.warnings.withdraw(lease.id)
         now[0] += td(seconds=61)
         for _ in range(20):
-            assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "kept"
-        assert len(ledger.events(lease.id)) == 6
+            again = ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1)
+            assert again.outcome == "kept"
+        assert len(ledger.warnings.events(lease.id)) == 6
         assert ledger.get(lease.id).kept_at == now[0]  # activity, once
         ledger.release(lease.id, "stopped")
-        assert ledger.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "gone"
+        assert ledger.warnings.keep(lease.id, extend_by=3600, max_extensions=1).outcome == "gone"
 
 
 

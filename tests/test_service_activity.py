@@ -133,11 +133,11 @@ async def test_warnings_are_recorded_or_in_dry_run_only_listed(world, dry_run):
     assert ("user00000" in warned) is not dry_run
     stopped = {d.user for d in report.decisions}
     assert stopped == ({"user00000"} if dry_run else set())
-    events = ledger.events(leases["user00001"])
+    events = ledger.warnings.events(leases["user00001"])
     assert [e.kind for e in events] == ([] if dry_run else ["warned"])
     if not dry_run:  # once per coming stop, not every sweep
         await sweeper.sweep()
-        assert len(ledger.events(leases["user00001"])) == 1
+        assert len(ledger.warnings.events(leases["user00001"])) == 1
 
 
 async def test_a_warning_stands_while_its_server_cannot_be_read(world):
@@ -166,7 +166,7 @@ async def test_a_warning_stands_while_its_server_cannot_be_read(world):
     await sweeper.sweep()
     after = ledger.get(lease)
     assert (after.warning, after.warning_deadline) == ("server_idle", warned.warning_deadline)
-    assert [e.kind for e in ledger.events(lease)] == ["warned"]
+    assert [e.kind for e in ledger.warnings.events(lease)] == ["warned"]
 
 
 async def test_a_lease_granted_while_the_sweep_lists_the_hub_is_read_at_its_address(

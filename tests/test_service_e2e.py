@@ -218,8 +218,9 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     lease = ledger.active_for_server("dee")
     # Warned at 80% used (28 s in), then stopped when all 35 s are spent.
     until(lambda: any(e.kind == "warned" and e.rule == "budget"
-                         for e in ledger.events(lease.id)), 45, "budget warning", show=service.log)
-    warned = next(e for e in ledger.events(lease.id) if e.kind == "warned")
+                      for e in ledger.warnings.events(lease.id)), 45, "budget warning",
+          show=service.log)
+    warned = next(e for e in ledger.warnings.events(lease.id) if e.kind == "warned")
     assert (warned.at - lease.claimed_at).total_seconds() >= 0.8 * 35 - 1
     # Keep cannot pass a budget.
     answer = hub.request("POST", "/mig-spawner/keep/", headers={

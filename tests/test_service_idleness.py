@@ -100,7 +100,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
           show=service.log)
     assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
     # Warned once, warn_before ahead of the stop.
-    warnings = [e for e in ledger.events(lease.id) if e.kind == "warned"]
+    warnings = [e for e in ledger.warnings.events(lease.id) if e.kind == "warned"]
     assert len(warnings) == 1, service.log()
     [warned] = warnings
     assert (warned.at - touched_at).total_seconds() >= SERVER_IDLE - WARN - 1, warned
@@ -137,7 +137,7 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
     assert hub.server_model("mia")["ready"]
     lease = ledger.active_for_server("mia")
     # A server in use has no idle deadline: never warned of one.
-    assert [e.kind for e in ledger.events(lease.id)] == [], service.log()
+    assert [e.kind for e in ledger.warnings.events(lease.id)] == [], service.log()
 
 
 def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
@@ -152,7 +152,7 @@ def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
         # Sweeps past its idle limit, with none of its kernels busy, left it running.
         service.swept(after=started + timedelta(seconds=SERVER_IDLE), times=3)
         assert hub.server_model("gus")["ready"], service.log()
-        assert ledger.events(lease.id) == [], service.log()
+        assert ledger.warnings.events(lease.id) == [], service.log()
         assert ledger.get(lease.id).gpu_active_at is not None
         assert service.metric("mig_spawner_service_slices_gpu_working_total",
                               group="idle-test") > 0

@@ -135,3 +135,17 @@ STOP_CODES: Mapping[StopRule, ReleaseCode] = {
     StopRule.BUDGET: ReleaseCode.BUDGET,
     StopRule.DRAIN: ReleaseCode.DRAIN,
 }
+
+
+class WarningEvent(StrEnum):
+    """What happened to a warning, one ``lease_events`` row each (``kind``). The values
+    never change: the ledger stores them."""
+
+    #: The user was warned of a stop (or of another stop than the one pending).
+    WARNED = "warned"
+    #: A Keep answered it as activity.
+    KEPT = "kept"
+    #: A Keep moved max session age on.
+    EXTENDED = "extended"
+    #: A Keep that could not put the stop off (recorded once per warning).
+    REFUSED = "refused"

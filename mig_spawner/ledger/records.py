@@ -13,13 +13,14 @@ from datetime import datetime
 from typing import Literal
 
 from mig_spawner.core.budget import Extra
+from mig_spawner.core.keep import KeepOutcome
 
 # Re-exported: the ledger's callers name the states and codes through it.
 from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
 from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
-from mig_spawner.core.lifecycle import StopRule
+from mig_spawner.core.lifecycle import StopRule, WarningEvent
 
 from .errors import InvalidDecision
 
@@ -193,11 +194,10 @@ class Lease(GrantedSlice):
 
 @dataclass(frozen=True)
 class KeepResult:
-    """What a "Keep my server" did: ``kept`` (counts as activity), ``extended`` (max
-    session age moved on), ``refused`` (no extension left), ``gone`` (not running).
-    ``message`` is for the user: plain words, no URLs or hosts."""
+    """What a "Keep my server" did (:class:`~mig_spawner.core.keep.KeepOutcome`), and the
+    lease as it now stands. ``message`` is for the user: plain words, no URLs or hosts."""
 
-    outcome: str
+    outcome: KeepOutcome
     message: str
     lease: Lease | None = None
 
@@ -208,7 +208,7 @@ class LeaseEvent:
 
     lease_id: str
     at: datetime
-    kind: str
+    kind: WarningEvent
     rule: StopRule
     detail: str
 

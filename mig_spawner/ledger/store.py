@@ -10,29 +10,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, func, insert, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
 
 from mig_spawner.core.clock import utcnow
-from mig_spawner.core.durations import format_duration
-from mig_spawner.core.lifecycle import StopRule
 
 from . import migrate
 from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
 from .engine import DEFAULT_URL, create_ledger_engine, lock_claims
 from .errors import InvalidDecision, LeaseNotFound, LeaseStateError, LedgerMissing, ServerHasLease
 from .holds import Holds, read_holds
-from .models import layout_changes, lease_events, leases, waits
+from .models import layout_changes, leases, waits
 from .readonly import readonly_engine
 from .records import (
     HELD_STATES,
     Grant,
-    KeepResult,
     Lease,
-    LeaseEvent,
     LeaseRequest,
     LeaseState,
     LedgerView,
@@ -59,15 +55,13 @@ from .rows import (
 from .transactions import Transactions
 from .usage import Usage
 from .waitlist import WaitList
+from .warnings import Warnings
 
 Clock = Callable[[], datetime]
 #: The pure callback a claim runs inside its transaction: policy check plus allocator.
 Decide = Callable[[LedgerView], Grant]
 
 log = logging.getLogger(__name__)
-#: Seconds within which another "Keep my server" with no warning pending writes nothing:
-#: a user pressing it again and again is one activity, not a row per press.
-KEEP_RESOLUTION = 60.0
 
 
 class Ledger(WaitList):
@@ -91,6 +85,8 @@ class Ledger(WaitList):
         self.usage = Usage(self._tx)
         #: Capacity held from new grants: layout changes.
         self.holds = Holds(self._tx)
+        #: Warnings before a stop, and the users' answers ("Keep my server").
+        self.warnings = Warnings(self._tx)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -339,126 +335,6 @@ class Ledger(WaitList):
             if lease is None or not lease.held:
                 return None
             return update(connection, lease, purpose=purpose)
-
-    # -- warnings before a stop, and "Keep my server" ----------------------------------
-
-    def warn(self, lease_id: str, rule: StopRule | str, deadline: datetime, detail: str
-             ) -> Lease | None:
-        """Record that the user was warned of a stop (``rule``) due at ``deadline``; the
-        same pending warning at another time only moves its deadline (no new event).
-        ``None`` if the lease is released or unknown."""
-        rule = StopRule(rule)
-        require_aware("deadline", deadline)
-        now = self._now()
-        with self._write() as connection:
-            lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held:
-                return None
-            if lease.warning == rule:
-                return update(connection, lease, warning_deadline=deadline)
-            self._event(connection, lease.id, now, "warned", rule, detail)
-            return update(connection, lease, warning=rule, warned_at=now,
-                                warning_deadline=deadline)
-
-    def clear_warning(self, lease_id: str) -> Lease | None:
-        """The warned stop is no longer due (the user came back): forget the warning."""
-        with self._write() as connection:
-            lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held or lease.warning is None:
-                return lease
-            return update(connection, lease, warning=None, warning_deadline=None)
-
-    def keep(
-        self, lease_id: str, *, extend_by: float | None, max_extensions: int
-    ) -> KeepResult:
-        """The user pressed "Keep my server". Against an idle stop it counts as activity
-        (``kept_at``); against max session age it moves ``expires_at`` by ``extend_by``
-        while fewer than ``max_extensions`` were granted, else says why not.
-
-        At most one event row per change of state: a Keep with no warning pending
-        writes none (and ``kept_at`` at most once per :data:`KEEP_RESOLUTION`), a
-        refusal repeated for the same warning none either."""
-        now = self._now()
-        with self._write() as connection:
-            lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held:
-                return KeepResult("gone", "This server is not running any more.")
-            rule = lease.warning or StopRule.SERVER_IDLE
-            if rule is StopRule.BUDGET:
-                # Hours are not activity: a spent budget stops the server whatever the
-                # user does; only an admin's extra hours move it.
-                why = "A GPU budget cannot be extended with Keep"
-                message = (f"{why}: the server stops when the budget is spent"
-                           + (f", at {lease.warning_deadline:%H:%M} UTC"
-                              if lease.warning_deadline else "")
-                           + ". Save your work, or ask an admin for more hours.")
-                if not self._refused_since_warned(connection, lease):
-                    self._event(connection, lease.id, now, "refused", rule, why)
-                return KeepResult("refused", message, lease)
-            if rule is StopRule.DRAIN and lease.warning_deadline is not None:
-                # The GPU is re-cut (docs/layout.md): no answer moves that stop.
-                why = "An admin is re-cutting the GPU of this slice"
-                if not self._refused_since_warned(connection, lease):
-                    self._event(connection, lease.id, now, "refused", rule, why)
-                return KeepResult("refused", f"{why}: the server stops at "
-                                  f"{lease.warning_deadline:%H:%M} UTC. Save your work.", lease)
-            if rule is not StopRule.MAX_SESSION_AGE or lease.expires_at is None:
-                kept = lease
-                if lease.warning is not None or lease.kept_at is None or (
-                    (now - lease.kept_at).total_seconds() >= KEEP_RESOLUTION
-                ):
-                    kept = update(connection, lease, kept_at=now, warning=None,
-                                        warning_deadline=None)
-                if lease.warning is not None:
-                    self._event(connection, lease.id, now, "kept", rule, "counts as activity")
-                return KeepResult("kept", "Kept: your server counts as in use from now.", kept)
-            used = lease.extensions or 0
-            if not extend_by or used >= max_extensions:
-                why = (
-                    "Your group's sessions cannot be extended"
-                    if not extend_by or max_extensions == 0
-                    else f"This session was already extended {used} "
-                    f"time{'s' if used != 1 else ''}, the most your group allows"
-                )
-                message = (f"{why}: the server stops at {lease.expires_at:%H:%M} UTC. "
-                           "Save your work.")
-                if not self._refused_since_warned(connection, lease):
-                    self._event(connection, lease.id, now, "refused", rule, why)
-                return KeepResult("refused", message, lease)
-            expires = lease.expires_at + timedelta(seconds=extend_by)
-            extended = update(connection, lease, expires_at=expires, extensions=used + 1,
-                                    kept_at=now, warning=None, warning_deadline=None)
-            self._event(connection, lease.id, now, "extended", rule,
-                        f"expires_at {expires.isoformat()} ({used + 1} of {max_extensions})")
-            return KeepResult(
-                "extended",
-                f"Extended by {format_duration(extend_by)}: your server now stops at "
-                f"{expires:%H:%M} UTC.", extended,
-            )
-
-    @staticmethod
-    def _refused_since_warned(connection: Connection, lease: Lease) -> bool:
-        """Whether the lease's latest event is already a refusal of its pending warning."""
-        last = connection.execute(
-            select(lease_events.c.kind).where(lease_events.c.lease_id == lease.id)
-            .order_by(lease_events.c.id.desc()).limit(1)
-        ).scalar()
-        return last == "refused"
-
-    def events(self, lease_id: str) -> list[LeaseEvent]:
-        """The warnings and answers of one lease, oldest first."""
-        with self._read() as connection:
-            rows = connection.execute(
-                select(lease_events).where(lease_events.c.lease_id == lease_id)
-                .order_by(lease_events.c.id)
-            )
-            return [LeaseEvent(r.lease_id, r.at, r.kind, StopRule(r.rule), r.detail) for r in rows]
-
-    @staticmethod
-    def _event(connection: Connection, lease_id: str, at: datetime, kind: str, rule: str,
-               detail: str) -> None:
-        connection.execute(insert(lease_events).values(
-            lease_id=lease_id, at=at, kind=kind, rule=rule, detail=detail[:255]))
 
     def end_for(self, lease_id: str, code: ReleaseCode | str,
                 detail: str | None = None) -> Lease | None:

@@ -559,14 +559,14 @@ class Sweeper:
         if warning is None:
             unread = probe is not None and not probe.reachable
             if lease.warning is not None and not unread and not self.dry_run:
-                await asyncio.to_thread(self.ledger.clear_warning, lease.id)
+                await asyncio.to_thread(self.ledger.warnings.withdraw, lease.id)
             return
         if (lease.warning, lease.warning_deadline) == (warning.rule, warning.deadline):
             return
         if lease.warning is warning.rule:
             # The same stop, at another time (the limit that applies changed): the
             # pages show the new time; no new warning.
-            await asyncio.to_thread(self.ledger.warn, lease.id, warning.rule,
+            await asyncio.to_thread(self.ledger.warnings.warn, lease.id, warning.rule,
                                     warning.deadline, warning.describe(now))
             return
         report.warnings.append((server.label, warning))
@@ -575,7 +575,7 @@ class Sweeper:
             self.log.info("would warn %s (dry run)", what)
             return
         recorded = await asyncio.to_thread(
-            self.ledger.warn, lease.id, warning.rule, warning.deadline,
+            self.ledger.warnings.warn, lease.id, warning.rule, warning.deadline,
             warning.describe(now),
         )
         if recorded is not None:

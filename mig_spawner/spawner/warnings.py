@@ -6,7 +6,7 @@ hub serves it to the user and takes the answer:
 - ``GET /hub/api/mig-spawner/warnings``: the current user's own servers with a
   pending warning (reason, time left, whether Keep can still extend);
 - ``POST /hub/api/mig-spawner/keep/<server name>``: "Keep my server" for one of the
-  current user's own servers (:meth:`mig_spawner.ledger.Ledger.keep`).
+  current user's own servers (:meth:`mig_spawner.ledger.warnings.Warnings.keep`).
 
 Both act only on the servers of the user who calls them: a browser logged in to the
 hub (cookie, with the xsrf token JupyterHub's pages carry), or the user's single-user
@@ -162,7 +162,7 @@ class KeepHandler(_OwnServers):
             raise web.HTTPError(404, "this server is not running")
         extend_by, max_extensions = self._limits(spawner, lease)
         result = await spawner.runtime.run(
-            lambda: spawner.runtime.ledger().keep(
+            lambda: spawner.runtime.ledger().warnings.keep(
                 lease.id, extend_by=extend_by, max_extensions=max_extensions)
         )
         rule = lease.warning or StopRule.SERVER_IDLE

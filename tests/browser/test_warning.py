@@ -122,7 +122,7 @@ class TestSessionAge:
               "lena's lease released", show=service.log)
         assert ledger.get(lease.id).released_at >= extended
         page.close()
-        kinds = [e.kind for e in ledger.events(lease.id)]
+        kinds = [e.kind for e in ledger.warnings.events(lease.id)]
         assert kinds == ["warned", "extended", "warned", "refused"], kinds
         assert service.metric("mig_spawner_service_warnings_total", reason="max_session_age",
                               group="age-warn") == 2
@@ -157,7 +157,8 @@ class TestIdleKept:
         # to some seconds before that.
         next_warning = lease.kept_at + timedelta(seconds=UNWAITED - IDLE_WARN)
         service.swept(after=next_warning - timedelta(seconds=QUIET_MARGIN), times=2)
-        assert [e.kind for e in ledger.events(lease.id)] == ["warned", "kept"], service.log()
+        kinds = [e.kind for e in ledger.warnings.events(lease.id)]
+        assert kinds == ["warned", "kept"], service.log()
         page.close()
         hub.stop_server("hana")
 
@@ -215,14 +216,14 @@ class TestUntouchedTab:
         # loop, whose typing takes seconds on a loaded machine; the release follows the
         # server's shutdown, which there takes up to ~10 s past the 1 s sweeps. A warning
         # sent too early (the bug this guards: at start, a whole limit ahead) is >= 30 s.
-        warnings = [e for e in ledger.events(leases["tina"].id) if e.kind == "warned"]
+        warnings = [e for e in ledger.warnings.events(leases["tina"].id) if e.kind == "warned"]
         assert len(warnings) == 1, service.log()
         [warned] = warnings
         ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
         assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
         assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
         assert hub.server_model("tom")["ready"], service.log()
-        assert ledger.events(leases["tom"].id) == [], service.log()
+        assert ledger.warnings.events(leases["tom"].id) == [], service.log()
 
         # Every warning endpoint answers an anonymous request with 401/403, not a redirect.
         anonymous = [("GET", "/hub/api/mig-spawner/warnings"),
