@@ -1,7 +1,7 @@
-"""Lease and wait-list states as types: every move the transition tables do not list is
-refused by the ledger, logged and never written, on SQLite and PostgreSQL; release codes
-live in their own columns, readable in plain SQL, and migration 0008 fills them in from
-the sentences older versions wrote.
+"""Lease, wait-list and warning states as types: every move the transition tables do not
+list is refused by the ledger, logged and never written, on SQLite and PostgreSQL; release
+codes live in their own columns, readable in plain SQL, and migration 0008 fills them in
+from the sentences older versions wrote; migration 0014 gives a pending warning its state.
 """
 
 from __future__ import annotations
@@ -9,19 +9,25 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
 
+from mig_spawner.core.keep import KeepOutcome
 from mig_spawner.core.lifecycle import (
     LEASE_MOVES,
     WAIT_MOVES,
+    WARNING_MOVES,
     LeaseState,
     ReleaseCode,
+    StopRule,
     WaitState,
+    WarningState,
     lease_move_allowed,
     wait_move_allowed,
+    warning_move_allowed,
 )
 from mig_spawner.ledger import (
     IllegalTransition,
@@ -31,6 +37,7 @@ from mig_spawner.ledger import (
     WaitRequest,
     rows,
 )
+from mig_spawner.ledger import warnings as warning_store
 from mig_spawner.ledger.engine import create_ledger_engine
 from mig_spawner.ledger.migrate import alembic_config, upgrade
 from tests.support.grants import first_free
@@ -39,6 +46,9 @@ ILLEGAL_LEASE_MOVES = [(old, new) for old, new in itertools.product(LeaseState, 
                        if not lease_move_allowed(old, new)]
 ILLEGAL_WAIT_MOVES = [(old, new) for old, new in itertools.product(WaitState, WaitState)
                       if not wait_move_allowed(old, new)]
+#: A lease never warned (``None``) may only begin a warning.
+ILLEGAL_WARNING_MOVES = [(old, new) for old, new in itertools.product(
+    (None, *WarningState), WarningState) if not warning_move_allowed(old, new)]
 _names = itertools.count()
 
 
@@ -51,6 +61,13 @@ def test_the_tables_name_every_state_and_end_in_final_states():
                if s is not LeaseState.RELEASED)
     assert (LeaseState.RELEASING, LeaseState.ACTIVE) in ILLEGAL_LEASE_MOVES
     assert len(ILLEGAL_LEASE_MOVES) == 7 and len(ILLEGAL_WAIT_MOVES) == 21
+    # A pending warning ends one of three ways; a new one may follow all but the last.
+    assert set(WARNING_MOVES) == set(WarningState)
+    assert WARNING_MOVES[WarningState.PENDING] == set(WarningState) - {WarningState.PENDING}
+    assert WARNING_MOVES[WarningState.CARRIED_OUT] == frozenset()
+    assert (WarningState.WITHDRAWN, WarningState.KEPT) in ILLEGAL_WARNING_MOVES
+    assert (None, WarningState.PENDING) not in ILLEGAL_WARNING_MOVES
+    assert len(ILLEGAL_WARNING_MOVES) == 13
 
 
 @pytest.fixture(scope="module",
@@ -131,6 +148,85 @@ def test_public_calls_refuse_what_the_table_refuses(ledger):
     assert ledger.get(released.id) == released
     with pytest.raises(ValueError, match=r"not a release code.*stopped, server_exited"):
         ledger.release(lease_in(ledger, LeaseState.ACTIVE).id, "went away")
+
+
+def warning_in(ledger: Ledger, state: WarningState | None):
+    """A held lease whose warning is in ``state``, reached through the public calls."""
+    lease = ledger.activate(ledger.claim(LeaseRequest(f"v{next(_names)}"), first_free).id)
+    deadline = lease.claimed_at + timedelta(hours=1)
+    if state is not None:
+        lease = ledger.warnings.warn(lease.id, StopRule.SERVER_IDLE, deadline, "idle")
+    if state is WarningState.WITHDRAWN:
+        lease = ledger.warnings.withdraw(lease.id)
+    elif state is WarningState.KEPT:
+        lease = ledger.warnings.keep(lease.id, extend_by=None, max_extensions=0).lease
+    elif state is WarningState.CARRIED_OUT:
+        lease = ledger.warnings.carry_out(lease.id)
+    assert lease is not None and lease.warning_state is state
+    return lease
+
+
+@pytest.mark.parametrize(("old", "new"), ILLEGAL_WARNING_MOVES, ids=lambda s: str(s))
+def test_an_illegal_warning_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
+    lease = warning_in(ledger, old)
+    try:
+        with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
+            IllegalTransition, match=f"is {old or 'none'}; it cannot become {new}"
+        ) as refused, ledger._tx.write() as connection:
+            warning_store._move(connection, rows.lock_lease(connection, lease.id), new)
+        assert refused.value.lease == lease
+        assert ledger.get(lease.id) == lease  # nothing written
+        assert f"it cannot become {new}" in caplog.text
+    finally:
+        ledger.release(lease.id, ReleaseCode.STOPPED)  # leave the slots to others
+
+
+def test_public_warning_calls_never_ask_for_an_illegal_move(ledger):
+    carried = warning_in(ledger, WarningState.CARRIED_OUT)
+    kept = warning_in(ledger, WarningState.KEPT)
+    try:
+        # Carried out: its server is being stopped; the rule stays on the lease.
+        assert carried.warning is StopRule.SERVER_IDLE
+        deadline = carried.claimed_at + timedelta(hours=2)
+        assert ledger.warnings.warn(carried.id, StopRule.BUDGET, deadline, "spent") is None
+        assert ledger.warnings.withdraw(carried.id) == carried
+        assert ledger.warnings.carry_out(carried.id) is None
+        answer = ledger.warnings.keep(carried.id, extend_by=None, max_extensions=0)
+        assert answer.outcome is KeepOutcome.GONE and ledger.get(carried.id) == carried
+        # Kept: withdrawing or carrying out what is not pending writes nothing.
+        assert ledger.warnings.withdraw(kept.id) == kept
+        assert ledger.warnings.carry_out(kept.id) is None and ledger.get(kept.id) == kept
+        # A new warning after a kept one begins again.
+        again = ledger.warnings.warn(kept.id, StopRule.SERVER_IDLE, deadline, "idle again")
+        assert again.warning_state is WarningState.PENDING
+        assert [e.kind for e in ledger.warnings.events(kept.id)] == ["warned", "kept", "warned"]
+    finally:
+        for lease in (carried, kept):
+            ledger.release(lease.id, ReleaseCode.STOPPED)
+
+
+def test_migration_0014_gives_a_pending_warning_its_state_and_goes_back(backend_url):
+    engine = create_ledger_engine(backend_url)
+    insert = text(
+        "INSERT INTO leases (id, user_name, server_name, group_name, profile, compute_slices, "
+        "mode, state, claimed_at, warning) VALUES (:id, :id, '', 'g', '1g.18gb', 1, 'pool', "
+        "'active', '2026-01-01 00:00:00', :warning)")
+    try:
+        assert upgrade(engine, "0013") == "0013"
+        with engine.begin() as conn:
+            conn.execute(insert, [{"id": "warned", "warning": "server_idle"},
+                                  {"id": "quiet", "warning": None}])
+        assert upgrade(engine, "0014") == "0014"
+        with engine.connect() as conn:
+            got = dict(conn.execute(text("SELECT id, warning_state FROM leases")).all())
+        assert got == {"warned": "pending", "quiet": None}
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0013")
+        with engine.connect() as conn:
+            columns = conn.execute(text("SELECT * FROM leases")).keys()
+            assert "warning_state" not in columns and "warning" in columns
+    finally:
+        engine.dispose()
 
 
 def test_release_codes_are_columns_readable_in_plain_sql(ledger):

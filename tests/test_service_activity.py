@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.core.lifecycle import StopRule, WarningState
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import HubServer, Kernel, ServerStatus
@@ -200,3 +201,28 @@ async def test_a_lease_granted_while_the_sweep_lists_the_hub_is_read_at_its_addr
     assert report.complete and report.servers == 1
     assert state.requests.get(("GET", "user"), 0) >= 1  # its kernels were read...
     assert "records no internal URL" not in caplog.text  # ...at its own address
+
+
+async def test_a_warned_server_is_stopped_through_the_hub_and_its_warning_carried_out(world):
+    """The warning's life ends where its stop is carried out: the service asks the hub to
+    stop the server (the hub's stop releases the lease) and marks the warning carried
+    out; its rule stays on the lease, as history."""
+    base, ledger, leases, now, state = world
+    policy = MIGPolicyConfig(group_policies={"analysts": {
+        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "warn_before": "1m"}}).build()
+    clock = [now]
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+    sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=False,
+                      clock=lambda: clock[0])
+    idle = leases["user00000"]  # idle for 2 h: warned first, never stopped unannounced
+    await sweeper.sweep()
+    assert ledger.get(idle).warning_state is WarningState.PENDING and state.stopped == []
+    clock[0] += timedelta(minutes=1, seconds=1)  # the warning's minute has passed
+    report = await sweeper.sweep()
+    assert [d.rule for d in report.carried_out] == [StopRule.SERVER_IDLE]
+    assert state.stopped == ["user00000/"]
+    stopped = ledger.get(idle)
+    assert (stopped.warning, stopped.warning_state) == (StopRule.SERVER_IDLE,
+                                                       WarningState.CARRIED_OUT)
+    # The other servers, active a minute ago, were never warned.
+    assert {ledger.get(x).warning_state for x in leases.values() if x != idle} == {None}

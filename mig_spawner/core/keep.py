@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from .durations import format_duration
-from .lifecycle import StopRule, WarningEvent
+from .lifecycle import StopRule, WarningEvent, WarningState
 
 #: Seconds within which another "Keep my server" with no warning pending writes nothing:
 #: a user pressing it again and again is one activity, not a row per press.
@@ -50,6 +50,8 @@ class Warned(Protocol):
     def extensions(self) -> int | None: ...
     @property
     def kept_at(self) -> datetime | None: ...
+    @property
+    def warning_state(self) -> WarningState | None: ...
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ def answer_keep(lease: Warned, now: datetime, *, extend_by: float | None, max_ex
     ``max_extensions``. ``refused_before``: the lease's latest event already refuses
     its pending warning (no second refusal is recorded)."""
     rule = lease.warning or StopRule.SERVER_IDLE
+    if lease.warning_state is WarningState.CARRIED_OUT:
+        # The service has asked the hub to stop it: nothing puts that off now.
+        return KeepAnswer(KeepOutcome.GONE, "This server is being stopped.", rule)
     if rule is StopRule.BUDGET:
         # Hours are not activity: a spent budget stops the server whatever the user
         # does; only an admin's extra hours move it.

@@ -137,6 +137,41 @@ STOP_CODES: Mapping[StopRule, ReleaseCode] = {
 }
 
 
+class WarningState(StrEnum):
+    """Where a lease's latest warning before a stop stands (``leases.warning_state``;
+    ``None``: never warned). The values never change: the ledger stores them."""
+
+    #: The user is warned; the stop is due at the warning's deadline.
+    PENDING = "pending"
+    #: The stop is no longer due (the user came back, the layout change ended).
+    WITHDRAWN = "withdrawn"
+    #: The user answered with Keep: activity, or max session age moved on.
+    KEPT = "kept"
+    #: The slice service stopped the server for it (asked the hub to).
+    CARRIED_OUT = "carried_out"
+
+
+#: The moves a warning may make. A pending warning ends withdrawn, kept or carried out;
+#: after a withdrawn or kept one a new warning may begin; a warning carried out is the
+#: last (its server is being stopped). Staying pending is not a move (a pending warning
+#: learns a nearer deadline or another rule); a refused Keep is an event, not a move.
+WARNING_MOVES: Mapping[WarningState, frozenset[WarningState]] = {
+    WarningState.PENDING: frozenset(
+        {WarningState.WITHDRAWN, WarningState.KEPT, WarningState.CARRIED_OUT}),
+    WarningState.WITHDRAWN: frozenset({WarningState.PENDING}),
+    WarningState.KEPT: frozenset({WarningState.PENDING}),
+    WarningState.CARRIED_OUT: frozenset(),
+}
+
+
+def warning_move_allowed(old: WarningState | None, new: WarningState) -> bool:
+    """Whether a lease's warning in ``old`` (``None``: never warned, which may only begin
+    one) may be written with ``new`` (see :data:`WARNING_MOVES`)."""
+    if old is None:
+        return new is WarningState.PENDING
+    return new in WARNING_MOVES[old] or old is new is WarningState.PENDING
+
+
 class WarningEvent(StrEnum):
     """What happened to a warning, one ``lease_events`` row each (``kind``). The values
     never change: the ledger stores them."""

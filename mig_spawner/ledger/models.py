@@ -122,6 +122,8 @@ leases = Table(
                    "drain|budget"),
     Column("held_by", String(255), comment="while releasing: what still holds its slice"),
     Column("purpose", String(255), comment="what the server is for, as its user said"),
+    Column("warning_state", String(16),
+           comment="where its latest warning stands: pending|withdrawn|kept|carried_out"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),

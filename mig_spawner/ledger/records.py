@@ -20,7 +20,7 @@ from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
 from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
-from mig_spawner.core.lifecycle import StopRule, WarningEvent
+from mig_spawner.core.lifecycle import StopRule, WarningEvent, WarningState
 
 from .errors import InvalidDecision
 
@@ -167,7 +167,7 @@ class Lease(GrantedSlice):
     server_url: str | None = None
     gpu_active_at: datetime | None = None
     peak_memory_mib: int | None = None
-    #: The stop the user was warned of, while that warning is pending.
+    #: The stop the user was warned of, while that warning is pending or carried out.
     warning: StopRule | None = None
     warned_at: datetime | None = None
     warning_deadline: datetime | None = None
@@ -180,6 +180,9 @@ class Lease(GrantedSlice):
     holder_pod_uid: str | None = None
     #: What the server is for, as its user said at spawn (sanitised, at most 80 characters).
     purpose: str | None = None
+    #: Where its latest warning stands (``None``: never warned); ``warning`` is its rule
+    #: while it is pending or carried out.
+    warning_state: WarningState | None = None
 
     @property
     def held(self) -> bool:

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from mig_spawner.core.lifecycle import StopRule, lease_move_allowed
+from mig_spawner.core.lifecycle import StopRule, WarningState, lease_move_allowed
 
 from .errors import Conflict, DoubleGrant, IllegalTransition
 from .models import UtcDateTime, lease_servers, lease_slots, leases
@@ -99,6 +99,8 @@ def to_lease(row: Row[Any]) -> Lease:
         values["release_code"] = ReleaseCode(values["release_code"])
     if values["warning"] is not None:
         values["warning"] = StopRule(values["warning"])
+    if values["warning_state"] is not None:
+        values["warning_state"] = WarningState(values["warning_state"])
     return Lease(**values)
 
 

@@ -2,27 +2,36 @@
 user's "Keep my server".
 
 A warning lives on its lease (``warning``: the :class:`StopRule`, ``warned_at``,
-``warning_deadline``); every warning and every answer is also a ``lease_events`` row
-(:class:`WarningEvent`), kept with the lease's history. What a Keep does is decided by
-the pure rule :func:`mig_spawner.core.keep.answer_keep`, on the lease read under its
-lock; this store writes the answer in that same transaction.
+``warning_deadline``, and ``warning_state``: where it stands); every warning and every
+answer is also a ``lease_events`` row (:class:`WarningEvent`), kept with the lease's
+history. A warning is ``pending`` until it is withdrawn (the stop is no longer due),
+kept (the user's Keep) or carried out (the service stopped the server for it); the
+moves allowed are the table :data:`~mig_spawner.core.lifecycle.WARNING_MOVES`, and
+:func:`_move` is the one place that writes them. What a Keep does is decided by the
+pure rule :func:`mig_spawner.core.keep.answer_keep`, on the lease read under its lock;
+this store writes the answer in that same transaction.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
 from mig_spawner.core.keep import KeepOutcome, answer_keep
-from mig_spawner.core.lifecycle import StopRule, WarningEvent
+from mig_spawner.core.lifecycle import StopRule, WarningEvent, WarningState, warning_move_allowed
 
+from .errors import IllegalTransition
 from .models import lease_events
 from .records import KeepResult, Lease, LeaseEvent, require_aware
-from .rows import lock_lease, update
+from .rows import lock_lease, update, write_columns
 from .transactions import Transactions
 
 _DETAIL_MAX = lease_events.c.detail.type.length or 255
+log = logging.getLogger(__name__)
 
 
 class Warnings:
@@ -35,27 +44,41 @@ class Warnings:
              ) -> Lease | None:
         """Record that the user was warned of a stop (``rule``) due at ``deadline``; the
         same pending warning at another time only moves its deadline (no new event).
-        ``None`` if the lease is released or unknown."""
+        ``None`` if the lease is released or unknown, or its server is being stopped
+        for a warning carried out."""
         rule = StopRule(rule)
         require_aware("deadline", deadline)
         now = self._tx.now()
         with self._tx.write() as connection:
             lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held:
+            if lease is None or not lease.held or (
+                    lease.warning_state is WarningState.CARRIED_OUT):
                 return None
             if lease.warning == rule:
                 return update(connection, lease, warning_deadline=deadline)
             _event(connection, lease.id, now, WarningEvent.WARNED, rule, detail)
-            return update(connection, lease, warning=rule, warned_at=now,
-                          warning_deadline=deadline)
+            return _move(connection, lease, WarningState.PENDING, warning=rule, warned_at=now,
+                         warning_deadline=deadline)
 
     def withdraw(self, lease_id: str) -> Lease | None:
-        """The warned stop is no longer due (the user came back): forget the warning."""
+        """The warned stop is no longer due (the user came back): forget the warning.
+        Returns the lease as it now stands (``None``: unknown)."""
         with self._tx.write() as connection:
             lease = lock_lease(connection, lease_id)
-            if lease is None or not lease.held or lease.warning is None:
+            if lease is None or not lease.held or lease.warning_state is not WarningState.PENDING:
                 return lease
-            return update(connection, lease, warning=None, warning_deadline=None)
+            return _move(connection, lease, WarningState.WITHDRAWN, warning=None,
+                         warning_deadline=None)
+
+    def carry_out(self, lease_id: str) -> Lease | None:
+        """The slice service has asked the hub to stop the lease's server: a pending
+        warning is carried out (its rule stays on the lease, as history). ``None`` when
+        no warning is pending (or the lease is unknown)."""
+        with self._tx.write() as connection:
+            lease = lock_lease(connection, lease_id)
+            if lease is None or lease.warning_state is not WarningState.PENDING:
+                return None
+            return _move(connection, lease, WarningState.CARRIED_OUT)
 
     def keep(self, lease_id: str, *, extend_by: float | None, max_extensions: int
              ) -> KeepResult:
@@ -69,7 +92,9 @@ class Warnings:
             answer = answer_keep(lease, now, extend_by=extend_by, max_extensions=max_extensions,
                                  refused_before=_last_event(connection, lease) is
                                  WarningEvent.REFUSED)
-            if answer.changes:
+            if answer.ends_warning:
+                lease = _move(connection, lease, WarningState.KEPT, **answer.changes)
+            elif answer.changes:
                 lease = update(connection, lease, **answer.changes)
             if answer.event is not None:
                 _event(connection, lease.id, now, answer.event, answer.rule, answer.detail)
@@ -83,6 +108,21 @@ class Warnings:
                 .order_by(lease_events.c.id))
             return [LeaseEvent(r.lease_id, r.at, WarningEvent(r.kind), StopRule(r.rule),
                                r.detail) for r in rows]
+
+
+def _move(connection: Connection, lease: Lease, state: WarningState, **changes: Any) -> Lease:
+    """Write ``lease``'s warning (the lease locked in this transaction) with ``state`` and
+    ``changes``: the one place a warning's state is written. A move the transition table
+    (:data:`~mig_spawner.core.lifecycle.WARNING_MOVES`) does not allow is logged and
+    refused with :class:`IllegalTransition`; nothing is written."""
+    if not warning_move_allowed(lease.warning_state, state):
+        error = IllegalTransition(f"the warning of lease {lease.id} of server {lease.server}",
+                                  lease.warning_state or "none", state, lease)
+        log.error("refused: %s", error)
+        raise error
+    values = {**changes, "warning_state": state}
+    write_columns(connection, lease, values)
+    return replace(lease, **values)
 
 
 def _last_event(connection: Connection, lease: Lease) -> WarningEvent | None:

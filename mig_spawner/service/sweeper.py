@@ -33,7 +33,7 @@ from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.layout import HOLDING_STATES
-from mig_spawner.core.lifecycle import StopRule
+from mig_spawner.core.lifecycle import STOP_CODES, StopRule
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.gpu.errors import GpuError
@@ -643,12 +643,8 @@ class Sweeper:
                     server, decision.kernel_id, internal=lease.server_url if lease else None
                 )
                 return True
-            if decision.rule is StopRule.BUDGET and lease is not None and self.ledger is not None:
-                # The spawner's stop releases the lease through the Releaser; the code
-                # recorded first (this one) is the one it keeps.
-                await asyncio.to_thread(self.ledger.end_for, lease.id, ReleaseCode.BUDGET,
-                                        "stopped by the slice service")
-            stopped = await self.client.stop_server(server.user, server.name)
+            stopped = await self.stop_server(server.user, server.name, lease, decision.rule,
+                                             "stopped by the slice service")
         except HubError as e:
             self.metrics.errors.labels(kind="cull_failed").inc()
             self.log.error("could not cull %s: %s", decision.describe(), e)
@@ -660,6 +656,21 @@ class Sweeper:
             # is caught later by the orphan check.
             self.metrics.slices_reclaimed.labels(decision.rule.value, decision.group).inc()
         return True
+
+    async def stop_server(self, user: str, server_name: str, lease: Lease | None,
+                          rule: StopRule, detail: str) -> bool:
+        """The one way the service stops a server: the release code of ``rule``
+        (:data:`~mig_spawner.core.lifecycle.STOP_CODES`) recorded first, then the hub asked
+        to stop it; the spawner's stop releases the lease through its Releaser, which keeps
+        the first code given. Then a warning pending for it is carried out. True once
+        stopped, False while the stop is pending; raises :class:`HubError`."""
+        code = STOP_CODES.get(rule)
+        if lease is not None and self.ledger is not None and code is not None:
+            await asyncio.to_thread(self.ledger.end_for, lease.id, code, detail)
+        stopped = await self.client.stop_server(user, server_name)
+        if lease is not None and self.ledger is not None:
+            await asyncio.to_thread(self.ledger.warnings.carry_out, lease.id)
+        return stopped
 
     # -- layout changes (docs/layout.md) ---------------------------------------------
 
