@@ -193,6 +193,20 @@ class HolderProbes:
         return self.local if kind_of(lease).rules.on_host else self.pods
 
 
+def untracked_words(lease: Lease, found: holder.HolderCheck) -> str:
+    """Which running holder of ``lease`` the release stops, for the log: its pod, the
+    server process the lease records, other processes on its slice (left by its server,
+    or started beside it), or both."""
+    if found.pod:
+        return f"its pod {found.pod}"
+    server = [pid for pid in found.pids if pid == lease.holder_pid]
+    others = [pid for pid in found.pids if pid != lease.holder_pid]
+    said = [f"its recorded server process (PID {server[0]})"] if server else []
+    if others:
+        said.append(f"other processes on its slice (PIDs {others})")
+    return " and ".join(said)
+
+
 class ReleaseEvents:
     """What a caller counts and reports about give-backs; every hook does nothing here."""
 
@@ -292,9 +306,12 @@ class Releaser:
         else:
             found = await probe.check(lease)
             if found.state == holder.RUNNING:
-                what = f"pod {found.pod}" if found.pod else f"PIDs {found.pids}"
-                self.log.warning("Lease %s of %s: stopping %s that the hub does not track "
-                                 "before releasing it", lease.id, lease.server, what)
+                # Only what the hub does not track comes here: a server whose stop went
+                # through the hub is gone by now, and the slice service stops servers
+                # through the hub too. The log says which holder it is.
+                self.log.warning("Lease %s of %s: stopping %s, which the hub does not "
+                                 "track, before releasing it", lease.id, lease.server,
+                                 untracked_words(lease, found))
                 self.events.stopping(lease, found)
                 # Why first: once its process dies, the hub's poll may give the lease
                 # back as server_exited before this release does; the first code stays.

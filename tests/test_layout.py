@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
 from ctypes import byref
 from datetime import UTC, datetime, timedelta
 
@@ -23,16 +24,21 @@ from mig_spawner.core.layout import (
     parse_spec,
     plan_layout,
 )
+from mig_spawner.core.lifecycle import StopRule, WarningState
 from mig_spawner.core.policy import build_policy
 from mig_spawner.core.policy.model import PolicyError
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
+from mig_spawner.hub.client import HubClient
 from mig_spawner.layout import LayoutApplier, begin, drain, holders_of
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView, ReleaseCode
 from mig_spawner.release import HolderProbes, LocalProcesses, Releaser
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.sweeper import Sweeper
 from mig_spawner.spawner.decide import make_decide
 from tests.mocking import Clock
+from tests.support.hub_standin import StandinState, iso, user_model
 
 HOUR = 3600.0
 SEVEN = "h200x2:layout=1g.18gb*7"
@@ -195,6 +201,44 @@ def test_drain_notice_is_validated_with_the_policy():
 
 
 # --- the drain and the apply, on the simulator and a real ledger --------------------------
+
+
+async def test_a_drain_stops_its_server_through_the_hub_never_from_outside(world, serve_hub):
+    """At the end of a drain notice the slice service stops the server as it stops any:
+    the code ``drain`` recorded first, then the hub asked (whose spawner's stop releases
+    the lease). The server's process is the hub's to stop: nothing signals it from
+    outside, and the lease waits for the hub's stop."""
+    ledger, gpus, _, clock = world
+    lease, device = claim_on(ledger, gpus, 0, 2, "ana")
+    server = subprocess.Popen(["sleep", "600"], env={
+        "CUDA_VISIBLE_DEVICES": device.uuid, "MIG_SPAWNER_LEASE_ID": lease.id})
+    try:
+        ledger.activate(lease.id, holder_host=holder.this_host(), holder_pid=server.pid,
+                        holder_start=holder.start_time(server.pid))
+        inventory = gpus.inventory()
+        plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.active()))
+        begin(ledger, inventory.host, plan, parse_spec(TARGET))
+        hub = StandinState()
+        hub.users["ana"] = user_model("ana", clock.now - timedelta(hours=1), clock.now)
+        policy = build_policy(None, None, {"analysts": {"allowed": ["1g.18gb"]}})
+        sweeper = Sweeper(
+            HubClient(f"{serve_hub(hub)}/hub/api", "t", retries=0), policy, ServiceMetrics(),
+            ledger=ledger, probe_servers=False, clock=clock,
+            layout=LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock))
+        await sweeper.sweep()
+        assert ledger.get(lease.id).warning is StopRule.DRAIN and hub.stopped == []
+
+        clock.now += timedelta(hours=1, seconds=1)  # the drain notice has ended
+        hub.users["ana"]["last_activity"] = iso(clock.now)
+        report = await sweeper.sweep()
+        assert [x.id for x in report.drained] == [lease.id] and hub.stopped == ["ana/"]
+        stopping = ledger.get(lease.id)
+        assert stopping.held and stopping.release_code is ReleaseCode.DRAIN
+        assert stopping.warning_state is WarningState.CARRIED_OUT
+        assert server.poll() is None  # the hub's to stop, not signalled from outside
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_processes_without_a_lease_on_an_instance_that_must_go_make_the_change_wait(world):

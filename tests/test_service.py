@@ -7,6 +7,7 @@ tests/test_service_e2e.py runs the service against a real JupyterHub.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -149,7 +150,7 @@ def ledger(tmp_path):
 
 
 async def test_orphan_whose_holder_runs_is_stopped_first_and_other_hosts_are_reported(
-    standin, ledger, tmp_path
+    standin, ledger, tmp_path, caplog
 ):
     _, base = standin
     lease_id = claim(ledger, "ghost", 0)
@@ -158,9 +159,13 @@ async def test_orphan_whose_holder_runs_is_stopped_first_and_other_hosts_are_rep
     elsewhere = claim(ledger, "far", 1, host="another-host")
     sweeper = sweeper_for(base, ledger=ledger, orphan_grace=0)
     try:
-        report = await sweeper.sweep()
+        with caplog.at_level(logging.WARNING, "mig_spawner"):
+            report = await sweeper.sweep()
         assert ghost.wait(5) == -signal.SIGTERM
         assert [x.id for x in report.orphans_released] == [lease_id]
+        # The log says which holder the hub does not track (no server was recorded).
+        assert (f"stopping other processes on its slice (PIDs [{ghost.pid}]), which the hub "
+                "does not track") in caplog.text
         # Not checkable from here: it keeps its slice, and the metric says so.
         assert ledger.get(elsewhere).held
         assert sweeper.metrics.holders_unknown._value.get() == 1

@@ -120,7 +120,8 @@ class SweepReport:
     unleased_devices: list[str] = field(default_factory=list)
     #: What the layout changes under way did (None: none ran).
     layout: LayoutPass | None = None
-    #: Leases released because their GPU is re-cut and their drain notice ended.
+    #: Leases whose servers were stopped (through the hub) because their GPU is re-cut
+    #: and their drain notice ended.
     drained: list[Lease] = field(default_factory=list)
     complete: bool = False
     error: str | None = None
@@ -676,8 +677,8 @@ class Sweeper:
 
     async def _apply_layouts(self, report: SweepReport) -> None:
         """One pass of the layout changes under way; then the servers whose drain
-        notice ended are given back with code ``drain`` through the one release path
-        (which stops them), and the hub is told."""
+        notice ended are stopped the one way the service stops a server
+        (:meth:`stop_server`: code ``drain`` first, then the hub)."""
         if self.dry_run or (self.layout is None and self.kube_layout is None):
             return
         try:
@@ -696,18 +697,22 @@ class Sweeper:
             self.metrics.layout_gpus.labels(state).set(
                 sum(1 for g in done.gpus if g.state is state))
         for lease in done.due:
-            outcome = await self.releaser.release(
-                lease, ReleaseCode.DRAIN, f"GPU {lease.gpu_index} is re-cut; the drain "
-                "notice ended")
-            if outcome.result is not GiveBack.RELEASED:
-                self.log.warning("drain of %s: %s", lease.server, outcome.why or outcome.error)
+            try:
+                stopped = await self.stop_server(
+                    lease.user, lease.server_name, lease, StopRule.DRAIN,
+                    f"GPU {lease.gpu_index} is re-cut; the drain notice ended")
+            except HubError as e:
+                # A server the hub no longer runs is an orphan: the orphan repair gives
+                # its slice back, and keeps the code recorded here.
+                self.metrics.errors.labels(kind="cull_failed").inc()
+                self.log.warning("drain of %s: the hub could not stop it (%s); trying "
+                                 "again at the next sweep", lease.server, e)
                 continue
+            if not stopped:
+                self.log.warning("drain of %s: slow to stop; its slice returns when it has",
+                                 lease.server)
             report.drained.append(lease)
             self.metrics.slices_reclaimed.labels(StopRule.DRAIN, lease.group).inc()
-            try:
-                await self.client.stop_server(lease.user, lease.server_name)
-            except HubError as e:  # its process is gone; the hub's poll sees it too
-                self.log.warning("drain of %s: the hub was not told: %s", lease.server, e)
         if report.drained and self.layout is not None:
             # Their room is free now: the steps that waited for them need not wait a sweep.
             report.layout = await asyncio.to_thread(self.layout.step)
