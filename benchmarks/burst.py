@@ -291,7 +291,7 @@ def case_waiting(slices: int, users: int, tmp: Path) -> list[float]:
         burst = press_start(hub, names, {"profile": "small"}, until_ready=slices)
         with Ledger.open(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
             deadline = time.monotonic() + 60
-            while len(ledger.waiting()) < users - slices and time.monotonic() < deadline:
+            while len(ledger.waits.waiting()) < users - slices and time.monotonic() < deadline:
                 time.sleep(0.2)
             for name in list(burst.ready)[:slices]:
                 before = {lease.id for lease in ledger.active()}
@@ -322,7 +322,7 @@ def case_idle_waiters(waiters: int, tmp: Path, window: float) -> tuple[float, fl
         with Ledger.open(f"sqlite:///{workdir}/mig_spawner_ledger.sqlite") as ledger:
             press_start(hub, names[1:], {"profile": "small"}, until_ready=0)
             deadline = time.monotonic() + 120
-            while len(ledger.waiting()) < waiters and time.monotonic() < deadline:
+            while len(ledger.waits.waiting()) < waiters and time.monotonic() < deadline:
                 time.sleep(0.5)
             time.sleep(3)  # the joins' own passes are over
             tic, cpu = time.monotonic(), hub_cpu_seconds(hub)

@@ -112,7 +112,7 @@ class Bench:
         user = f"u{self._round:05d}"
         lease = timed(self.cpu["stale read"], self.ledger.active_for_server, user, "")
         assert lease is None
-        assert not timed(self.cpu["line read"], self.ledger.waiting)
+        assert not timed(self.cpu["line read"], self.ledger.waits.waiting)
         lease = timed(self.cpu["claim"], self.ledger.claim, self.package.LeaseRequest(user),
                       self.decide)
         timed(self.cpu["activation"], self.activate, lease.id)

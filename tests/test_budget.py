@@ -458,14 +458,14 @@ def test_a_waiter_whose_budget_is_spent_is_passed_over_not_served_first(world):
     clock.now = at(14)
     ledger.release(whole.id, "stopped")  # team: 98 of 100 used; the 7g is free again
     for user, group in (("ana", "team"), ("bo", "spare")):
-        ledger.join_wait(WaitRequest(user, "", group, 0, "1g.18gb", None))
+        ledger.waits.join(WaitRequest(user, "", group, 0, "1g.18gb", None))
 
     def decide(entry, view):
         mine = policies.for_user([entry.group])
         return make_decide(mine, mine.offer(entry.offer), inventory, "pool", "pack")(view)
 
     def grant():
-        return [e.user for e in ledger.grant_waiting(decide, quotas={}, capacity=8).granted]
+        return [e.user for e in ledger.waits.grant(decide, quotas={}, capacity=8).granted]
 
     ledger.release(fillers[0].id, "stopped")
     assert grant() == ["bo"]  # ana, first in line, could not start anyway

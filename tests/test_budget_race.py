@@ -155,15 +155,15 @@ def test_one_grant_pass_grants_only_what_the_budget_pays_for(backend_url):
     host = inventory()
     with open_ledger(backend_url, found) as ledger:
         for n in range(RACERS):
-            ledger.join_wait(WaitRequest(f"w{n}", "", "team", 0, "1g.18gb", None),
+            ledger.waits.join(WaitRequest(f"w{n}", "", "team", 0, "1g.18gb", None),
                              max_waiting=1)
 
         def decide(entry, view):
             mine = found.for_user([entry.group])
             return make_decide(mine, mine.offer(entry.offer), host, "pool", "pack")(view)
 
-        ids = [e.id for e in ledger.waiting()]
-        done = ledger.grant_waiting(decide, quotas={}, capacity=14, watch=ids)
+        ids = [e.id for e in ledger.waits.waiting()]
+        done = ledger.waits.grant(decide, quotas={}, capacity=14, watch=ids)
         assert len(done.granted) == 1
         assert sorted(done.refused) == sorted(set(ids) - {done.granted[0].id})
         assert {r.reason for r in done.refused.values()} == {Reason.BUDGET_SPENT}
@@ -206,7 +206,7 @@ async def test_spawns_at_once_through_the_spawner_get_one_minimum_hold(tmp_path,
     # Refused at once, with the time it can succeed: none of them waits in line.
     assert all(r.retry_at is not None and "Retry at" in r.message for r in refused)
     with Ledger(backend_url) as ledger:
-        assert ledger.waiting() == []
+        assert ledger.waits.waiting() == []
     check_spend(backend_url, policies(), 1)
 
 
@@ -221,10 +221,10 @@ async def test_a_spent_budget_is_refused_at_once_when_others_wait(tmp_path, back
     late = make_spawner(tmp_path, backend_url, "late")
     await waiting.loop_for(late.runtime).clear_ghosts()  # this hub's start: none
     with Ledger.open(backend_url) as ledger:
-        ledger.join_wait(WaitRequest("other", "", "team", 0, "1g.18gb", None))
+        ledger.waits.join(WaitRequest("other", "", "team", 0, "1g.18gb", None))
     with pytest.raises(Refused) as refused:
         # Joining the line instead would wait there until max_wait (an hour).
         await asyncio.wait_for(start_claim(late), 60)
     assert refused.value.reason is Reason.BUDGET_SPENT and refused.value.retry_at
     with Ledger(backend_url) as ledger:
-        assert [e.user for e in ledger.waiting()] == ["other"]
+        assert [e.user for e in ledger.waits.waiting()] == ["other"]

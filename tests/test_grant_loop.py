@@ -72,14 +72,14 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
         for n, s in enumerate(crowd, 1):
             tasks.append(asyncio.ensure_future(start_claim(s)))
             # Each in line before the next one asks: they join in this order.
-            await until_async(lambda n=n: len(ledger.waiting()) == n, 20, f"{n} in line",
-                              show=ledger.waiting)
+            await until_async(lambda n=n: len(ledger.waits.waiting()) == n, 20, f"{n} in line",
+                              show=ledger.waits.waiting)
         # Every waiter hears its place.
         await until_async(lambda: all(s.progress_log.events and "in line" in
                                       s.progress_log.events[-1]["message"] for s in crowd),
                           10, "every waiter told its place",
                           show=lambda: [s.progress_log.events[-1:] for s in crowd])
-        line = [e.user for e in ledger.waiting()]  # in the order they joined
+        line = [e.user for e in ledger.waits.waiting()]  # in the order they joined
         by_name = {s.user.name: s for s in crowd}
         assert [by_name[u].progress_log.events[-1]["message"].split(" in line")[0]
                 for u in line] == [waiting.ordinal(n) for n in range(1, WAITERS + 1)]

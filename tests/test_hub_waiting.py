@@ -168,7 +168,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         # A cancel (JupyterHub's stop of the pending spawn) renumbers the rest.
         hub.stop_server("u6")
         places(hub, followers, {"u5": 1, "u7": 2, "u8": 3})
-        assert [e.user for e in ledger.waiting()] == ["u5", "u7", "u8"]
+        assert [e.user for e in ledger.waits.waiting()] == ["u5", "u7", "u8"]
         # ...and ends as a cancelled spawn: never "ready" (whose redirect would loop on a
         # server that is not there), in its progress or in the hub's log.
         followers["u6"].join(10)
@@ -193,7 +193,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         ended = {e.user: e for e in ledger_waits(ledger) if e.user in ("u7", "u8")}
         assert {e.state for e in ended.values()} == {"abandoned"}, ended
         assert all("restarted" in (e.reason or "") for e in ended.values())
-        assert [e.user for e in ledger.waiting()] == ["u5"]
+        assert [e.user for e in ledger.waits.waiting()] == ["u5"]
         # ...and a waiter who comes back is told what happened.
         form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").content.decode()  # UTF-8
         assert f"Your wait for {SMALL} ended when the hub restarted" in form
@@ -203,7 +203,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert 'mig_spawner_abandoned_waits_total{group="crowd",profile="small"} 3.0' in metrics
         assert 'mig_spawner_waiters{group="crowd",profile="small"} 1.0' in metrics
         hub.stop_server("u5")
-        assert ledger.waiting() == []
+        assert ledger.waits.waiting() == []
     finally:
         hub.close()
         hub.stop_hub()
@@ -213,7 +213,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
 def ledger_waits(ledger: Ledger) -> list:
     """Every wait entry, ended or not (ids are dense from 1)."""
     out, entry_id = [], 1
-    while (entry := ledger.wait_entry(entry_id)) is not None:
+    while (entry := ledger.waits.entry(entry_id)) is not None:
         out.append(entry)
         entry_id += 1
     return out

@@ -232,14 +232,14 @@ def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
         hub.wait_ready(user)
     try:
         assert hub.spawn("dee", {"profile": "small"}).status_code == 202
-        assert [w.user for w in ledger.waiting()] == ["dee"]
+        assert [w.user for w in ledger.waits.waiting()] == ["dee"]
         assert cluster.pod("dee") is None  # no pod while waiting
         hub.stop_server("ana")
         hub.wait_ready("dee", timeout=90)
         lease = ledger.active_for_server("dee")
         assert (lease.profile, lease.node, lease.pod) == ("1g.10gb", PROCESS_NODE,
                                                           f"{cluster.ns}/jupyter-dee")
-        assert cluster.pod("dee") is not None and ledger.waiting() == []
+        assert cluster.pod("dee") is not None and ledger.waits.waiting() == []
     finally:
         for user in ("ana", "bob", "dee"):
             with contextlib.suppress(Exception):

@@ -36,6 +36,7 @@ from mig_spawner.ledger import (
     Ledger,
     WaitRequest,
     rows,
+    waitlist,
 )
 from mig_spawner.ledger import warnings as warning_store
 from mig_spawner.ledger.engine import create_ledger_engine
@@ -112,14 +113,15 @@ def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, ne
 
 def wait_in(ledger: Ledger, state: WaitState):
     user = f"w{next(_names)}"
-    for earlier in ledger.waiting():  # left waiting by another test: not in this one's way
-        ledger.cancel_wait(earlier.id, "tidy")
-    entry = ledger.join_wait(WaitRequest(user, "", "physics", 0, "1g.10gb", None))
+    for earlier in ledger.waits.waiting():  # left waiting by another test: not in this one's way
+        ledger.waits.cancel(earlier.id, "tidy")
+    entry = ledger.waits.join(WaitRequest(user, "", "physics", 0, "1g.10gb", None))
     if state is WaitState.GRANTED:
-        entry = ledger.grant_next(lambda e, view: first_free(view), quotas={}, capacity=14)
+        entry = ledger.waits.grant(lambda e, view: first_free(view), quotas={}, capacity=14,
+                                   limit=1).granted[0]
         ledger.release(entry.lease_id, ReleaseCode.STOPPED)  # leave the slots to others
     elif state is not WaitState.WAITING:
-        entry = ledger.cancel_wait(entry.id, "gone", state=state)
+        entry = ledger.waits.cancel(entry.id, "gone", state=state)
     assert entry is not None and entry.user == user and entry.state is state
     return entry
 
@@ -129,9 +131,9 @@ def test_an_illegal_wait_move_is_refused_logged_and_not_written(ledger, old, new
     entry = wait_in(ledger, old)
     with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
         IllegalTransition, match=f"is {old}; it cannot become {new}"
-    ), ledger._write() as connection:
-        ledger._close(connection, entry, new, ledger._now(), reason="test")
-    assert ledger.wait_entry(entry.id) == entry
+    ), ledger._tx.write() as connection:
+        waitlist._close(connection, entry, new, ledger._tx.now(), reason="test")
+    assert ledger.waits.entry(entry.id) == entry
     assert f"it cannot become {new}" in caplog.text
 
 

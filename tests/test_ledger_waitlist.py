@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, func, select
 
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.core.waitlist import StarvationGuard
-from mig_spawner.ledger import Grant, Ledger, LedgerView, WaitEntry, WaitRequest
+from mig_spawner.ledger import Grant, Ledger, LedgerView, WaitEntry, WaitRequest, waitlist
 from mig_spawner.ledger.models import lease_slots
 from tests.mocking import Clock
 
@@ -43,9 +43,15 @@ def asks(user: str, group: str = "students", server: str = "", max_wait: float |
     return WaitRequest(user, server, group, PRIORITY[group], "1g.18gb", max_wait)
 
 
+def grant_one(ledger: Ledger, decide=first_free, **kw) -> WaitEntry | None:
+    """One grant at most: the entry granted, or None when nobody could be served."""
+    done = ledger.waits.grant(decide, quotas={}, capacity=SLOTS, limit=1, **kw)
+    return done.granted[0] if done.granted else None
+
+
 def drain(ledger: Ledger) -> list[WaitEntry]:
     granted = []
-    while (entry := ledger.grant_next(first_free, quotas={}, capacity=SLOTS)) is not None:
+    while (entry := grant_one(ledger)) is not None:
         granted.append(entry)
     return granted
 
@@ -53,7 +59,7 @@ def drain(ledger: Ledger) -> list[WaitEntry]:
 def fill(ledger: Ledger) -> None:
     """Every slot held, by users h0, h1, ... granted through the wait list."""
     for n in range(SLOTS):
-        ledger.join_wait(asks(f"h{n}"))
+        ledger.waits.join(asks(f"h{n}"))
     drain(ledger)
 
 
@@ -62,49 +68,49 @@ def test_waiters_are_granted_in_order_as_slots_free(backend_url: str) -> None:
     with Ledger.open(backend_url, clock=clock) as ledger:
         holders = []
         for n in range(SLOTS):
-            ledger.join_wait(asks(f"h{n}"))
+            ledger.waits.join(asks(f"h{n}"))
             holders += drain(ledger)
         assert len(holders) == SLOTS and {e.state for e in holders} == {"granted"}
-        late = [ledger.join_wait(asks("ann")), ledger.join_wait(asks("bob")),
-                ledger.join_wait(asks("cat", "staff"))]
+        late = [ledger.waits.join(asks("ann")), ledger.waits.join(asks("bob")),
+                ledger.waits.join(asks("cat", "staff"))]
         assert drain(ledger) == []
-        assert [e.user for e in ledger.waiting()] == ["ann", "bob", "cat"]
+        assert [e.user for e in ledger.waits.waiting()] == ["ann", "bob", "cat"]
         ledger.release(holders[0].lease_id, "stopped")
         (first,) = drain(ledger)
         assert first.user == "cat"  # staff's priority goes first
         lease = ledger.get(first.lease_id)
         assert lease is not None and (lease.user, lease.start) == ("cat", 0)
-        assert ledger.cancel_wait(late[0].id, "user cancelled").state == "cancelled"
+        assert ledger.waits.cancel(late[0].id, "user cancelled").state == "cancelled"
         ledger.release(holders[1].lease_id, "stopped")
         assert [e.user for e in drain(ledger)] == ["bob"]
         # Cancelling after the grant: the caller learns it owns the lease.
-        assert ledger.cancel_wait(first.id, "too late").state == "granted"
-        assert ledger.wait_entry(late[0].id).reason == "user cancelled"
+        assert ledger.waits.cancel(first.id, "too late").state == "granted"
+        assert ledger.waits.entry(late[0].id).reason == "user cancelled"
 
 
 def test_joining_twice_limits_and_expiry(backend_url: str) -> None:
     clock = Clock()
     with Ledger.open(backend_url, clock=clock) as ledger:
         fill(ledger)
-        entry = ledger.join_wait(asks("ann", server="a"), max_waiting=1)
-        assert ledger.join_wait(asks("ann", server="a"), max_waiting=1) == entry
+        entry = ledger.waits.join(asks("ann", server="a"), max_waiting=1)
+        assert ledger.waits.join(asks("ann", server="a"), max_waiting=1) == entry
         with pytest.raises(Refused, match="already wait for 1 of 1") as refused:
-            ledger.join_wait(asks("ann", server="b"), max_waiting=1)
+            ledger.waits.join(asks("ann", server="b"), max_waiting=1)
         assert refused.value.reason is Reason.USER_LIMIT
         with pytest.raises(Refused) as holds:
-            ledger.join_wait(asks("h0"))
+            ledger.waits.join(asks("h0"))
         assert holds.value.reason is Reason.PREVIOUS_LEASE
         clock.advance(minutes=31)
-        assert ledger.grant_next(first_free, quotas={}, capacity=SLOTS) is None
-        ended = ledger.wait_entry(entry.id)
+        assert grant_one(ledger) is None
+        ended = ledger.waits.entry(entry.id)
         assert (ended.state, ended.reason) == ("expired", "waited max_wait")
-        assert ledger.waiting() == []
+        assert ledger.waits.waiting() == []
 
 
 def test_passed_over_waiters_count_and_the_guard_blocks(backend_url: str) -> None:
     with Ledger.open(backend_url, clock=Clock()) as ledger:
-        big = ledger.join_wait(asks("big"))
-        small = ledger.join_wait(asks("small"))
+        big = ledger.waits.join(asks("big"))
+        small = ledger.waits.join(asks("small"))
 
         def only_small(entry: WaitEntry, view: LedgerView) -> Grant:
             if entry.user == "big":
@@ -112,11 +118,11 @@ def test_passed_over_waiters_count_and_the_guard_blocks(backend_url: str) -> Non
             return first_free(entry, view)
 
         guard = StarvationGuard(max_bypasses=1, max_age=None)
-        granted = ledger.grant_next(only_small, quotas={}, capacity=SLOTS, guard=guard)
+        granted = grant_one(ledger, only_small, guard=guard)
         assert granted is not None and granted.id == small.id
-        assert ledger.wait_entry(big.id).bypassed == 1
-        ledger.join_wait(asks("third"))
-        assert ledger.grant_next(only_small, quotas={}, capacity=SLOTS, guard=guard) is None
+        assert ledger.waits.entry(big.id).bypassed == 1
+        ledger.waits.join(asks("third"))
+        assert grant_one(ledger, only_small, guard=guard) is None
 
 
 # --- races --------------------------------------------------------------------------
@@ -135,15 +141,15 @@ def _worker(backend_url: str, worker: int, barrier, results) -> None:
             try:
                 kind = rng.choice(["join", "join", "claim", "cancel", "release", "release"])
                 if kind in ("join", "claim"):
-                    entry = ledger.join_wait(
+                    entry = ledger.waits.join(
                         asks(f"p{worker}-{op}", rng.choice(sorted(PRIORITY)))
                     )
                     drain(ledger)
-                    if kind == "claim" and ledger.wait_entry(entry.id).waiting:
-                        entry = ledger.cancel_wait(entry.id, "queue off: none free")
+                    if kind == "claim" and ledger.waits.entry(entry.id).waiting:
+                        entry = ledger.waits.cancel(entry.id, "queue off: none free")
                     mine.append(entry.id)
                 elif kind == "cancel" and mine:
-                    ended = ledger.cancel_wait(rng.choice(mine), "user cancelled")
+                    ended = ledger.waits.cancel(rng.choice(mine), "user cancelled")
                     if ended is not None and ended.state == "granted" and rng.random() < 0.5:
                         ledger.release(ended.lease_id, "cancelled", "after grant")
                         drain(ledger)
@@ -161,7 +167,7 @@ def _worker(backend_url: str, worker: int, barrier, results) -> None:
 def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(backend_url: str) -> None:
     with Ledger.open(backend_url) as ledger:  # start full, with nobody waiting
         for n in range(SLOTS):
-            ledger.join_wait(asks(f"seed{n}"))
+            ledger.waits.join(asks(f"seed{n}"))
         assert len(drain(ledger)) == SLOTS
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PROCESSES)
@@ -192,8 +198,8 @@ def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(backend_
 
 
 def check_against_model(ledger: Ledger) -> None:
-    with ledger._read() as connection:  # every entry, ended or not
-        entries = ledger._entries(connection)
+    with ledger._tx.read() as connection:  # every entry, ended or not
+        entries = waitlist._entries(connection)
     leases = {lease.id: lease for lease in ledger.history()}
     granted = [e for e in entries if e.state == "granted"]
     # Every lease came from exactly one entry, for that entry's server.
@@ -217,7 +223,7 @@ def check_against_model(ledger: Ledger) -> None:
             if ahead and e.joined_at < g.closed_at:
                 assert e.closed_at is not None and e.closed_at <= g.closed_at, (e, g)
     # Nobody skipped: a free slot and a waiter never remain together.
-    assert not (ledger.waiting() and len(ledger.active()) < SLOTS)
+    assert not (ledger.waits.waiting() and len(ledger.active()) < SLOTS)
     assert any(e.state == "cancelled" for e in entries) and len(granted) > SLOTS
 
 
@@ -225,30 +231,39 @@ def test_max_wait_none_never_expires(backend_url: str) -> None:
     clock = Clock()
     with Ledger.open(backend_url, clock=clock) as ledger:
         fill(ledger)
-        entry = ledger.join_wait(asks("patient", max_wait=None))
+        entry = ledger.waits.join(asks("patient", max_wait=None))
         clock.advance(days=3)
         drain(ledger)
-        assert ledger.wait_entry(entry.id).waiting
+        assert ledger.waits.entry(entry.id).waiting
         assert entry.deadline is None and entry.joined_at + timedelta(days=3) == clock.now
 
 
 def test_one_grant_pass_serves_every_waiter_a_release_made_room_for(backend_url: str) -> None:
-    """``grant_waiting`` grants in one transaction what ``grant_next`` grants one call at
-    a time (the same order, the same slots), and returns the line it left."""
+    """A grant pass grants in one transaction what passes of one grant each grant one at
+    a time (the same order, the same slots), and returns the line it left; the leases a
+    pass counts as held while it goes on are the very ones it writes."""
     with Ledger.open(backend_url, clock=Clock()) as ledger:
         fill(ledger)
-        late = [ledger.join_wait(asks(name)) for name in ("ann", "bob", "cy", "dee")]
+        late = [ledger.waits.join(asks(name)) for name in ("ann", "bob", "cy", "dee")]
         freed = ledger.active()[:3]
         for holder in freed:
             ledger.release(holder.id, "stopped")
-        done = ledger.grant_waiting(first_free, quotas={},
-                                    capacity=lambda held: SLOTS,
-                                    watch=[e.id for e in late])
+        seen: list[LedgerView] = []
+
+        def watching(entry: WaitEntry, view: LedgerView) -> Grant:
+            seen.append(view)
+            return first_free(entry, view)
+
+        done = ledger.waits.grant(watching, quotas={}, capacity=lambda held: SLOTS,
+                                  watch=[e.id for e in late])
         assert [e.user for e in done.granted] == ["ann", "bob", "cy"]
+        # dee's decision, the last, saw the pass's grants as the leases written for them.
+        counted = {x.id for x in seen[-1].leases} - {x.id for x in seen[0].leases}
+        assert counted == {e.lease_id for e in done.granted}
         assert sorted(ledger.get(e.lease_id).start for e in done.granted) == sorted(
             h.start for h in freed)
         assert [e.user for e in done.line] == ["dee"] and len(done.held) == SLOTS
         assert {e.user: e.state for e in done.watched.values()} == {
             "ann": "granted", "bob": "granted", "cy": "granted", "dee": "waiting"}
         assert done.capacity == SLOTS
-        assert ledger.grant_waiting(first_free, quotas={}, capacity=SLOTS).granted == []
+        assert ledger.waits.grant(first_free, quotas={}, capacity=SLOTS).granted == []

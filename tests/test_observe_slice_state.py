@@ -181,10 +181,10 @@ def test_the_map_lists_who_waits_for_what_and_since_when(world):
     from mig_spawner.ledger import WaitRequest
     from mig_spawner.observe.slicemap import slicemap_json
 
-    world.ledger.join_wait(WaitRequest("bob", "gpu", "analysts", 0, "small", 600))
+    world.ledger.waits.join(WaitRequest("bob", "gpu", "analysts", 0, "small", 600))
     world.clock.advance(seconds=90)
     view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy,
-                     waits=world.ledger.waiting())
+                     waits=world.ledger.waits.waiting())
     (row,) = view.waiting
     assert (row.user, row.server_name, row.offer, row.group) == ("bob", "gpu", "small",
                                                                  "analysts")

@@ -198,10 +198,10 @@ def test_the_maps_waiting_table_is_in_served_order_with_next_marked(tmp_path):
                                              ("ann", "analysts", 0, "1g.18gb"),
                                              ("vip", "analysts", 9, "2g.35gb"),
                                              ("bob", "analysts", 0, "1g.18gb")]:
-            world.ledger.join_wait(WaitRequest(user, "", group, priority, offer, 600))
+            world.ledger.waits.join(WaitRequest(user, "", group, priority, offer, 600))
             world.clock.advance(seconds=10)
         view = slice_map(world.inventory(), world.ledger.active(), world.clock.now,
-                         world.policy, waits=world.ledger.waiting())
+                         world.policy, waits=world.ledger.waits.waiting())
     finally:
         world.close()
     assert [(w.user, w.place, w.next) for w in view.waiting] == [

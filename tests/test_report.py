@@ -541,13 +541,14 @@ def test_report_shows_waits_and_abandoned_waits_per_offer_and_group(tmp_path, ca
                         host="gpu1", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
                         mig_uuid="MIG-0")
     with Ledger.open(url, clock=clock) as ledger:
-        entries = [ledger.join_wait(WaitRequest(u, "", "analysts", 0, "small", 3600))
+        entries = [ledger.waits.join(WaitRequest(u, "", "analysts", 0, "small", 3600))
                    for u in ("a0", "a1", "a2")]
-        ledger.join_wait(WaitRequest("r0", "", "research", 0, BIG, 3600))
+        ledger.waits.join(WaitRequest("r0", "", "research", 0, BIG, 3600))
         clock.now = at(9.2)
-        assert ledger.grant_next(lambda e, v: decision, quotas={}, capacity=7).user == "a0"
-        ledger.cancel_wait(entries[1].id, "cancelled by the user")
-        ledger.cancel_wait(entries[2].id, "the hub restarted", state="abandoned")
+        done = ledger.waits.grant(lambda e, v: decision, quotas={}, capacity=7, limit=1)
+        assert [e.user for e in done.granted] == ["a0"]
+        ledger.waits.cancel(entries[1].id, "cancelled by the user")
+        ledger.waits.cancel(entries[2].id, "the hub restarted", state="abandoned")
     assert main(["report", "--ledger-url", url, "--since", "2026-12-01",
                  "--until", "2026-12-02"]) == 0
     out = capsys.readouterr().out

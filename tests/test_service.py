@@ -516,7 +516,7 @@ async def test_the_idle_limit_follows_the_wait_list(tmp_path):
     user = HubUser(name="ana", groups=("analysts",), servers=())
     await sweeper._leases()
     assert sweeper.limits_for(user, lease).server_idle_timeout == 7200  # nobody waits
-    ledger.join_wait(WaitRequest("bob", "", "analysts", 0, "1g.18gb", 600))
+    ledger.waits.join(WaitRequest("bob", "", "analysts", 0, "1g.18gb", 600))
     await sweeper._leases()
     assert sweeper.limits_for(user, lease).server_idle_timeout == 900
     ledger.close()

@@ -1,6 +1,6 @@
 """One pass of the wait list (``next_grants``) against today's rule: the grant step
 (``first_served`` on the held leases, the passed-over waiters counted once more) called
-once per free slice until nobody more is served, as the ledger's ``grant_next`` loop did.
+once per free slice until nobody more is served, as a loop of one-grant passes did.
 
 The fleet is modelled as slices per offer shared by every waiter (pool mode), or a
 room where a large request needs room that small ones fill (dynamic mode, with the

@@ -168,7 +168,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals.between(since, until)
-            waits = wait_rows(ledger.waits(since, until))
+            waits = wait_rows(ledger.waits.joined(since, until))
             held = ledger.active() if args.advise else []
             measured = ledger.usage.summaries(x.id for x in leases) if rule is not None else {}
             budgets = _budgets(args, ledger, now)

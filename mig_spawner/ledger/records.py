@@ -139,6 +139,14 @@ class Grant(GrantedSlice):
         return problems
 
 
+def check_grant(decision: object) -> Grant:
+    """``decision`` (what a ``decide`` callback returned) if it is a :class:`Grant`."""
+    if not isinstance(decision, Grant):
+        raise InvalidDecision(
+            f"decide() must return a Grant, it returned {type(decision).__name__}")
+    return decision
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lease(GrantedSlice):
     """One row of the ledger: a server bound to a slice, from claim to release."""

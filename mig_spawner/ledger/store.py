@@ -17,6 +17,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
 
 from mig_spawner.core.clock import utcnow
+from mig_spawner.core.layout import PlanState
+from mig_spawner.core.lifecycle import WaitState
 
 from . import migrate
 from .changes import ChangeWatch, MarkChanges, PostgresChanges, SqliteChanges
@@ -39,7 +41,6 @@ from .refusal_log import RefusalLog
 from .rows import (
     HELD,
     SERVER_LEASE,
-    HeldLeases,
     clean_text,
     first_why,
     free_slots,
@@ -54,7 +55,8 @@ from .rows import (
 )
 from .transactions import Transactions
 from .usage import Usage
-from .waitlist import WaitList
+from .view import ClaimView
+from .waitlist import Waits
 from .warnings import Warnings
 
 Clock = Callable[[], datetime]
@@ -64,7 +66,7 @@ Decide = Callable[[LedgerView], Grant]
 log = logging.getLogger(__name__)
 
 
-class Ledger(WaitList):
+class Ledger:
     """Durable leases in a SQL database (SQLite file by default, or any SQLAlchemy URL).
 
     ``Ledger(url)`` only connects; ``Ledger.open(url)`` also migrates the
@@ -78,7 +80,6 @@ class Ledger(WaitList):
         self._engine = (readonly_engine if readonly else create_ledger_engine)(url, echo=echo)
         self._tx = Transactions(self._engine, clock)
         self._origin = self._tx.origin
-        self._held_leases = HeldLeases()
         #: Refused spawns (``record``, ``between``, ``request_counts``).
         self.refusals = RefusalLog(self._tx)
         #: Activity, GPU work, usage samples and budgets.
@@ -87,6 +88,9 @@ class Ledger(WaitList):
         self.holds = Holds(self._tx)
         #: Warnings before a stop, and the users' answers ("Keep my server").
         self.warnings = Warnings(self._tx)
+        self._view = ClaimView(self.usage)
+        #: Spawns waiting for a slice, and the grant pass.
+        self.waits = Waits(self._tx, self._view)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:
@@ -173,11 +177,7 @@ class Ledger(WaitList):
         return self._tx.now()
 
     def _held(self, connection: Connection) -> list[Lease]:
-        return self._held_leases.read(connection)
-
-    _select = staticmethod(select_leases)
-    _insert = staticmethod(insert_lease)
-    _new_lease = staticmethod(new_lease)
+        return self._view.held(connection)
 
     # -- claiming ---------------------------------------------------------------
 
@@ -405,10 +405,11 @@ class Ledger(WaitList):
             .where(leases.c.state.not_in(HELD_STATES)).scalar_subquery(),
             select(func.coalesce(func.max(waits.c.id), 0)).scalar_subquery(),
             select(func.count()).select_from(waits)
-            .where(waits.c.state == "waiting").scalar_subquery(),
+            .where(waits.c.state == WaitState.WAITING).scalar_subquery(),
             # A layout change that ends gives its held slices back.
             select(func.count()).select_from(layout_changes)
-            .where(layout_changes.c.state.in_(("done", "failed"))).scalar_subquery(),
+            .where(layout_changes.c.state.in_((PlanState.DONE, PlanState.FAILED)))
+            .scalar_subquery(),
         )
         with self._read() as connection:
             return tuple(connection.execute(query).one())

@@ -55,7 +55,7 @@ class SliceSource:
                     if horizon is not None else None)
             view = slice_map(
                 self.gpus.inventory(), self.ledger.active(), now, self.policy,
-                idle_after=self.idle_after, waits=self.ledger.waiting(), budgets=book,
+                idle_after=self.idle_after, waits=self.ledger.waits.waiting(), budgets=book,
                 changes=self.ledger.holds.changes(),
             )
             self._cached = (time.monotonic(), view)

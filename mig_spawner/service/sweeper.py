@@ -338,7 +338,7 @@ class Sweeper:
 
         def read() -> tuple[list[Lease], list[Any], tuple[list[Lease], list[Extra]]]:
             usage = self.ledger.usage.budget(since) if since is not None else ([], [])
-            return self.ledger.active(), self.ledger.waiting(), usage
+            return self.ledger.active(), self.ledger.waits.waiting(), usage
 
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
         held, waits, (counted, extras) = await asyncio.to_thread(read)

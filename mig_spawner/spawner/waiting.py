@@ -16,7 +16,7 @@ PostgreSQL ``NOTIFY``, SQLite's data version checked every
 :data:`CHANGE_CHECK_SECONDS`, a cheap read that does not grow with the line), or the
 nearest wait's deadline. A pass reads the fleet ONCE (the backend's ``read_fleet``),
 plans each waiter's claim from that read without I/O (``plan_claim``), grants in ONE
-ledger transaction (``Ledger.grant_waiting``, the order rule's
+ledger transaction (``ledger.waits.grant``, the order rule's
 ``core.waitlist.next_grants`` inside the claim lock, which is what keeps several hub
 processes on one PostgreSQL ledger from granting one slice twice), and tells every
 waiter of this process its place, estimate and what is free instead from that same
@@ -53,6 +53,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from mig_spawner.core.answer import answer_timeout, start_bound
+from mig_spawner.core.lifecycle import WaitState
 from mig_spawner.core.policy import GroupPolicy, Offer, PolicySet, UserPolicy
 from mig_spawner.core.purpose import PURPOSE
 from mig_spawner.core.refusal import Reason, Refused
@@ -206,9 +207,9 @@ class GrantLoop:
 
         def clear() -> int:
             ledger = self.runtime.ledger()
-            ghosts = [e for e in ledger.waiting() if e.id not in self.tickets]
+            ghosts = [e for e in ledger.waits.waiting() if e.id not in self.tickets]
             for entry in ghosts:
-                ledger.cancel_wait(entry.id, ABANDONED_REASON, state="abandoned")
+                ledger.waits.cancel(entry.id, ABANDONED_REASON, state=WaitState.ABANDONED)
                 ABANDONED_WAITS.labels(profile=entry.offer, group=entry.group).inc()
             return len(ghosts)
 
@@ -318,7 +319,7 @@ class GrantLoop:
                 raise Refused(Reason.PREVIOUS_LEASE, "not known to this pass")
             return plan.decide(view)
 
-        done = await self.runtime.run(lambda: self.runtime.ledger().grant_waiting(
+        done = await self.runtime.run(lambda: self.runtime.ledger().waits.grant(
             decide, quotas=quotas, capacity=capacity, guard=guard, watch=list(plans)))
         if done.granted:
             await self._observe_grants(done.granted)
@@ -382,7 +383,7 @@ class GrantLoop:
             return {}
         policies = spawner.policies()
         line, held = await self.runtime.run(
-            lambda: (self.runtime.ledger().waiting(), self.runtime.ledger().active()))
+            lambda: (self.runtime.ledger().waits.waiting(), self.runtime.ledger().active()))
         history = await self._holds()
         now = datetime.now(UTC)
         texts = {}
@@ -432,9 +433,9 @@ async def ended_notice(spawner: MIGSpawnerMixin) -> str | None:
     were not watching (the hub restarted), or ``None``."""
     since = datetime.now(UTC) - NOTICE_WINDOW
     runtime = spawner.runtime
-    mine = [e for e in await runtime.run(lambda: runtime.ledger().waits(since))
+    mine = [e for e in await runtime.run(lambda: runtime.ledger().waits.joined(since))
             if e.user == spawner.user.name and e.server_name == (spawner.name or "")]
-    if not mine or mine[-1].state != "abandoned":
+    if not mine or mine[-1].state is not WaitState.ABANDONED:
         return None
     offer = spawner.policies().offers.get(mine[-1].offer)
     name = offer.named if offer else mine[-1].offer
@@ -566,7 +567,7 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     if tried.refused is not None and (tried.refused.reason not in FIT_REASONS or not queue):
         raise tried.refused
     assert group is not None  # validated: some group allows the offer
-    entry = await runtime.run(lambda: runtime.ledger().join_wait(
+    entry = await runtime.run(lambda: runtime.ledger().waits.join(
         WaitRequest(request.user, request.server_name, group.name, group.priority, offer.key,
                     group.max_wait if queue else None),
         max_waiting=group.max_waiting_per_user,
@@ -598,8 +599,8 @@ async def _end_wait(spawner: MIGSpawnerMixin, entry_id: int) -> None:
     runtime = spawner.runtime
     try:
         ended = await runtime.run(
-            lambda: runtime.ledger().cancel_wait(entry_id, "cancelled by the user"))
-        if ended is not None and ended.state == "granted" and ended.lease_id:
+            lambda: runtime.ledger().waits.cancel(entry_id, "cancelled by the user"))
+        if ended is not None and ended.state is WaitState.GRANTED and ended.lease_id:
             spawner.lease_id = ended.lease_id
             await spawner._release(ReleaseCode.CANCELLED, "while waiting")
     except Exception as e:  # the next sweep's orphan repair gives such a lease back
@@ -653,7 +654,7 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
                 return _FirstTry(None, stale=stale)
             plan = plan_here()
         ledger = runtime.ledger()
-        if any(plan.contends(offers.get(e.offer)) for e in ledger.waiting()):
+        if any(plan.contends(offers.get(e.offer)) for e in ledger.waits.waiting()):
             # Others wait for what this claim could take: join the line rather than jump
             # it, unless the claim would be refused for a reason that waiting does not
             # cure (a spent budget, a quota): the claim's own check on the ledger's view,
@@ -695,7 +696,7 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
         await ticket.news()
         if ticket.done:
             entry = await ticket
-            if entry.state == "granted" and (lease_id := entry.lease_id):
+            if entry.state is WaitState.GRANTED and (lease_id := entry.lease_id):
                 lease = await runtime.run(lambda: runtime.ledger().get(lease_id))
                 if lease is None or not lease.held:
                     raise Refused(Reason.LEASE_ENDED,
@@ -708,7 +709,7 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
                     spawner.progress_log.add(WAIT_PROGRESS + 5,
                                              f"Your turn: a slice of {offer.named} was released")
                 return lease
-            if entry.state == "expired":
+            if entry.state is WaitState.EXPIRED:
                 raise Refused(Reason.NONE_FREE, _expired_message(ticket))
             raise Refused(Reason.NONE_FREE, f"Your wait for {offer.named} ended "
                           f"({entry.reason or entry.state}); start it again")

@@ -1,8 +1,9 @@
 """The wait list's rules: who a free slice goes to, and how long a wait will be.
 
 Pure (no I/O): :mod:`.order` is the order rule, :mod:`.grants` every grant one pass
-makes by it (what the ledger's grant transaction runs), :mod:`.estimate` turns
-hold-time history into an honest range. Admin documentation: docs/policies.md,
+makes by it (what the ledger's grant transaction runs), :mod:`.join` who may join the
+line (what the ledger's join transaction checks), :mod:`.estimate` turns hold-time
+history into an honest range. Admin documentation: docs/policies.md,
 "Waiting".
 """
 
@@ -15,6 +16,7 @@ from .estimate import (
     history_for,
 )
 from .grants import Charged, next_grants
+from .join import check_join
 from .order import (
     FIT_REASONS,
     Served,
@@ -37,6 +39,7 @@ __all__ = [
     "Served",
     "StarvationGuard",
     "Waiter",
+    "check_join",
     "contends",
     "estimate_wait",
     "first_served",
