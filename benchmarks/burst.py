@@ -294,14 +294,14 @@ def case_waiting(slices: int, users: int, tmp: Path) -> list[float]:
             while len(ledger.waits.waiting()) < users - slices and time.monotonic() < deadline:
                 time.sleep(0.2)
             for name in list(burst.ready)[:slices]:
-                before = {lease.id for lease in ledger.active()}
+                before = {lease.id for lease in ledger.leases.active()}
                 hub.stop_server(name)
                 until(lambda before=before: any(
-                    lease.id not in before for lease in ledger.active()), 30,
+                    lease.id not in before for lease in ledger.leases.active()), 30,
                     "the next waiter granted", show=hub.log_path)
-                released = max((lease for lease in ledger.history(user=name)
+                released = max((lease for lease in ledger.leases.history(user=name)
                                 if lease.released_at), key=lambda lease: lease.released_at)
-                granted = next(lease for lease in ledger.active() if lease.id not in before)
+                granted = next(lease for lease in ledger.leases.active() if lease.id not in before)
                 gaps.append((granted.claimed_at - released.released_at).total_seconds())
     finally:
         hub.close()

@@ -99,8 +99,9 @@ class GpuWorld:
                 gpu_index=device.gpu_index, start=device.start, size=device.size,
                 mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id,
             )
-            lease = self.ledger.claim(LeaseRequest(f"user{i:05d}"), lambda view, d=decision: d)
-            self.ledger.activate(lease.id)
+            lease = self.ledger.leases.claim(LeaseRequest(f"user{i:05d}"),
+                                             lambda view, d=decision: d)
+            self.ledger.leases.activate(lease.id)
         self.devices = i + 1
 
     def close(self) -> None:

@@ -58,24 +58,24 @@ def one_run(held: int, seed: int, workdir: Path) -> tuple[float, float, int, int
     ends = {}
     for n, (g, start) in enumerate(places):
         device = next(d for d in inventory.mig_devices if (d.gpu_index, d.start) == (g, start))
-        lease = ledger.claim(LeaseRequest(f"user{n}"), lambda view, d=device: Grant(
+        lease = ledger.leases.claim(LeaseRequest(f"user{n}"), lambda view, d=device: Grant(
             group="analysts", profile=d.profile, compute_slices=1, mode="pool",
             host=inventory.host, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index, start=d.start,
             size=d.size, mig_uuid=d.uuid, gi_id=d.gi_id, ci_id=d.ci_id))
         ends[lease.id] = clock.now + timedelta(seconds=rng.expovariate(1 / MEAN_SESSION_LEFT))
     target = parse_spec(TARGET)
-    begin(ledger, inventory.host, plan_layout(inventory, target, holders_of(ledger.active())),
-          target)
+    plan = plan_layout(inventory, target, holders_of(ledger.leases.active()))
+    begin(ledger, inventory.host, plan, target)
     applier = LayoutApplier(ledger, gpus, lambda group: NOTICE, clock=clock)
     started, wall, stopped = clock.now, 0.0, []
     while ledger.holds.changes():
         for lease_id, end in ends.items():  # servers that ended on their own
             if end <= clock.now:
-                ledger.release(lease_id, ReleaseCode.STOPPED)
+                ledger.leases.release(lease_id, ReleaseCode.STOPPED)
         t0 = time.perf_counter()
         done = applier.step()
         for lease in done.due:  # the sweep gives these back (through the Releaser)
-            if ledger.release(lease.id, ReleaseCode.DRAIN, "drain notice ended"):
+            if ledger.leases.release(lease.id, ReleaseCode.DRAIN, "drain notice ended"):
                 stopped.append(lease.id)
         if done.due:
             applier.step()

@@ -8,10 +8,10 @@ start one; skipped when its binaries are missing):
 
 * **stale read**: ``active_for_server`` of a server about to start (nothing found);
 * **line read**: ``waiting`` (nobody waits), which the spawner asks before it claims;
-* **claim**: ``Ledger.claim`` with a minimal ``decide`` (first free slot);
+* **claim**: ``ledger.leases.claim`` with a minimal ``decide`` (first free slot);
 * **activation**: the server process recorded as the lease's holder and the lease
-  made active (``Ledger.activate`` with the holder);
-* **release**: ``Ledger.release``.
+  made active (``ledger.leases.activate`` with the holder);
+* **release**: ``ledger.leases.release``.
 
 ``--baseline REF`` also loads ``mig_spawner/ledger`` as it is at the git revision REF
 (e.g. ``main``) into this process, under another name, and runs the same operations
@@ -77,12 +77,16 @@ class Bench:
         self.package = package
         current.Ledger.open(url).close()  # this package's migrations make the schema
         self.ledger = package.Ledger(url)
+        # A ledger of stores (ledger.leases, ledger.waits), or one from before them.
+        self.leases = getattr(self.ledger, "leases", self.ledger)
+        self.line = (self.ledger.waiting if callable(self.ledger.waits)
+                     else self.ledger.waits.waiting)
         self.cpu: dict[str, list[float]] = {op: [] for op in OPS}
-        self._with_holder = "holder_host" in inspect.signature(package.Ledger.activate).parameters
+        self._with_holder = "holder_host" in inspect.signature(self.leases.activate).parameters
         self._round = 0
         for i in range(held):
-            self.ledger.activate(self.ledger.claim(self.package.LeaseRequest(f"held{i:03d}"),
-                                                   self.decide).id)
+            request = self.package.LeaseRequest(f"held{i:03d}")
+            self.leases.activate(self.leases.claim(request, self.decide).id)
 
     def decide(self, view: Any) -> Any:
         """The first free slot: a pure, quick decision (the allocator is not timed)."""
@@ -100,23 +104,23 @@ class Bench:
     def activate(self, lease_id: str) -> None:
         url = "http://127.0.0.1:50000/user/x/"
         if self._with_holder:
-            self.ledger.activate(lease_id, server_url=url, holder_host=HOLDER["host"],
+            self.leases.activate(lease_id, server_url=url, holder_host=HOLDER["host"],
                                  holder_pid=HOLDER["pid"], holder_start=HOLDER["start"])
         else:
             self.ledger.record_holder(lease_id, **HOLDER)
-            self.ledger.activate(lease_id, server_url=url)
+            self.leases.activate(lease_id, server_url=url)
 
     def round(self) -> None:
         """One spawn and stop: stale read, line read, claim, activation, release."""
         self._round += 1
         user = f"u{self._round:05d}"
-        lease = timed(self.cpu["stale read"], self.ledger.active_for_server, user, "")
+        lease = timed(self.cpu["stale read"], self.leases.active_for_server, user, "")
         assert lease is None
-        assert not timed(self.cpu["line read"], self.ledger.waits.waiting)
-        lease = timed(self.cpu["claim"], self.ledger.claim, self.package.LeaseRequest(user),
+        assert not timed(self.cpu["line read"], self.line)
+        lease = timed(self.cpu["claim"], self.leases.claim, self.package.LeaseRequest(user),
                       self.decide)
         timed(self.cpu["activation"], self.activate, lease.id)
-        timed(self.cpu["release"], self.ledger.release, lease.id, "stopped")
+        timed(self.cpu["release"], self.leases.release, lease.id, "stopped")
 
     def close(self) -> None:
         self.ledger.close()

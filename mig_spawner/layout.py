@@ -5,20 +5,21 @@ that will change are held from new grants (every claim and grant pass reads the 
 in its transaction). :class:`LayoutApplier.step` then, each time it runs (``mig-spawner
 layout apply``, the slice service's sweep):
 
-1. takes each open change as its one stepper (:meth:`Ledger.take_change`; a change
+1. takes each open change as its one stepper (``ledger.holds.take_change``; a change
    another live stepper has is left for this pass), then reads its GPU;
 2. plans the change again from its target (:func:`mig_spawner.core.layout.plan_gpu`)
    under the claim lock, from the leases read there, and holds what that plan changes
-   before the lock is let go (:meth:`Ledger.replan`): what a step or a crash already
+   before the lock is let go (``ledger.holds.replan``): what a step or a crash already
    did is simply no longer to do, so a change resumes wherever it stopped, and a slice
    the plan destroys is never granted in between;
 3. warns the holders of instances that must go (a whole GPU held by a server too)
    through the warning flow (rule ``drain``, deadline: the group's ``drain_notice`` from
    the warning; Keep cannot pass it), and returns the leases whose notice has ended, for
-   the caller to stop and release with ``ReleaseCode.DRAIN`` through the Releaser;
+   the caller to stop through the hub with ``ReleaseCode.DRAIN`` recorded first (the
+   slice service's ``Sweeper.stop_server``);
 4. runs the steps that wait for nobody, one instance at a time, each checked against
    the hold and the leases under the claim lock just before it runs
-   (:meth:`Ledger.check_step`): destroys a free instance, creates one at its planned
+   (``ledger.holds.check_step``): destroys a free instance, creates one at its planned
    placement, switches MIG mode once nothing on the GPU is held or busy. An instance
    that is held or runs processes is never touched. A GPU error stops that GPU's step
    with the reason (``in use``: it waits for the next pass; anything else: the change
@@ -241,7 +242,8 @@ class LayoutApplier:
         if gpu is None:
             return self._end(change, PlanState.FAILED, "the GPU is no longer on this host")
         if change.target.get("drain"):
-            on_gpu = [x for x in self.ledger.active(inventory.host) if x.gpu_uuid == gpu.uuid]
+            on_gpu = [x for x in self.ledger.leases.active(inventory.host)
+                      if x.gpu_uuid == gpu.uuid]
             return self._drain_only(change, gpu, on_gpu, result)
         planned = self._replan(change, gpu, entry_of(change.target))
         if planned is None:
@@ -275,7 +277,7 @@ class LayoutApplier:
 
     def _replan(self, change: LayoutChange, gpu: Gpu, entry: TargetEntry) -> Replan | None:
         """``gpu``'s plan towards ``entry`` against the leases as of the claim lock, its
-        changing slices held before that lock is let go (:meth:`Ledger.replan`)."""
+        changing slices held before that lock is let go (``ledger.holds.replan``)."""
         def plan(leases: list[Lease]) -> GpuPlan:
             holders = {(h.gpu_uuid, h.start): h for h in holders_of(leases)}
             return plan_gpu(gpu, entry, instances_of(gpu, holders))
@@ -420,7 +422,7 @@ def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: s
     server that still runs there is withdrawn (that stop is no longer due)."""
     ledger.holds.move_change(change.id, state, detail=detail)
     kube = change.gpu_uuid == KUBE_NODE  # its leases record the node, not a host
-    for lease in ledger.active(None if kube else change.host):
+    for lease in ledger.leases.active(None if kube else change.host):
         on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
         if on_it and lease.warning is StopRule.DRAIN:
             ledger.warnings.withdraw(lease.id)
@@ -530,7 +532,7 @@ class KubeLayout:
         if not changes:
             return result
         core = await self.api()
-        leases = await asyncio.to_thread(self.ledger.active)
+        leases = await asyncio.to_thread(self.ledger.leases.active)
         for change in changes:
             result.gpus.append(await self._one(core, change, leases, result))
         return result

@@ -264,7 +264,7 @@ class Releaser:
         try:
             if isinstance(lease, str):
                 lease_id = lease
-                found = await self.run(lambda: self.ledger().get(lease_id))
+                found = await self.run(lambda: self.ledger().leases.get(lease_id))
                 if found is None:
                     return Outcome(GiveBack.ALREADY_RELEASED)
                 lease = found
@@ -315,7 +315,7 @@ class Releaser:
                 self.events.stopping(lease, found)
                 # Why first: once its process dies, the hub's poll may give the lease
                 # back as server_exited before this release does; the first code stays.
-                await self.run(lambda: self.ledger().end_for(lease.id, code, detail))
+                await self.run(lambda: self.ledger().leases.end_for(lease.id, code, detail))
                 found = await probe.stop(lease, found, self.grace)
         if found.state == holder.GONE:
             return None
@@ -324,7 +324,8 @@ class Releaser:
             "Lease %s of %s NOT released: its holder cannot be checked or stopped (%s); it "
             "keeps its slice", lease.id, lease.server, found.why or found.pids)
         why = on_device_words(found.on_device) if found.on_device else UNCHECKABLE
-        await self.run(lambda: self.ledger().begin_release(lease.id, code, detail, held_by=why))
+        await self.run(lambda: self.ledger().leases.begin_release(lease.id, code, detail,
+                                                                  held_by=why))
         return Outcome(GiveBack.HELD, why)
 
     def _give_back(self, lease: Lease, code: ReleaseCode, detail: str) -> Outcome:
@@ -335,12 +336,12 @@ class Releaser:
             held_by = kind_of(lease).before_release(lease, self.gpus)
         except GpuError:
             # Said in the lease (the slice map, the user's next start), then retried.
-            ledger.begin_release(lease.id, code, detail, held_by=GPU_REFUSED)
+            ledger.leases.begin_release(lease.id, code, detail, held_by=GPU_REFUSED)
             raise
         if held_by is not None:
-            ledger.begin_release(lease.id, code, detail, held_by=held_by)
+            ledger.leases.begin_release(lease.id, code, detail, held_by=held_by)
             return Outcome(GiveBack.HELD, held_by)
-        released = ledger.release(lease.id, code, detail)
+        released = ledger.leases.release(lease.id, code, detail)
         if released is None:
             return Outcome(GiveBack.ALREADY_RELEASED)
         return Outcome(GiveBack.RELEASED, lease=released)

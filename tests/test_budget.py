@@ -292,7 +292,7 @@ def claim_as(world, user, offer, groups=("team",), server=""):
 
     ledger, policies, inventory, _, _ = world
     mine = policies.for_user(list(groups))
-    return ledger.claim(LeaseRequest(user, server),
+    return ledger.leases.claim(LeaseRequest(user, server),
                         make_decide(mine, mine.offer(offer), inventory, "pool", "pack"))
 
 
@@ -300,7 +300,7 @@ def test_a_claim_is_refused_until_the_retry_time_and_succeeds_then(world, tmp_pa
     ledger, policies, _, clock, url = world
     whole = claim_as(world, "ana", "7g.141gb")  # 7 compute slices
     clock.now = at(12)
-    ledger.release(whole.id, "stopped")  # 84 of 100 used: 16 left, a 1g needs 10
+    ledger.leases.release(whole.id, "stopped")  # 84 of 100 used: 16 left, a 1g needs 10
     claim_as(world, "ben", "1g.18gb", server="a")  # covered
     with pytest.raises(Refused) as refused:
         claim_as(world, "ben", "7g.141gb", server="b")  # needs 70
@@ -309,8 +309,8 @@ def test_a_claim_is_refused_until_the_retry_time_and_succeeds_then(world, tmp_pa
     # Durable: a ledger opened again (a restarted hub) counts the same hours.
     again = Ledger.open(url, clock=clock)
     again.usage.budget_horizon = policies.budget_horizon
-    held = again.active_for_server("ben", "a")
-    again.release(held.id, "stopped")
+    held = again.leases.active_for_server("ben", "a")
+    again.leases.release(held.id, "stopped")
     again.close()
     with pytest.raises(Refused) as refused:
         claim_as(world, "ben", "7g.141gb", server="b")
@@ -327,7 +327,7 @@ def test_a_spent_group_passes_the_lease_to_another_group_and_extra_hours_help(wo
     ledger, _, _, clock, _ = world
     whole = claim_as(world, "ana", "7g.141gb")
     clock.now = at(14)
-    ledger.release(whole.id, "stopped")  # 98 used
+    ledger.leases.release(whole.id, "stopped")  # 98 used
     with pytest.raises(Refused):
         claim_as(world, "ana", "1g.18gb")
     # A member of a second group without a budget is charged there instead.
@@ -356,10 +356,10 @@ def admin_world(tmp_path, team: str, held: tuple[float, float]) -> tuple[str, st
     clock.now = now - timedelta(seconds=held[0])
     with connect_sim() as inventory, Ledger.open(url, clock=clock) as ledger:
         mine = build_policy(None, None, {"team": {"allowed": ["7g.141gb"]}}).for_user(["team"])
-        whole = ledger.claim(LeaseRequest("ana"), make_decide(
+        whole = ledger.leases.claim(LeaseRequest("ana"), make_decide(
             mine, mine.offer("7g.141gb"), inventory, "pool", "pack"))
         clock.now = now - timedelta(seconds=held[1])
-        ledger.release(whole.id, "stopped")
+        ledger.leases.release(whole.id, "stopped")
     return url, str(config)
 
 
@@ -456,7 +456,7 @@ def test_a_waiter_whose_budget_is_spent_is_passed_over_not_served_first(world):
     whole = claim_as(world, "cy", "7g.141gb")
     fillers = [claim_as(world, f"u{i}", "1g.18gb", groups=("spare",)) for i in range(7)]
     clock.now = at(14)
-    ledger.release(whole.id, "stopped")  # team: 98 of 100 used; the 7g is free again
+    ledger.leases.release(whole.id, "stopped")  # team: 98 of 100 used; the 7g is free again
     for user, group in (("ana", "team"), ("bo", "spare")):
         ledger.waits.join(WaitRequest(user, "", group, 0, "1g.18gb", None))
 
@@ -467,11 +467,11 @@ def test_a_waiter_whose_budget_is_spent_is_passed_over_not_served_first(world):
     def grant():
         return [e.user for e in ledger.waits.grant(decide, quotas={}, capacity=8).granted]
 
-    ledger.release(fillers[0].id, "stopped")
+    ledger.leases.release(fillers[0].id, "stopped")
     assert grant() == ["bo"]  # ana, first in line, could not start anyway
-    ledger.release(fillers[1].id, "stopped")
+    ledger.leases.release(fillers[1].id, "stopped")
     assert grant() == []
-    spans = budget.spans_of([], ledger.history())
+    spans = budget.spans_of([], ledger.leases.history())
     clock.now = budget.retry_at(policies.group("team"), "ana", 1, spans, [], clock.now)
     assert grant() == ["ana"]
 
@@ -482,10 +482,10 @@ def test_the_slice_map_shows_each_group_budgets_use(world):
     ledger, policies, inventory, clock, _ = world
     whole = claim_as(world, "ana", "7g.141gb")
     clock.now = at(10)
-    ledger.release(whole.id, "stopped")
+    ledger.leases.release(whole.id, "stopped")
     claim_as(world, "ben", "1g.18gb")
     clock.now = at(20)  # 70 + 10 compute-slice-seconds used of 100
-    view = slice_map(inventory, ledger.active(), clock.now, policies,
+    view = slice_map(inventory, ledger.leases.active(), clock.now, policies,
                      budgets=ledger.usage.budget(at(-100)))
     rows = {g.name: g for g in view.groups}
     assert rows["team"].budget_used_hours * 3600 == pytest.approx(80)

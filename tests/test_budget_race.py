@@ -62,17 +62,17 @@ def spend(url: str, ago: tuple[float, float]) -> None:
     found = policies()
     mine = found.for_user(["team"])
     with Ledger.open(url, clock=lambda: at[0]) as ledger:
-        lease = ledger.claim(LeaseRequest("earlier"), make_decide(
+        lease = ledger.leases.claim(LeaseRequest("earlier"), make_decide(
             mine, mine.offer("1g.18gb"), inventory(), "pool", "pack"))
         at[0] = now - timedelta(seconds=ago[1])
-        ledger.release(lease.id, "stopped")
+        ledger.leases.release(lease.id, "stopped")
 
 
 def claim(ledger: Ledger, found, host, user: str) -> str:
     """One spawn of a 1g slice: ``granted`` or the refusal's reason."""
     mine = found.for_user(["team"])
     try:
-        ledger.claim(LeaseRequest(user), make_decide(mine, mine.offer("1g.18gb"), host,
+        ledger.leases.claim(LeaseRequest(user), make_decide(mine, mine.offer("1g.18gb"), host,
                                                      "pool", "pack"))
     except Refused as refused:
         assert refused.reason is not Reason.BUDGET_SPENT or refused.retry_at is not None
@@ -85,10 +85,10 @@ def check_spend(url: str, found, granted: int) -> None:
     each run just that, the window would hold no more than the budget."""
     team = found.group("team")
     with Ledger(url) as ledger:
-        held = ledger.active()
+        held = ledger.leases.active()
         assert len(held) == granted
         used = sum((x.released_at - x.claimed_at).total_seconds()
-                   for x in ledger.history() if x.released_at)
+                   for x in ledger.leases.history() if x.released_at)
     assert used + granted * team.budget_min_hold <= team.budget
 
 

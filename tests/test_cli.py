@@ -416,7 +416,7 @@ def test_the_global_options_are_taken_before_or_after_the_command(tmp_path, wher
     assert out.returncode == 0, out.stderr
     assert "granted 20 compute-slice-hours to the budget of group 'research'" in out.stdout
     with Ledger.open(url) as ledger:  # that ledger, the config's group
-        extras = ledger.budget_usage(datetime.now(UTC) - timedelta(hours=1))[1]
+        extras = ledger.usage.budget(datetime.now(UTC) - timedelta(hours=1))[1]
     assert [x.group for x in extras] == ["research"]
     # The same for a command one level deep, given before or after it.
     for argv in (["--simulate", "h200x1", "status"], ["status", "--simulate", "h200x1"]):
@@ -443,7 +443,7 @@ def test_status_right_after_an_apply_shows_the_new_layouts_free_slices(tmp_path)
     mine = build_policy(None, None, {"g": {"allowed": ["1g.18gb"], "max_slices_per_user": 9}}
                         ).for_user(["g"])
     with Ledger.open(url) as ledger:
-        leases = [ledger.claim(LeaseRequest(user), make_decide(
+        leases = [ledger.leases.claim(LeaseRequest(user), make_decide(
             mine, mine.offer("1g.18gb"), gpus.inventory(), "pool", "pack"))
             for user in ("a1", "a2", "a3", "a4", "ben")]
     (ben,) = [x for x in leases if x.gpu_index == 1]
@@ -460,7 +460,7 @@ def test_status_right_after_an_apply_shows_the_new_layouts_free_slices(tmp_path)
     assert [c["held_slices"] for c in changes] == [[0, 1]]
     assert ("2g.35gb", 2) in free and ("3g.71gb", 4) in free
     with Ledger.open(url) as ledger:
-        ledger.release(ben.id, "stopped")
+        ledger.leases.release(ben.id, "stopped")
     assert run_cli("layout", "apply", *sim, "1=2g.35gb*2,3g.71gb").returncode == 0
     assert gpu1() == ([("2g.35gb", 0), ("2g.35gb", 2), ("3g.71gb", 4)], [])
     assert "no new server is given" not in run_cli("status", *sim).stdout

@@ -93,7 +93,7 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
 
         # The slice service (another process: another Ledger) releases one lease.
         async def release_elsewhere(lease, waiter: str) -> tuple[float, Lease]:
-            released = ledger.release(lease.id, ReleaseCode.STOPPED, "idle")
+            released = ledger.leases.release(lease.id, ReleaseCode.STOPPED, "idle")
             tic = time.monotonic()
             granted = await asyncio.wait_for(tasks[crowd.index(by_name[waiter])],
                                              GRANTED_WITHIN)
@@ -110,7 +110,7 @@ async def test_waiting_costs_nothing_per_waiter_and_a_release_elsewhere_wakes_th
                           show=lambda: by_name[line[1]].progress_log.events)
         assert by_name[line[-1]].progress_log.events[-1]["message"].startswith(
             f"{waiting.ordinal(WAITERS - 1)} in line")
-        ledger.release(first.id, ReleaseCode.STOPPED)
+        ledger.leases.release(first.id, ReleaseCode.STOPPED)
         # That release granted line[1]; two more releases, two more samples.
         await asyncio.wait_for(tasks[crowd.index(by_name[line[1]])], GRANTED_WITHIN)
         for lease, waiter in zip(leases[1:], line[2:4], strict=True):

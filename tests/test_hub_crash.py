@@ -98,7 +98,7 @@ def assert_one_server_per_slice(tag: str) -> dict[str, str]:
 def assert_no_lease_lost(ledger: Ledger, tag: str) -> None:
     """Every live server (or kernel) holds the lease its environment names, on the
     device it uses; every held lease has a live process naming it, or is releasing."""
-    held = {lease.id: lease for lease in ledger.active()}
+    held = {lease.id: lease for lease in ledger.leases.active()}
     named = set()
     for pid, env in servers_of(tag).items():
         lease = held.get(env["MIG_SPAWNER_LEASE_ID"])
@@ -116,7 +116,7 @@ def running_users(hub: HubProcess) -> set[str]:
 
 def converged(hub: HubProcess, ledger: Ledger, tag: str) -> bool:
     """Every lease held by a server the hub runs, every server process one of those."""
-    held = {lease.user for lease in ledger.active()}
+    held = {lease.user for lease in ledger.leases.active()}
     live = {env["JUPYTERHUB_USER"] for env in servers_of(tag).values()}
     running = running_users(hub)
     return held == running and live <= running
@@ -186,7 +186,7 @@ def fill_and_check(hub: HubProcess, ledger: Ledger, tag: str, kept: set[str]) ->
         list(pool.map(ready, USERS))
     by_uuid = assert_one_server_per_slice(tag)
     assert sorted(by_uuid.values()) == USERS
-    leases = {lease.user: lease.mig_uuid for lease in ledger.active()}
+    leases = {lease.user: lease.mig_uuid for lease in ledger.leases.active()}
     assert leases == {user: uuid for uuid, user in by_uuid.items()}
     assert_no_lease_lost(ledger, tag)
 
@@ -203,7 +203,7 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
             for user in USERS[:BURST]:
                 pool.submit(_spawn_quietly, hub, user)
             if kill_at == "claimed":
-                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                until(lambda: len(ledger.leases.active()) == BURST, 60, "the burst's leases",
                       show=hub.log_path)
                 assert not servers_of(tag)
             else:
@@ -217,7 +217,7 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
         restarted = time.monotonic()
         until(lambda: converged(hub, ledger, tag), CONVERGE,
               f"hub converged (left running at the kill: {sorted(left)})",
-              show=(hub.log_path, ledger.active))
+              show=(hub.log_path, ledger.leases.active))
         took = time.monotonic() - restarted
         kept = running_users(hub)
         # Whatever the hub did not keep was stopped; what it kept it still runs.
@@ -250,9 +250,9 @@ def test_slice_service_killed_mid_burst_releases_nothing_live(tmp_path):
             with ThreadPoolExecutor(BURST) as pool:
                 for user in USERS[:BURST]:
                     pool.submit(_spawn_quietly, hub, user)
-                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                until(lambda: len(ledger.leases.active()) == BURST, 60, "the burst's leases",
                       show=hub.log_path)
-                claimed = {lease.user: lease.id for lease in ledger.active()}
+                claimed = {lease.user: lease.id for lease in ledger.leases.active()}
                 service = restart_service(hub, service)
                 # Held between claim and spawn for longer than the grace after which the
                 # service releases a lease whose server the hub does not run: sweeps
@@ -264,9 +264,9 @@ def test_slice_service_killed_mid_burst_releases_nothing_live(tmp_path):
                 service = restart_service(hub, service)
             for user in USERS[:BURST]:
                 hub.wait_ready(user, timeout=120)
-            assert {lease.user: lease.id for lease in ledger.active()} == claimed
+            assert {lease.user: lease.id for lease in ledger.leases.active()} == claimed
             fill_and_check(hub, ledger, tag, set(USERS[:BURST]))
-            orphans = [lease for lease in ledger.history() if lease.release_code == "orphan"]
+            orphans = [lease for lease in ledger.leases.history() if lease.release_code == "orphan"]
             assert not orphans, service.log()
             assert service.proc.poll() is None, service.log()
         finally:
@@ -294,7 +294,7 @@ def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
             with ThreadPoolExecutor(BURST + 1) as pool:
                 for user in USERS[:BURST]:
                     pool.submit(_spawn_quietly, hub, user)
-                until(lambda: len(ledger.active()) == BURST, 60, "the burst's leases",
+                until(lambda: len(ledger.leases.active()) == BURST, 60, "the burst's leases",
                       show=hub.log_path)
                 pg.stop("immediate")
                 try:
@@ -315,7 +315,7 @@ def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
             until(lambda: not any(u["servers"] and not u["servers"][""]["ready"]
                                   for u in hub.users()) and converged(hub, ledger, tag),
                   CONVERGE, "spawns ended and the hub converged after the outage",
-                  show=(hub.log_path, ledger.active))
+                  show=(hub.log_path, ledger.leases.active))
             took = time.monotonic() - back
             assert_one_server_per_slice(tag)
             assert_no_lease_lost(ledger, tag)

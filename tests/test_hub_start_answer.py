@@ -60,7 +60,7 @@ def test_a_slow_or_failed_first_start_keeps_its_slice_and_starts(tmp_path):
         assert "slow answered" in log and "flaky stopped before it answered (start 1 of 2" in log
         with Ledger.open(url) as ledger:
             # Each kept the slice it was given: one lease each, none released.
-            leases = {name: ledger.history(user=name) for name in ("slow", "flaky")}
+            leases = {name: ledger.leases.history(user=name) for name in ("slow", "flaky")}
         assert {name: [x.state for x in found] for name, found in leases.items()} == {
             "slow": ["active"], "flaky": ["active"]}
     finally:

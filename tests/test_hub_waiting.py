@@ -95,7 +95,7 @@ def _nth(n: int) -> str:
 
 
 def no_double_grant(ledger: Ledger) -> None:
-    held = ledger.active()
+    held = ledger.leases.active()
     devices = [lease.mig_uuid for lease in held]
     assert len(devices) == len(set(devices)) <= 3, held
     servers = [(lease.user, lease.server_name) for lease in held]
@@ -158,8 +158,8 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
             pending.locator(f"text=/4th in line for {SMALL}/").first.wait_for(
                 timeout=15_000)
         hub.wait_ready("u4")
-        released = next(lease for lease in ledger.history(user="u1") if lease.released_at)
-        granted = ledger.active_for_server("u4")
+        released = next(lease for lease in ledger.leases.history(user="u1") if lease.released_at)
+        granted = ledger.leases.active_for_server("u4")
         gap = (granted.claimed_at - released.released_at).total_seconds()
         print(f"release to grant: {gap:.3f} s")
         assert 0 <= gap <= GRANT_WITHIN
@@ -198,7 +198,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         form = hub.login("u7").get(f"{hub.url}/hub/spawn/u7").content.decode()  # UTF-8
         assert f"Your wait for {SMALL} ended when the hub restarted" in form
         no_double_grant(ledger)
-        assert {lease.user for lease in ledger.active()} == {"u2", "u3", "u4"}
+        assert {lease.user for lease in ledger.leases.active()} == {"u2", "u3", "u4"}
         metrics = hub.session.get(f"{hub.url}/hub/metrics", timeout=10).text
         assert 'mig_spawner_abandoned_waits_total{group="crowd",profile="small"} 3.0' in metrics
         assert 'mig_spawner_waiters{group="crowd",profile="small"} 1.0' in metrics

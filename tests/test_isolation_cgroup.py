@@ -137,7 +137,7 @@ async def test_a_server_opens_only_its_own_slices_nodes(tmp_path):
     mine = bob.user_policy(bob.policies())
     plan = await bob.claim_decide(mine.offer("small"), mine)
     with Ledger.open(bob.ledger_url) as ledger:
-        bobs = ledger.claim(LeaseRequest("bob"), plan.decide)
+        bobs = ledger.leases.claim(LeaseRequest("bob"), plan.decide)
     with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
         inventory = gpus.inventory()
     gpu = inventory.gpus[0]
@@ -182,7 +182,7 @@ async def test_a_server_opens_only_its_own_slices_nodes(tmp_path):
     assert holder.start_time(child["pid"]) is None
     assert not group.exists()
     with Ledger.open(s.ledger_url) as ledger:
-        assert not ledger.get(lease.id).held
+        assert not ledger.leases.get(lease.id).held
 
 
 def test_the_pseudo_devices_stay_open(tmp_path):
@@ -268,7 +268,7 @@ async def test_isolation_asked_for_on_a_host_without_it_refuses_the_spawn(tmp_pa
         "GPU isolation is on but this host cannot apply it; tell a hub admin.")
     assert "no controller" in refused.value.log_message  # the why, for the admin's log
     with Ledger.open(s.ledger_url) as ledger:
-        assert ledger.active() == []  # the slice was given back
+        assert ledger.leases.active() == []  # the slice was given back
 
 
 class SystemdHost(SimpleLocalMIGSpawner):
@@ -287,7 +287,7 @@ async def test_on_cgroup_v2_the_server_starts_in_a_scope_named_for_its_lease(tmp
     mine = s.user_policy(s.policies())
     plan = await s.claim_decide(mine.offer("small"), mine)
     with Ledger.open(s.ledger_url) as ledger:
-        lease = ledger.claim(LeaseRequest("root"), plan.decide)
+        lease = ledger.leases.claim(LeaseRequest("root"), plan.decide)
     await s.prepare_slice(lease)
     run_as = ["--uid=root"] if cls.runs_as_user else []
     assert s.cmd[:2] == ["systemd-run", "--scope"]
@@ -445,7 +445,7 @@ async def _confined_by_capability_nodes(tmp_path: Path, base: Path, python: str)
     bob = spawner(tmp_path, "bob")
     mine = bob.user_policy(bob.policies())
     with Ledger.open(bob.ledger_url) as ledger:
-        bobs = ledger.claim(LeaseRequest("bob"),
+        bobs = ledger.leases.claim(LeaseRequest("bob"),
                             (await bob.claim_decide(mine.offer("small"), mine)).decide)
     with connect(simulate=SIM, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
         ana_device = next(d for d in gpus.inventory().mig_devices if d.uuid != bobs.mig_uuid)

@@ -47,10 +47,10 @@ def ledger(tmp_path):
 def kube_lease(ledger: Ledger, kube, uid: str | None) -> str:
     """The lease of ana's pod, active with the pod's UID as its holder (as the spawner
     records it once the pod runs)."""
-    lease = ledger.claim(LeaseRequest("ana"), lambda view: Grant(
+    lease = ledger.leases.claim(LeaseRequest("ana"), lambda view: Grant(
         group="analysts", profile="1g.10gb", compute_slices=1, mode="kube",
         pod=f"{kube.ns}/jupyter-ana"))
-    ledger.activate(lease.id, node=kube.node_name("a1"), pod_uid=uid)
+    ledger.leases.activate(lease.id, node=kube.node_name("a1"), pod_uid=uid)
     return lease.id
 
 
@@ -133,7 +133,7 @@ async def test_orphan_whose_pod_cannot_be_read_keeps_its_slice_and_is_counted(
     kube.tap.fail(503, "etcd is unavailable")
     lease_id = kube_lease(ledger, kube, uid)
     sweeper, released = await repair(hub, ledger)
-    assert released == [] and ledger.get(lease_id).held
+    assert released == [] and ledger.leases.get(lease_id).held
     assert sweeper.metrics.holders_unknown._value.get() == 1
     kube.tap.heal()
     assert len(await kube.pods()) == 1
@@ -156,7 +156,7 @@ async def test_a_restarted_hub_deletes_the_lost_pod_before_it_drops_the_stale_le
     assert deletes(kube)[0]["preconditions"] == {"uid": lease.holder_pod_uid}
     assert (await created(kube, again.pod_name))["metadata"]["uid"] != lease.holder_pod_uid
     with Ledger.open(ledger_url) as led:
-        assert led.get(lease.id).release_code == "stale"
+        assert led.leases.get(lease.id).release_code == "stale"
     await again.stop()
 
 

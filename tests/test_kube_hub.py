@@ -143,12 +143,12 @@ def stop_watching_the_release(hub: HubProcess, cluster: Cluster, ledger: Ledger,
     being stopped), its lease must still be held."""
     hub.stop_server(user, wait=False)
     while True:
-        released = ledger.active_for_server(user) is None
+        released = ledger.leases.active_for_server(user) is None
         there = cluster.pod(user) is not None  # read after: a release before it counts
         assert not (released and there), "the lease was released before the pod went"
         if not there:
             break
-    until(lambda: ledger.active_for_server(user) is None, 60, f"{user}'s lease released")
+    until(lambda: ledger.leases.active_for_server(user) is None, 60, f"{user}'s lease released")
 
 
 def test_spawn_gets_a_pod_with_one_slice_and_stop_gives_it_back(hub, cluster, ledger):
@@ -171,14 +171,14 @@ def test_spawn_gets_a_pod_with_one_slice_and_stop_gives_it_back(hub, cluster, le
     assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     assert "," not in env["NVIDIA_VISIBLE_DEVICES"]
     assert env["MIG_SPAWNER_PROFILE"] == "1g.10gb"
-    (lease,) = ledger.active()
+    (lease,) = ledger.leases.active()
     assert (lease.user, lease.mode, lease.profile, lease.node, lease.pod) == (
         "ana", "kube", "1g.10gb", PROCESS_NODE, f"{cluster.ns}/jupyter-ana")
     assert lease.holder_pod_uid == pod["metadata"]["uid"]
 
     stop_watching_the_release(hub, cluster, ledger, "ana")
     assert cluster.pod("ana") is None
-    assert ledger.get(lease.id).release_code == "stopped"
+    assert ledger.leases.get(lease.id).release_code == "stopped"
 
 
 def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
@@ -188,7 +188,7 @@ def test_forged_options_are_refused_before_any_pod(hub, cluster, ledger):
     r = hub.spawn("nobody", {"profile": "small"})
     assert r.status_code == 403, r.text
     assert cluster.pod("bob") is None and cluster.pod("nobody") is None
-    assert ledger.active() == []
+    assert ledger.leases.active() == []
     # Both kept for the usage report, with what was asked for and by which group.
     until(lambda: len(ledger.refusals.between()) >= 2, 10, "two refusals recorded")
     assert [(r.user, r.offer, r.reason, r.group) for r in ledger.refusals.between()[-2:]] == [
@@ -207,7 +207,7 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
         assert r.status_code == 503, r.text
         assert "All 'Small" in r.json()["message"]
         assert cluster.pod("cy") is None
-        assert sorted(lease.user for lease in ledger.active()) == ["ana", "bob"]
+        assert sorted(lease.user for lease in ledger.leases.active()) == ["ana", "bob"]
         # Two servers on the node's port, each on its own pod IP, each its own device.
         envs = [server_environment(cluster.pod(u)) for u in ("ana", "bob")]
         assert envs[0]["NVIDIA_VISIBLE_DEVICES"] != envs[1]["NVIDIA_VISIBLE_DEVICES"]
@@ -222,7 +222,7 @@ def test_when_the_cluster_is_full_the_next_user_hears_why(hub, cluster, ledger):
         for user in ("ana", "bob"):
             with contextlib.suppress(Exception):
                 hub.stop_server(user)
-    assert ledger.active() == []
+    assert ledger.leases.active() == []
 
 
 def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
@@ -236,7 +236,7 @@ def test_a_waiter_gets_its_pod_when_a_node_frees_a_slice(hub, cluster, ledger):
         assert cluster.pod("dee") is None  # no pod while waiting
         hub.stop_server("ana")
         hub.wait_ready("dee", timeout=90)
-        lease = ledger.active_for_server("dee")
+        lease = ledger.leases.active_for_server("dee")
         assert (lease.profile, lease.node, lease.pod) == ("1g.10gb", PROCESS_NODE,
                                                           f"{cluster.ns}/jupyter-dee")
         assert cluster.pod("dee") is not None and ledger.waits.waiting() == []
@@ -274,9 +274,9 @@ def test_a_dra_spawn_runs_the_server_on_the_device_its_claim_was_allocated(
         # The server's environment names the device the claim was allocated.
         uuid = dra_device_uuids(PROCESS_NODE, process_node_gpus())[result["device"]]
         assert server_environment(pod)["NVIDIA_VISIBLE_DEVICES"] == uuid
-        (lease,) = ledger.active()
+        (lease,) = ledger.leases.active()
         assert (lease.profile, lease.node) == ("1g.18gb", PROCESS_NODE)
 
         stop_watching_the_release(dra_hub, cluster, ledger, "ana")
         assert cluster.pod("ana") is None and cluster.claims() == []
-        assert ledger.get(lease.id).release_code == "stopped"
+        assert ledger.leases.get(lease.id).release_code == "stopped"

@@ -323,7 +323,7 @@ async def test_after_a_hub_restart_a_live_pod_keeps_its_lease_and_a_gone_one_fre
     assert await after.poll() is not None
     assert held(ledger_url) == []
     with Ledger.open(ledger_url) as ledger:
-        assert ledger.get(lease.id).release_code == "server_exited"
+        assert ledger.leases.get(lease.id).release_code == "server_exited"
 
 
 async def test_stop_returns_once_the_pod_is_gone_and_a_start_right_after_gets_the_slice(

@@ -62,7 +62,7 @@ def claim_on(ledger: Ledger, gpus, gpu_index: int, start: int, user: str):
     inventory = gpus.inventory()
     device = next(d for d in inventory.mig_devices
                   if (d.gpu_index, d.start) == (gpu_index, start))
-    return ledger.claim(LeaseRequest(user), lambda view: Grant(
+    return ledger.leases.claim(LeaseRequest(user), lambda view: Grant(
         group="analysts", profile=device.profile, compute_slices=1, mode="pool",
         host=inventory.host, gpu_uuid=device.gpu_uuid, gpu_index=gpu_index,
         start=start, size=device.size, mig_uuid=device.uuid, gi_id=device.gi_id,
@@ -213,10 +213,10 @@ async def test_a_drain_stops_its_server_through_the_hub_never_from_outside(world
     server = subprocess.Popen(["sleep", "600"], env={
         "CUDA_VISIBLE_DEVICES": device.uuid, "MIG_SPAWNER_LEASE_ID": lease.id})
     try:
-        ledger.activate(lease.id, holder_host=holder.this_host(), holder_pid=server.pid,
+        ledger.leases.activate(lease.id, holder_host=holder.this_host(), holder_pid=server.pid,
                         holder_start=holder.start_time(server.pid))
         inventory = gpus.inventory()
-        plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.active()))
+        plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.leases.active()))
         begin(ledger, inventory.host, plan, parse_spec(TARGET))
         hub = StandinState()
         hub.users["ana"] = user_model("ana", clock.now - timedelta(hours=1), clock.now)
@@ -226,13 +226,13 @@ async def test_a_drain_stops_its_server_through_the_hub_never_from_outside(world
             ledger=ledger, probe_servers=False, clock=clock,
             layout=LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock))
         await sweeper.sweep()
-        assert ledger.get(lease.id).warning is StopRule.DRAIN and hub.stopped == []
+        assert ledger.leases.get(lease.id).warning is StopRule.DRAIN and hub.stopped == []
 
         clock.now += timedelta(hours=1, seconds=1)  # the drain notice has ended
         hub.users["ana"]["last_activity"] = iso(clock.now)
         report = await sweeper.sweep()
         assert [x.id for x in report.drained] == [lease.id] and hub.stopped == ["ana/"]
-        stopping = ledger.get(lease.id)
+        stopping = ledger.leases.get(lease.id)
         assert stopping.held and stopping.release_code is ReleaseCode.DRAIN
         assert stopping.warning_state is WarningState.CARRIED_OUT
         assert server.poll() is None  # the hub's to stop, not signalled from outside
@@ -264,7 +264,7 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
     lease, device = claim_on(ledger, gpus, 0, 2, "ana")
     sim.set_processes(device.uuid, [(4242, 100)])
     inventory = gpus.inventory()
-    plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.active()))
+    plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.leases.active()))
     [change] = begin(ledger, inventory.host, plan, parse_spec(TARGET))
     applier = LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
 
@@ -273,7 +273,7 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
     assert gpu0.state is PlanState.DRAINING and gpu0.warned == [lease.id]
     # Everything that waits for nobody is done; ana's instance and what needs its room wait.
     assert layout_of(gpus, 0) == [("1g.18gb", s) for s in (2, 4, 5, 6)]
-    warned = ledger.get(lease.id)
+    warned = ledger.leases.get(lease.id)
     assert warned.warning == "drain" and warned.warning_deadline == clock.now + timedelta(
         hours=1)
     # Keep cannot pass it.
@@ -294,7 +294,7 @@ def test_a_held_slice_is_drained_warned_once_and_its_step_applied_after_it_ends(
                         HolderProbes(local=LocalProcesses(asyncio.to_thread, lambda: gpus)),
                         run=asyncio.to_thread, grace=0.1)
     asyncio.run(releaser.release(due[0], ReleaseCode.DRAIN, "drain notice ended"))
-    assert ledger.get(lease.id).release_code is ReleaseCode.DRAIN
+    assert ledger.leases.get(lease.id).release_code is ReleaseCode.DRAIN
     last = applier.step()
     assert last.gpus[0].state is PlanState.DONE
     assert layout_of(gpus, 0) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
@@ -317,7 +317,7 @@ def test_no_picker_grants_a_placement_that_will_change_and_the_form_says_why(wor
     for n in range(3):
         decide = make_decide(mine, policy.offer("1g.18gb"), inventory, "pool", "pack")
         try:
-            got.append(ledger.claim(LeaseRequest("u", f"s{n}"), decide))
+            got.append(ledger.leases.claim(LeaseRequest("u", f"s{n}"), decide))
         except Refused as refusal:
             assert refusal.reason is Reason.GPU_RECUT
             assert "being re-cut" in refusal.message
@@ -334,13 +334,13 @@ def test_no_picker_grants_a_placement_that_will_change_and_the_form_says_why(wor
     # Where the holds are not why, the refusal says what is.
     decide = make_decide(mine, policy.offer("2g.35gb"), inventory, "pool", "pack")
     with pytest.raises(Refused) as refused:
-        ledger.claim(LeaseRequest("w"), decide)
+        ledger.leases.claim(LeaseRequest("w"), decide)
     assert refused.value.reason is Reason.NONE_FREE
     # Once the changes end, their slices are granted again.
     for change in ledger.holds.changes():
         ledger.holds.move_change(change.id, PlanState.FAILED, detail="test")
     decide = make_decide(mine, policy.offer("1g.18gb"), inventory, "pool", "pack")
-    assert ledger.claim(LeaseRequest("u", "again"), decide).start == 0
+    assert ledger.leases.claim(LeaseRequest("u", "again"), decide).start == 0
 
 
 @pytest.mark.parametrize(("function", "code", "ends"), [
@@ -493,10 +493,10 @@ def test_the_map_shows_a_gpu_being_re_cut_and_which_slices_are_held(world):
     ledger, gpus, _, clock = world
     claim_on(ledger, gpus, 0, 2, "ana")
     inventory = gpus.inventory()
-    plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.active()))
+    plan = plan_layout(inventory, parse_spec(TARGET), holders_of(ledger.leases.active()))
     begin(ledger, inventory.host, plan, parse_spec(TARGET))
     LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
-    data = slicemap_json(slice_map(gpus.inventory(), ledger.active(), clock.now,
+    data = slicemap_json(slice_map(gpus.inventory(), ledger.leases.active(), clock.now,
                                    changes=ledger.holds.changes()))
     gpu0, gpu1 = data["gpus"]
     assert gpu0["change"] == "being re-cut (draining): waits for ana"
@@ -527,6 +527,6 @@ def test_ending_a_change_withdraws_the_drain_warning_of_a_server_that_stays(worl
     inventory = gpus.inventory()
     drain(ledger, inventory.host, inventory.gpus[1])
     LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock).step()
-    assert ledger.get(lease.id).warning == "drain"
+    assert ledger.leases.get(lease.id).warning == "drain"
     assert main(["layout", "end", "--ledger-url", ledger.url, "1"]) == 0
-    assert ledger.get(lease.id).warning is None and ledger.holds.held() == {}
+    assert ledger.leases.get(lease.id).warning is None and ledger.holds.held() == {}

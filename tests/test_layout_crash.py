@@ -50,7 +50,7 @@ def claimer(ledger: Ledger, state: str, stop: threading.Event, got: list) -> Non
             decide = make_decide(POLICY.for_user(["a"]), POLICY.offer("1g.18gb"),
                                  inventory, "pool", "pack")
             try:
-                got.append(ledger.claim(LeaseRequest("u", f"s{n}"), decide))
+                got.append(ledger.leases.claim(LeaseRequest("u", f"s{n}"), decide))
                 n += 1
             except Refused:
                 pass
@@ -65,10 +65,10 @@ def blocker(ledger: Ledger, state: str, start: int) -> Lease:
         for n in range(7):
             decide = make_decide(POLICY.for_user(["a"]), POLICY.offer("1g.18gb"),
                                  gpus.inventory(), "pool", "pack")
-            lease = ledger.claim(LeaseRequest("b", f"b{n}"), decide)
+            lease = ledger.leases.claim(LeaseRequest("b", f"b{n}"), decide)
             if lease.gpu_index == 0 and lease.start == start:
                 for other in others:
-                    ledger.release(other.id, "stopped")
+                    ledger.leases.release(other.id, "stopped")
                 return lease
             others.append(lease)
     raise AssertionError(f"the 1g.18gb at {start} of GPU 0 is not free")
@@ -115,7 +115,7 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
             applier.step()
             inventory = gpus.inventory()
             devices = {d.uuid for d in inventory.mig_devices}
-            held = ledger.active()
+            held = ledger.leases.active()
             # Every slice granted is still the instance it was granted: none destroyed
             # under a lease, none granted where an instance was being re-cut.
             assert all(lease.mig_uuid in devices for lease in held)
@@ -125,7 +125,7 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
             for gpu in inventory.gpus:
                 assert len(gpu.gpu_instances) == len(gpu.mig_devices)
             for lease in held:
-                ledger.release(lease.id, "stopped")
+                ledger.leases.release(lease.id, "stopped")
             for _ in range(3):
                 applier.step()
             assert ledger.holds.changes() == []

@@ -71,8 +71,8 @@ def start_change(ledger: Ledger, gpus, clock, text: str) -> LayoutApplier:
     """Open the change to ``text`` as `layout apply` does; the applier that steps it."""
     target = parse_spec(text)
     inventory = gpus.inventory()
-    begin(ledger, inventory.host, plan_layout(inventory, target, holders_of(ledger.active())),
-          target)
+    plan = plan_layout(inventory, target, holders_of(ledger.leases.active()))
+    begin(ledger, inventory.host, plan, target)
     return LayoutApplier(ledger, gpus, lambda group: HOUR, clock=clock)
 
 
@@ -80,7 +80,7 @@ def claim(ledger: Ledger, gpus, user: str, offer: str = "1g.18gb"):
     """A spawn's claim, as the hub makes it: the GPUs read afresh, the holds respected."""
     mine = POLICY.for_user(["a"])
     decide = make_decide(mine, mine.offer(offer), gpus.inventory(), "pool", "pack")
-    return ledger.claim(LeaseRequest(user), decide)
+    return ledger.leases.claim(LeaseRequest(user), decide)
 
 
 def claim_at(ledger: Ledger, gpus, start: int, user: str):
@@ -91,7 +91,7 @@ def claim_at(ledger: Ledger, gpus, start: int, user: str):
         lease = claim(ledger, gpus, f"{user}-{n}")
         if lease.start == start:
             for other in others:
-                ledger.release(other.id, "stopped")
+                ledger.leases.release(other.id, "stopped")
             return lease
         others.append(lease)
     raise AssertionError(f"the 1g.18gb at {start} is not free")
@@ -103,7 +103,7 @@ def layout_of(gpus, index: int = 0) -> list[tuple[str, int]]:
 
 def leases_on_destroyed_devices(ledger: Ledger, gpus) -> list[str]:
     devices = {d.uuid for d in gpus.inventory().mig_devices}
-    return [x.server for x in ledger.active() if x.mig_uuid and x.mig_uuid not in devices]
+    return [x.server for x in ledger.leases.active() if x.mig_uuid and x.mig_uuid not in devices]
 
 
 # --- a whole GPU held by a lease --------------------------------------------------------
@@ -125,11 +125,11 @@ def test_a_gpu_held_whole_is_named_by_the_plan_drained_and_its_mig_mode_waits(
     # Warned through the drain notice, never switched under its server.
     assert gpu0.state is PlanState.DRAINING and gpu0.warned == [whole.id]
     assert not gpus.gpu(0).mig_current and layout_of(gpus) == []
-    assert ledger.get(whole.id).warning == "drain"
+    assert ledger.leases.get(whole.id).warning == "drain"
     clock.now += timedelta(hours=1, minutes=1)
     assert [x.id for x in applier.step().due] == [whole.id]
     assert not gpus.gpu(0).mig_current  # due, but not gone: still nothing changes
-    ledger.release(whole.id, "drain")
+    ledger.leases.release(whole.id, "drain")
     assert applier.step().gpus[0].state is PlanState.DONE
     assert layout_of(gpus) == [("1g.18gb", s) for s in range(7)]
 
@@ -153,7 +153,7 @@ def test_mig_goes_off_only_once_every_held_instance_is_gone(host_of):
     applier = start_change(ledger, gpus, clock, "0=off")
     assert applier.step().gpus[0].warned == [held.id]
     assert gpus.gpu(0).mig_current and layout_of(gpus) == [("1g.18gb", 3)]
-    ledger.release(held.id, "drain")
+    ledger.leases.release(held.id, "drain")
     assert applier.step().gpus[0].state is PlanState.DONE
     assert not gpus.gpu(0).mig_current
 
@@ -170,7 +170,7 @@ def test_a_claim_between_the_plan_and_a_destroy_never_gets_an_instance_that_goes
     servers = {s: claim_at(ledger, gpus, s, f"u{s}") for s in (0, 2, 4)}
     applier = start_change(ledger, gpus, clock, "0=1g.18gb*5,2g.35gb")
     applier.step()
-    ledger.release(servers[2].id, "stopped")
+    ledger.leases.release(servers[2].id, "stopped")
     destroy, got = gpus.destroy_instance, []
 
     def claim_first(gpu_index: int, gi_id: int) -> None:
@@ -284,7 +284,7 @@ def _run_events(ledger, gpus, target, servers, events, claim_before_destroy):
     spec = parse_spec(f"0={target}")
     inventory = gpus.inventory()
     host, uuid = inventory.host, inventory.gpus[0].uuid
-    begin(ledger, host, plan_layout(inventory, spec, holders_of(ledger.active())), spec)
+    begin(ledger, host, plan_layout(inventory, spec, holders_of(ledger.leases.active())), spec)
     destroy, late = gpus.destroy_instance, itertools.count()
 
     def checked_destroy(gpu_index: int, gi_id: int) -> None:
@@ -295,7 +295,7 @@ def _run_events(ledger, gpus, target, servers, events, claim_before_destroy):
         slices = set(range(gi.start, gi.start + gi.size))
         held_now = ledger.holds.held()
         assert slices <= held_now.get((host, uuid), frozenset()), (gi, held_now)
-        assert not any(slices & set(x.memory_slices) for x in ledger.active())
+        assert not any(slices & set(x.memory_slices) for x in ledger.leases.active())
         destroy(gpu_index, gi_id)
 
     gpus.destroy_instance = checked_destroy
@@ -304,13 +304,13 @@ def _run_events(ledger, gpus, target, servers, events, claim_before_destroy):
         if event == "pass":
             applier.step()
         elif event == "leave" and held:
-            ledger.release(held.pop(0).id, "stopped")
+            ledger.leases.release(held.pop(0).id, "stopped")
         elif event == "claim":
             with contextlib.suppress(Refused):
                 held.append(claim(ledger, gpus, f"c{len(held)}-{next(late)}"))
         assert leases_on_destroyed_devices(ledger, gpus) == []
-    for lease in ledger.active():
-        ledger.release(lease.id, "stopped")
+    for lease in ledger.leases.active():
+        ledger.leases.release(lease.id, "stopped")
     applier.step()
     assert ledger.holds.changes() == []
     assert Counter(p for p, _ in layout_of(gpus)) == Counter(

@@ -62,7 +62,7 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
         assert hub.spawn("ana", {"profile": "1g.18gb"}).status_code in (201, 202)
         hub.wait_ready("ana", timeout=120)
         with Ledger(url) as ledger:
-            [held] = ledger.active()
+            [held] = ledger.leases.active()
         assert held.start == 0
 
         cli = ["--sim-state", str(tmp_path / "sim-gpus.json"), "--ledger-url", url,
@@ -75,12 +75,12 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
         assert hub.spawn("bob", {"profile": "1g.18gb"}).status_code in (201, 202)
         hub.wait_ready("bob", timeout=120)
         with Ledger(url) as ledger:
-            assert ledger.active_for_server("bob").start == 4
+            assert ledger.leases.active_for_server("bob").start == 4
 
         service = Service(hub, config_d)
         with Ledger(url) as ledger:
             def warned() -> bool:
-                lease = ledger.get(held.id)
+                lease = ledger.leases.get(held.id)
                 return lease.warning == "drain"
             until(warned, 30, "ana warned of the drain", show=service.log)
             ana = hub.login("ana")
@@ -99,13 +99,13 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
             assert change.state is PlanState.DONE, change.detail
             assert layout(tmp_path) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
                                         ("4g.71gb", 0)]
-            ended = ledger.get(held.id)
+            ended = ledger.leases.get(held.id)
             assert ended.release_code is ReleaseCode.DRAIN
             # Warned once (by the apply), over many sweeps; the stop came no earlier
             # than the notice.
             assert [e.kind for e in ledger.warnings.events(held.id)] == ["warned", "refused"]
             assert took >= NOTICE
-            assert ledger.active_for_server("bob") is not None  # bob was never touched
+            assert ledger.leases.active_for_server("bob") is not None  # bob was never touched
         until(lambda: hub.server_model("ana") is None, 30, "ana's server gone",
               show=hub.log_path)
         assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,

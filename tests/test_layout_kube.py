@@ -66,7 +66,7 @@ async def claim(ledger: Ledger, kube, name: str):
     choice = ClaimTarget()
     decide = make_kube_decide(POLICY.for_user(["a"]), POLICY.offer("1g.10gb"), slices,
                               f"{kube.ns}/{name}", choice)
-    return ledger.claim(LeaseRequest(name), decide), choice.target
+    return ledger.leases.claim(LeaseRequest(name), decide), choice.target
 
 
 async def settle(layout: KubeLayout, until: PlanState, rounds: int = 600) -> list:
@@ -84,10 +84,10 @@ async def test_the_node_is_held_drained_labelled_and_re_cut_by_mig_manager(clust
     a1, a2 = kube.node_name("a1"), kube.node_name("a2")
     config = f"{kube.ns}-all-1g.10gb"
     # ana's pod runs on a1 with a slice; her lease records the node.
-    lease = ledger.claim(LeaseRequest("ana"), lambda view: Grant(
+    lease = ledger.leases.claim(LeaseRequest("ana"), lambda view: Grant(
         group="a", profile="1g.10gb", compute_slices=1, mode="kube",
         pod=f"{kube.ns}/jupyter-ana", expires_at=view.now + timedelta(hours=8)))
-    ledger.activate(lease.id, node=a1, pod=f"{kube.ns}/jupyter-ana")
+    ledger.leases.activate(lease.id, node=a1, pod=f"{kube.ns}/jupyter-ana")
     await kube.run_pod("jupyter-ana", "a1", {"nvidia.com/mig-1g.10gb": "1"})
     begin_kube(ledger, a1, config)
     # From now on no new pod goes to a1, though it has a 1g.10gb free.
@@ -106,7 +106,7 @@ async def test_the_node_is_held_drained_labelled_and_re_cut_by_mig_manager(clust
                             {"gracePeriodSeconds": 0})
     await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/jupyter-ana",
                            lambda p: p is None)
-    ledger.release(lease.id, "stopped")
+    ledger.leases.release(lease.id, "stopped")
     await settle(layout, PlanState.DONE)
     node = await kube.node("a1")
     labels = node["metadata"]["labels"]

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, func, select
 
 from mig_spawner.ledger import Conflict, DoubleGrant, Grant, LeaseRequest, Ledger, LedgerView
-from mig_spawner.ledger import store as ledger_store
+from mig_spawner.ledger import transactions as ledger_transactions
 from mig_spawner.ledger.models import lease_slots
 
 HOST = "race-host"
@@ -59,7 +59,7 @@ def claim_many(
     errors: list[str] = []
     for i in range(count):
         try:
-            lease = ledger.claim(LeaseRequest(f"{who}-{i}"), first_free)
+            lease = ledger.leases.claim(LeaseRequest(f"{who}-{i}"), first_free)
         except Full:
             refused += 1
         except Exception as e:  # anything else, DoubleGrant included, fails the test
@@ -92,8 +92,8 @@ def check_outcome(
     assert doubles == {}, f"double grants: {doubles}"
     assert refused == sum(len(o[0]) + o[1] for o in outcomes) - SLICES
     with Ledger(backend_url) as ledger:
-        assert len(ledger.active()) == SLICES
-        assert {(lease.gpu_uuid, lease.start) for lease in ledger.active()} == set(granted)
+        assert len(ledger.leases.active()) == SLICES
+        assert {(lease.gpu_uuid, lease.start) for lease in ledger.leases.active()} == set(granted)
     engine = create_engine(backend_url)
     try:
         with engine.connect() as conn:
@@ -151,22 +151,22 @@ def test_database_keys_refuse_what_the_lock_would_have_prevented(
 ) -> None:
     # Take the claim lock away, then let another ledger commit between our read
     # and our write: the primary keys alone must still refuse both kinds of conflict.
-    monkeypatch.setattr(ledger_store, "lock_claims", lambda connection: None)
+    monkeypatch.setattr(ledger_transactions, "lock_claims", lambda connection: None)
     with Ledger.open(postgres_url) as ours, Ledger(postgres_url) as theirs:
 
         def interleaved(user: str):
             def decide(view: LedgerView) -> Grant:
-                theirs.claim(LeaseRequest(user), first_free)  # commits after our read
+                theirs.leases.claim(LeaseRequest(user), first_free)  # commits after our read
                 return first_free(view)  # now a stale view
 
             return decide
 
         with pytest.raises(Conflict, match="got a lease from a concurrent claim") as caught:
-            ours.claim(LeaseRequest("alice"), interleaved("alice"))
+            ours.leases.claim(LeaseRequest("alice"), interleaved("alice"))
         assert type(caught.value) is Conflict
         with pytest.raises(DoubleGrant, match=r"slices 1\.\.1 of GPU GPU-0000"):
-            ours.claim(LeaseRequest("carol"), interleaved("bob"))
-        assert [(lease.user, lease.start) for lease in ours.history()] == [
+            ours.leases.claim(LeaseRequest("carol"), interleaved("bob"))
+        assert [(lease.user, lease.start) for lease in ours.leases.history()] == [
             ("alice", 0),
             ("bob", 1),
         ]

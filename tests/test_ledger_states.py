@@ -87,14 +87,14 @@ def ledger(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Ledger]
 
 
 def lease_in(ledger: Ledger, state: LeaseState):
-    lease = ledger.claim(LeaseRequest(f"u{next(_names)}"), first_free)
+    lease = ledger.leases.claim(LeaseRequest(f"u{next(_names)}"), first_free)
     if state is LeaseState.ACTIVE:
-        lease = ledger.activate(lease.id)
+        lease = ledger.leases.activate(lease.id)
     elif state is LeaseState.RELEASING:
-        lease = ledger.begin_release(lease.id, ReleaseCode.STOPPED, held_by="a process")
+        lease = ledger.leases.begin_release(lease.id, ReleaseCode.STOPPED, held_by="a process")
     elif state is LeaseState.RELEASED:
-        ledger.release(lease.id, ReleaseCode.STOPPED)
-        lease = ledger.get(lease.id)
+        ledger.leases.release(lease.id, ReleaseCode.STOPPED)
+        lease = ledger.leases.get(lease.id)
     assert lease is not None and lease.state is state
     return lease
 
@@ -107,7 +107,7 @@ def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, ne
     ) as refused, ledger._tx.write() as connection:
         rows.move(connection, rows.lock_lease(connection, lease.id), new)
     assert isinstance(refused.value, LeaseStateError) and refused.value.lease == lease
-    assert ledger.get(lease.id) == lease  # nothing written
+    assert ledger.leases.get(lease.id) == lease  # nothing written
     assert f"it cannot become {new}" in caplog.text
 
 
@@ -119,7 +119,7 @@ def wait_in(ledger: Ledger, state: WaitState):
     if state is WaitState.GRANTED:
         entry = ledger.waits.grant(lambda e, view: first_free(view), quotas={}, capacity=14,
                                    limit=1).granted[0]
-        ledger.release(entry.lease_id, ReleaseCode.STOPPED)  # leave the slots to others
+        ledger.leases.release(entry.lease_id, ReleaseCode.STOPPED)  # leave the slots to others
     elif state is not WaitState.WAITING:
         entry = ledger.waits.cancel(entry.id, "gone", state=state)
     assert entry is not None and entry.user == user and entry.state is state
@@ -138,23 +138,24 @@ def test_an_illegal_wait_move_is_refused_logged_and_not_written(ledger, old, new
 
 
 def test_public_calls_refuse_what_the_table_refuses(ledger):
-    active = ledger.get(lease_in(ledger, LeaseState.ACTIVE).id)
+    active = ledger.leases.get(lease_in(ledger, LeaseState.ACTIVE).id)
     assert type(active.state) is LeaseState  # read back as the enum
     releasing = lease_in(ledger, LeaseState.RELEASING)
     with pytest.raises(LeaseStateError, match="is releasing"):
-        ledger.activate(releasing.id)
+        ledger.leases.activate(releasing.id)
     # Ending what has ended is a no-op, never a move.
     released = lease_in(ledger, LeaseState.RELEASED)
-    assert ledger.release(released.id, ReleaseCode.ORPHAN) is None
-    assert ledger.begin_release(released.id, ReleaseCode.ORPHAN) is None
-    assert ledger.get(released.id) == released
+    assert ledger.leases.release(released.id, ReleaseCode.ORPHAN) is None
+    assert ledger.leases.begin_release(released.id, ReleaseCode.ORPHAN) is None
+    assert ledger.leases.get(released.id) == released
     with pytest.raises(ValueError, match=r"not a release code.*stopped, server_exited"):
-        ledger.release(lease_in(ledger, LeaseState.ACTIVE).id, "went away")
+        ledger.leases.release(lease_in(ledger, LeaseState.ACTIVE).id, "went away")
 
 
 def warning_in(ledger: Ledger, state: WarningState | None):
     """A held lease whose warning is in ``state``, reached through the public calls."""
-    lease = ledger.activate(ledger.claim(LeaseRequest(f"v{next(_names)}"), first_free).id)
+    claimed = ledger.leases.claim(LeaseRequest(f"v{next(_names)}"), first_free)
+    lease = ledger.leases.activate(claimed.id)
     deadline = lease.claimed_at + timedelta(hours=1)
     if state is not None:
         lease = ledger.warnings.warn(lease.id, StopRule.SERVER_IDLE, deadline, "idle")
@@ -177,10 +178,10 @@ def test_an_illegal_warning_move_is_refused_logged_and_not_written(ledger, old, 
         ) as refused, ledger._tx.write() as connection:
             warning_store._move(connection, rows.lock_lease(connection, lease.id), new)
         assert refused.value.lease == lease
-        assert ledger.get(lease.id) == lease  # nothing written
+        assert ledger.leases.get(lease.id) == lease  # nothing written
         assert f"it cannot become {new}" in caplog.text
     finally:
-        ledger.release(lease.id, ReleaseCode.STOPPED)  # leave the slots to others
+        ledger.leases.release(lease.id, ReleaseCode.STOPPED)  # leave the slots to others
 
 
 def test_public_warning_calls_never_ask_for_an_illegal_move(ledger):
@@ -194,17 +195,17 @@ def test_public_warning_calls_never_ask_for_an_illegal_move(ledger):
         assert ledger.warnings.withdraw(carried.id) == carried
         assert ledger.warnings.carry_out(carried.id) is None
         answer = ledger.warnings.keep(carried.id, extend_by=None, max_extensions=0)
-        assert answer.outcome is KeepOutcome.GONE and ledger.get(carried.id) == carried
+        assert answer.outcome is KeepOutcome.GONE and ledger.leases.get(carried.id) == carried
         # Kept: withdrawing or carrying out what is not pending writes nothing.
         assert ledger.warnings.withdraw(kept.id) == kept
-        assert ledger.warnings.carry_out(kept.id) is None and ledger.get(kept.id) == kept
+        assert ledger.warnings.carry_out(kept.id) is None and ledger.leases.get(kept.id) == kept
         # A new warning after a kept one begins again.
         again = ledger.warnings.warn(kept.id, StopRule.SERVER_IDLE, deadline, "idle again")
         assert again.warning_state is WarningState.PENDING
         assert [e.kind for e in ledger.warnings.events(kept.id)] == ["warned", "kept", "warned"]
     finally:
         for lease in (carried, kept):
-            ledger.release(lease.id, ReleaseCode.STOPPED)
+            ledger.leases.release(lease.id, ReleaseCode.STOPPED)
 
 
 def test_migration_0014_gives_a_pending_warning_its_state_and_goes_back(backend_url):
@@ -233,10 +234,10 @@ def test_migration_0014_gives_a_pending_warning_its_state_and_goes_back(backend_
 
 def test_release_codes_are_columns_readable_in_plain_sql(ledger):
     held = lease_in(ledger, LeaseState.ACTIVE)
-    ledger.begin_release(held.id, ReleaseCode.SERVER_EXITED, "status 1",
+    ledger.leases.begin_release(held.id, ReleaseCode.SERVER_EXITED, "status 1",
                          held_by="processes still run on its GPU instance (PIDs 7)")
-    done = ledger.claim(LeaseRequest(f"u{next(_names)}"), first_free)
-    ledger.release(done.id, ReleaseCode.START_FAILED, "FileNotFoundError")
+    done = ledger.leases.claim(LeaseRequest(f"u{next(_names)}"), first_free)
+    ledger.leases.release(done.id, ReleaseCode.START_FAILED, "FileNotFoundError")
     engine = create_engine(ledger._engine.url)
     try:
         with engine.connect() as conn:

@@ -75,13 +75,13 @@ def test_waiters_are_granted_in_order_as_slots_free(backend_url: str) -> None:
                 ledger.waits.join(asks("cat", "staff"))]
         assert drain(ledger) == []
         assert [e.user for e in ledger.waits.waiting()] == ["ann", "bob", "cat"]
-        ledger.release(holders[0].lease_id, "stopped")
+        ledger.leases.release(holders[0].lease_id, "stopped")
         (first,) = drain(ledger)
         assert first.user == "cat"  # staff's priority goes first
-        lease = ledger.get(first.lease_id)
+        lease = ledger.leases.get(first.lease_id)
         assert lease is not None and (lease.user, lease.start) == ("cat", 0)
         assert ledger.waits.cancel(late[0].id, "user cancelled").state == "cancelled"
-        ledger.release(holders[1].lease_id, "stopped")
+        ledger.leases.release(holders[1].lease_id, "stopped")
         assert [e.user for e in drain(ledger)] == ["bob"]
         # Cancelling after the grant: the caller learns it owns the lease.
         assert ledger.waits.cancel(first.id, "too late").state == "granted"
@@ -151,10 +151,10 @@ def _worker(backend_url: str, worker: int, barrier, results) -> None:
                 elif kind == "cancel" and mine:
                     ended = ledger.waits.cancel(rng.choice(mine), "user cancelled")
                     if ended is not None and ended.state == "granted" and rng.random() < 0.5:
-                        ledger.release(ended.lease_id, "cancelled", "after grant")
+                        ledger.leases.release(ended.lease_id, "cancelled", "after grant")
                         drain(ledger)
-                elif kind == "release" and (held := ledger.active()):
-                    ledger.release(rng.choice(held).id, "stopped")
+                elif kind == "release" and (held := ledger.leases.active()):
+                    ledger.leases.release(rng.choice(held).id, "stopped")
                     drain(ledger)
             except Exception as e:  # anything unexpected fails the test
                 errors.append(f"{kind}: {e!r}")
@@ -194,13 +194,13 @@ def test_racing_joins_cancels_claims_and_releases_follow_the_order_rule(backend_
                 slot_rows = conn.execute(select(func.count()).select_from(lease_slots)).scalar()
         finally:
             engine.dispose()
-        assert slot_rows == len(ledger.active())
+        assert slot_rows == len(ledger.leases.active())
 
 
 def check_against_model(ledger: Ledger) -> None:
     with ledger._tx.read() as connection:  # every entry, ended or not
         entries = waitlist._entries(connection)
-    leases = {lease.id: lease for lease in ledger.history()}
+    leases = {lease.id: lease for lease in ledger.leases.history()}
     granted = [e for e in entries if e.state == "granted"]
     # Every lease came from exactly one entry, for that entry's server.
     assert Counter(e.lease_id for e in granted).most_common(1)[0][1] == 1
@@ -223,7 +223,7 @@ def check_against_model(ledger: Ledger) -> None:
             if ahead and e.joined_at < g.closed_at:
                 assert e.closed_at is not None and e.closed_at <= g.closed_at, (e, g)
     # Nobody skipped: a free slot and a waiter never remain together.
-    assert not (ledger.waits.waiting() and len(ledger.active()) < SLOTS)
+    assert not (ledger.waits.waiting() and len(ledger.leases.active()) < SLOTS)
     assert any(e.state == "cancelled" for e in entries) and len(granted) > SLOTS
 
 
@@ -245,9 +245,9 @@ def test_one_grant_pass_serves_every_waiter_a_release_made_room_for(backend_url:
     with Ledger.open(backend_url, clock=Clock()) as ledger:
         fill(ledger)
         late = [ledger.waits.join(asks(name)) for name in ("ann", "bob", "cy", "dee")]
-        freed = ledger.active()[:3]
+        freed = ledger.leases.active()[:3]
         for holder in freed:
-            ledger.release(holder.id, "stopped")
+            ledger.leases.release(holder.id, "stopped")
         seen: list[LedgerView] = []
 
         def watching(entry: WaitEntry, view: LedgerView) -> Grant:
@@ -260,7 +260,7 @@ def test_one_grant_pass_serves_every_waiter_a_release_made_room_for(backend_url:
         # dee's decision, the last, saw the pass's grants as the leases written for them.
         counted = {x.id for x in seen[-1].leases} - {x.id for x in seen[0].leases}
         assert counted == {e.lease_id for e in done.granted}
-        assert sorted(ledger.get(e.lease_id).start for e in done.granted) == sorted(
+        assert sorted(ledger.leases.get(e.lease_id).start for e in done.granted) == sorted(
             h.start for h in freed)
         assert [e.user for e in done.line] == ["dee"] and len(done.held) == SLOTS
         assert {e.user: e.state for e in done.watched.values()} == {

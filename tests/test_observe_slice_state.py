@@ -23,7 +23,7 @@ def world(tmp_path):
 
 
 def snapshot(world: World, **kwargs):
-    return slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy,
+    return slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now, world.policy,
                      **kwargs)
 
 
@@ -80,7 +80,7 @@ def test_a_busy_servers_tile_stays_leased_sweep_after_sweep(world, idle_after):
     states = []
     for _ in range(40):
         world.clock.advance(seconds=sweep)
-        recorded = world.ledger.get(lease.id).last_activity_at
+        recorded = world.ledger.leases.get(lease.id).last_activity_at
         active = activity_to_record(world.clock.now, server, GroupPolicy("analysts"), busy,
                                     recorded,
                                     activity_resolution(idle_after))
@@ -119,7 +119,7 @@ def test_dynamic_claim_before_its_instance_exists_is_leased(tmp_path):
         decision = Grant(group="research", profile="3g.71gb", compute_slices=3,
                             mode="dynamic", host=world.inventory().host, gpu_uuid=gpu0.uuid,
                             gpu_index=0, start=4, size=4)
-        world.ledger.claim(LeaseRequest("dee"), lambda view: decision)
+        world.ledger.leases.claim(LeaseRequest("dee"), lambda view: decision)
         view = snapshot(world)
         (row,) = view.slices
         assert (row.state, row.user, row.mig_uuid) == ("leased", "dee", None)
@@ -144,7 +144,7 @@ def test_leases_of_other_hosts_count_for_groups_but_not_as_slices(world):
     decision = Grant(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
                         host="other-host", gpu_uuid="GPU-elsewhere", gpu_index=0, start=0,
                         size=1, mig_uuid="MIG-elsewhere")
-    world.ledger.claim(LeaseRequest("far"), lambda view: decision)
+    world.ledger.leases.claim(LeaseRequest("far"), lambda view: decision)
     view = snapshot(world)
     assert all(r.user != "far" for r in view.slices)
     assert next(g for g in view.groups if g.name == "analysts").slices == 1
@@ -160,8 +160,9 @@ def test_naive_time_and_bad_idle_after_are_refused(world):
 def test_released_leases_free_their_slice(world):
     lease = world.lease("ada", "research", world.device(0, "3g.71gb"))
     world.clock.advance(hours=1)
-    world.ledger.release(lease.id, "stopped")
-    view = slice_map(world.inventory(), world.ledger.history(), world.clock.now + timedelta(1))
+    world.ledger.leases.release(lease.id, "stopped")
+    view = slice_map(world.inventory(), world.ledger.leases.history(),
+                     world.clock.now + timedelta(1))
     assert view.count("free") == 8
 
 
@@ -169,7 +170,7 @@ def test_lease_on_a_gpu_the_host_no_longer_shows_is_a_lost_orphan(world):
     decision = Grant(group="research", profile="3g.71gb", compute_slices=3, mode="pool",
                         host=world.inventory().host, gpu_uuid="GPU-fell-off-the-bus",
                         gpu_index=5, start=0, size=4, mig_uuid="MIG-gone")
-    world.ledger.claim(LeaseRequest("fay"), lambda view: decision)
+    world.ledger.leases.claim(LeaseRequest("fay"), lambda view: decision)
     view = snapshot(world)
     (row,) = view.lost
     assert (row.state, row.user, row.gpu_index) == ("orphan", "fay", 5)
@@ -183,7 +184,7 @@ def test_the_map_lists_who_waits_for_what_and_since_when(world):
 
     world.ledger.waits.join(WaitRequest("bob", "gpu", "analysts", 0, "small", 600))
     world.clock.advance(seconds=90)
-    view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy,
+    view = slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now, world.policy,
                      waits=world.ledger.waits.waiting())
     (row,) = view.waiting
     assert (row.user, row.server_name, row.offer, row.group) == ("bob", "gpu", "small",

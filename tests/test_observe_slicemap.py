@@ -27,7 +27,7 @@ def test_json_has_every_gpu_slice_and_group(world):
     world.lease("ada", "research", world.device(0, "3g.71gb"), server="llm")
     world.clock.advance(minutes=90)
     data = slicemap.slicemap_json(
-        slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy))
+        slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now, world.policy))
     json.dumps(data)  # all of it serialisable
     assert data["counts"] == {"free": 7, "leased": 0, "idle": 1, "orphan": 0}
     gpu0 = data["gpus"][0]
@@ -39,7 +39,7 @@ def test_json_has_every_gpu_slice_and_group(world):
 
 def test_hostile_names_cannot_break_out_of_the_page(world):
     world.lease(HOSTILE, "research", world.device(1, "1g.18gb"))
-    view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+    view = slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now, world.policy)
     page = slicemap._LOADER.load("slicemap.html").generate(
         data_json=slicemap._script_json(slicemap.slicemap_json(view)), refresh=5,
         user=None, json_url="slices.json", table_url="slices/table",
@@ -93,7 +93,8 @@ def _h200_every_size(tmp_path):
 def test_slice_map_json_and_table_show_gib_beside_the_profile(tmp_path):
     world = _h200_every_size(tmp_path)
     try:
-        view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+        view = slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now,
+                         world.policy)
         rows = [s for g in slicemap.slicemap_json(view)["gpus"] for s in g["slices"]]
         assert {r["profile"]: r["memory_total_text"] for r in rows} == SHOWN
         assert all(r["memory_text"].startswith("0.0 GiB / ") for r in rows)
@@ -114,7 +115,8 @@ def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
     require_chromium()
     world = _h200_every_size(tmp_path)
     try:
-        view = slice_map(world.inventory(), world.ledger.active(), world.clock.now, world.policy)
+        view = slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now,
+                         world.policy)
         page_html = slicemap._LOADER.load("slicemap.html").generate(
             data_json=slicemap._script_json(slicemap.slicemap_json(view)), refresh=3600,
             user={"name": "admin"}, json_url="slices.json", table_url="slices/table",

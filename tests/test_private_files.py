@@ -25,7 +25,7 @@ def modes(folder: Path) -> dict[str, int]:
 
 def test_a_new_sqlite_ledger_and_its_wal_and_shm_files_are_private(tmp_path, umask_022):
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        ledger.claim(LeaseRequest("alice"), lambda view: Grant(
+        ledger.leases.claim(LeaseRequest("alice"), lambda view: Grant(
             group="g", profile="1g.18gb", compute_slices=1, mode="pool", host="h",
             gpu_uuid="GPU-1", gpu_index=0, start=0, size=1, mig_uuid="MIG-1"))
         found = modes(tmp_path)  # while open: the -wal and -shm files exist

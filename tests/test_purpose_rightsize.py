@@ -200,7 +200,7 @@ def test_the_maps_waiting_table_is_in_served_order_with_next_marked(tmp_path):
                                              ("bob", "analysts", 0, "1g.18gb")]:
             world.ledger.waits.join(WaitRequest(user, "", group, priority, offer, 600))
             world.clock.advance(seconds=10)
-        view = slice_map(world.inventory(), world.ledger.active(), world.clock.now,
+        view = slice_map(world.inventory(), world.ledger.leases.active(), world.clock.now,
                          world.policy, waits=world.ledger.waits.waiting())
     finally:
         world.close()
@@ -215,10 +215,10 @@ def test_status_shows_each_slices_holder_server_purpose_and_age(tmp_path):
     world = make_world(tmp_path)
     try:
         lease = world.lease("ada", "research", world.device(0, "3g.71gb"), server="llm")
-        world.ledger.record_purpose(lease.id, "thesis: llama fine-tuning")
+        world.ledger.leases.record_purpose(lease.id, "thesis: llama fine-tuning")
         world.clock.advance(hours=2, minutes=5)
         inventory = world.inventory()
-        view = slice_map(inventory, world.ledger.active(), world.clock.now, world.policy)
+        view = slice_map(inventory, world.ledger.leases.active(), world.clock.now, world.policy)
     finally:
         world.close()
     text = render_text(inventory, view)
@@ -303,20 +303,21 @@ def grant(view, start=0):
 
 def test_the_ledger_keeps_purposes_and_usage_samples(backend_url):
     with Ledger.open(backend_url) as ledger:
-        one = ledger.claim(LeaseRequest("ann", ""), grant)
-        two = ledger.claim(LeaseRequest("bob", ""), lambda v: grant(v, 2))
-        assert ledger.record_purpose(one.id, "course exercises").purpose == "course exercises"
-        assert ledger.get(one.id).purpose == "course exercises"
+        one = ledger.leases.claim(LeaseRequest("ann", ""), grant)
+        two = ledger.leases.claim(LeaseRequest("bob", ""), lambda v: grant(v, 2))
+        recorded = ledger.leases.record_purpose(one.id, "course exercises")
+        assert recorded.purpose == "course exercises"
+        assert ledger.leases.get(one.id).purpose == "course exercises"
         for i in range(3):
             at = T0 + timedelta(minutes=i)
             stored = ledger.usage.record_samples({
                 one.id: UsageSample(at, 1000 * (i + 1), 32 * GIB, 0.5, 1),
                 two.id: UsageSample(at, 10, 32 * GIB, None, 0)})
             assert stored == 2
-        ledger.release(two.id, "stopped")
+        ledger.leases.release(two.id, "stopped")
         # A sample of a released lease is dropped, never stored.
         assert ledger.usage.record_samples({two.id: UsageSample(T0, 1, 1, None, 0)}) == 0
-        assert ledger.record_purpose(two.id, "late") is None
+        assert ledger.leases.record_purpose(two.id, "late") is None
         usage = ledger.usage.summaries([one.id, two.id, "unknown"])
     assert usage[one.id] == Usage(samples=3, peak_mib=3000, p95_mib=3000,
                                   memory_total_mib=32 * GIB, sampled_seconds=120,
@@ -375,7 +376,7 @@ def test_the_service_samples_each_leased_slice_once_per_interval(tmp_path):
                           usage_interval=60)
         for second in (0, 30, 60, 90, 120):  # sweeps every 30 s, samples every 60 s
             now = T0 + timedelta(seconds=second)
-            asyncio.run(sweeper._gpu_activity(now, world.ledger.active()))
+            asyncio.run(sweeper._gpu_activity(now, world.ledger.leases.active()))
         found = world.ledger.usage.samples([lease.id])[lease.id]
     finally:
         world.close()
@@ -432,13 +433,13 @@ def test_the_form_and_the_report_judge_the_same_sessions(tmp_path):
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}", clock=clock) as ledger:
         seed_sessions(ledger, lambda: clock.advance(hours=1), "ann", "students", "2g.35gb", 0,
                       [9, 7])
-        running = ledger.claim(LeaseRequest("ann", ""), lambda view: Grant(
+        running = ledger.leases.claim(LeaseRequest("ann", ""), lambda view: Grant(
             group="students", profile="2g.35gb", compute_slices=2, mode="pool", host="h",
             gpu_uuid="GPU-past", gpu_index=0, start=0, size=2, mig_uuid="MIG-now"))
         for sample in usage_samples(clock.now, 8, 32):
-            ledger.record_samples({running.id: sample})
-        leases = ledger.history(user="ann")
-        usage = ledger.usage(x.id for x in leases)
+            ledger.usage.record_samples({running.id: sample})
+        leases = ledger.leases.history(user="ann")
+        usage = ledger.usage.summaries(x.id for x in leases)
 
         async def run(work):
             return work()

@@ -77,7 +77,7 @@ def world(tmp_path):
 def claim(ledger: Ledger, user: str, **grant):
     fields = {"mode": "pool", "host": holder.this_host(), "gpu_uuid": "GPU-0", "gpu_index": 0,
               "start": 0, "size": 1, **grant}
-    return ledger.claim(LeaseRequest(user), lambda view: Grant(
+    return ledger.leases.claim(LeaseRequest(user), lambda view: Grant(
         group="analysts", profile="1g.18gb", compute_slices=1, **fields))
 
 
@@ -91,7 +91,7 @@ async def test_a_process_that_keeps_the_device_but_names_another_lease_is_stoppe
     outcome = await releaser.release(lease.id, ReleaseCode.STOPPED)
     assert outcome.result is GiveBack.RELEASED
     assert escaped.wait(5) == -signal.SIGTERM  # gone before the slice was free
-    done = ledger.get(lease.id)
+    done = ledger.leases.get(lease.id)
     assert (done.state, done.release_code) == (LeaseState.RELEASED, ReleaseCode.STOPPED)
     assert events.seen == {"stopping": 1, "released:stopped": 1}
     assert (await releaser.release(lease.id, ReleaseCode.ORPHAN)).result is (
@@ -122,7 +122,7 @@ async def test_a_holder_stopped_for_a_drain_keeps_drain_though_the_hubs_poll_rel
     releaser.probes = HolderProbes(local=PolledByTheHub(asyncio.to_thread, lambda: gpus))
     await releaser.release(lease.id, ReleaseCode.DRAIN, "GPU 0 is re-cut")
     assert server.wait(5) == -signal.SIGTERM
-    done = ledger.get(lease.id)
+    done = ledger.leases.get(lease.id)
     assert (done.state, done.release_code) == (LeaseState.RELEASED, ReleaseCode.DRAIN)
 
 
@@ -138,10 +138,10 @@ async def test_what_the_gpu_lists_on_the_slice_keeps_it_held_until_gone_then_a_r
     outcome = await releaser.release(lease, ReleaseCode.SERVER_EXITED, "status 1")
     assert (outcome.result, outcome.why) == (
         GiveBack.HELD, f"processes still run on its GPU instance (PIDs {gone.pid})")
-    held = ledger.get(lease.id)
+    held = ledger.leases.get(lease.id)
     assert (held.state, held.held_by, held.release_code, held.release_detail) == (
         LeaseState.RELEASING, outcome.why, ReleaseCode.SERVER_EXITED, "status 1")
-    assert ledger.claim(LeaseRequest("carol"), lambda view: Grant(
+    assert ledger.leases.claim(LeaseRequest("carol"), lambda view: Grant(
         group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
         host=holder.this_host(), gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
         mig_uuid="MIG-other")).start == 0  # the held slice 1 is not on offer
@@ -155,10 +155,10 @@ async def test_what_the_gpu_lists_on_the_slice_keeps_it_held_until_gone_then_a_r
     checked = events.seen["holder_unknown"]
     await until_async(lambda: events.seen["holder_unknown"] >= checked + 2, 10,
                       "two retries", show=lambda: events.seen)
-    assert ledger.get(lease.id).state == LeaseState.RELEASING
+    assert ledger.leases.get(lease.id).state == LeaseState.RELEASING
     sim.set_processes(device.uuid, [])
     assert (await asyncio.wait_for(finished, 5)).result is GiveBack.RELEASED
-    assert ledger.get(lease.id).release_detail == "status 1"
+    assert ledger.leases.get(lease.id).release_detail == "status 1"
     assert events.seen["retrying"] == 1 and events.seen["released:server_exited"] == 1
 
 
@@ -178,7 +178,8 @@ async def test_a_dynamic_instance_is_destroyed_before_its_lease_is_released(worl
                      HolderProbes(local=LocalProcesses(asyncio.to_thread)),
                      run=asyncio.to_thread)
     outcome = await blind.release(lease, ReleaseCode.ORPHAN)
-    assert outcome.result is GiveBack.HELD and "no GPU access" in ledger.get(lease.id).held_by
+    assert outcome.result is GiveBack.HELD
+    assert "no GPU access" in ledger.leases.get(lease.id).held_by
 
 
 async def test_a_holder_that_cannot_be_checked_keeps_the_slice_and_is_counted(world):
@@ -186,7 +187,7 @@ async def test_a_holder_that_cannot_be_checked_keeps_the_slice_and_is_counted(wo
     far = claim(ledger, "far", host="gpu-host-9", mig_uuid="MIG-far")
     outcome = await releaser.release(far, ReleaseCode.ORPHAN)
     assert (outcome.result, outcome.why) == (GiveBack.HELD, UNCHECKABLE)
-    assert ledger.get(far.id).held_by == UNCHECKABLE  # the words its user will read
+    assert ledger.leases.get(far.id).held_by == UNCHECKABLE  # the words its user will read
     pod = claim(ledger, "pod", mode="kube", host=None, gpu_uuid=None, gpu_index=None,
                 start=None, size=None, pod="jupyter-pod")
     assert (await releaser.release(pod, ReleaseCode.STOPPED)).result is GiveBack.HELD
@@ -202,11 +203,11 @@ async def test_a_stop_after_the_service_said_why_is_counted_and_logged_with_that
     the hub's release metric and log line."""
     ledger, gpus, _, releaser, events, _ = world
     lease = claim(ledger, "ana", mig_uuid=gpus.inventory().mig_devices[0].uuid)
-    ledger.end_for(lease.id, first, "stopped by the slice service")
+    ledger.leases.end_for(lease.id, first, "stopped by the slice service")
     with caplog.at_level("INFO", logger="mig_spawner.release"):
         outcome = await releaser.release(lease.id, ReleaseCode.STOPPED)
     assert outcome.result is GiveBack.RELEASED
-    assert ledger.get(lease.id).release_code == first
+    assert ledger.leases.get(lease.id).release_code == first
     assert events.seen == {f"released:{first}": 1}
     [line] = [r.getMessage() for r in caplog.records if lease.id in r.getMessage()]
     assert f"({first}: stopped by the slice service)" in line and "stopped)" not in line

@@ -44,7 +44,7 @@ def at(hour: float) -> datetime:
 
 def lease(user: str, group: str, profile: str, start: float, end: float | None,
           last_activity: float | None = None) -> Lease:
-    """A ledger record as ``Ledger.history()`` returns it (hours from DAY)."""
+    """A ledger record as ``ledger.leases.history()`` returns it (hours from DAY)."""
     return Lease(
         id=f"{user}-{start}", user=user, server_name="", group=group, profile=profile,
         compute_slices=model("h200").profile(profile).compute_slices, mode="pool",
@@ -212,14 +212,14 @@ def record_history(url: str) -> None:
         for hour, claiming, (user, group, profile, gpu, start, _, _) in events:
             clock.now = at(hour)
             if not claiming:
-                ledger.release(ids[user], "stopped")
+                ledger.leases.release(ids[user], "stopped")
                 continue
             size = model("h200").profile(profile).placement_size
             decision = Grant(group=group, profile=profile, compute_slices=size,
                                 mode="dynamic", host="gpu1", gpu_uuid=f"GPU-{gpu}",
                                 gpu_index=gpu, start=start, size=size)
-            ids[user] = ledger.claim(LeaseRequest(user), lambda view, d=decision: d).id
-            ledger.activate(ids[user], mig_uuid=f"MIG-{user}", gi_id=1, ci_id=0)
+            ids[user] = ledger.leases.claim(LeaseRequest(user), lambda view, d=decision: d).id
+            ledger.leases.activate(ids[user], mig_uuid=f"MIG-{user}", gi_id=1, ci_id=0)
 
 
 def test_report_command_table_advice_yaml_and_plots(tmp_path, capsys):
@@ -326,7 +326,7 @@ def test_report_opens_the_ledger_read_only(tmp_path, capsys):
     before = path.read_bytes()
     for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?uri=true"):
         with Ledger.open_existing(url) as ledger:
-            assert len(ledger.history()) == 6
+            assert len(ledger.leases.history()) == 6
             with pytest.raises(LedgerUnavailable, match="readonly"):
                 ledger.refusals.record(LeaseRequest("x"), offer=BIG, reason="none_free")
     assert main(["report", "--ledger-url", f"sqlite:///{path}", "--since", "2026-12-01",
@@ -387,7 +387,7 @@ def claim_all(url: str, plan: list[tuple[str, str, str, float, float | None, str
             user, group, profile, _, _, gpu_uuid = plan[n]
             clock.now = at(hour)
             if not claiming:
-                ledger.release(ids[n], "stopped")
+                ledger.leases.release(ids[n], "stopped")
                 continue
             shape = model("h200").profile(profile)
             size = shape.placement_size
@@ -397,7 +397,7 @@ def claim_all(url: str, plan: list[tuple[str, str, str, float, float | None, str
                                 host="gpu1" if gpu_uuid else None, gpu_uuid=gpu_uuid,
                                 gpu_index=0 if gpu_uuid else None,
                                 start=0 if gpu_uuid else None, size=size if gpu_uuid else None)
-            ids[n] = ledger.claim(LeaseRequest(user, str(n)), lambda view, d=decision: d).id
+            ids[n] = ledger.leases.claim(LeaseRequest(user, str(n)), lambda view, d=decision: d).id
 
 
 def test_advice_on_five_requests_says_the_sample_is_too_small(tmp_path, capsys):

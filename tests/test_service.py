@@ -139,7 +139,7 @@ def claim(ledger: Ledger, user: str, start: int, **grant) -> str:
     def decide(view):
         return Grant(group="analysts", profile="1g.18gb", compute_slices=1, gpu_index=0,
                         start=start, size=1, **grant)
-    return ledger.claim(LeaseRequest(user), decide).id
+    return ledger.leases.claim(LeaseRequest(user), decide).id
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ async def test_orphan_whose_holder_runs_is_stopped_first_and_other_hosts_are_rep
         assert (f"stopping other processes on its slice (PIDs [{ghost.pid}]), which the hub "
                 "does not track") in caplog.text
         # Not checkable from here: it keeps its slice, and the metric says so.
-        assert ledger.get(elsewhere).held
+        assert ledger.leases.get(elsewhere).held
         assert sweeper.metrics.holders_unknown._value.get() == 1
         assert sweeper.metrics.holders_stopped._value.get() == 1
     finally:
@@ -187,9 +187,9 @@ async def test_orphan_lease_released_after_grace_but_running_servers_keep_theirs
     clock[0] += timedelta(seconds=61)
     report = await sweeper.sweep()
     assert [lease.id for lease in report.orphans_released] == [orphan]
-    assert ledger.get(orphan).state == "released"
-    assert ledger.get(orphan).release_code == "orphan"
-    assert ledger.get(running).held
+    assert ledger.leases.get(orphan).state == "released"
+    assert ledger.leases.get(orphan).release_code == "orphan"
+    assert ledger.leases.get(running).held
     assert sample(sweeper.metrics, "mig_spawner_service_slices_reclaimed_total",
                   reason="orphan", group="analysts") == 1
 
@@ -203,7 +203,7 @@ async def test_listing_cut_short_releases_no_orphans_but_handles_listed_servers(
     state.ok_before_failing, state.fail_next = 1, 100  # page 1 comes, page 2 never does
     report = await sweeper.sweep()
     assert not report.complete and report.orphans_released == []
-    assert ledger.get(orphan).held
+    assert ledger.leases.get(orphan).held
     # The first page's idle servers were judged, but not stopped while the hub fails.
     assert len(report.decisions) == 17 and state.stopped == []
 
@@ -354,7 +354,7 @@ async def test_dynamic_orphan_instance_is_destroyed_only_once_its_processes_are_
         report = await sweeper.sweep()
         # Someone still computes on it: nothing is killed, the slice stays held.
         assert report.orphans_released == []
-        assert ledger.get(lease).state == "releasing"
+        assert ledger.leases.get(lease).state == "releasing"
         assert gpus.inventory().device_by_uuid(device.uuid) is not None
 
         sim.set_processes(device.uuid, [])
@@ -512,7 +512,7 @@ async def test_the_idle_limit_follows_the_wait_list(tmp_path):
     client = HubClient("http://127.0.0.1:9/hub/api", "t")
     sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=False)
     claim(ledger, "ana", 0)
-    lease = ledger.active()[0]
+    lease = ledger.leases.active()[0]
     user = HubUser(name="ana", groups=("analysts",), servers=())
     await sweeper._leases()
     assert sweeper.limits_for(user, lease).server_idle_timeout == 7200  # nobody waits

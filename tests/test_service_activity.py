@@ -77,7 +77,7 @@ def claim(ledger: Ledger, user: str, start: int) -> str:
         return Grant(group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
                         host="h", gpu_uuid="GPU-0", gpu_index=0, start=start, size=1,
                         mig_uuid=f"MIG-{start}")
-    return ledger.activate(ledger.claim(LeaseRequest(user), decide).id).id
+    return ledger.leases.activate(ledger.leases.claim(LeaseRequest(user), decide).id).id
 
 
 @pytest.fixture
@@ -100,21 +100,21 @@ def sweeper(base: str, ledger: Ledger, **kw) -> Sweeper:
 
 async def test_a_sweep_writes_the_hubs_activity_on_each_lease(world):
     base, ledger, leases, now, _ = world
-    before = ledger.get(leases["user00001"]).last_activity_at
+    before = ledger.leases.get(leases["user00001"]).last_activity_at
     assert before < now - timedelta(minutes=89)  # as claimed: "idle" for 90 minutes
 
     await sweeper(base, ledger).sweep()
-    active = ledger.get(leases["user00001"]).last_activity_at
+    active = ledger.leases.get(leases["user00001"]).last_activity_at
     assert now - timedelta(minutes=2) < active < now  # the hub said: a minute ago
     # Idle for 2 h by the hub, which is before the claim: the lease keeps its time.
-    assert ledger.get(leases["user00000"]).last_activity_at == before
+    assert ledger.leases.get(leases["user00000"]).last_activity_at == before
 
 
 async def test_a_dry_run_writes_nothing(world):
     base, ledger, leases, *_ = world
-    before = ledger.get(leases["user00001"]).last_activity_at
+    before = ledger.leases.get(leases["user00001"]).last_activity_at
     await sweeper(base, ledger, dry_run=True).sweep()
-    assert ledger.get(leases["user00001"]).last_activity_at == before
+    assert ledger.leases.get(leases["user00001"]).last_activity_at == before
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
@@ -152,20 +152,20 @@ async def test_a_warning_stands_while_its_server_cannot_be_read(world):
     sweeper = Sweeper(client, policy, ServiceMetrics(), ledger=ledger, probe_servers=True)
     lease = leases["user00001"]
     await sweeper.sweep()
-    warned = ledger.get(lease)
+    warned = ledger.leases.get(lease)
     assert warned.warning == "server_idle"
 
     state.unreachable.add("user00001")
     await sweeper.sweep()
     assert sweeper.metrics.registry.get_sample_value(
         "mig_spawner_service_errors_total", {"kind": "server_unreachable"}) >= 1
-    during = ledger.get(lease)
+    during = ledger.leases.get(lease)
     assert (during.warning, during.warning_deadline) == ("server_idle",
                                                          warned.warning_deadline)
 
     state.unreachable.clear()
     await sweeper.sweep()
-    after = ledger.get(lease)
+    after = ledger.leases.get(lease)
     assert (after.warning, after.warning_deadline) == ("server_idle", warned.warning_deadline)
     assert [e.kind for e in ledger.warnings.events(lease)] == ["warned"]
 
@@ -188,11 +188,11 @@ async def test_a_lease_granted_while_the_sweep_lists_the_hub_is_read_at_its_addr
 
         async def granted_meanwhile() -> list:
             held = await read()
-            lease = ledger.claim(LeaseRequest("user00000"), lambda view: Grant(
+            lease = ledger.leases.claim(LeaseRequest("user00000"), lambda view: Grant(
                 group="analysts", profile="1g.18gb", compute_slices=1, mode="pool",
                 host="h", gpu_uuid="GPU-0", gpu_index=0, start=0, size=1,
                 mig_uuid="MIG-0"))
-            ledger.activate(lease.id, server_url=f"{base}/user/user00000/")
+            ledger.leases.activate(lease.id, server_url=f"{base}/user/user00000/")
             return held
 
         sweeper._leases = granted_meanwhile
@@ -216,13 +216,13 @@ async def test_a_warned_server_is_stopped_through_the_hub_and_its_warning_carrie
                       clock=lambda: clock[0])
     idle = leases["user00000"]  # idle for 2 h: warned first, never stopped unannounced
     await sweeper.sweep()
-    assert ledger.get(idle).warning_state is WarningState.PENDING and state.stopped == []
+    assert ledger.leases.get(idle).warning_state is WarningState.PENDING and state.stopped == []
     clock[0] += timedelta(minutes=1, seconds=1)  # the warning's minute has passed
     report = await sweeper.sweep()
     assert [d.rule for d in report.carried_out] == [StopRule.SERVER_IDLE]
     assert state.stopped == ["user00000/"]
-    stopped = ledger.get(idle)
+    stopped = ledger.leases.get(idle)
     assert (stopped.warning, stopped.warning_state) == (StopRule.SERVER_IDLE,
                                                        WarningState.CARRIED_OUT)
     # The other servers, active a minute ago, were never warned.
-    assert {ledger.get(x).warning_state for x in leases.values() if x != idle} == {None}
+    assert {ledger.leases.get(x).warning_state for x in leases.values() if x != idle} == {None}

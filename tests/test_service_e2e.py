@@ -163,7 +163,7 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
         service.swept(after=busy_since + timedelta(seconds=3), times=3)
         assert kernels(hub, "ana") == {busy: "busy"}
         assert hub.server_model("ana")["ready"]  # the server and its slice stay
-        assert ledger.active_for_server("ana") is not None
+        assert ledger.leases.active_for_server("ana") is not None
         assert service.counted("mig_spawner_service_culls_total", 1, kind="kernel",
                                reason="kernel_idle", group="kernel-quick") == 1
     finally:
@@ -173,13 +173,14 @@ def test_idle_kernel_is_shut_down_while_a_busy_one_survives(env):
 def test_idle_server_is_stopped_and_its_slice_is_free_again_other_group_untouched(env):
     hub, service, ledger = env
     start(hub, "bob")
-    until(lambda: ledger.active_for_server("bob") is not None, 30, "bob's lease", show=service.log)
-    slice_uuid = ledger.active_for_server("bob").mig_uuid
+    until(lambda: ledger.leases.active_for_server("bob") is not None, 30, "bob's lease",
+          show=service.log)
+    slice_uuid = ledger.leases.active_for_server("bob").mig_uuid
     until(lambda: hub.server_model("bob") is None, 60, "bob's idle server stopped",
           show=service.log)
-    until(lambda: ledger.active_for_server("bob") is None, 15, "bob's lease released",
+    until(lambda: ledger.leases.active_for_server("bob") is None, 15, "bob's lease released",
           show=service.log)
-    assert slice_uuid not in {lease.mig_uuid for lease in ledger.active()}
+    assert slice_uuid not in {lease.mig_uuid for lease in ledger.leases.active()}
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="server_idle", group="server-short") == 1
     assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,
@@ -192,7 +193,7 @@ def test_max_session_age_stops_a_busy_server(env):
     hub, service, ledger = env
     start(hub, "cy")
     hub.wait_ready("cy")
-    lease = ledger.active_for_server("cy")
+    lease = ledger.leases.active_for_server("cy")
     assert lease.expires_at == lease.claimed_at + timedelta(seconds=AGE)
     kernel = new_kernel(hub, "cy")
     ws = run_without_waiting(hub, "cy", kernel, "import time; time.sleep(600)")
@@ -204,7 +205,7 @@ def test_max_session_age_stops_a_busy_server(env):
         ws.close()
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="max_session_age", group="age-capped") == 1
-    until(lambda: ledger.active_for_server("cy") is None, 15, "cy's lease released",
+    until(lambda: ledger.leases.active_for_server("cy") is None, 15, "cy's lease released",
           show=service.log)
 
 
@@ -215,7 +216,7 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
     group = policies.group("budgeted")
     start(hub, "dee")
     hub.wait_ready("dee")
-    lease = ledger.active_for_server("dee")
+    lease = ledger.leases.active_for_server("dee")
     # Warned at 80% used (28 s in), then stopped when all 35 s are spent.
     until(lambda: any(e.kind == "warned" and e.rule == "budget"
                       for e in ledger.warnings.events(lease.id)), 45, "budget warning",
@@ -227,8 +228,9 @@ def test_a_spent_budget_warns_stops_and_refuses_until_its_retry_time(env):
         "Authorization": f"token {hub.user_token('dee')}"}).json()
     assert answer["outcome"] == "refused", answer
     until(lambda: hub.server_model("dee") is None, 30, "dee's server stopped", show=service.log)
-    until(lambda: ledger.get(lease.id).state == "released", 15, "lease released", show=service.log)
-    ended = ledger.get(lease.id)
+    until(lambda: ledger.leases.get(lease.id).state == "released", 15, "lease released",
+          show=service.log)
+    ended = ledger.leases.get(lease.id)
     assert ended.release_code == "budget", ended
     assert (ended.released_at - lease.claimed_at).total_seconds() >= 35
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
@@ -280,16 +282,16 @@ def forget_spawn(hub: HubProcess, user: str) -> None:
 def test_orphan_lease_left_by_a_killed_hub_is_released(env):
     hub, service, ledger = env
     start(hub, "ghost")  # its server never answers: the spawn stays pending
-    until(lambda: ledger.active_for_server("ghost") is not None, 30, "ghost's lease",
+    until(lambda: ledger.leases.active_for_server("ghost") is not None, 30, "ghost's lease",
           show=service.log)
-    lease = ledger.active_for_server("ghost")
+    lease = ledger.leases.active_for_server("ghost")
     os.killpg(hub.proc.pid, signal.SIGKILL)  # the hub (and its proxy) die mid-spawn
     hub.proc.wait(10)
     forget_spawn(hub, "ghost")
     hub.restart_hub()
-    until(lambda: ledger.active_for_server("ghost") is None, 60, "orphan lease released",
+    until(lambda: ledger.leases.active_for_server("ghost") is None, 60, "orphan lease released",
           show=service.log)
-    released = ledger.get(lease.id)
+    released = ledger.leases.get(lease.id)
     assert released.state == "released"
     assert released.release_code == "orphan", released
     assert service.metric("mig_spawner_service_orphans_repaired_total", group="analysts") == 1

@@ -77,7 +77,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     start(hub, "ana")
     new_kernel(hub, "ana", booted=True)  # the user's last act, through the proxy
     touched_at = datetime.now(UTC)
-    lease = ledger.active_for_server("ana")
+    lease = ledger.leases.active_for_server("ana")
     assert lease.server_url and lease.server_url.endswith("/user/ana/")
     # Her dead kernel's memory stays held: no process, no SM activity, not work.
     gpus(hub).set_memory_used(lease.mig_uuid, 15000)
@@ -85,7 +85,7 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     # Warned warn_before ahead of the limit: by the first whole sweep past that time,
     # and not before it; the stop is not before the limit either.
     service.swept(after=touched_at + timedelta(seconds=SERVER_IDLE - WARN))
-    warned_lease = ledger.get(lease.id)
+    warned_lease = ledger.leases.get(lease.id)
     assert warned_lease.warning == "server_idle", service.log()
     deadline = warned_lease.warning_deadline
     assert (deadline - touched_at).total_seconds() >= SERVER_IDLE - 1, deadline
@@ -96,16 +96,16 @@ def test_a_server_nobody_touches_is_stopped_one_sweep_after_its_limit(env):
     # The stop itself is JupyterHub's and jupyter_server's (STOP_TIMEOUT before a kill).
     until(lambda: hub.server_model("ana") is None, STOP_TIMEOUT + 5, "ana's server gone",
           show=service.log)
-    until(lambda: ledger.active_for_server("ana") is None, 15, "ana's lease released",
+    until(lambda: ledger.leases.active_for_server("ana") is None, 15, "ana's lease released",
           show=service.log)
-    assert lease.mig_uuid not in {held.mig_uuid for held in ledger.active()}
+    assert lease.mig_uuid not in {held.mig_uuid for held in ledger.leases.active()}
     # Warned once, warn_before ahead of the stop.
     warnings = [e for e in ledger.warnings.events(lease.id) if e.kind == "warned"]
     assert len(warnings) == 1, service.log()
     [warned] = warnings
     assert (warned.at - touched_at).total_seconds() >= SERVER_IDLE - WARN - 1, warned
     assert warned.rule == "server_idle"
-    released = ledger.get(lease.id)
+    released = ledger.leases.get(lease.id)
     assert released.released_at >= deadline
     assert released.peak_memory_mib == 15000 and released.gpu_active_at is None
     gpus(hub).set_memory_used(lease.mig_uuid, None)
@@ -135,7 +135,7 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
             time.sleep(3)
             assert hub.server_model("mia") is not None, service.log()
     assert hub.server_model("mia")["ready"]
-    lease = ledger.active_for_server("mia")
+    lease = ledger.leases.active_for_server("mia")
     # A server in use has no idle deadline: never warned of one.
     assert [e.kind for e in ledger.warnings.events(lease.id)] == [], service.log()
 
@@ -144,7 +144,7 @@ def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
     hub, service, ledger = env
     start(hub, "gus")
     started = datetime.now(UTC)  # after the server's last request through the proxy
-    lease = ledger.active_for_server("gus")
+    lease = ledger.leases.active_for_server("gus")
     # A training script started from a terminal: a process on the slice, SMs busy.
     gpus(hub).set_processes(lease.mig_uuid, [(4242, 30000)])
     gpus(hub).set_sm_activity(lease.mig_uuid, 70)
@@ -153,7 +153,7 @@ def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
         service.swept(after=started + timedelta(seconds=SERVER_IDLE), times=3)
         assert hub.server_model("gus")["ready"], service.log()
         assert ledger.warnings.events(lease.id) == [], service.log()
-        assert ledger.get(lease.id).gpu_active_at is not None
+        assert ledger.leases.get(lease.id).gpu_active_at is not None
         assert service.metric("mig_spawner_service_slices_gpu_working_total",
                               group="idle-test") > 0
     finally:
@@ -165,7 +165,7 @@ def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
 def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
     hub, service, ledger = env
     start(hub, "cy")
-    lease = ledger.active_for_server("cy")
+    lease = ledger.leases.active_for_server("cy")
     assert lease.expires_at == lease.claimed_at + timedelta(seconds=MAX_AGE)
     hub.stop_hub()
     hub.restart_hub()
@@ -179,8 +179,8 @@ def test_a_lease_stops_at_its_expires_at_across_a_hub_restart(env):
     service.swept(after=deadline)
     assert hub.stopping("cy"), service.log()
     until(lambda: hub.server_model("cy") is None, 60, "cy's server stopped", show=service.log)
-    until(lambda: ledger.get(lease.id).state == "released", 15, "cy's lease released",
+    until(lambda: ledger.leases.get(lease.id).state == "released", 15, "cy's lease released",
           show=service.log)
-    assert ledger.get(lease.id).released_at >= deadline
+    assert ledger.leases.get(lease.id).released_at >= deadline
     assert service.counted("mig_spawner_service_culls_total", 1, kind="server",
                            reason="max_session_age", group="age-test") == 1

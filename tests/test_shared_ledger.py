@@ -77,7 +77,7 @@ def world(tmp_path_factory, postgres_server):
 def test_the_docs_postgresql_setup_puts_hub_and_service_on_one_ledger(world):
     hub, url, base = world
     with Ledger.open(url) as ledger:
-        lease = ledger.active_for_server("ana")
+        lease = ledger.leases.active_for_server("ana")
     assert lease is not None and lease.mig_uuid
     assert not (hub.workdir / "mig_spawner_ledger.sqlite").exists()  # no second ledger
     # The service reads the same database: it reports ana's slice.
@@ -102,7 +102,7 @@ def test_no_route_of_the_service_shows_leases_to_anonymous_or_non_admin_users(wo
     assert {prefix + "metrics", prefix + "health", prefix + "slices.json"} <= set(paths)
     ben = {"Authorization": f"Bearer {hub.user_token('ben')}"}  # a user, not an admin
     with Ledger.open(url) as ledger:
-        private = ("ana", ledger.active_for_server("ana").mig_uuid)
+        private = ("ana", ledger.leases.active_for_server("ana").mig_uuid)
     for path in paths:
         for who, headers in (("anonymous", {}), ("ben", ben)):
             r = requests.get(hub.url + path, headers=headers, timeout=10,

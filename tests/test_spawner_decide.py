@@ -37,7 +37,7 @@ def inventory():
 def claim(ledger, policies, inventory, user, groups, offer, mode="pool", server=""):
     mine = policies.for_user(groups)
     decide = make_decide(mine, mine.offer(offer), inventory, mode, "pack")
-    return ledger.claim(LeaseRequest(user, server), decide)
+    return ledger.leases.claim(LeaseRequest(user, server), decide)
 
 
 def test_pool_grant_records_the_instance_group_and_session_end(ledger, policies, inventory):
@@ -75,7 +75,7 @@ def test_dynamic_mode_reserves_a_placement_then_free_counts_drop(ledger, policie
     before = free_now(empty, [], "dynamic")["h200"]["3g.71gb"]
     lease = claim(ledger, policies, empty, "mia", ["ml-team"], "large", mode="dynamic")
     assert lease.mig_uuid is None and lease.size == 4  # created by the spawner next
-    after = free_now(empty, ledger.active(), "dynamic")["h200"]["3g.71gb"]
+    after = free_now(empty, ledger.leases.active(), "dynamic")["h200"]["3g.71gb"]
     assert (before, after) == (2, 1)
 
 

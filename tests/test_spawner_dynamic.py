@@ -97,7 +97,7 @@ def plain(message: str) -> str:
 def wait_released(hub, ledger, user, timeout):
     """Seconds until ``user`` holds no lease; fails after ``timeout``."""
     started = time.monotonic()
-    until(lambda: ledger.active_for_server(user) is None, timeout, f"{user}'s slice free",
+    until(lambda: ledger.leases.active_for_server(user) is None, timeout, f"{user}'s slice free",
           show=hub.log_path)
     return time.monotonic() - started
 
@@ -133,13 +133,13 @@ def test_instance_is_created_for_the_server_and_destroyed_after(hub, ledger):
     assert any(e["message"].startswith("Creating the 2g.35gb instance") for e in events), events
     (device,) = _devices(hub)
     assert device.profile == "2g.35gb"
-    lease = ledger.active_for_server("ana")
+    lease = ledger.leases.active_for_server("ana")
     assert (lease.mode, lease.state, lease.mig_uuid) == ("dynamic", "active", device.uuid)
     seen = hub.run_in_kernel("ana", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
     assert seen.strip() == device.uuid
     hub.stop_server("ana")
     assert _devices(hub) == ()
-    assert ledger.active() == []
+    assert ledger.leases.active() == []
 
 
 def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
@@ -151,7 +151,7 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     sim.set_processes(device.uuid, [(4242, 1024)])
     hub.stop_server("ana")
     assert [d.uuid for d in _devices(hub)] == [device.uuid]
-    lease = ledger.history(user="ana")[-1]
+    lease = ledger.leases.history(user="ana")[-1]
     assert lease.state == "releasing"  # still holds the slice: nobody else gets it
     assert lease.held_by == "processes still run on its GPU instance (PIDs 4242)"
     # The same server cannot start again on top of it, and hears why in plain words.
@@ -163,7 +163,7 @@ def test_an_instance_still_in_use_is_reported_not_destroyed(hub, ledger, sim):
     )
     # Once the process is gone, the hub's retry finishes the release within seconds.
     sim.set_processes(device.uuid, [])
-    until(lambda: not ledger.get(lease.id).held, 30, "the slice given back on a retry",
+    until(lambda: not ledger.leases.get(lease.id).held, 30, "the slice given back on a retry",
           show=hub.log_path)
     assert device.uuid not in {d.uuid for d in _devices(hub)}
 
@@ -175,7 +175,7 @@ def test_a_failed_start_destroys_the_instance_it_created(hub, ledger):
     hub.spawn("broken", {"profile": "medium"})
     until(lambda: hub.server_model("broken") is None, 60, "the failed start over",
           show=hub.log_path)
-    last = ledger.history(user="broken")[-1]
+    last = ledger.leases.history(user="broken")[-1]
     assert last.mig_uuid is not None  # it was created and recorded before the start
     assert not last.held
     assert (last.release_code, last.release_detail) == ("start_failed", "FileNotFoundError")
@@ -191,7 +191,7 @@ def test_a_destroy_that_fails_at_stop_is_said_and_retried_until_the_slice_is_fre
     sim.inject_error("nvmlComputeInstanceDestroy", "UNKNOWN", count=100_000)
     try:
         hub.stop_server("ana")
-        lease = ledger.history(user="ana")[-1]
+        lease = ledger.leases.history(user="ana")[-1]
         assert lease.state == "releasing", lease  # still holds the slice, and says why
         assert "the GPU did not let the hub destroy its instance" in lease.held_by
         again = hub.spawn("ana", {"profile": "small"})
@@ -234,7 +234,7 @@ def refused_by_the_driver(hub, ledger, sim, call: str, error: str) -> str:
     assert r.status_code == 503, r.text
     until(lambda: hub.server_model("ana") is None, 30, "ana's refused spawn over",
           show=hub.log_path)
-    assert ledger.active_for_server("ana") is None
+    assert ledger.leases.active_for_server("ana") is None
     return plain(r.json()["message"])
 
 
@@ -260,7 +260,7 @@ def test_the_ledger_down_at_activation_stops_the_server_and_frees_the_slice_afte
     with ThreadPoolExecutor(1) as pool:
         try:
             posted = pool.submit(hub.spawn, "ana", {"profile": "small"})
-            until(lambda: ledger.active_for_server("ana") is not None, 30, "ana's claim",
+            until(lambda: ledger.leases.active_for_server("ana") is not None, 30, "ana's claim",
                   show=hub.log_path)
             outage.start()  # after the claim and the instance, before the activation
         finally:
@@ -276,7 +276,7 @@ def test_a_server_that_dies_while_the_ledger_is_down_frees_its_slice_once_it_is_
     hub.spawn("ana", {"profile": "small"})
     hub.wait_ready("ana")
     pid = hub.server_state("ana")["pid"]
-    lease = ledger.active_for_server("ana")
+    lease = ledger.leases.active_for_server("ana")
     outage.start()
     try:
         os.kill(pid, signal.SIGKILL)
@@ -288,6 +288,6 @@ def test_a_server_that_dies_while_the_ledger_is_down_frees_its_slice_once_it_is_
     finally:
         outage.end()
     took = wait_released(hub, ledger, "ana", 10)
-    assert ledger.history(user="ana")[-1].release_code == "server_exited"
+    assert ledger.leases.history(user="ana")[-1].release_code == "server_exited"
     assert not _devices(hub)
     print(f"slice free {took:.1f}s after the ledger came back")

@@ -87,7 +87,7 @@ def _start(hub: HubProcess, user: str, profile: str) -> list[dict]:
 
 
 def _held(ledger: Ledger) -> dict[str, str]:
-    return {lease.user: lease.profile for lease in ledger.active()}
+    return {lease.user: lease.profile for lease in ledger.leases.active()}
 
 
 def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus):
@@ -118,7 +118,7 @@ def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus
         hub.stop_server("ana")
         hub.stop_server("mia")
     assert _held(ledger) == {}
-    released = [lease for lease in ledger.history(user="ana")]
+    released = [lease for lease in ledger.leases.history(user="ana")]
     assert released[-1].release_code == "stopped"
 
 
@@ -269,7 +269,7 @@ def test_a_start_that_fails_gives_the_slice_back(hub, ledger):
     hub.spawn("broken", {"profile": "small"})
     until(lambda: hub.server_model("broken") is None, 60, "the failed start over",
           show=hub.log_path)
-    last = ledger.history(user="broken")[-1]
+    last = ledger.leases.history(user="broken")[-1]
     assert not last.held
     assert last.release_code == "start_failed"
 
@@ -285,22 +285,22 @@ def test_thirty_concurrent_spawns_for_ten_slices_give_ten_servers(hub, ledger):
         assert sorted(set(codes) - {201, 202}) == [503]
         for user in started:
             hub.wait_ready(user, timeout=240)
-        leases = ledger.active()
+        leases = ledger.leases.active()
         assert len(leases) == 10
         assert len({lease.mig_uuid for lease in leases}) == 10  # never one slice twice
     finally:
         with ThreadPoolExecutor(10) as pool:
             list(pool.map(lambda u: hub.stop_server(u, wait=False), users))
-        until(lambda: not ledger.active(), 120, "every lease released",
-              show=(hub.log_path, ledger.active))
+        until(lambda: not ledger.leases.active(), 120, "every lease released",
+              show=(hub.log_path, ledger.leases.active))
 
 
 def test_a_server_killed_from_outside_frees_its_slice(hub, ledger):
     _start(hub, "bob", "small")
     pid = hub.server_state("bob")["pid"]
     os.kill(pid, signal.SIGKILL)
-    until(lambda: not ledger.active(), 30, "bob's lease released", show=hub.log_path)
-    assert ledger.history(user="bob")[-1].release_code == "server_exited"
+    until(lambda: not ledger.leases.active(), 30, "bob's lease released", show=hub.log_path)
+    assert ledger.leases.history(user="bob")[-1].release_code == "server_exited"
     until(lambda: hub.server_model("bob") is None, 30, "bob's server gone",
           show=hub.log_path)
 
@@ -319,17 +319,17 @@ ESCAPE = (
 
 def test_a_process_left_behind_on_the_slice_is_stopped_before_the_slice_is_free(hub, ledger):
     _start(hub, "ana", "small")
-    lease = ledger.active_for_server("ana")
+    lease = ledger.leases.active_for_server("ana")
     pid = int(hub.run_in_kernel("ana", ESCAPE).strip())
     try:
         hub.stop_server("ana")
-        until(lambda: not ledger.get(lease.id).held or not _alive(pid), 30,
+        until(lambda: not ledger.leases.get(lease.id).held or not _alive(pid), 30,
               "the lease released or the escaped process gone", show=hub.log_path)
         # Never: the slice free for another server while that process still uses it.
-        until(lambda: not ledger.get(lease.id).held, 30, "ana's lease released",
+        until(lambda: not ledger.leases.get(lease.id).held, 30, "ana's lease released",
               show=hub.log_path)
         assert not _alive(pid), "the slice was released while a process still used it"
-        assert ledger.get(lease.id).release_code == "stopped"
+        assert ledger.leases.get(lease.id).release_code == "stopped"
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
@@ -346,15 +346,15 @@ def _alive(pid: int) -> bool:
 def test_hub_restart_keeps_live_leases_and_frees_dead_ones(hub, ledger):
     _start(hub, "ana", "small")
     _start(hub, "bob", "small")
-    live = ledger.active_for_server("ana")
+    live = ledger.leases.active_for_server("ana")
     bob_pid = hub.server_state("bob")["pid"]
     hub.stop_hub()
     os.kill(bob_pid, signal.SIGKILL)
     hub.restart_hub(timeout=120)
     try:
-        until(lambda: ledger.active_for_server("bob") is None, 30, "bob's lease released",
+        until(lambda: ledger.leases.active_for_server("bob") is None, 30, "bob's lease released",
               show=hub.log_path)
-        assert ledger.active_for_server("ana") == live
+        assert ledger.leases.active_for_server("ana") == live
         # ana's server is still there and still on the same slice.
         out = hub.run_in_kernel("ana", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
         assert out.strip() == live.mig_uuid

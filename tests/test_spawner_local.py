@@ -65,7 +65,7 @@ async def test_a_hub_without_root_offers_and_grants_slices(tmp_path, ledger_url,
     mine = s.user_policy(s.policies())
     plan = await s.claim_decide(mine.offer("small"), mine)
     with Ledger.open(ledger_url) as ledger:
-        lease = ledger.claim(LeaseRequest("ana"), plan.decide)
+        lease = ledger.leases.claim(LeaseRequest("ana"), plan.decide)
     assert plan.granted(lease) == "GPU 0 (NVIDIA H200)"
     lease = await s.after_claim(lease)
     with connect(simulate=spec, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
@@ -109,10 +109,10 @@ def big_slices_were_asked_for(ledger_url: str, how: str) -> None:
                 ledger.refusals.record(request, offer="4g.71gb", profile="4g.71gb",
                                       reason="no_capacity")
                 continue
-            lease = ledger.claim(request, lambda view: Grant(
+            lease = ledger.leases.claim(request, lambda view: Grant(
                 group="ml-team", profile="4g.71gb", compute_slices=4, mode="dynamic",
                 host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=4))
-            ledger.release(lease.id, "stopped")
+            ledger.leases.release(lease.id, "stopped")
 
 
 @pytest.mark.parametrize("history", ["none", "leases", "refusals"])
@@ -127,7 +127,7 @@ async def test_recent_demand_steers_where_a_dynamic_instance_goes(
     mine = s.user_policy(s.policies())
     plan = await s.claim_decide(mine.offer("small"), mine)
     with Ledger.open(ledger_url) as ledger:
-        lease = ledger.claim(LeaseRequest("ana"), plan.decide)
+        lease = ledger.leases.claim(LeaseRequest("ana"), plan.decide)
     assert (lease.profile, lease.start) == ("1g.18gb", 0 if history == "none" else 4)
     assert plan.granted(lease) == "GPU 0 (NVIDIA H200)"
 
@@ -148,7 +148,7 @@ async def test_one_users_300_refused_spawns_move_demand_by_at_most_one(
     so one user hammering the API cannot steer where everyone's slices go."""
     holder = local_spawner(tmp_path, ledger_url, user="mal", mode="dynamic")
     with Ledger.open(ledger_url) as ledger:  # analysts may hold one slice: mal has it
-        ledger.claim(LeaseRequest("mal", "other"), lambda view: Grant(
+        ledger.leases.claim(LeaseRequest("mal", "other"), lambda view: Grant(
             group="analysts", profile="1g.18gb", compute_slices=1, mode="dynamic",
             host="elsewhere", gpu_uuid="GPU-x", gpu_index=0, start=0, size=1))
     since = datetime.now(UTC) - DEMAND_WINDOW
@@ -180,7 +180,7 @@ class ReleasedWhileStarting(LocalMIGSpawner):
 
         def granted(lease):
             with Ledger.open(self.ledger_url) as ledger:
-                ledger.release(lease.id, "stopped", "by an admin")
+                ledger.leases.release(lease.id, "stopped", "by an admin")
             return plan.granted(lease)
 
         return replace(plan, granted=granted)
@@ -213,7 +213,7 @@ async def test_a_stale_lease_whose_holder_cannot_be_checked_is_kept_and_said(
                             mode="pool", host="another-host", gpu_uuid="GPU-x", gpu_index=0,
                             start=0, size=1, mig_uuid="MIG-elsewhere")
 
-        old = ledger.claim(LeaseRequest("ana"), decide)
+        old = ledger.leases.claim(LeaseRequest("ana"), decide)
         with pytest.raises(SpawnException) as info:
             await s.start()
         assert info.value.status_code == 409
@@ -222,7 +222,7 @@ async def test_a_stale_lease_whose_holder_cannot_be_checked_is_kept_and_said(
             "last run that the hub cannot check or stop. Try again in a minute; if it "
             "persists, tell a hub admin."
         )
-        kept = ledger.get(old.id)
+        kept = ledger.leases.get(old.id)
         assert kept.held and kept.state == "releasing"  # held, and the slice map says why
 
 
@@ -276,7 +276,7 @@ async def test_one_allocator_index_is_kept_across_claims_and_told_what_changed(
         plan = await s.claim_decide(mine.offer("small"), mine)
         assert (await s.read_fleet()).index is index  # kept, not built again
         with Ledger.open(ledger_url) as ledger:
-            return ledger.claim(LeaseRequest(user), plan.decide)
+            return ledger.leases.claim(LeaseRequest(user), plan.decide)
 
     first = await claim("ana")
     assert (first.gpu_index, first.start) == (0, 0)
@@ -289,8 +289,8 @@ async def test_one_allocator_index_is_kept_across_claims_and_told_what_changed(
     second = await claim("bob")
     assert (second.gpu_index, second.start) == (1, 2)
     with Ledger.open(ledger_url) as ledger:
-        ledger.release(first.id, "stopped")
-        ledger.release(second.id, "stopped")
+        ledger.leases.release(first.id, "stopped")
+        ledger.leases.release(second.id, "stopped")
     await s.render_options_form()
     for uuid in outside:  # they are done: both GPUs are empty again
         sim.set_processes(uuid, [])

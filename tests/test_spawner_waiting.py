@@ -89,11 +89,11 @@ async def test_a_claim_joins_the_line_only_when_someone_waits_for_what_it_takes(
         await _claim(_local(tmp_path, "dan", mode, sim), "1g.18gb")
     waiter = asyncio.ensure_future(_claim(_local(tmp_path, "ana", mode, sim), "3g.71gb"))
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        await until_async(ledger.waiting, 30, "ana in line")
+        await until_async(ledger.waits.waiting, 30, "ana in line")
         lease = await _claim(_local(tmp_path, "cy", mode, sim), "1g.18gb")
         assert lease.profile == "1g.18gb"
         since = lease.claimed_at.replace(year=2000)
-        assert [e.user for e in ledger.waits(since)] == (["ana", "cy"] if joins else ["ana"])
+        assert [e.user for e in ledger.waits.joined(since)] == (["ana", "cy"] if joins else ["ana"])
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -139,9 +139,9 @@ async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back
         polled = asyncio.ensure_future(ana.poll())
         gate.set()
         await polled
-        (lease,) = [x for x in ledger.history(user="ana")]
+        (lease,) = [x for x in ledger.leases.history(user="ana")]
         assert (lease.state, lease.release_code) == ("released", "cancelled")
-        assert [e.state for e in ledger.waits(lease.claimed_at.replace(year=2000))
+        assert [e.state for e in ledger.waits.joined(lease.claimed_at.replace(year=2000))
                 if e.user == "ana"] == ["granted"]
 
 

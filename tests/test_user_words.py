@@ -94,11 +94,11 @@ def test_refusals_on_the_form_name_sizes_as_its_headings_do(bea):
     ("server_idle", True), ("max_session_age", True), ("drain", False), ("budget", False)])
 def test_keep_is_offered_only_where_it_can_put_the_stop_off(tmp_path, rule, keep):
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        lease = ledger.claim(LeaseRequest("ana"), lambda view: Grant(
+        lease = ledger.leases.claim(LeaseRequest("ana"), lambda view: Grant(
             group="crowd", profile="1g.18gb", compute_slices=1, mode="pool", host="h",
             gpu_uuid="GPU-0", gpu_index=0, start=0, size=1, mig_uuid="MIG-0"))
         now = datetime.now(UTC)
-        warned = ledger.warn(lease.id, rule, now + timedelta(minutes=5), "test")
+        warned = ledger.warnings.warn(lease.id, rule, now + timedelta(minutes=5), "test")
     shown = notice(warned, now, extend_by=1800, max_extensions=1)
     assert shown["keep"] is keep
     if rule == "drain":
@@ -112,11 +112,11 @@ def test_the_shipped_display_names_read_in_a_sentence():
 
 def test_a_kernel_warning_says_a_kernel_goes_and_the_server_stays(tmp_path):
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        lease = ledger.claim(LeaseRequest("ana", "train"), lambda view: Grant(
+        lease = ledger.leases.claim(LeaseRequest("ana", "train"), lambda view: Grant(
             group="crowd", profile="1g.18gb", compute_slices=1, mode="pool", host="h",
             gpu_uuid="GPU-0", gpu_index=0, start=0, size=1, mig_uuid="MIG-0"))
         now = datetime.now(UTC)
-        warned = ledger.warn(lease.id, "kernel_idle", now + timedelta(seconds=61), "test")
+        warned = ledger.warnings.warn(lease.id, "kernel_idle", now + timedelta(seconds=61), "test")
     shown = notice(warned, now, extend_by=None, max_extensions=0)
     assert shown["message"] == (
         "A kernel of your server train is shut down in about 1m: unused for a while; its "

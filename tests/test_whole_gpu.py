@@ -26,7 +26,7 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
 from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import DoubleGrant, LeaseRequest, Ledger, ReleaseCode
-from mig_spawner.ledger import store as ledger_store
+from mig_spawner.ledger import transactions as ledger_transactions
 from mig_spawner.observe.slice_state import slice_map
 from mig_spawner.release import GiveBack, HolderProbes, LocalProcesses, Releaser
 from mig_spawner.report.demand import requests_of
@@ -55,7 +55,7 @@ def inventory():
 
 def claim(ledger, inventory, user, offer, mode="pool", server="", **group):
     mine = policies(**group).for_user(["ml"])
-    return ledger.claim(LeaseRequest(user, server),
+    return ledger.leases.claim(LeaseRequest(user, server),
                         make_decide(mine, mine.offer(offer), inventory, mode, "pack"))
 
 
@@ -92,7 +92,7 @@ def test_a_whole_gpu_lease_covers_every_memory_slice_and_points_cuda_at_the_gpu(
     # A process whose CUDA_VISIBLE_DEVICES names the GPU holds it, whatever lease it names.
     assert holder.names_slice({"CUDA_VISIBLE_DEVICES": gpu.uuid,
                                "MIG_SPAWNER_LEASE_ID": "another"}, lease)
-    assert free_now(inventory, ledger.active(), "pool")["h200"]["gpu"] == 0
+    assert free_now(inventory, ledger.leases.active(), "pool")["h200"]["gpu"] == 0
     # The RTX PRO 6000 is the other whole GPU: 4 compute slices, its 12 memory slices.
     other = claim(ledger, inventory, "bob", "gpu")
     assert (other.gpu_index, other.compute_slices, other.size) == (2, 4, 12)
@@ -124,10 +124,10 @@ def test_a_whole_gpu_and_a_slice_of_it_exclude_each_other(tmp_path):
     for first, second, why in ((("small", on), ("gpu", off), "every GPU with MIG off is in use"),
                                (("gpu", off), ("small", on), "1g.18gb")):
         with Ledger.open(f"sqlite:///{tmp_path / f'{first[0]}.sqlite'}") as ledger:
-            ledger.claim(LeaseRequest("ana"),
+            ledger.leases.claim(LeaseRequest("ana"),
                          make_decide(mine, mine.offer(first[0]), first[1], "dynamic", "pack"))
             with pytest.raises(Refused, match=why):
-                ledger.claim(LeaseRequest("bob"), make_decide(
+                ledger.leases.claim(LeaseRequest("bob"), make_decide(
                     mine, mine.offer(second[0]), second[1], "dynamic", "pack"))
 
 
@@ -145,7 +145,7 @@ def _racers(ledger: Ledger, rounds: int) -> list[tuple[str, object]]:
         barrier.wait(timeout=60)
         for i in range(rounds):
             try:
-                lease = ledger.claim(LeaseRequest(f"u{n}-{i}"), make_decide(
+                lease = ledger.leases.claim(LeaseRequest(f"u{n}-{i}"), make_decide(
                     mine, mine.offer(offer), inventory, "dynamic", "pack"))
             except Refused:
                 outcomes.append((offer, None))
@@ -169,18 +169,18 @@ def test_racing_whole_gpu_and_slice_claims_never_share_a_gpu(backend_url):
                    and not isinstance(got, str)]
         errors = [got for _, got in outcomes if isinstance(got, str)]
         assert errors == []
-        kinds = {lease.mode for lease in ledger.active()}
+        kinds = {lease.mode for lease in ledger.leases.active()}
         assert kinds in ({"gpu"}, {"dynamic"}), f"both kinds granted on one GPU: {granted}"
-        whole = [lease for lease in ledger.active() if lease.mode == "gpu"]
+        whole = [lease for lease in ledger.leases.active() if lease.mode == "gpu"]
         assert len(whole) <= 1
-        assert len(ledger.active()) == len(granted)
+        assert len(ledger.leases.active()) == len(granted)
 
 
 @pytest.mark.postgres
 def test_the_keys_refuse_a_whole_gpu_over_a_slice_without_the_lock(postgres_url, monkeypatch):
     # Take the claim lock away and let a slice claim commit between the whole-GPU
     # claim's read and its write: the memory-slice keys alone refuse it.
-    monkeypatch.setattr(ledger_store, "lock_claims", lambda connection: None)
+    monkeypatch.setattr(ledger_transactions, "lock_claims", lambda connection: None)
     off = make_inventory(make_gpu(0, mig=(False, False)))
     on = make_inventory(make_gpu(0))
     mine = policies().for_user(["ml"])
@@ -188,13 +188,13 @@ def test_the_keys_refuse_a_whole_gpu_over_a_slice_without_the_lock(postgres_url,
         whole = make_decide(mine, mine.offer("gpu"), off, "dynamic", "pack")
 
         def interleaved(view):
-            theirs.claim(LeaseRequest("bob"),
+            theirs.leases.claim(LeaseRequest("bob"),
                          make_decide(mine, mine.offer("small"), on, "dynamic", "pack"))
             return whole(view)  # a view from before bob's slice
 
         with pytest.raises(DoubleGrant):
-            ours.claim(LeaseRequest("ana"), interleaved)
-        assert [lease.mode for lease in ours.active()] == ["dynamic"]
+            ours.leases.claim(LeaseRequest("ana"), interleaved)
+        assert [lease.mode for lease in ours.leases.active()] == ["dynamic"]
 
 
 async def test_every_release_path_undoes_the_servers_confinement(tmp_path, inventory):
@@ -246,7 +246,7 @@ async def test_a_process_nvml_lists_on_a_whole_gpu_holds_it(ledger, busy_gpu):
                         run=asyncio.to_thread, grace=0.5)
     outcome = await releaser.release(lease, ReleaseCode.ORPHAN, "test")
     assert outcome.result is GiveBack.HELD and "4242" in (outcome.why or "")
-    assert [held.id for held in ledger.active()] == [lease.id]
+    assert [held.id for held in ledger.leases.active()] == [lease.id]
 
 
 async def test_the_service_samples_the_work_on_a_whole_gpu(ledger, busy_gpu):
@@ -257,7 +257,7 @@ async def test_the_service_samples_the_work_on_a_whole_gpu(ledger, busy_gpu):
     sweeper = Sweeper(HubClient("http://127.0.0.1:1/hub/api", "t"), MIGPolicyConfig().build(),
                       ServiceMetrics(), ledger=ledger, gpus=gpus)
     now = datetime.now(UTC)
-    (seen,) = await sweeper._gpu_activity(now, ledger.active())
+    (seen,) = await sweeper._gpu_activity(now, ledger.leases.active())
     assert (seen.gpu_active_at, seen.peak_memory_mib) == (now, 9000)
     (sample,) = ledger.usage.samples([lease.id])[lease.id]
     assert (sample.memory_used_mib, sample.processes) == (9000, 1)
@@ -266,7 +266,7 @@ async def test_the_service_samples_the_work_on_a_whole_gpu(ledger, busy_gpu):
 
 def test_the_map_and_status_show_whole_gpus_beside_slices(ledger, inventory):
     lease = claim(ledger, inventory, "ana", "gpu")
-    view = slice_map(inventory, ledger.active(), datetime.now(UTC))
+    view = slice_map(inventory, ledger.leases.active(), datetime.now(UTC))
     whole = {gpu.index: [(r.profile, r.start, r.size, r.state, r.user) for r in gpu.slices]
              for gpu in view.gpus if not gpu.mig_enabled}
     assert whole == {1: [("gpu", 0, 8, "leased", "ana")], 2: [("gpu", 0, 12, "free", None)]}
@@ -299,5 +299,5 @@ def test_layout_advice_replays_slices_only(ledger, inventory):
     """A whole GPU is no MIG instance: ``report --advise`` replays the slices."""
     claim(ledger, inventory, "ana", "gpu")
     claim(ledger, inventory, "bob", "small")
-    requests = requests_of(ledger.active(), [], datetime.now(UTC))
+    requests = requests_of(ledger.leases.active(), [], datetime.now(UTC))
     assert [q.profile for q in requests] == ["1g.18gb"]

@@ -149,7 +149,7 @@ def read_plan(args: argparse.Namespace) -> LayoutPlan:
     inventory = _read_inventory(args)
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
-            held = ledger.active()
+            held = ledger.leases.active()
     except LedgerMissing:
         held = []  # no hub has run here: nothing is held
     return plan_layout(inventory, target, holders_of(held))
@@ -234,7 +234,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         with Ledger.open(ledger_url(args)) as ledger:
             target = read_target(args.target, args.config)
             inventory = gpus.inventory()
-            plan = plan_layout(inventory, target, holders_of(ledger.active(inventory.host)))
+            plan = plan_layout(inventory, target, holders_of(ledger.leases.active(inventory.host)))
             for g in plan.problems:
                 print(f"GPU {g.index}: cannot change: {g.problem}", file=sys.stderr)
             if plan.problems and not args.partial:

@@ -97,7 +97,7 @@ def _from_ledger(args: argparse.Namespace, inv):
 
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
-            held = ledger.active()
+            held = ledger.leases.active()
             changes = ledger.holds.changes(inv.host)
     except LedgerMissing:
         return None, [], ("holders not shown: no ledger found (give --config-dir or "

@@ -166,10 +166,10 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         rule = _rightsize_rule(args) if args.rightsize else None
         allowed_by = _allowed_by(args.config_dir) if args.advise else {}
         with Ledger.open_existing(ledger_url(args)) as ledger:
-            leases = [x for x in ledger.history(since) if x.claimed_at <= until]
+            leases = [x for x in ledger.leases.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals.between(since, until)
             waits = wait_rows(ledger.waits.joined(since, until))
-            held = ledger.active() if args.advise else []
+            held = ledger.leases.active() if args.advise else []
             measured = ledger.usage.summaries(x.id for x in leases) if rule is not None else {}
             budgets = _budgets(args, ledger, now)
         rows = usage(leases, refusals, since, until, by_group=not args.no_groups)

@@ -19,6 +19,7 @@ from .errors import (
     ServerHasLease,
 )
 from .holds import KUBE_NODE, LayoutChange
+from .leases import Decide
 from .readonly import PROBE_TIMEOUT_S, probe
 from .records import (
     HELD_STATES,
@@ -34,7 +35,7 @@ from .records import (
     RefusalRecord,
     ReleaseCode,
 )
-from .store import Decide, Ledger
+from .store import Ledger
 from .waitlist import WAIT_STATES, GrantDecide, WaitEntry, WaitRequest, WaitState
 
 __all__ = [

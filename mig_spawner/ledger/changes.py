@@ -12,10 +12,9 @@ ledger) the ledger says so:
   happens.
 * SQLite: :class:`SqliteChanges` reads ``PRAGMA data_version`` on a connection of its
   own (it changes when any other connection commits; a few microseconds, no lock) and
-  only when it moved, the ledger's :meth:`~mig_spawner.ledger.Ledger.change_mark`, a
-  handful of indexed counts, to tell releases and line changes from the slice
-  service's activity writes. Other databases (or drivers without ``LISTEN``): the
-  mark alone (:class:`MarkChanges`).
+  only when it moved, the :data:`CHANGE_MARK`, a handful of indexed counts, to tell
+  releases and line changes from the slice service's activity writes. Other
+  databases (or drivers without ``LISTEN``): the mark alone (:class:`MarkChanges`).
 
 Neither costs anything per waiter.
 """
@@ -27,8 +26,25 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from uuid import uuid4
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, func, select, text
 
+from mig_spawner.core.layout import PlanState
+from mig_spawner.core.lifecycle import HELD_STATES, WaitState
+
+from .models import layout_changes, leases, waits
+
+#: Numbers that move when a slice is released or the wait list changes: leases no
+#: longer held, the newest wait entry, entries waiting, layout changes ended (which give
+#: their held slices back). Indexed counts, read in one statement.
+CHANGE_MARK = select(
+    select(func.count()).select_from(leases)
+    .where(leases.c.state.not_in(HELD_STATES)).scalar_subquery(),
+    select(func.coalesce(func.max(waits.c.id), 0)).scalar_subquery(),
+    select(func.count()).select_from(waits)
+    .where(waits.c.state == WaitState.WAITING).scalar_subquery(),
+    select(func.count()).select_from(layout_changes)
+    .where(layout_changes.c.state.in_((PlanState.DONE, PlanState.FAILED))).scalar_subquery(),
+)
 #: The PostgreSQL channel of wait-list changes.
 CHANNEL = "mig_spawner_grants"
 _NOTIFY = text("SELECT pg_notify(:channel, :origin)")  # built once: every release sends it

@@ -61,7 +61,7 @@ class GrantedSlice:
     ``mode`` is the kind of slice (``mig_spawner.core.kinds``). ``start``/``size`` are
     memory slices on the GPU; they are what the ledger's uniqueness guarantee covers (a
     whole GPU covers all of them). A dynamic lease's ``mig_uuid``, ``gi_id`` and
-    ``ci_id`` are ``None`` until the instance exists (see ``Ledger.activate``). On
+    ``ci_id`` are ``None`` until the instance exists (see ``ledger.leases.activate``). On
     Kubernetes the device plugin picks the device, so the GPU fields may be ``None``
     and ``node``/``pod`` say where the server runs.
     """

@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from mig_spawner.core.lifecycle import StopRule, WarningState, lease_move_allowed
 
-from .errors import Conflict, DoubleGrant, IllegalTransition
+from .errors import Conflict, DoubleGrant, IllegalTransition, LeaseStateError
 from .models import UtcDateTime, lease_servers, lease_slots, leases
 from .records import HELD_STATES, Grant, GrantedSlice, Lease, LeaseRequest, LeaseState, ReleaseCode
 
@@ -205,6 +205,21 @@ def move(connection: Connection, lease: Lease, state: LeaseState, **changes: Any
     values = {**changes, "state": state}
     write_columns(connection, lease, values)
     return replace(lease, **values)
+
+
+def new_facts(lease: Lease, learnt: dict[str, Any]) -> dict[str, Any]:
+    """The facts of ``learnt`` that are given (not None); a :class:`LeaseStateError` when
+    one would overwrite a different value ``lease`` records."""
+    given = {key: value for key, value in learnt.items() if value is not None}
+    changed = [key for key, value in given.items() if getattr(lease, key) not in (None, value)]
+    if changed:
+        raise LeaseStateError(
+            f"lease {lease.id} already records "
+            + ", ".join(f"{key}={getattr(lease, key)!r}" for key in changed)
+            + f"; refusing to overwrite with {', '.join(repr(given[k]) for k in changed)}",
+            lease,
+        )
+    return given
 
 
 def new_lease(request: LeaseRequest, decision: Grant, now: datetime) -> Lease:

@@ -413,11 +413,11 @@ def slice_map(
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
-    ``leases``: the ledger's held leases of the whole hub (``Ledger.active()``); those of
+    ``leases``: the ledger's held leases of the whole hub (``ledger.leases.active()``); those of
     other hosts only count towards the group totals. ``now``: an aware datetime (ages
     and idle times are measured to it). ``policy``: adds quotas and limits; None leaves
     them out. ``idle_after``: seconds without activity after which a leased slice is
-    shown as idle. ``waits``: the wait list (``Ledger.waiting()``). ``budgets``: the
+    shown as idle. ``waits``: the wait list (``ledger.waits.waiting()``). ``budgets``: the
     leases and extra hours of the longest budget window (``ledger.usage.budget``), for
     each group budget's use. ``changes``: the layout changes under way
     (``ledger.holds.changes()``).

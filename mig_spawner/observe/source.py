@@ -54,7 +54,7 @@ class SliceSource:
             book = (self.ledger.usage.budget(now - timedelta(seconds=horizon))
                     if horizon is not None else None)
             view = slice_map(
-                self.gpus.inventory(), self.ledger.active(), now, self.policy,
+                self.gpus.inventory(), self.ledger.leases.active(), now, self.policy,
                 idle_after=self.idle_after, waits=self.ledger.waits.waiting(), budgets=book,
                 changes=self.ledger.holds.changes(),
             )

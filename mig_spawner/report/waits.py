@@ -1,6 +1,6 @@
 """The wait list in ``mig-spawner report``: how many waited, how it ended, for how long.
 
-Pure: rows from the ledger's wait entries (``Ledger.waits``), one per offer and group.
+Pure: rows from the ledger's wait entries (``ledger.waits.joined``), one per offer and group.
 """
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ class Sweeper:
     async def _held_now(self) -> list[Lease]:
         """The held leases now (:class:`SweepLeases` reads them again)."""
         assert self.ledger is not None
-        return await asyncio.to_thread(self.ledger.active)
+        return await asyncio.to_thread(self.ledger.leases.active)
 
     def _error(self, kind: str, message: str, report: SweepReport) -> None:
         self.metrics.errors.labels(kind=kind).inc()
@@ -338,7 +338,7 @@ class Sweeper:
 
         def read() -> tuple[list[Lease], list[Any], tuple[list[Lease], list[Extra]]]:
             usage = self.ledger.usage.budget(since) if since is not None else ([], [])
-            return self.ledger.active(), self.ledger.waits.waiting(), usage
+            return self.ledger.leases.active(), self.ledger.waits.waiting(), usage
 
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
         held, waits, (counted, extras) = await asyncio.to_thread(read)
@@ -667,7 +667,7 @@ class Sweeper:
         stopped, False while the stop is pending; raises :class:`HubError`."""
         code = STOP_CODES.get(rule)
         if lease is not None and self.ledger is not None and code is not None:
-            await asyncio.to_thread(self.ledger.end_for, lease.id, code, detail)
+            await asyncio.to_thread(self.ledger.leases.end_for, lease.id, code, detail)
         stopped = await self.client.stop_server(user, server_name)
         if lease is not None and self.ledger is not None:
             await asyncio.to_thread(self.ledger.warnings.carry_out, lease.id)

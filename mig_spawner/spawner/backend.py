@@ -52,7 +52,7 @@ class SliceSupply:
 class ClaimPlan:
     """How to claim one slice of an offer on this backend.
 
-    ``decide``: the callback ``Ledger.claim`` runs in its transaction. ``granted``:
+    ``decide``: the callback ``ledger.leases.claim`` runs in its transaction. ``granted``:
     called once, after the claim was granted; returns where the slice is, in words
     (``"GPU 0 (NVIDIA H200)"``) for the progress page and the log. ``wants``: GPU
     model key -> the profile the offer means there (recorded with a refusal).

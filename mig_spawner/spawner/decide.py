@@ -1,7 +1,7 @@
 """The decision a claim makes inside the ledger's transaction: policy, then allocator.
 
 :func:`make_decide` returns the pure ``decide(view)`` callback that
-``Ledger.claim`` runs while it holds the claim lock, so the quota check and the
+``ledger.leases.claim`` runs while it holds the claim lock, so the quota check and the
 choice of slice see the same held leases as the insert that follows: two
 concurrent spawns cannot both take the last slice or squeeze under one quota.
 Refusals are raised as :class:`~mig_spawner.core.refusal.Refused` and nothing is

@@ -245,7 +245,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
             gpu = self.runtime.gpu()
             device = gpu.create_instance(lease.gpu_index, lease.profile, lease.start)
             try:
-                return self.runtime.ledger().record_instance(
+                return self.runtime.ledger().leases.record_instance(
                     lease.id, mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id
                 )
             except LedgerError:
@@ -394,7 +394,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         thread): their servers keep them."""
         inventory = self.runtime.gpu().inventory()
         nodes = []
-        for other in self.runtime.ledger().active():
+        for other in self.runtime.ledger().leases.active():
             gpu = inventory.gpu_by_uuid(other.gpu_uuid or "")
             if other.id != lease_id and gpu and other.gi_id is not None and (
                     other.ci_id is not None):
@@ -414,7 +414,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         groups of leases this ledger knows ended (released by the slice service, or
         by a hub that died before it removed them). On the runtime's thread."""
         for old in self.cgroups.leftovers():
-            ended = self.runtime.ledger().get(old) if old != lease_id else None
+            ended = self.runtime.ledger().leases.get(old) if old != lease_id else None
             if ended is not None and not ended.held:
                 self.cgroups.remove(old)
         self.cgroups.create(lease_id, allow)

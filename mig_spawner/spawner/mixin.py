@@ -213,7 +213,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
 
     async def held_leases(self) -> list[Lease]:
         """The ledger's held leases, read on a worker thread."""
-        return await self.runtime.run(lambda: self.runtime.ledger().active())
+        return await self.runtime.run(lambda: self.runtime.ledger().leases.active())
 
     def backend_problem(self, e: Exception) -> str:
         """What the user hears when a backend cannot be read: what, why, what to do.
@@ -305,7 +305,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         return kind_of(lease).environment(lease)
 
     def activation_details(self, lease: Lease) -> dict[str, Any]:
-        """What the lease records once the server runs (``Ledger.activate`` keywords).
+        """What the lease records once the server runs (``ledger.leases.activate`` keywords).
         A local dynamic instance is recorded as soon as it is created, so nothing."""
         return {}
 
@@ -613,7 +613,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         try:
             # One write: the process is recorded in the same transaction that makes
             # the lease active.
-            await self.runtime.run(lambda: self.runtime.ledger().activate(lease.id, **details))
+            await self.runtime.run(
+                lambda: self.runtime.ledger().leases.activate(lease.id, **details))
         except LeaseStateError as e:
             raise spawn_error(
                 "The slice reserved for this server was given back while it was starting; "
@@ -631,7 +632,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             return
         try:
             await self.runtime.run(
-                lambda: self.runtime.ledger().record_purpose(lease.id, purpose))
+                lambda: self.runtime.ledger().leases.record_purpose(lease.id, purpose))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
 
@@ -646,7 +647,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             return
         self.releaser().retry_later(stale.id, code, detail)
         try:
-            held = await self.runtime.run(lambda: self.runtime.ledger().get(stale.id))
+            held = await self.runtime.run(lambda: self.runtime.ledger().leases.get(stale.id))
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
         raise refusal(Reason.PREVIOUS_LEASE, _previous_lease(held or stale))
@@ -739,7 +740,8 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             # the process it may have left running, are found by the server's name.
             try:
                 lost = await self.runtime.run(
-                    lambda: self.runtime.ledger().active_for_server(self.user.name, self.name or "")
+                    lambda: self.runtime.ledger().leases.active_for_server(
+                        self.user.name, self.name or "")
                 )
             except tuple(self.backend_errors) as e:
                 self.log.error("Poll of %s could not read the ledger: %s", self._log_name,

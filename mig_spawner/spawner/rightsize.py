@@ -47,7 +47,7 @@ async def form_hint(run: Run, ledger: Callable[[], Ledger], user: str, mine: Use
 
     def read() -> list[Session]:
         store = ledger()
-        past = sorted(store.history(user=user), key=lambda x: x.claimed_at,
+        past = sorted(store.leases.history(user=user), key=lambda x: x.claimed_at,
                       reverse=True)[: 4 * rule.recent]
         usage = store.usage.summaries(x.id for x in past)
         # Running ones too: judge() leaves them out, as it does for the report.

@@ -365,7 +365,7 @@ class GrantLoop:
     async def _observe_grants(self, granted: list[WaitEntry]) -> None:
         """Release-to-grant time: from the latest release before each grant to it."""
         first = min(e.closed_at for e in granted if e.closed_at) - timedelta(hours=1)
-        leases = await self.runtime.run(lambda: self.runtime.ledger().history(first))
+        leases = await self.runtime.run(lambda: self.runtime.ledger().leases.history(first))
         releases = sorted(lease.released_at for lease in leases if lease.released_at)
         for entry in granted:
             before = [at for at in releases if entry.closed_at and at <= entry.closed_at]
@@ -383,7 +383,7 @@ class GrantLoop:
             return {}
         policies = spawner.policies()
         line, held = await self.runtime.run(
-            lambda: (self.runtime.ledger().waits.waiting(), self.runtime.ledger().active()))
+            lambda: (self.runtime.ledger().waits.waiting(), self.runtime.ledger().leases.active()))
         history = await self._holds()
         now = datetime.now(UTC)
         texts = {}
@@ -404,7 +404,7 @@ class GrantLoop:
         now = time.monotonic()
         if self._history is None or now - self._history[0] > HISTORY_TTL_SECONDS:
             since = datetime.now(UTC) - HISTORY_WINDOW
-            leases = await self.runtime.run(lambda: self.runtime.ledger().history(since))
+            leases = await self.runtime.run(lambda: self.runtime.ledger().leases.history(since))
             holds = [(lease.profile, lease.group,
                       (lease.released_at - lease.claimed_at).total_seconds())
                      for lease in leases if lease.released_at is not None]
@@ -632,7 +632,7 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
     plan_here = spawner.plan_here(offer, mine)
 
     def stale_lease() -> Lease | None:
-        return runtime.ledger().active_for_server(request.user, request.server_name)
+        return runtime.ledger().leases.active_for_server(request.user, request.server_name)
 
     offers = spawner.policies().offers
     planned: ClaimPlan | None = None
@@ -661,13 +661,13 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
             # writing nothing. Waits for sizes it cannot take are no line of its own: it
             # starts at once, and no wait is recorded for it.
             try:
-                ledger.would_claim(request, plan.decide)
+                ledger.leases.would_claim(request, plan.decide)
             except Refused as e:
                 if e.reason not in FIT_REASONS:
                     return _FirstTry(plan, refused=e)
             return _FirstTry(plan)
         try:
-            return _FirstTry(plan, lease=ledger.claim(request, plan.decide))
+            return _FirstTry(plan, lease=ledger.leases.claim(request, plan.decide))
         except Refused as e:
             return _FirstTry(plan, refused=e)
 
@@ -697,7 +697,7 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
         if ticket.done:
             entry = await ticket
             if entry.state is WaitState.GRANTED and (lease_id := entry.lease_id):
-                lease = await runtime.run(lambda: runtime.ledger().get(lease_id))
+                lease = await runtime.run(lambda: runtime.ledger().leases.get(lease_id))
                 if lease is None or not lease.held:
                     raise Refused(Reason.LEASE_ENDED,
                                   "The slice given to this server ended before it started; "

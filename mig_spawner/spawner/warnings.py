@@ -126,7 +126,7 @@ class _OwnServers(APIHandler):
     @staticmethod
     async def _lease(user: Any, name: str, spawner: Any) -> Lease | None:
         return await spawner.runtime.run(
-            lambda: spawner.runtime.ledger().active_for_server(user.name, name)
+            lambda: spawner.runtime.ledger().leases.active_for_server(user.name, name)
         )
 
     @staticmethod

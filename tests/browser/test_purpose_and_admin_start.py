@@ -87,7 +87,7 @@ def signed_in(chromium, hub, user: str, next_url: str = "") -> Iterator:
 
 def lease_of(hub, user: str):
     with Ledger.open(hub.ledger_url) as ledger:
-        return ledger.active_for_server(user)
+        return ledger.leases.active_for_server(user)
 
 
 def test_the_purpose_is_asked_and_shown_on_the_slice_map(chromium, hub):

@@ -177,7 +177,7 @@ def recut_gpu_1(ledger: Ledger, state_file: str) -> None:
         inventory = gpus.inventory()
         target = parse_spec("1=4g.71gb,1g.18gb*3")
         begin(ledger, inventory.host,
-              plan_layout(inventory, target, holders_of(ledger.active())), target)
+              plan_layout(inventory, target, holders_of(ledger.leases.active())), target)
         LayoutApplier(ledger, gpus, lambda group: 3600.0).step()
     finally:
         gpus.close()

@@ -52,7 +52,7 @@ def test_the_pending_page_links_the_free_size_and_says_maintenance(tmp_path, chr
         inventory = gpus.inventory()
         medium = next(d for d in inventory.mig_devices if d.profile == "2g.35gb")
         with Ledger.open(url) as ledger:
-            ledger.open_change(inventory.host, medium.gpu_uuid, medium.gpu_index,
+            ledger.holds.open_change(inventory.host, medium.gpu_uuid, medium.gpu_index,
                                {"layout": "test"}, [medium.start, medium.start + 1])
 
         cy = sign_in(chromium.new_context().new_page(), hub.url, "cy")
@@ -76,7 +76,7 @@ def test_the_pending_page_links_the_free_size_and_says_maintenance(tmp_path, chr
         bea.wait_for_url(f"{hub.url}/user/bea/**", timeout=120_000)
         hub.wait_ready("bea", timeout=60)
         with Ledger.open(url) as ledger:
-            lease = ledger.active_for_server("bea")
+            lease = ledger.leases.active_for_server("bea")
         assert (lease.profile, lease.purpose) == ("1g.18gb", "thesis: chapter 3")
     finally:
         hub.close()

@@ -86,7 +86,7 @@ class TestSessionAge:
         hub, service, ledger, browser = env
         assert hub.spawn("lena", {"profile": "small"}).status_code in (201, 202)
         hub.wait_ready("lena", timeout=120)
-        lease = ledger.active_for_server("lena")
+        lease = ledger.leases.active_for_server("lena")
         original = lease.expires_at
         page = login(browser, hub, "lena", "/user/lena/lab")
         page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
@@ -98,7 +98,7 @@ class TestSessionAge:
         page.screenshot(path=str(IMG / "warning-jupyterlab.png"))
         toast.get_by_role("button", name="Keep my server").click()
         page.locator(".Toastify__toast", has_text="Extended by 30s").wait_for(timeout=20_000)
-        extended = ledger.get(lease.id).expires_at
+        extended = ledger.leases.get(lease.id).expires_at
         assert (extended - original).total_seconds() == EXTEND
 
         # Outlives the original deadline: sweeps after it left it running.
@@ -118,9 +118,9 @@ class TestSessionAge:
         # sweep after it began the stop, and none before it did (the slice held until).
         service.swept(after=extended)
         assert hub.stopping("lena"), service.log()
-        until(lambda: ledger.get(lease.id).state == "released", STOP_TIMEOUT + 15,
+        until(lambda: ledger.leases.get(lease.id).state == "released", STOP_TIMEOUT + 15,
               "lena's lease released", show=service.log)
-        assert ledger.get(lease.id).released_at >= extended
+        assert ledger.leases.get(lease.id).released_at >= extended
         page.close()
         kinds = [e.kind for e in ledger.warnings.events(lease.id)]
         assert kinds == ["warned", "extended", "warned", "refused"], kinds
@@ -137,9 +137,9 @@ class TestIdleKept:
         hub, service, ledger, browser = env
         assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
         hub.wait_ready("hana", timeout=120)
-        until(lambda: (ledger.active_for_server("hana").warning or "") == "server_idle",
+        until(lambda: (ledger.leases.active_for_server("hana").warning or "") == "server_idle",
               UNWAITED + 10, "hana warned", show=service.log)
-        deadline = ledger.active_for_server("hana").warning_deadline
+        deadline = ledger.leases.active_for_server("hana").warning_deadline
         page = login(browser, hub, "hana", "/hub/home")
         page.goto(f"{hub.url}/hub/home")
         notice = page.locator(".mig-warning")
@@ -149,7 +149,7 @@ class TestIdleKept:
         page.screenshot(path=str(IMG / "warning-hub-home.png"))
         notice.get_by_role("button", name="Keep my server").click()
         page.locator(".mig-warning", has_text="Kept").wait_for(timeout=15_000)
-        lease = ledger.active_for_server("hana")
+        lease = ledger.leases.active_for_server("hana")
         service.swept(after=deadline, times=2)
         assert hub.server_model("hana")["ready"], service.log()
         # Kept: no new warning until the next deadline comes near (warn_before ahead of
@@ -186,7 +186,7 @@ class TestUntouchedTab:
             assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
         for user in ("tina", "tom"):
             hub.wait_ready(user, timeout=120)
-        leases = {user: ledger.active_for_server(user) for user in ("tina", "tom")}
+        leases = {user: ledger.leases.active_for_server(user) for user in ("tina", "tom")}
         # tina's last act: opening JupyterLab (counted when its page has loaded).
         opened = datetime.now(UTC)
         pages = {user: login(browser, hub, user, f"/user/{user}/lab") for user in leases}
@@ -210,7 +210,7 @@ class TestUntouchedTab:
         stopped_after = (stopped_at - opened).total_seconds()
         assert UNWAITED - 1 <= stopped_after <= UNWAITED + 30, stopped_after
         # Her slice is free again; tom, typing, was never warned and keeps his.
-        until(lambda: ledger.active_for_server("tina") is None, 15, "tina's lease released",
+        until(lambda: ledger.leases.active_for_server("tina") is None, 15, "tina's lease released",
               show=service.log)
         # Warned once, near the stop: warn_before ahead. Timed by the ledger, not by this
         # loop, whose typing takes seconds on a loaded machine; the release follows the
@@ -219,9 +219,9 @@ class TestUntouchedTab:
         warnings = [e for e in ledger.warnings.events(leases["tina"].id) if e.kind == "warned"]
         assert len(warnings) == 1, service.log()
         [warned] = warnings
-        ahead = (ledger.get(leases["tina"].id).released_at - warned.at).total_seconds()
+        ahead = (ledger.leases.get(leases["tina"].id).released_at - warned.at).total_seconds()
         assert IDLE_WARN - 1 <= ahead <= IDLE_WARN + 15, ahead
-        assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.active()}
+        assert leases["tina"].mig_uuid not in {held.mig_uuid for held in ledger.leases.active()}
         assert hub.server_model("tom")["ready"], service.log()
         assert ledger.warnings.events(leases["tom"].id) == [], service.log()
 

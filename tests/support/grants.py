@@ -1,5 +1,5 @@
 """Grants for ledger tests without an allocator: a tiny first-fit over two GPUs of one
-host, as a decide callback (``ledger.claim(request, first_free)``)."""
+host, as a decide callback (``ledger.leases.claim(request, first_free)``)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Real parts throughout: the GPU adapter on the NVML simulator (shared through a state
 file, so a test can put processes on a slice), a SQLite ledger with a hand-moved clock,
 and the policy built by ``build_policy``. Leases are claimed the way the spawner claims
-them: one ``Ledger.claim`` per server with a ``Grant`` naming the MIG device.
+them: one ``ledger.leases.claim`` per server with a ``Grant`` naming the MIG device.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class World:
             mig_uuid=device.uuid, gi_id=device.gi_id, ci_id=device.ci_id,
             expires_at=None if expires_in is None else self.clock.now + expires_in,
         )
-        lease = self.ledger.claim(LeaseRequest(user, server), lambda view: decision)
+        lease = self.ledger.leases.claim(LeaseRequest(user, server), lambda view: decision)
         if active:
-            lease = self.ledger.activate(lease.id)
+            lease = self.ledger.leases.activate(lease.id)
         self.leases[user] = lease
         return lease
 

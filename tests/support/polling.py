@@ -5,7 +5,7 @@ it waited for, the last thing ``check`` gave, and whatever the caller passes as
 ``show``: the hub's log, the service's log, the ledger's rows. A wait that fails says
 why; a bare "timed out" sends the next engineer to rerun it.
 
-    lease = until(lambda: ledger.active_for_server("ana"), 30, "ana's lease",
+    lease = until(lambda: ledger.leases.active_for_server("ana"), 30, "ana's lease",
                   show=service.log)
     await until_async(lambda: api_sees(pod), 5, "the pod deleted", show=standin.pods)
 

@@ -120,4 +120,4 @@ async def created(kube, name: str) -> dict:
 def held(ledger_url: str) -> list[Lease]:
     """The leases held now in the ledger at ``ledger_url``."""
     with Ledger.open(ledger_url) as ledger:
-        return ledger.active()
+        return ledger.leases.active()

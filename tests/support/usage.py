@@ -33,11 +33,11 @@ def seed_sessions(ledger: Ledger, advance, user: str, group: str, profile: str, 
         decision = Grant(group=group, profile=profile, compute_slices=found.compute_slices,
                          mode="pool", host=host, gpu_uuid="GPU-past", gpu_index=0,
                          start=start, size=found.placement_size, mig_uuid=f"MIG-past-{start}")
-        lease = ledger.claim(LeaseRequest(user, ""), lambda v, d=decision: d)
+        lease = ledger.leases.claim(LeaseRequest(user, ""), lambda v, d=decision: d)
         if purpose:
-            ledger.record_purpose(lease.id, purpose)
+            ledger.leases.record_purpose(lease.id, purpose)
         for sample in samples(now() if now else lease.claimed_at, peak,
                               found.memory_mib / GIB, count):
             ledger.usage.record_samples({lease.id: sample})
         advance()
-        ledger.release(lease.id, "stopped")
+        ledger.leases.release(lease.id, "stopped")
