@@ -541,7 +541,12 @@ class KubeLayout:
                    result: Pass) -> GpuOutcome:
         import asyncio
 
-        from mig_spawner.kube.resources import CONFIG_STATE_LABEL
+        from mig_spawner.kube.resources import (
+            CONFIG_FAILED,
+            CONFIG_PENDING,
+            CONFIG_STATE_LABEL,
+            CONFIG_SUCCESS,
+        )
 
         ledger, node, config = self.ledger, change.host, change.target["mig_config"]
         outcome = GpuOutcome(change.gpu_index, change.state)
@@ -557,16 +562,16 @@ class KubeLayout:
         found = await core.read_node(node, _preload_content=False)
         labels = ((await found.json()).get("metadata") or {}).get("labels") or {}
         if change.state is PlanState.APPLYING:
-            state = labels.get(CONFIG_STATE_LABEL)
-            if labels.get(MIG_CONFIG_LABEL) == config and state == "success":
+            reported = labels.get(CONFIG_STATE_LABEL)
+            if labels.get(MIG_CONFIG_LABEL) == config and reported == CONFIG_SUCCESS:
                 return await asyncio.to_thread(move, PlanState.DONE,
                                                f"node {node} is re-cut to {config}")
-            if state == "failed":
+            if reported == CONFIG_FAILED:
                 return await asyncio.to_thread(
                     move, PlanState.FAILED, f"MIG Manager reported {CONFIG_STATE_LABEL}="
                     f"failed on node {node}; see its logs (kubectl -n gpu-operator logs "
                     "-l app=nvidia-mig-manager)")
-            outcome.why = f"waits for MIG Manager ({CONFIG_STATE_LABEL}={state})"
+            outcome.why = f"waits for MIG Manager ({CONFIG_STATE_LABEL}={reported})"
             return outcome
         on_node = [x for x in leases if x.node == node]
         holders = [Holder(x.id, x.user, x.server_name, x.group, x.profile, KUBE_NODE, 0,
@@ -582,7 +587,7 @@ class KubeLayout:
         # The state label too, as MIG Manager sets it when it starts: a "success" left
         # from the last layout must not pass for this one's.
         await core.patch_node(node, {"metadata": {"labels": {
-            MIG_CONFIG_LABEL: config, CONFIG_STATE_LABEL: "pending"}}})
+            MIG_CONFIG_LABEL: config, CONFIG_STATE_LABEL: CONFIG_PENDING}}})
         outcome.done.append(f"set {MIG_CONFIG_LABEL}={config}")
         return await asyncio.to_thread(move, PlanState.APPLYING,
                                        f"{MIG_CONFIG_LABEL}={config} set; waits for MIG Manager")

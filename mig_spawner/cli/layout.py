@@ -21,6 +21,7 @@ from ..core.layout import (
     LayoutError,
     LayoutPlan,
     NoticeFor,
+    PlanState,
     Target,
     latest_end,
     parse_mig_parted,
@@ -254,7 +255,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     break
                 time.sleep(args.interval)
             failed = [c for c in ledger.holds.changes(inventory.host, open_only=False)
-                      if c.id in {o.id for o in opened} and c.state.value == "failed"]
+                      if c.id in {o.id for o in opened} and c.state is PlanState.FAILED]
             return 1 if failed else 0
     except (LayoutError, LedgerError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -310,7 +311,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def cmd_end(args: argparse.Namespace) -> int:
     """Run ``mig-spawner layout end GPU|NODE``: the open change of that GPU of this host
     (or of that Kubernetes node) ends ``done``."""
-    from ..core.layout import PlanState
     from ..holder import this_host
     from ..layout import end_change
     from ..ledger import KUBE_NODE, Ledger

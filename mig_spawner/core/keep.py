@@ -80,7 +80,7 @@ def answer_keep(lease: Warned, now: datetime, *, extend_by: float | None, max_ex
     """The answer to a Keep of ``lease`` at ``now``, under its group's ``extend_by`` and
     ``max_extensions``. ``refused_before``: the lease's latest event already refuses
     its pending warning (no second refusal is recorded)."""
-    rule = lease.warning or StopRule.SERVER_IDLE
+    rule = StopRule(lease.warning or StopRule.SERVER_IDLE)
     if lease.warning_state is WarningState.CARRIED_OUT:
         # The service has asked the hub to stop it: nothing puts that off now.
         return KeepAnswer(KeepOutcome.GONE, "This server is being stopped.", rule)

@@ -56,6 +56,9 @@ from mig_spawner.hub.models import (
 )
 
 PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
+#: JupyterHub's filter of the users with a server running or pending
+#: (``GET /users?state=active``); not a lease's state.
+ACTIVE_USERS = "active"
 
 # Answers worth trying again: the hub (or the proxy in front of a server) is
 # restarting, overloaded or briefly unable to reach its database.
@@ -282,7 +285,7 @@ class HubClient:
         """The scopes the hub granted our token (``GET /hub/api/user``), expanded."""
         return set((await self._get_json(self.api_url + "/user"))["scopes"])
 
-    async def iter_users(self, state: str | None = "active") -> AsyncIterator[HubUser]:
+    async def iter_users(self, state: str | None = ACTIVE_USERS) -> AsyncIterator[HubUser]:
         """Yield every user, page by page, following ``_pagination.next``.
 
         ``state`` is JupyterHub's filter: ``"active"`` (a server running or

@@ -23,6 +23,7 @@ from mig_spawner.core.catalog import WHOLE_GPU
 
 from .resources import (
     CONFIG_STATE_LABEL,
+    CONFIG_SUCCESS,
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
     PRODUCT_LABEL,
@@ -283,10 +284,10 @@ def _offered(
         return None
     if (problem := _not_schedulable(node)) is not None:
         return SkippedNode(name, problem)
-    state = labels.get(CONFIG_STATE_LABEL)
-    if state is not None and state != "success":
+    reported = labels.get(CONFIG_STATE_LABEL)
+    if reported is not None and reported != CONFIG_SUCCESS:
         return SkippedNode(
-            name, f"MIG Manager is applying a layout ({CONFIG_STATE_LABEL}={state})"
+            name, f"MIG Manager is applying a layout ({CONFIG_STATE_LABEL}={reported})"
         )
     shared = _sharing(labels)
     if shared:

@@ -39,6 +39,9 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+#: The values MIG Manager writes in :data:`CONFIG_STATE_LABEL` (its own words, not a
+#: layout change's state).
+CONFIG_PENDING, CONFIG_SUCCESS, CONFIG_FAILED = "pending", "success", "failed"
 NOTEBOOK_CONTAINER = "notebook"
 #: The pod's DRA claim name (as :data:`mig_spawner.kube.dra.CLAIM`).
 DRA_CLAIM = "mig"

@@ -37,7 +37,7 @@ from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.kinds import offered_whole
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
-from mig_spawner.ledger import LayoutChange, Lease, WaitEntry
+from mig_spawner.ledger import LayoutChange, Lease, LeaseState, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -336,10 +336,10 @@ def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: d
         state: SliceState = "orphan"
         note = (f"the lease's GPU {lease.gpu_index} ({lease.gpu_uuid}) is not on this host "
                 "any more: check nvidia-smi and the kernel log for Xid errors")
-    elif lease.state == "claimed":
+    elif lease.state == LeaseState.CLAIMED:
         state = "leased"
         note = "instance being created for a starting server"
-    elif lease.state == "releasing":
+    elif lease.state == LeaseState.RELEASING:
         state, note = "leased", f"being released ({_release_note(lease)})"
     else:
         state = "orphan"

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mig_spawner.core.lifecycle import WaitState
 from mig_spawner.ledger import WaitEntry
 
 HEADER = ("OFFER", "GROUP", "WAITS", "GRANTED", "CANCELLED", "EXPIRED", "ABANDONED",
@@ -46,10 +47,11 @@ def wait_rows(entries: Iterable[WaitEntry]) -> list[WaitRow]:
     for (offer, group), mine in sorted(groups.items()):
         states = [e.state for e in mine]
         waited = sorted((e.closed_at - e.joined_at).total_seconds() / 60 for e in mine
-                        if e.state == "granted" and e.closed_at)
+                        if e.state == WaitState.GRANTED and e.closed_at)
         rows.append(WaitRow(
-            offer, group, len(mine), states.count("granted"), states.count("cancelled"),
-            states.count("expired"), states.count("abandoned"), states.count("waiting"),
+            offer, group, len(mine), *(states.count(state) for state in (
+                WaitState.GRANTED, WaitState.CANCELLED, WaitState.EXPIRED, WaitState.ABANDONED,
+                WaitState.WAITING)),
             statistics.median(waited) if waited else None,
             _p95(waited) if waited else None,
         ))

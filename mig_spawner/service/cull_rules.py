@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from mig_spawner.core.lifecycle import StopRule
+from mig_spawner.core.lifecycle import LeaseState, StopRule
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 
 if TYPE_CHECKING:
@@ -594,7 +594,7 @@ def find_orphans(
         still_missing[lease.id] = first_missed
         missed_for = _since(now, first_missed) or 0.0
         claimed_for = _since(now, lease.claimed_at) or 0.0
-        if lease.state == "releasing" or (missed_for >= grace and claimed_for >= grace):
+        if lease.state == LeaseState.RELEASING or (missed_for >= grace and claimed_for >= grace):
             orphans.append(lease)
     return orphans, still_missing
 

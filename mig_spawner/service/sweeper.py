@@ -38,7 +38,7 @@ from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
-from mig_spawner.hub.client import HubClient, HubError
+from mig_spawner.hub.client import ACTIVE_USERS, HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.kinds import kind_of
 from mig_spawner.layout import KubeLayout, LayoutApplier
@@ -299,7 +299,7 @@ class Sweeper:
         tasks: list[asyncio.Future[None]] = []
         listed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            async for user in self.client.iter_users(state="active"):
+            async for user in self.client.iter_users(state=ACTIVE_USERS):
                 for server in user.servers:
                     running.add(server.key)
                     tasks.append(asyncio.ensure_future(self._handle_found(
@@ -755,7 +755,7 @@ class Sweeper:
             )
             report.orphans_released.append(lease)
             self.metrics.orphans_repaired.labels(lease.group).inc()
-            self.metrics.slices_reclaimed.labels("orphan", lease.group).inc()
+            self.metrics.slices_reclaimed.labels(ReleaseCode.ORPHAN, lease.group).inc()
 
     async def _kube(self) -> Any:
         """The Kubernetes API (a CoreV1Api), connected on the first Kubernetes lease: a
