@@ -217,11 +217,6 @@ def stop(held: HolderCheck, grace: float = STOP_GRACE) -> HolderCheck:
     return HolderCheck(UNKNOWN, tuple(left), f"PIDs {[p.pid for p in left]} survived SIGKILL")
 
 
-def check_and_stop(lease: Lease, grace: float = STOP_GRACE) -> HolderCheck:
-    """:func:`check`, then :func:`stop` what runs: GONE means the lease may be released."""
-    return stop(check(lease), grace)
-
-
 # --- Kubernetes: the lease's pod -----------------------------------------------------
 
 

@@ -117,6 +117,11 @@ def make_gpu(
                gpu_instances=tuple(gis), mig_devices=tuple(devs))
 
 
+def mig_device(inventory: Inventory, uuid: str) -> MigDevice | None:
+    """The MIG device ``uuid`` of ``inventory``, if it lists one."""
+    return next((d for d in inventory.mig_devices if d.uuid == uuid), None)
+
+
 def make_inventory(*gpus: Gpu) -> Inventory:
     """One host's inventory holding ``gpus``, as the NVML adapter would read it."""
     return Inventory("node1", "580.65.06", "13.580", 13000, tuple(gpus))

@@ -111,7 +111,7 @@ def test_a_holder_that_ignores_term_is_killed_after_the_grace(spawn):
     proc = spawn(STUBBORN, MIG_SPAWNER_LEASE_ID=LEASE)
     assert proc.stdout.readline() == "ignoring TERM\n"
     started = time.monotonic()
-    assert holder.check_and_stop(lease(), grace=0.5).state == holder.GONE
+    assert holder.stop(holder.check(lease()), grace=0.5).state == holder.GONE
     assert time.monotonic() - started >= 0.5  # TERM, the grace, then KILL
     assert proc.wait(5) == -9
 

@@ -10,6 +10,7 @@ import pytest
 
 from mig_spawner.gpu import connect, errors
 from mig_spawner.gpu.simulator import SimulatedHost, uninstall
+from tests.mocking import mig_device
 
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MUTATING = ("nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement",
@@ -66,7 +67,7 @@ def test_inventory_of_a_mixed_host(adapters):
     assert (a100.mig_current, a100.mig_pending, a100.mig_enabled) == (False, True, False)
     assert a100.mig_devices == () and a100.gpu_instances == ()
     assert (t4.mig_supported, t4.model_key, t4.product) == (False, None, "Tesla T4")
-    assert inv.device_by_uuid(device.uuid) == device
+    assert mig_device(inv, device.uuid) == device
 
 
 def test_inventory_shows_processes_and_memory_set_elsewhere(shared):
@@ -74,7 +75,7 @@ def test_inventory_shows_processes_and_memory_set_elsewhere(shared):
     uuid = host.device_uuids()[9]
     host.set_processes(uuid, [(1234, 2048), (1235, 10)])
     host.set_memory_used(uuid, 3000)
-    device = adapter.inventory().device_by_uuid(uuid)
+    device = mig_device(adapter.inventory(), uuid)
     assert (device.gpu_index, device.pids, device.busy) == (1, (1234, 1235), True)
     assert device.processes[0].used_memory_mib == 2048
     assert device.memory_used_mib == 3000

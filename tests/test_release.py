@@ -25,6 +25,7 @@ from mig_spawner.release import (
     ReleaseEvents,
     Releaser,
 )
+from tests.mocking import mig_device
 from tests.support.polling import until_async
 from tests.support.processes import past_exec
 
@@ -169,7 +170,7 @@ async def test_a_dynamic_instance_is_destroyed_before_its_lease_is_released(worl
     lease = claim(ledger, "dyn", mode="dynamic", start=1, mig_uuid=made.uuid,
                   gi_id=made.gi_id, ci_id=made.ci_id)
     assert (await releaser.release(lease, ReleaseCode.START_FAILED, "OSError")).done
-    assert gpus.inventory().device_by_uuid(made.uuid) is None
+    assert mig_device(gpus.inventory(), made.uuid) is None
     # Without GPU access here, the instance cannot go: the lease keeps its slice.
     again = gpus.create_instance(0, "1g.18gb", start=1)
     lease = claim(ledger, "dyn2", mode="dynamic", start=1, mig_uuid=again.uuid,

@@ -35,6 +35,7 @@ from mig_spawner.service.app import SliceServiceApp, missing_scopes
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
+from tests.mocking import mig_device
 from tests.support.hub_standin import StandinState, listen
 from tests.support.polling import until
 
@@ -355,12 +356,12 @@ async def test_dynamic_orphan_instance_is_destroyed_only_once_its_processes_are_
         # Someone still computes on it: nothing is killed, the slice stays held.
         assert report.orphans_released == []
         assert ledger.leases.get(lease).state == "releasing"
-        assert gpus.inventory().device_by_uuid(device.uuid) is not None
+        assert mig_device(gpus.inventory(), device.uuid) is not None
 
         sim.set_processes(device.uuid, [])
         report = await sweeper.sweep()
         assert [x.id for x in report.orphans_released] == [lease]
-        assert gpus.inventory().device_by_uuid(device.uuid) is None
+        assert mig_device(gpus.inventory(), device.uuid) is None
     finally:
         gpus.close()
 
@@ -378,7 +379,7 @@ async def test_busy_slice_without_a_lease_is_reported_never_killed(standin, ledg
         report = await sweeper.sweep()
         assert report.unleased_devices == [stray]
         assert sample(sweeper.metrics, "mig_spawner_service_unleased_busy_devices") == 1
-        assert gpus.inventory().device_by_uuid(stray).pids == (12,)  # still running
+        assert mig_device(gpus.inventory(), stray).pids == (12,)  # still running
     finally:
         gpus.close()
 

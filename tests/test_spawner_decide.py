@@ -17,6 +17,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.ledger import LeaseRequest
 from mig_spawner.spawner.decide import free_now, make_decide
 from mig_spawner.spawner.progress import ProgressLog
+from tests.mocking import mig_device
 
 GROUPS = Path(__file__).resolve().parents[1] / "jupyterhub_config.d" / "20-groups.py"
 # Two 1g.18gb and one 2g.35gb on GPU 0; a 3g.71gb on GPU 1.
@@ -42,7 +43,7 @@ def claim(ledger, policies, inventory, user, groups, offer, mode="pool", server=
 
 def test_pool_grant_records_the_instance_group_and_session_end(ledger, policies, inventory):
     lease = claim(ledger, policies, inventory, "ana", ["analysts"], "small")
-    device = inventory.device_by_uuid(lease.mig_uuid)
+    device = mig_device(inventory, lease.mig_uuid)
     assert device.profile == lease.profile == "1g.18gb"
     assert (lease.gi_id, lease.ci_id, lease.start) == (device.gi_id, device.ci_id, device.start)
     assert lease.group == "analysts"

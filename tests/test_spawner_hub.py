@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
+from tests.mocking import mig_device
 from tests.support.hub_harness import HubProcess, start_mig_hub
 from tests.support.polling import until
 
@@ -108,7 +109,7 @@ def test_each_group_gets_its_slice_and_the_kernel_sees_only_it(hub, ledger, gpus
         inventory = gpus.inventory()
         for user, profile in (("ana", "1g.18gb"), ("mia", "1g.35gb")):
             uuid = seen[user]["CUDA_VISIBLE_DEVICES"]
-            device = inventory.device_by_uuid(uuid)
+            device = mig_device(inventory, uuid)
             assert device is not None and device.profile == profile, seen
             assert seen[user]["NVIDIA_VISIBLE_DEVICES"] == uuid
             assert seen[user]["MIG_SPAWNER_PROFILE"] == profile

@@ -23,6 +23,7 @@ from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner
 from mig_spawner.spawner.runtime import DEMAND_WINDOW
+from tests.mocking import mig_device
 from tests.support.polling import until_async
 from tests.support.spawners import local_spawner
 
@@ -69,7 +70,7 @@ async def test_a_hub_without_root_offers_and_grants_slices(tmp_path, ledger_url,
     assert plan.granted(lease) == "GPU 0 (NVIDIA H200)"
     lease = await s.after_claim(lease)
     with connect(simulate=spec, state_file=str(tmp_path / "sim-gpus.json")) as gpus:
-        assert gpus.inventory().device_by_uuid(lease.mig_uuid).profile == "1g.18gb"
+        assert mig_device(gpus.inventory(), lease.mig_uuid).profile == "1g.18gb"
 
 
 async def test_form_says_why_when_the_gpu_cannot_be_read(tmp_path, ledger_url, sim, caplog):

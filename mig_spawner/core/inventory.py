@@ -141,9 +141,6 @@ class Inventory:
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
-    def device_by_uuid(self, uuid: str) -> MigDevice | None:
-        return next((d for d in self.mig_devices if d.uuid == uuid), None)
-
     def model(self, key: str) -> GpuModel:
         """Catalog model ``key`` with the figures this host's driver reports for it (the
         catalog's own where no GPU of that model reported any)."""
