@@ -6,10 +6,30 @@ reach admins through hub logs and the CLI.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .records import Lease
+
+class LeaseFacts(Protocol):
+    """What an error says of the lease it is about (a
+    :class:`~mig_spawner.ledger.records.Lease`; named here without importing the records,
+    which raise these errors)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def server_name(self) -> str: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def state(self) -> Any: ...
+    @property
+    def mig_uuid(self) -> str | None: ...
+    @property
+    def gpu_uuid(self) -> str | None: ...
+    @property
+    def node(self) -> str | None: ...
 
 
 class LedgerError(Exception):
@@ -52,7 +72,7 @@ class LeaseNotFound(LedgerError, LookupError):
 class LeaseStateError(LedgerError):
     """The lease is not in a state that allows the operation."""
 
-    def __init__(self, message: str, lease: Lease | None) -> None:
+    def __init__(self, message: str, lease: LeaseFacts | None) -> None:
         super().__init__(message)
         self.lease = lease
 
@@ -62,7 +82,7 @@ class IllegalTransition(LeaseStateError):
     transition table (:mod:`mig_spawner.core.lifecycle`) does not link; nothing was
     written. ``lease`` is set for a lease, ``None`` for a wait-list entry."""
 
-    def __init__(self, what: str, old: str, new: str, lease: Lease | None = None) -> None:
+    def __init__(self, what: str, old: str, new: str, lease: LeaseFacts | None = None) -> None:
         super().__init__(
             f"{what} is {old}; it cannot become {new} (not a move the ledger allows). "
             "Nothing was written: this is a bug in the caller, please report it.",
@@ -94,7 +114,7 @@ class DoubleGrant(Conflict):
 class ServerHasLease(Conflict):
     """The server already holds a lease; one server never holds two."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: LeaseFacts) -> None:
         where = lease.mig_uuid or lease.gpu_uuid or lease.node or "a slice"
         super().__init__(
             f"server {lease.user}/{lease.server_name} already holds lease {lease.id} "
