@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from mig_spawner.core.keep import KeepOutcome
 from mig_spawner.core.lifecycle import (
@@ -99,16 +99,25 @@ def lease_in(ledger: Ledger, state: LeaseState):
     return lease
 
 
-@pytest.mark.parametrize(("old", "new"), ILLEGAL_LEASE_MOVES, ids=lambda s: str(s))
-def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
-    lease = lease_in(ledger, old)
+def refused_move(ledger: Ledger, caplog, old: str, new: str,
+                 write: Callable[[Connection], object]) -> IllegalTransition:
+    """``write`` (a guarded writer's move from ``old`` to ``new``), in a write
+    transaction: refused with IllegalTransition, and logged."""
     with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
         IllegalTransition, match=f"is {old}; it cannot become {new}"
     ) as refused, ledger._tx.write() as connection:
-        rows.move(connection, rows.lock_lease(connection, lease.id), new)
-    assert isinstance(refused.value, LeaseStateError) and refused.value.lease == lease
-    assert ledger.leases.get(lease.id) == lease  # nothing written
+        write(connection)
     assert f"it cannot become {new}" in caplog.text
+    return refused.value
+
+
+@pytest.mark.parametrize(("old", "new"), ILLEGAL_LEASE_MOVES, ids=lambda s: str(s))
+def test_an_illegal_lease_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
+    lease = lease_in(ledger, old)
+    refused = refused_move(ledger, caplog, old, new, lambda connection: rows.move(
+        connection, rows.lock_lease(connection, lease.id), new))
+    assert isinstance(refused, LeaseStateError) and refused.lease == lease
+    assert ledger.leases.get(lease.id) == lease  # nothing written
 
 
 def wait_in(ledger: Ledger, state: WaitState):
@@ -129,12 +138,9 @@ def wait_in(ledger: Ledger, state: WaitState):
 @pytest.mark.parametrize(("old", "new"), ILLEGAL_WAIT_MOVES, ids=lambda s: str(s))
 def test_an_illegal_wait_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
     entry = wait_in(ledger, old)
-    with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
-        IllegalTransition, match=f"is {old}; it cannot become {new}"
-    ), ledger._tx.write() as connection:
-        waitlist._close(connection, entry, new, ledger._tx.now(), reason="test")
+    refused_move(ledger, caplog, old, new, lambda connection: waitlist._close(
+        connection, entry, new, ledger._tx.now(), reason="test"))
     assert ledger.waits.entry(entry.id) == entry
-    assert f"it cannot become {new}" in caplog.text
 
 
 def test_public_calls_refuse_what_the_table_refuses(ledger):
@@ -173,13 +179,11 @@ def warning_in(ledger: Ledger, state: WarningState | None):
 def test_an_illegal_warning_move_is_refused_logged_and_not_written(ledger, old, new, caplog):
     lease = warning_in(ledger, old)
     try:
-        with caplog.at_level(logging.ERROR, "mig_spawner.ledger"), pytest.raises(
-            IllegalTransition, match=f"is {old or 'none'}; it cannot become {new}"
-        ) as refused, ledger._tx.write() as connection:
-            warning_store._move(connection, rows.lock_lease(connection, lease.id), new)
-        assert refused.value.lease == lease
+        refused = refused_move(ledger, caplog, old or "none", new,
+                               lambda connection: warning_store._move(
+                                   connection, rows.lock_lease(connection, lease.id), new))
+        assert refused.lease == lease
         assert ledger.leases.get(lease.id) == lease  # nothing written
-        assert f"it cannot become {new}" in caplog.text
     finally:
         ledger.leases.release(lease.id, ReleaseCode.STOPPED)  # leave the slots to others
 
