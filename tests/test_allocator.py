@@ -10,7 +10,7 @@ from mig_spawner.core.allocator import (
     Occupancy,
     Placement,
     PoolGrant,
-    free_counts,
+    SliceIndex,
     pick_dynamic,
     pick_pool,
 )
@@ -110,8 +110,6 @@ def test_bad_requests_raise_clear_errors() -> None:
         pick_dynamic(inv, (), "5g.99gb")
     with pytest.raises(CatalogError, match=r"valid profiles: 1g\.10gb"):
         pick_dynamic(inv, (), {"h100": "2g.35gb"})
-    with pytest.raises(ValueError, match="mode must be 'pool' or 'dynamic'"):
-        free_counts(inv, "both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="demand weights must be numbers >= 0"):
         pick_dynamic(inv, (), "1g.18gb", demand={"1g.18gb": -1})
 
@@ -148,7 +146,7 @@ def test_dynamic_counts_existing_instances_and_reservations_once() -> None:
     same = Placement(0, "GPU-0000", "3g.71gb", 4, 4)  # the claim whose instance now exists
     gone = Placement(9, "GPU-gone", "7g.141gb", 0, 8)  # a claim on a GPU no longer there
     assert granted(pick_dynamic(inv, [same, gone], "3g.71gb")).start == 0
-    assert free_counts(inv, "dynamic", reserved=[same])["3g.71gb"] == 1
+    assert Occupancy.of(inv, [same]).free_counts()["3g.71gb"] == 1
 
 
 def test_dynamic_pack_prefers_a_used_gpu_and_spread_an_empty_one() -> None:
@@ -200,11 +198,12 @@ def test_demand_steers_small_slices_away_from_blocks_in_demand() -> None:
 
 def test_free_counts_pool_and_dynamic() -> None:
     inv = make_inventory(make_gpu(0, layout=POOL_LAYOUT, busy_starts=[1]))
-    assert free_counts(inv, "pool", held_mig_uuids={"MIG-0-4-3g.71gb"}) == {
-        "1g.18gb": 1, "2g.35gb": 1}
-    dyn = free_counts(inv, "dynamic")
+    index = SliceIndex(inv)
+    index.hold("a lease", mig_uuid="MIG-0-4-3g.71gb")
+    assert index.free_pool() == {"h200": {"1g.18gb": 1, "2g.35gb": 1}}
+    dyn = Occupancy.of(inv).free_counts()
     assert dyn["1g.18gb"] == 0 and dyn["7g.141gb"] == 0
-    assert free_counts(make_inventory(make_gpu(0, "a30")), "dynamic") == {
+    assert Occupancy.of(make_inventory(make_gpu(0, "a30"))).free_counts() == {
         "1g.6gb": 4, "1g.6gb+me": 1, "2g.12gb": 2, "2g.12gb+me": 1, "4g.24gb": 1}
 
 

@@ -16,8 +16,8 @@ free instead.
 
 A caller that decides more than once keeps a :class:`SliceIndex` (:mod:`.index`): built
 once from an inventory, told what is held and what a newer read changed, it answers
-each decision without a pass over the fleet. :func:`pick_pool`, :func:`pick_dynamic`
-and :func:`free_counts` are one-off decisions on an index built for them.
+each decision without a pass over the fleet. :func:`pick_pool` and :func:`pick_dynamic`
+are one-off decisions on an index built for them.
 
 This package's face is what callers import; the code lives in :mod:`.index` (the
 index), :mod:`.pool` (pool picking), :mod:`.dynamic` (dynamic picking,
@@ -29,7 +29,6 @@ index), :mod:`.pool` (pool picking), :mod:`.dynamic` (dynamic picking,
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Literal
 
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.refusal import Refused
@@ -49,7 +48,6 @@ __all__ = [
     "PoolGrant",
     "SliceIndex",
     "Wanted",
-    "free_counts",
     "pick_dynamic",
     "pick_pool",
 ]
@@ -102,28 +100,3 @@ def pick_dynamic(
     it every profile counts the same.
     """
     return _index(inventory, reserved=reserved).pick_dynamic(wanted, strategy, demand)
-
-
-def free_counts(
-    inventory: Inventory,
-    mode: Literal["pool", "dynamic"],
-    *,
-    held_mig_uuids: Collection[str] = (),
-    reserved: Iterable[Placement] = (),
-) -> dict[str, int]:
-    """How many of each profile a user could get right now (for the spawn form).
-
-    pool: free existing devices (``held_mig_uuids`` are taken). dynamic: how many more
-    of that profile could still be created, each profile counted alone (``reserved``
-    are the ledger's claims). The spawner asks its slice kind
-    (:mod:`mig_spawner.core.kinds`), which reads the same counts from its index.
-    """
-    if mode not in ("pool", "dynamic"):
-        raise ValueError(f"mode must be 'pool' or 'dynamic', not {mode!r}")
-    index = _index(inventory, held_mig_uuids, reserved)
-    per_model = index.free_pool() if mode == "pool" else index.free_dynamic()
-    total: dict[str, int] = {}
-    for counts in per_model.values():
-        for name, n in counts.items():
-            total[name] = total.get(name, 0) + n
-    return total
