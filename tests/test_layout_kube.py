@@ -130,7 +130,7 @@ async def test_mig_manager_failing_fails_the_change_and_ends_the_hold(cluster):
     decide = make_kube_decide(POLICY.for_user(["a"]), POLICY.offer("1g.10gb"), slices,
                               f"{kube.ns}/jupyter-y", ClaimTarget())
     with pytest.raises(Refused) as refused:
-        decide(LedgerView(LeaseRequest("y"), (), ledger._now(), holds=ledger.holds.held()))
+        decide(LedgerView(LeaseRequest("y"), (), ledger._tx.now(), holds=ledger.holds.held()))
     assert refused.value.reason is Reason.GPU_RECUT
     passes = await settle(KubeLayout(ledger, api, lambda group: HOUR), PlanState.FAILED)
     assert "mig.config.state=failed" in passes[-1].gpus[0].why
