@@ -53,7 +53,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from mig_spawner.core.answer import answer_timeout, start_bound
-from mig_spawner.core.lifecycle import WaitState
+from mig_spawner.core.lifecycle import StopRule, WaitState
 from mig_spawner.core.policy import GroupPolicy, Offer, PolicySet, UserPolicy
 from mig_spawner.core.purpose import PURPOSE
 from mig_spawner.core.refusal import Reason, Refused
@@ -463,7 +463,7 @@ def _holder(lease: Lease, now: datetime, policies: PolicySet) -> Holder:
     idle = None
     if limits is not None and limits.idle is not None:
         active = lease.last_activity_at or lease.started_at or lease.claimed_at
-        warned = lease.warning_deadline if lease.warning == "server_idle" else None
+        warned = lease.warning_deadline if lease.warning == StopRule.SERVER_IDLE else None
         lead = ((warned - now).total_seconds() if warned is not None
                 else group.warn_before or 0.0)
         idle = max((active - now).total_seconds() + limits.idle, lead)
