@@ -17,6 +17,7 @@ import pytest
 
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Grant, Ledger
+from mig_spawner.ledger.waitlist import Waits
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from mig_spawner.spawner.waiting import within_start_timeout
 from tests.support.polling import until_async
@@ -114,11 +115,11 @@ async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back
     waiter = asyncio.ensure_future(_claim(ana, "3g.71gb"))
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     gate = threading.Event()
-    real_cancel = Ledger.cancel_wait
+    real_cancel = Waits.cancel
 
     def cancel_after_a_grant(self, entry_id, reason, **kw):
-        self.release(holder.id, "stopped")  # the slice service stopped bo's server...
-        [granted] = self.grant_waiting(  # ...and a grant pass elsewhere served ana
+        ledger.leases.release(holder.id, "stopped")  # the slice service stopped bo's server...
+        [granted] = ledger.waits.grant(  # ...and a grant pass elsewhere served ana
             lambda entry, view: Grant(group="crowd", profile="3g.71gb", compute_slices=3,
                                       mode="pool", host=holder.host, gpu_uuid=holder.gpu_uuid,
                                       gpu_index=0, start=holder.start, size=holder.size,
@@ -130,7 +131,7 @@ async def test_a_cancel_that_races_a_grant_ends_at_once_and_gives_the_slice_back
 
     with Ledger.open(url) as ledger:
         await in_line(ana)
-        monkeypatch.setattr(Ledger, "cancel_wait", cancel_after_a_grant)
+        monkeypatch.setattr(Waits, "cancel", cancel_after_a_grant)
         waiter.cancel()
         done, _ = await asyncio.wait({waiter}, timeout=10)
         assert done, "the cancelled spawn waited for the ledger"
