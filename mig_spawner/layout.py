@@ -58,7 +58,7 @@ from mig_spawner.core.layout import (
     instances_of,
     plan_gpu,
 )
-from mig_spawner.core.lifecycle import StopRule
+from mig_spawner.core.lifecycle import StopRule, WarningState
 from mig_spawner.gpu.errors import GpuError, InstanceInUse
 from mig_spawner.holder import start_time, this_host
 from mig_spawner.ledger import KUBE_NODE, LayoutChange, Lease, Ledger
@@ -452,7 +452,10 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
             if ledger.warnings.warn(lease.id, StopRule.DRAIN, now + timedelta(seconds=notice),
                            detail) is not None:
                 outcome.warned.append(lease.id)
-        elif lease.warning_deadline is not None and lease.warning_deadline <= now:
+        elif (lease.warning_state is WarningState.PENDING
+              and lease.warning_deadline is not None and lease.warning_deadline <= now):
+            # A stop already carried out is not due again while the hub is slow to
+            # finish it: asking twice would count one reclaimed slice twice.
             result.due.append(lease)
     return change
 
