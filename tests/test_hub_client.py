@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import requests
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
@@ -18,10 +19,11 @@ from mig_spawner.hub.client import (
     HubError,
     HubUnavailable,
 )
-from mig_spawner.hub.models import HubServer, HubUser
+from mig_spawner.hub.models import HubServer, HubUser, Kernel
 from mig_spawner.service.app import REQUIRED_SCOPES, missing_scopes
+from mig_spawner.spawner.warnings import SINGLEUSER_CONFIG
 from tests.support.hub_standin import StandinState, make_app
-from tests.support.polling import until
+from tests.support.polling import until, until_async
 
 # -- against the stand-in (scale and injected faults) ---------------------------------
 
@@ -178,7 +180,8 @@ async def test_requests_share_kept_alive_connections(counted):
 
     await asyncio.gather(*(sweep_one(s) for s in servers))
     assert not any(state.kernels.values())  # 121 requests in all...
-    assert CountingServer.opened <= 4  # ...on at most one connection per request at once
+    # ...on at most one connection per request at once, and the hub's API on its own.
+    assert CountingServer.opened <= 4 + 1
     await client.close()
 
 
@@ -217,6 +220,72 @@ async def test_connections_kept_for_later_are_few_whatever_the_servers(counted):
     await client.close()
 
 
+class Answers:
+    """A server at a localhost port that answers each request on a connection with the
+    next of ``answers`` (raw bytes, as some servers and proxies write them), counting the
+    connections opened; ``then_close``: it closes the connection after each answer,
+    without saying so (as an idle timeout does)."""
+
+    def __init__(self, answers: list[bytes], then_close: bool = False) -> None:
+        self.answers, self.then_close, self.opened = answers, then_close, 0
+
+    async def serve(self, reader, writer) -> None:
+        self.opened += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                await reader.readexactly(length[0] if length else 0)
+                writer.write(self.answers.pop(0))
+                await writer.drain()
+                if self.then_close or not self.answers:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/user/ana/"
+
+
+async def test_answers_whole_however_the_server_frames_them():
+    """Chunked (with a chunk extension and a trailer), to the end of the connection (an
+    HTTP/1.0 answer), an empty 204: each body is read whole, and a connection is kept only
+    where the answer allows it."""
+    chunks = [b'[{"id"', b': "k1", "name": "python3"}]']
+    answers = Answers([
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x;ext=1\r\n%s\r\n" % (len(c), c) for c in chunks)
+        + b"0\r\nX-Trailer: y\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\n[]",
+    ])
+    base = await answers.start()
+    client = client_for(base)
+    server = HubServer("ana", "", "/user/ana/", base, True, None, None, None)
+    assert [k.id for k in await client.kernels(server)] == ["k1"]
+    await client.shutdown_kernel(server, "k1")  # 204, on the same connection
+    assert await client.kernels(server) == []  # read to the end of the connection
+    assert answers.opened == 1
+    await client.close()
+    answers.server.close()
+
+
+async def test_a_kept_connection_the_server_closed_is_replaced_without_an_error():
+    answers = Answers([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"] * 2,
+                      then_close=True)
+    base = await answers.start()
+    client = client_for(base, retries=0)
+    server = HubServer("ana", "", "/user/ana/", base, True, None, None, None)
+    assert await client.kernels(server) == []
+    assert await client.kernels(server) == []  # its kept connection was closed meanwhile
+    assert answers.opened == 2
+    await client.close()
+    answers.server.close()
+
+
 def test_server_without_any_url_to_reach_it_says_what_to_set():
     client = HubClient("http://127.0.0.1:1/hub/api", "t")
     server = HubServer("ana", "", "/user/ana/", None, True, None, None, None)
@@ -244,6 +313,8 @@ def real_hub(tmp_path_factory):
         c.JupyterHub.api_page_default_limit = 20
         c.JupyterHub.spawner_class = "simple"
         c.SimpleLocalProcessSpawner.home_dir_template = "{workdir}/home/{{username}}"
+        # mig-spawner's single-user extension, as the MIG spawner enables it.
+        c.Spawner.environment = {{"JUPYTER_CONFIG_PATH": "{SINGLEUSER_CONFIG}"}}
         c.JupyterHub.services.append({{"name": "slices", "api_token": "{token}"}})
         c.JupyterHub.load_roles.append(
             {{"name": "slices", "services": ["slices"], "scopes": {list(REQUIRED_SCOPES)!r}}})
@@ -293,3 +364,58 @@ async def test_real_hub_kernels_status_and_stop_with_culler_scopes(real_hub):
     until(lambda: real_hub.server_model("kay") is None, 30, "kay's server stopped",
           show=real_hub.log_path)
     assert await all_users(client, state="active") == []
+
+
+@pytest.mark.hub
+async def test_real_server_reads_and_culls_in_one_request_each_for_the_service_only(
+        real_hub):
+    """mig-spawner's single-user extension answers the service's look (kernels, status,
+    what people did) and shuts a list of kernels down in one request, each only if it
+    is as the service saw it; nobody else may call either, the server's owner neither."""
+    real_hub.create_user("lee")
+    assert real_hub.spawn("lee").status_code in (201, 202)
+    real_hub.wait_ready("lee")
+    client = HubClient(real_hub.api(""), real_hub.service_token, proxy_url=real_hub.url)
+    [server] = [s for u in await all_users(client, state="ready") if u.name == "lee"
+                for s in u.servers]
+    empty = await client.look(server)
+    assert empty.kernels == () and empty.status.kernels == 0
+    assert empty.status.started is not None and empty.people.page_seen is None
+
+    kernels = {}
+    for name in ("idle", "used"):
+        r = real_hub.session.post(f"{real_hub.url}/user/lee/api/kernels",
+                                  json={"name": "python3"}, timeout=60)
+        r.raise_for_status()
+        kernels[name] = r.json()["id"]
+        real_hub.greet_kernel("lee", kernels[name])  # booted: no more messages of its own
+
+    async def settled():
+        """A look at two booted kernels whose activity no longer moves."""
+        first, second = await client.look(server), await client.look(server)
+        return second if first.kernels == second.kernels else None
+
+    seen = {k.id: k for k in (await until_async(settled, 60, "the kernels settled")).kernels}
+    # Someone runs a cell in one of them after the service looked.
+    real_hub.run_on_kernel("lee", kernels["used"], "1 + 1")
+    forged = Kernel(id="f" * 36, name="python3", execution_state="idle",
+                    last_activity=seen[kernels["idle"]].last_activity, connections=0)
+    answer = await client.shutdown_kernels(
+        server, [seen[kernels["idle"]], seen[kernels["used"]], forged],
+        cull_busy=False, cull_connected=False)
+    assert answer.shut_down == (kernels["idle"],)
+    assert answer.kept == (kernels["used"],)
+    assert answer.unknown == (forged.id,) and answer.failed == ()
+    assert [k.id for k in (await client.look(server)).kernels] == [kernels["used"]]
+
+    # Neither the owner's token nor a request without one gets anything.
+    base = f"{real_hub.url}/user/lee/mig-spawner/"
+    cull = {"kernels": [{"id": kernels["used"], "last_activity": None}]}
+    for headers in ({}, {"Authorization": f"token {real_hub.user_token('lee')}"}):
+        for method, path in (("GET", "probe"), ("POST", "cull")):
+            r = requests.request(method, base + path, headers=headers, json=cull,
+                                 allow_redirects=False, timeout=30)
+            assert r.status_code == 403, (method, path, headers, r.status_code)
+    assert [k.id for k in (await client.look(server)).kernels] == [kernels["used"]]
+    await client.close()
+    real_hub.stop_server("lee")

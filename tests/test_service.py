@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -42,6 +43,9 @@ from tests.support.polling import until
 POLICY = MIGPolicyConfig(group_policies={
     "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
 }).build()
+KERNEL_POLICY = MIGPolicyConfig(group_policies={"analysts": {
+    "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "kernel_idle_timeout": "1h",
+}}).build()
 
 
 @pytest.fixture
@@ -102,23 +106,20 @@ async def test_hub_outage_fails_the_sweep_not_the_service_and_it_resumes(standin
 
 async def test_a_server_without_the_extension_is_asked_for_it_once_per_start(serve_hub):
     """The stand-in's servers have no mig-spawner single-user extension (404): each
-    sweep still reads their kernels, but asks for what people did only again once the
-    server has restarted."""
+    sweep still reads their kernels, but asks for the extension's probe only again once
+    the server has restarted."""
     state = StandinState.build(20, kernels_per_server=1)
     base = serve_hub(state)
-    policy = MIGPolicyConfig(group_policies={"analysts": {
-        "allowed": ["1g.18gb"], "server_idle_timeout": "1h", "kernel_idle_timeout": "1h",
-    }}).build()
     client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
-    sweeper = Sweeper(client, policy, ServiceMetrics())
+    sweeper = Sweeper(client, KERNEL_POLICY, ServiceMetrics())
     asked = []
-    people_activity = client.people_activity
+    look = client.look
 
     async def counted(server, **kw):
         asked.append(server.user)
-        return await people_activity(server, **kw)
+        return await look(server, **kw)
 
-    client.people_activity = counted
+    client.look = counted
     await sweeper.sweep()
     assert len(asked) == 20
     kernel_lists = state.requests[("GET", "user")]
@@ -130,6 +131,41 @@ async def test_a_server_without_the_extension_is_asked_for_it_once_per_start(ser
     await sweeper.sweep()
     assert asked[20:] == ["user00007"]
     await sweeper.close()
+
+
+async def test_a_server_with_the_extension_is_read_in_one_request_and_culled_in_one(
+        serve_hub):
+    """With mig-spawner's single-user extension, a sweep reads each server once and shuts
+    its idle kernels down in one more request; the same kernels and servers go as on
+    servers without it, where each kernel takes a DELETE of its own."""
+    now = datetime.now(UTC)
+    culled, left = {}, {}
+    for extension in (True, False):
+        state = StandinState.build(30, kernels_per_server=4, now=now, extension=extension)
+        base = serve_hub(state)
+        client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=0)
+        sweeper = Sweeper(client, KERNEL_POLICY, ServiceMetrics())
+        first = await sweeper.sweep()
+        asked_first = dict(state.per_server)
+        culled[extension] = sorted((d.user, d.kernel_id or "", d.rule.value)
+                                   for d in first.carried_out)
+        left[extension] = {u: [k["id"] for k in ks] for u, ks in state.kernels.items()}
+        second = await sweeper.sweep()
+        assert second.carried_out == []
+        asked_second = state.per_server - Counter(asked_first)
+        await sweeper.close()
+        if not extension:
+            continue
+        # One look per server, one cull per server with idle kernels that keeps running.
+        kept = {d.user for d in first.carried_out if d.rule.value == "kernel_idle"}
+        assert len(kept) == 24  # the 6 idle servers are stopped instead
+        assert asked_first == {
+            **{(u, "GET", "mig-spawner/probe"): 1 for u in state.users},
+            **{(u, "POST", "mig-spawner/cull"): 1 for u in kept}}
+        # Then one request per running server, each sweep.
+        assert asked_second == {(u, "GET", "mig-spawner/probe"): 1 for u in kept}
+    assert culled[True] == culled[False] and len(culled[True]) == 6 + 24 * 2
+    assert left[True] == left[False]
 
 
 def claim(ledger: Ledger, user: str, start: int, **grant) -> str:

@@ -21,6 +21,7 @@ from mig_spawner.service.cull_rules import (
     find_orphans,
     gpu_facts_to_record,
     needs_probe,
+    recheck_kernels,
     unleased_busy_devices,
     warning_due,
 )
@@ -176,6 +177,49 @@ def test_a_connected_kernel_is_warned_then_shut_down():
     keeps = replace(limits, cull_connected_kernels=False)
     assert warning_due(NOW, srv, keeps, open_idle, held) is None
     assert cull(NOW, srv, keeps.name, keeps, late, held) == []
+
+
+@pytest.mark.parametrize(("case", "kernels", "limits", "expected"), KERNEL_TABLE,
+                         ids=[row[0] for row in KERNEL_TABLE])
+def test_a_server_shuts_down_what_was_decided_while_nothing_changed(
+        case, kernels, limits, expected):
+    """Given the kernels as the service saw them, mig-spawner's single-user extension
+    shuts down exactly the kernels decided on: the same decisions as a DELETE each."""
+    probe = Probe(kernels=tuple(kernels))
+    decided = cull(NOW, server(active_ago=1), limits.name, limits, probe)
+    running = {k.id: k for k in kernels}
+    asked = [(d.kernel_id, running[d.kernel_id].last_activity) for d in decided]
+    plan = recheck_kernels(running, asked, limits.cull_busy_kernels,
+                           limits.cull_connected_kernels)
+    assert list(plan.shut_down) == [d.kernel_id for d in decided]
+    assert plan.kept == plan.unknown == ()
+
+
+RECHECK_TABLE = [
+    # (case, the kernel now, cull_busy, cull_connected, outcome)
+    ("as seen", kernel("idle", 11), False, False, "shut_down"),
+    ("a cell ran since the look", kernel("idle", 1), False, False, "kept"),
+    ("busy now, with no message since", kernel("busy", 11), False, False, "kept"),
+    ("busy now, busy kernels may go", kernel("busy", 11), True, False, "shut_down"),
+    ("a tab connected since", kernel("idle", 11, connections=1), False, False, "kept"),
+    ("a tab connected, connected kernels may go", kernel("idle", 11, connections=1),
+     False, True, "shut_down"),
+]
+
+
+@pytest.mark.parametrize(("case", "now", "cull_busy", "cull_connected", "expected"),
+                         RECHECK_TABLE, ids=[row[0] for row in RECHECK_TABLE])
+def test_a_kernel_in_use_since_the_look_is_kept(case, now, cull_busy, cull_connected,
+                                                expected):
+    plan = recheck_kernels({"k1": now}, [("k1", ago(11))], cull_busy, cull_connected)
+    assert getattr(plan, expected) == ("k1",)
+
+
+def test_a_kernel_gone_or_never_there_is_reported_not_shut_down():
+    plan = recheck_kernels({"k1": kernel("idle", 11)},
+                           [("gone", ago(11)), ("k1", ago(11)), ("../forged", None)],
+                           False, False)
+    assert plan.shut_down == ("k1",) and plan.unknown == ("gone", "../forged")
 
 
 def test_decision_carries_who_what_and_measured_idle_time():

@@ -7,22 +7,27 @@ one per server, and one retry policy for every call the slice service makes:
   (``Accept: application/jupyterhub-pagination+json``, follow ``_pagination.next``);
   the next page is requested while the current one is being consumed;
 - ``DELETE /hub/api/users/<user>/server[s/<name>]`` to stop a server;
-- ``GET <server>/api/kernels?no_track_activity=1`` (one list of every kernel),
-  ``<server>/api/status`` (which Jupyter Server never counts as activity) and
-  ``<server>/mig-spawner/activity`` (what people did there, from mig-spawner's
-  single-user extension), and ``DELETE <server>/api/kernels/<id>?no_track_activity=1``,
-  with the service's token (it needs the ``access:servers`` scope), at the server's
-  *internal* URL that the spawner recorded in the lease. Not through the proxy:
-  configurable-http-proxy marks a route active on every request it forwards, and the
-  hub copies that onto the server's ``last_activity``, so reads through it would keep
-  idle servers alive.
+- on a server with mig-spawner's single-user extension (:mod:`mig_spawner.singleuser`),
+  ``GET <server>/mig-spawner/probe``: its kernels, status and what people did there, in
+  one answer, and ``POST <server>/mig-spawner/cull``: shut down a list of kernels, in one
+  request;
+- on a server without it, ``GET <server>/api/kernels?no_track_activity=1`` (one list of
+  every kernel), ``<server>/api/status`` (which Jupyter Server never counts as activity)
+  and ``DELETE <server>/api/kernels/<id>?no_track_activity=1``, one per kernel;
 
-Connections are kept alive (HTTP/1.1, aiohttp, which JupyterHub itself depends on): a
-sweep reads a server's kernels, status and activity and shuts its idle kernels down on
-one connection, and the hub's API on a few, instead of one new connection per request.
-The connections of an address with nothing in flight stay open for its next request,
-for the :data:`IDLE_ADDRESSES` addresses used last (the others are closed), so a sweep
-over thousands of servers holds a bounded number of sockets.
+with the service's token (it needs the ``access:servers`` scope), at the server's
+*internal* URL that the spawner recorded in the lease. Not through the proxy:
+configurable-http-proxy marks a route active on every request it forwards, and the
+hub copies that onto the server's ``last_activity``, so reads through it would keep
+idle servers alive.
+
+Connections are kept alive: the hub's API on a few (aiohttp, which JupyterHub itself
+depends on), and each server's on :mod:`mig_spawner.hub.connections`' lean HTTP/1.1
+connections: a sweep reads a server and shuts its idle kernels down on one connection,
+a server's next request goes before the first of the servers not yet visited, and the
+idle connections of the :data:`IDLE_ADDRESSES` addresses used last stay open (the
+others are closed), so a sweep over thousands of servers holds a bounded number of
+sockets.
 
 5xx answers and connection errors are retried with exponential backoff;
 other errors raise :class:`HubError` at once with the hub's own message.
@@ -31,11 +36,9 @@ other errors raise :class:`HubError` at once with the hub's own message.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +46,17 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
 
+from mig_spawner.hub.connections import Address, Connection, ConnectionPool, Slots
 from mig_spawner.hub.models import (
     HubServer,
     HubUser,
     Kernel,
-    PeopleActivity,
+    KernelsShutDown,
+    ServerLook,
     ServerStatus,
     kernel_from_model,
-    people_activity_from_model,
+    look_from_model,
+    shut_down_from_model,
     status_from_model,
     user_from_model,
 )
@@ -65,8 +71,8 @@ ACTIVE_USERS = "active"
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 #: The code of a connection error or timeout (as tornado and jupyterhub-idle-culler say).
 NO_ANSWER = 599
-#: Requests in flight at once to one server (its kernels, status and activity are read
-#: together, then its idle kernels shut down one by one).
+#: Requests in flight at once to one server (without the single-user extension its
+#: kernels and status are read together, then its idle kernels shut down).
 PER_SERVER = 2
 #: Addresses whose kept-alive connections stay open while nothing is in flight to them,
 #: per unit of concurrency: the least recently used beyond that are closed.
@@ -115,11 +121,28 @@ def _origin(url: str) -> str:
     return url if end < 0 else url[:end]
 
 
-@functools.lru_cache(maxsize=4096)
-def _address(origin: str) -> tuple[str, str, int | None]:
+def _address(origin: str) -> Address:
     """(scheme, host, port) of ``scheme://host[:port]``: where connections are kept."""
-    parts = urlsplit(origin)
+    scheme, _, netloc = origin.partition("://")
+    host, colon, port = netloc.rpartition(":")
+    if colon and port.isdigit() and (host.endswith("]") or ":" not in host) and "@" not in host:
+        return scheme.lower(), host.strip("[]").lower(), int(port)
+    parts = urlsplit(origin)  # no port, or a form the shortcut does not read
     return parts.scheme, parts.hostname or "", parts.port
+
+
+def _host(origin: str) -> bytes:
+    """The Host header of a request to ``origin``."""
+    netloc = origin.partition("//")[2]
+    return netloc.encode("ascii") if netloc.isascii() else netloc.encode("idna")
+
+
+def _target(url: str, origin: str) -> bytes:
+    """The request target of ``url`` (its path and query), as sent."""
+    target = url[len(origin):] or "/"
+    if not target.isascii():
+        target = quote(target, safe="!#$%&'()*+,/:;=?@[]~")
+    return target.encode("ascii")
 
 
 class HubClient:
@@ -158,53 +181,27 @@ class HubClient:
         self.page_size = page_size
         self.log = log or logging.getLogger(__name__)
         self._headers = {"Authorization": f"token {token}"}
+        self._token = f"token {token}".encode("latin-1")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
-        self._semaphore = asyncio.Semaphore(concurrency)
+        self._slots = Slots(concurrency)
         self._concurrency = concurrency
         # Per server (its root URL): a semaphore and how many requests use it now.
         self._per_server: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        # Per address (scheme, host, port): a session whose connections are kept alive,
-        # and how many requests use it now; those with none, least recently used first.
-        self._sessions: dict[tuple[str, str, int | None], tuple[aiohttp.ClientSession, int]] = {}
-        self._idle: OrderedDict[tuple[str, str, int | None], None] = OrderedDict()
+        # The hub's API, on aiohttp's kept-alive connections (made at the first call).
+        self._hub: aiohttp.ClientSession | None = None
+        # Servers' idle connections.
+        self._pool = ConnectionPool(IDLE_ADDRESSES * concurrency)
 
     async def close(self) -> None:
         """Close every kept-alive connection."""
-        sessions = [session for session, _ in self._sessions.values()]
-        self._sessions.clear()
-        self._idle.clear()
-        for session in sessions:
-            await session.close()
+        self._pool.close()
+        if self._hub is not None:
+            hub, self._hub = self._hub, None
+            await hub.close()
 
     @asynccontextmanager
-    async def _session(self, url: str) -> AsyncIterator[aiohttp.ClientSession]:
-        """The session of ``url``'s address, counted as in use while the block runs."""
-        address = _address(_origin(url))
-        session, users = self._sessions.get(address, (None, 0))
-        if session is None or session.closed:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._concurrency),
-                timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",))
-        self._sessions[address] = (session, users + 1)
-        self._idle.pop(address, None)
-        try:
-            yield session
-        finally:
-            session, users = self._sessions[address]
-            self._sessions[address] = (session, users - 1)
-            if users == 1:
-                self._idle[address] = None
-                while len(self._idle) > IDLE_ADDRESSES * self._concurrency:
-                    oldest, _ = self._idle.popitem(last=False)
-                    await self._sessions.pop(oldest)[0].close()
-
-    @asynccontextmanager
-    async def _server_slot(self, server: str | None) -> AsyncIterator[None]:
+    async def _server_slot(self, server: str) -> AsyncIterator[None]:
         """At most :data:`PER_SERVER` requests in flight to ``server`` (its root URL)."""
-        if server is None:
-            yield
-            return
         semaphore, users = self._per_server.get(server, (None, 0))
         if semaphore is None:
             semaphore = asyncio.Semaphore(PER_SERVER)
@@ -228,6 +225,7 @@ class HubClient:
         ok: Collection[int] = (),
         retries: int | None = None,
         server: str | None = None,
+        body: Any = None,
     ) -> Response:
         """Make one API call with the concurrency limits, a timeout and retries.
 
@@ -236,13 +234,18 @@ class HubClient:
         default) with exponential backoff, then raise :class:`HubUnavailable`;
         any other error raises :class:`HubError` at once. ``server`` (its root URL):
         the call counts against that server's limit too (:data:`PER_SERVER`).
+        ``body``: sent as JSON.
         """
-        headers = dict(self._headers)
+        headers = self._headers
         if accept:
-            headers["Accept"] = accept
+            headers = {**headers, "Accept": accept}
+        data = None
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+            data = json.dumps(body).encode()
         attempts = 1 + (self.retries if retries is None else retries)
         for attempt in range(attempts):
-            response = await self._send(method, url, headers, server)
+            response = await self._send(method, url, headers, server, data)
             if response.code < 400 or response.code in ok:
                 return response
             code = response.code
@@ -259,31 +262,92 @@ class HubClient:
         raise HubUnavailable(method, url, code, reason)
 
     async def _send(self, method: str, url: str, headers: dict[str, str],
-                    server: str | None) -> Response:
+                    server: str | None, data: bytes | None = None) -> Response:
         """One attempt, within the limits, on a kept-alive connection; no answer (a
         refused, reset or closed connection, a timeout) is :data:`NO_ANSWER`."""
+        if server is not None:
+            return await self._send_to_server(method, url, headers, server, data)
+        await self._slots.acquire()
         try:
-            async with (self._server_slot(server), self._semaphore,
-                        self._session(url) as session,
-                        session.request(method, url, headers=headers) as answer):
+            if self._hub is None or self._hub.closed:
+                self._hub = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=self._concurrency),
+                    timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(),
+                    skip_auto_headers=("User-Agent",))
+            async with self._hub.request(method, url, headers=headers, data=data) as answer:
                 return Response(answer.status, answer.reason or "", await answer.read())
         except TimeoutError as e:
-            why = f"Timeout: no answer within {self._timeout.total:g} s {e}".strip()
+            return Response(NO_ANSWER, self._no_answer_within(e), b"")
         except (aiohttp.ClientError, OSError) as e:
-            why = str(e) or type(e).__name__
-        return Response(NO_ANSWER, why, b"")
+            return Response(NO_ANSWER, str(e) or type(e).__name__, b"")
+        finally:
+            self._slots.release()
 
-    async def _get_json(self, url: str, **kwargs: Any) -> Any:
-        response = await self.request("GET", url, **kwargs)
+    def _no_answer_within(self, e: BaseException) -> str:
+        return f"Timeout: no answer within {self._timeout.total:g} s {e}".strip()
+
+    async def _send_to_server(self, method: str, url: str, headers: dict[str, str],
+                              server: str, data: bytes | None) -> Response:
+        """:meth:`_send` to a single-user server: on its kept-alive connection, where
+        one is open, and then before the servers not yet visited."""
+        origin = _origin(url)
+        address = _address(origin)
+        head = [b"%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\n" % (
+            method.encode("ascii"), _target(url, origin), _host(origin), self._token)]
+        if "Accept" in headers:
+            head.append(b"Accept: %s\r\n" % headers["Accept"].encode("latin-1"))
+        if data is not None:
+            head.append(b"Content-Type: application/json\r\n")
+        if data is not None or method in ("POST", "PUT", "PATCH"):
+            head.append(b"Content-Length: %d\r\n" % len(data or b""))
+        request = b"".join([*head, b"\r\n", data or b""])
+        async with self._server_slot(server):
+            await self._slots.acquire(first=self._pool.holds(address))
+            try:
+                return await self._exchange(address, request)
+            finally:
+                self._slots.release()
+
+    async def _exchange(self, address: Address, request: bytes) -> Response:
+        """``request`` on a kept connection to ``address``, or a new one; a kept one that
+        the server closed meanwhile (it answers nothing) is replaced once."""
+        for kept in (self._pool.take(address), None):
+            connection: Connection | None = kept
+            try:
+                async with asyncio.timeout(self._timeout.total):
+                    if connection is None:
+                        async with asyncio.timeout(self._timeout.sock_connect):
+                            connection = await self._pool.open(address)
+                    code, reason, body, reusable = await connection.exchange(request)
+            except TimeoutError as e:
+                if connection is not None:
+                    connection.close()
+                return Response(NO_ANSWER, self._no_answer_within(e), b"")
+            except OSError as e:
+                if connection is not None:
+                    connection.close()
+                if kept is not None and not kept.answered:
+                    continue  # closed while it was kept: try a new connection
+                return Response(NO_ANSWER, str(e) or type(e).__name__, b"")
+            if reusable:
+                self._pool.put(address, connection)
+            else:
+                connection.close()
+            return Response(code, reason, body)
+        raise AssertionError("unreachable")
+
+    async def _json(self, url: str, method: str = "GET", **kwargs: Any) -> Any:
+        """The JSON answer of :meth:`request`."""
+        response = await self.request(method, url, **kwargs)
         return json.loads(response.body)
 
     async def version(self) -> str:
         """The hub's version (``GET /hub/api/``); also proves the URL and token work."""
-        return str((await self._get_json(self.api_url + "/"))["version"])
+        return str((await self._json(self.api_url + "/"))["version"])
 
     async def token_scopes(self) -> set[str]:
         """The scopes the hub granted our token (``GET /hub/api/user``), expanded."""
-        return set((await self._get_json(self.api_url + "/user"))["scopes"])
+        return set((await self._json(self.api_url + "/user"))["scopes"])
 
     async def iter_users(self, state: str | None = ACTIVE_USERS) -> AsyncIterator[HubUser]:
         """Yield every user, page by page, following ``_pagination.next``.
@@ -305,7 +369,7 @@ class HubClient:
             return f"{users_url}?{query}" if query else users_url
 
         pending = asyncio.ensure_future(
-            self._get_json(page_url({}), accept=PAGINATION_MEDIA_TYPE)
+            self._json(page_url({}), accept=PAGINATION_MEDIA_TYPE)
         )
         try:
             while pending is not None:
@@ -321,7 +385,7 @@ class HubClient:
                         # verbatim: the hub builds that URL from the Host it saw,
                         # which differs from ours behind a rewriting proxy.
                         pending = asyncio.ensure_future(
-                            self._get_json(
+                            self._json(
                                 page_url({"offset": nxt["offset"], "limit": nxt["limit"]}),
                                 accept=PAGINATION_MEDIA_TYPE,
                             )
@@ -367,29 +431,44 @@ class HubClient:
         base = self.server_url(server, internal)
         url = base + "api/kernels?no_track_activity=1"
         return [kernel_from_model(k)
-                for k in await self._get_json(url, retries=retries, server=base)]
+                for k in await self._json(url, retries=retries, server=base)]
 
     async def server_status(
         self, server: HubServer, *, internal: str | None = None, retries: int = 1
     ) -> ServerStatus:
         """The server's own view of its activity (``/api/status`` is never tracked)."""
         base = self.server_url(server, internal)
-        return status_from_model(await self._get_json(base + "api/status", retries=retries,
+        return status_from_model(await self._json(base + "api/status", retries=retries,
                                                       server=base))
 
-    async def people_activity(
+    async def look(
         self, server: HubServer, *, internal: str | None = None, retries: int = 1
-    ) -> PeopleActivity | None:
-        """What mig-spawner's single-user extension saw people do on the server (never
-        counted as activity itself); ``None`` for a server without the extension."""
+    ) -> ServerLook | None:
+        """The server's kernels, status and what people did there, in one request to
+        mig-spawner's single-user extension (never counted as activity); ``None`` for a
+        server without the extension (404)."""
         base = self.server_url(server, internal)
         try:
-            return people_activity_from_model(await self._get_json(
-                base + "mig-spawner/activity", retries=retries, server=base))
+            return look_from_model(await self._json(
+                base + "mig-spawner/probe", retries=retries, server=base))
         except HubError as e:
             if e.code == 404:
                 return None
             raise
+
+    async def shutdown_kernels(
+        self, server: HubServer, kernels: Iterable[Kernel], *, cull_busy: bool,
+        cull_connected: bool, internal: str | None = None,
+    ) -> KernelsShutDown:
+        """Ask a server with mig-spawner's single-user extension to shut ``kernels``
+        down, in one request: each only if it is still as seen (its ``last_activity``;
+        busy or connected only with ``cull_busy`` or ``cull_connected``)."""
+        base = self.server_url(server, internal)
+        asked = [{"id": k.id, "last_activity": k.last_activity.isoformat()
+                  if k.last_activity else None} for k in kernels]
+        return shut_down_from_model(await self._json(
+            base + "mig-spawner/cull", method="POST", server=base, body={
+                "kernels": asked, "cull_busy": cull_busy, "cull_connected": cull_connected}))
 
     async def shutdown_kernel(
         self, server: HubServer, kernel_id: str, *, internal: str | None = None

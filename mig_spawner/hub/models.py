@@ -143,9 +143,50 @@ class PeopleActivity:
 
 
 def people_activity_from_model(model: Mapping[str, Any]) -> PeopleActivity:
-    """Build a :class:`PeopleActivity` from ``GET <server>/mig-spawner/activity``."""
+    """Build a :class:`PeopleActivity` from the ``people`` of ``GET
+    <server>/mig-spawner/probe``."""
     return PeopleActivity(
         page_seen=parse_timestamp(model.get("page_seen")),
         interaction=parse_timestamp(model.get("interaction")),
         terminal=parse_timestamp(model.get("terminal")),
     )
+
+
+@dataclass(frozen=True)
+class ServerLook:
+    """Everything the slice service reads of a server with mig-spawner's single-user
+    extension, in one answer (``GET <server>/mig-spawner/probe``)."""
+
+    kernels: tuple[Kernel, ...]
+    status: ServerStatus
+    people: PeopleActivity
+
+
+def look_from_model(model: Mapping[str, Any]) -> ServerLook:
+    """Build a :class:`ServerLook` from ``GET <server>/mig-spawner/probe``."""
+    return ServerLook(
+        kernels=tuple(kernel_from_model(k) for k in model["kernels"]),
+        status=status_from_model(model["status"]),
+        people=people_activity_from_model(model["people"]),
+    )
+
+
+@dataclass(frozen=True)
+class KernelsShutDown:
+    """What a server did with the kernels the service asked it to shut down
+    (``POST <server>/mig-spawner/cull``), by kernel id."""
+
+    #: Shut down.
+    shut_down: tuple[str, ...] = ()
+    #: Left running: in use since the service looked (activity, busy, a client).
+    kept: tuple[str, ...] = ()
+    #: No such kernel here: gone since the look, or never this server's.
+    unknown: tuple[str, ...] = ()
+    #: The shutdown failed (the server logged why).
+    failed: tuple[str, ...] = ()
+
+
+def shut_down_from_model(model: Mapping[str, Any]) -> KernelsShutDown:
+    """Build a :class:`KernelsShutDown` from ``POST <server>/mig-spawner/cull``."""
+    return KernelsShutDown(**{field: tuple(str(k) for k in model.get(field) or ())
+                              for field in ("shut_down", "kept", "unknown", "failed")})

@@ -518,6 +518,44 @@ def _kernel_warning(now: datetime, limits: CullLimits, probe: Probe | None,
     return StopWarning(StopRule.KERNEL_IDLE, first)
 
 
+@dataclass(frozen=True)
+class KernelRecheck:
+    """How a server sorts the kernels the service decided to shut down (by id)."""
+
+    #: Still as the service saw them: shut them down.
+    shut_down: tuple[str, ...]
+    #: In use since the look: left running.
+    kept: tuple[str, ...]
+    #: None of the server's kernels: gone since the look, or never this server's.
+    unknown: tuple[str, ...]
+
+
+def recheck_kernels(
+    running: Mapping[str, Kernel], asked: Iterable[tuple[str, datetime | None]],
+    cull_busy: bool, cull_connected: bool,
+) -> KernelRecheck:
+    """What a server (mig-spawner's single-user extension) does with the kernels the
+    service decided to shut down, ``asked`` as ``(id, the last_activity it judged)``,
+    given its ``running`` kernels now: a kernel with activity since, or that the rules
+    now spare (:func:`kernel_is_cullable`: busy, a client connected), is kept, so that
+    the time between the look and the shutdown changes no decision."""
+    shut_down: list[str] = []
+    kept: list[str] = []
+    unknown: list[str] = []
+    for kernel_id, judged in asked:
+        kernel = running.get(kernel_id)
+        if kernel is None:
+            unknown.append(kernel_id)
+            continue
+        active_since = kernel.last_activity is not None and (
+            judged is None or kernel.last_activity > judged)
+        if active_since or not kernel_is_cullable(kernel, cull_busy, cull_connected):
+            kept.append(kernel_id)
+        else:
+            shut_down.append(kernel_id)
+    return KernelRecheck(tuple(shut_down), tuple(kept), tuple(unknown))
+
+
 def decide_kernels(
     now: datetime,
     server: HubServer,

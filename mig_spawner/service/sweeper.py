@@ -224,6 +224,8 @@ class Sweeper:
         # Servers that answered that they have no single-user extension, with their
         # start time: not asked again until they restart (one request fewer a sweep).
         self._no_extension: dict[tuple[str, str], datetime | None] = {}
+        # The limits each group and pressure gives, worked out once a sweep.
+        self._limits: dict[tuple[Any, ...], GroupPolicy] = {}
 
     async def close(self) -> None:
         """Close the hub client, the ledger and the GPU adapter."""
@@ -244,12 +246,19 @@ class Sweeper:
         Its ``server_idle_timeout`` is the one that applies now (:func:`idle_limit`):
         while someone waits for the lease's size, an idle holder makes room sooner."""
         if lease is not None:
-            group = self.policy.group(lease.group)
-            waited = lease.profile in self._waited_for
+            key: tuple[Any, ...] = (lease.group, lease.profile in self._waited_for)
         else:
-            groups = self.policy.for_user(user.groups).groups
-            group, waited = min(groups, key=lambda g: (-g.priority, g.name)), False
-        return replace(group, server_idle_timeout=idle_limit(group, waited))
+            key = (user.groups,)
+        limits = self._limits.get(key)
+        if limits is None:  # once per group and pressure a sweep, not once per server
+            if lease is not None:
+                group, waited = self.policy.group(lease.group), key[1]
+            else:
+                groups = self.policy.for_user(user.groups).groups
+                group, waited = min(groups, key=lambda g: (-g.priority, g.name)), False
+            limits = self._limits[key] = replace(
+                group, server_idle_timeout=idle_limit(group, waited))
+        return limits
 
     # -- one sweep ----------------------------------------------------------------
 
@@ -259,6 +268,7 @@ class Sweeper:
         report = SweepReport()
         started = time.monotonic()
         now = self.clock()
+        self._limits = {}
         try:
             leases = await self._gpu_activity(now, await self._leases())
             running = await self._list_and_handle(now, leases, report)
@@ -526,6 +536,7 @@ class Sweeper:
             self.log.debug("%s: group %s, last activity %s, kernels %s, %d to cull",
                            server.label, limits.name, server.last_activity, seen,
                            len(decisions))
+        kernels = []
         for decision in decisions:
             report.decisions.append(decision)
             kind = "server" if decision.stops_server else "kernel"
@@ -533,13 +544,21 @@ class Sweeper:
             if self.dry_run:
                 self.log.info("would cull %s (dry run)", decision.describe())
                 continue
-            if decision.stops_server and not await listed:
+            if not decision.stops_server:
+                kernels.append(decision)
+                continue
+            if not await listed:
                 self.log.warning("not culling %s now: the hub is failing", decision.describe())
                 continue
             self.log.info("culling %s", decision.describe())
             if await self._carry_out(server, decision, lease):
                 report.carried_out.append(decision)
                 self.metrics.culls.labels(kind, decision.rule.value, decision.group).inc()
+        if kernels and probe is not None:
+            for decision in await self._shut_down_kernels(server, kernels, lease, probe,
+                                                          limits):
+                report.carried_out.append(decision)
+                self.metrics.culls.labels("kernel", decision.rule.value, decision.group).inc()
 
     async def _warn(
         self, now: datetime, server: HubServer, limits: GroupPolicy, probe: Probe | None,
@@ -603,14 +622,21 @@ class Sweeper:
     async def _probe(self, server: HubServer, lease: Lease | None, needs_status: bool) -> Probe:
         """Read the server's kernels, what its people did, and its status when server
         idleness is at stake, directly at the internal URL its lease recorded, so that
-        looking never counts as the user's activity."""
+        looking never counts as the user's activity: one request to a server with
+        mig-spawner's single-user extension; its kernels (and status) to one without,
+        which is asked for the extension again only once it has restarted."""
         internal = self._internal_url(server, lease)
-        known_without = self._no_extension.get(server.key, _UNSEEN) == server.started
         try:
-            kernels, people, status = await asyncio.gather(
+            if self._no_extension.get(server.key, _UNSEEN) != server.started:
+                look = await self.client.look(server, internal=internal)
+                if look is not None:
+                    # The status is what decides only where idleness is at stake.
+                    return Probe(kernels=look.kernels,
+                                 status=look.status if needs_status else None,
+                                 people=look.people)
+                self._no_extension[server.key] = server.started
+            kernels, status = await asyncio.gather(
                 self.client.kernels(server, internal=internal),
-                _nothing() if known_without
-                else self.client.people_activity(server, internal=internal),
                 self.client.server_status(server, internal=internal) if needs_status
                 else _nothing(),
             )
@@ -618,9 +644,53 @@ class Sweeper:
             self.metrics.errors.labels(kind="server_unreachable").inc()
             self.log.warning("cannot read %s (%s); not culling it for idleness", server.label, e)
             return UNREACHABLE
-        if people is None:
-            self._no_extension[server.key] = server.started
-        return Probe(kernels=tuple(kernels), status=status, people=people)
+        return Probe(kernels=tuple(kernels), status=status)
+
+    async def _shut_down_kernels(
+        self, server: HubServer, decisions: list[Decision], lease: Lease | None,
+        probe: Probe, limits: GroupPolicy,
+    ) -> list[Decision]:
+        """Carry out the kernel decisions of one server; return those carried out (a
+        kernel already gone counts). A server with the single-user extension (the probe
+        saw what its people did) takes them in one request and keeps any kernel in use
+        since the look; one without gets a DELETE per kernel."""
+        internal = lease.server_url if lease else None
+        for decision in decisions:
+            self.log.info("culling %s", decision.describe())
+        if probe.people is None:
+            done = await asyncio.gather(*(self._shut_down_kernel(server, d, internal)
+                                          for d in decisions))
+            return [d for d, ok in zip(decisions, done, strict=True) if ok]
+        seen = {k.id: k for k in probe.kernels}
+        try:
+            answer = await self.client.shutdown_kernels(
+                server, [seen[d.kernel_id] for d in decisions],
+                cull_busy=limits.cull_busy_kernels,
+                cull_connected=limits.cull_connected_kernels, internal=internal)
+        except HubError as e:
+            self.metrics.errors.labels(kind="cull_failed").inc(len(decisions))
+            self.log.error("could not cull the kernels of %s: %s", server.label, e)
+            return []
+        if answer.kept:
+            self.log.info("%s: kept kernels in use since the look: %s", server.label,
+                          ", ".join(answer.kept))
+        if answer.failed:
+            self.metrics.errors.labels(kind="cull_failed").inc(len(answer.failed))
+            self.log.error("%s: shutting kernels down failed (its log says why): %s",
+                           server.label, ", ".join(answer.failed))
+        gone = {*answer.shut_down, *answer.unknown}
+        return [d for d in decisions if d.kernel_id in gone]
+
+    async def _shut_down_kernel(self, server: HubServer, decision: Decision,
+                                internal: str | None) -> bool:
+        """One kernel, by the kernels API (a server without the single-user extension)."""
+        try:
+            await self.client.shutdown_kernel(server, decision.kernel_id, internal=internal)
+        except HubError as e:
+            self.metrics.errors.labels(kind="cull_failed").inc()
+            self.log.error("could not cull %s: %s", decision.describe(), e)
+            return False
+        return True
 
     def _internal_url(self, server: HubServer, lease: Lease | None) -> str | None:
         url = lease.server_url if lease is not None else None
@@ -639,11 +709,6 @@ class Sweeper:
         self, server: HubServer, decision: Decision, lease: Lease | None
     ) -> bool:
         try:
-            if decision.kernel_id is not None:
-                await self.client.shutdown_kernel(
-                    server, decision.kernel_id, internal=lease.server_url if lease else None
-                )
-                return True
             stopped = await self.stop_server(server.user, server.name, lease, decision.rule,
                                              "stopped by the slice service")
         except HubError as e:

@@ -230,8 +230,9 @@ class TestUntouchedTab:
                      ("POST", "/hub/api/mig-spawner/keep/"),
                      ("GET", "/user/tom/mig-spawner/warning"),
                      ("POST", "/user/tom/mig-spawner/keep"),
-                     ("GET", "/user/tom/mig-spawner/activity"),
-                     ("POST", "/user/tom/mig-spawner/activity")]
+                     ("POST", "/user/tom/mig-spawner/activity"),
+                     ("GET", "/user/tom/mig-spawner/probe"),
+                     ("POST", "/user/tom/mig-spawner/cull")]
         for method, path in anonymous:
             r = requests.request(method, hub.url + path, allow_redirects=False, timeout=10)
             assert r.status_code in (401, 403), (method, path, r.status_code)

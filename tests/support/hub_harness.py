@@ -415,11 +415,16 @@ class HubProcess:
         r.raise_for_status()
         kernel_id = r.json()["id"]
         try:
-            with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
-                msg_id = execute(ws, code)
-                return "".join(_stdout_until_idle(ws, msg_id, timeout))
+            return self.run_on_kernel(name, kernel_id, code, timeout)
         finally:
             self.session.delete(f"{base}/{kernel_id}", timeout=timeout)
+
+    def run_on_kernel(self, name: str, kernel_id: str, code: str, timeout: float = 60) -> str:
+        """Run ``code`` on a kernel of ``name``'s server as JupyterLab does (connect, run,
+        disconnect) and return its stdout once the kernel is idle again."""
+        with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
+            msg_id = execute(ws, code)
+            return "".join(_stdout_until_idle(ws, msg_id, timeout))
 
     def greet_kernel(self, name: str, kernel_id: str, timeout: float = 60) -> None:
         """Connect to a kernel of ``name``'s server as JupyterLab does when it opens a

@@ -6,11 +6,18 @@ page 50, at most 200) and, with ``Accept: application/jupyterhub-pagination+json
 the ``{"items", "_pagination": {offset, limit, total, next}}`` model whose
 ``next.url`` is built from the request URL; ``DELETE /hub/api/users/<u>/server``
 and ``.../servers/<name>`` (204); and, for single-user servers behind the proxy,
-``/user/<u>/api/kernels``, ``/user/<u>/api/status`` and kernel DELETE.
+``/user/<u>/api/kernels``, ``/user/<u>/api/status`` and kernel DELETE, and with
+``extension``, what mig-spawner's single-user extension adds for the slice service
+(``mig-spawner/probe``, ``mig-spawner/cull``, deciding as the extension does with
+:func:`~mig_spawner.service.cull_rules.recheck_kernels`); without it those are 404.
 
 Used by tests that need thousands of users or injected faults (a real hub is
-used where behaviour matters), and by ``benchmarks/culler.py`` in a subprocess:
-``python -m tests.support.hub_standin --users 5000 --kernels 4`` prints the port.
+used where behaviour matters), and by ``benchmarks/culler.py`` in subprocesses:
+``python -m tests.support.hub_standin --users 5000 --kernels 4`` prints the port it
+listens on as a JSON list (``--listen N``: N ports, which all answer alike); with
+``--server-ports FILE`` (a JSON list of ports) the hub's server models send each
+server's requests (``full_url``) to one of those ports, in turn: each server at an
+address of its own, as on a real hub, and their work not in the hub's process.
 """
 
 from __future__ import annotations
@@ -18,13 +25,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
 
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
+
+from mig_spawner.hub.models import kernel_from_model, parse_timestamp
+from mig_spawner.service.cull_rules import recheck_kernels
 
 PAGE_DEFAULT, PAGE_MAX = 50, 200
 
@@ -41,8 +54,11 @@ class StandinState:
     ``ok_before_failing`` requests have been answered normally);
     ``delay`` holds every answer back that long (``max_in_flight`` then shows how
     many requests a client had open at once); ``requests`` counts every request
-    by (method, first path part); the servers of the users in ``unreachable`` answer
-    502, as the proxy does for a server that does not answer.
+    by (method, first path part), and ``per_server`` every request to a server by
+    (user, method, what: ``api/kernels``, ``api/kernels/<id>``, ``mig-spawner/probe``...);
+    the servers of the users in ``unreachable`` answer 502, as the proxy does for a
+    server that does not answer. ``extension``: the servers have mig-spawner's
+    single-user extension.
     """
 
     users: dict[str, dict] = field(default_factory=dict)
@@ -56,21 +72,28 @@ class StandinState:
     in_flight: int = 0
     max_in_flight: int = 0
     unreachable: set[str] = field(default_factory=set)
+    extension: bool = False
+    per_server: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     @classmethod
     def build(cls, n_users: int, *, idle_every: int = 5, kernels_per_server: int = 0,
-              now: datetime | None = None) -> StandinState:
+              now: datetime | None = None, extension: bool = False,
+              server_ports: tuple[int, ...] = ()) -> StandinState:
         """``n_users`` with running servers; every ``idle_every``-th idle for 2 hours
         (the rest active a minute ago); each with ``kernels_per_server`` kernels,
-        all idle for 2 hours on an idle server, every other one on an active server."""
+        all idle for 2 hours on an idle server, every other one on an active server.
+        ``server_ports``: the servers answer at these ports of 127.0.0.1, in turn."""
         now = now or datetime.now(UTC)
-        state = cls()
+        state = cls(extension=extension)
         for i in range(n_users):
             name = f"user{i:05}"
             idle = idle_every and i % idle_every == 0
             active = now - (timedelta(hours=2) if idle else timedelta(minutes=1))
             state.users[name] = user_model(name, started=now - timedelta(hours=3),
                                            last_activity=active)
+            if server_ports:
+                state.users[name]["servers"][""]["full_url"] = (
+                    f"http://127.0.0.1:{server_ports[i % len(server_ports)]}/user/{name}/")
             state.kernels[name] = [
                 {"id": f"{name}-k{k}", "name": "python3",
                  "last_activity": iso(now - timedelta(hours=2 if idle or k % 2 == 0 else 0)),
@@ -179,8 +202,47 @@ class ServerApiHandler(StandinHandler):
     async def prepare(self) -> None:
         await super().prepare()
         user = self.path_args[0] if self.path_args else None
+        if user is not None:
+            what = self.request.path.split(f"/user/{user}/", 1)[1]
+            if len(self.path_args) > 1:
+                what = what.replace(self.path_args[1], "<id>")
+            self.state.per_server[(user, self.request.method, what)] += 1
         if not self._finished and user in self.state.unreachable:
             raise web.HTTPError(502)
+
+
+class ExtensionHandler(ServerApiHandler):
+    """An endpoint of mig-spawner's single-user extension: 404 on a server without it."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self._finished and not self.state.extension:
+            raise web.HTTPError(404)
+
+
+class ProbeHandler(ExtensionHandler):
+    def get(self, user: str) -> None:
+        kernels = self.state.kernels.get(user, [])
+        model = self.state.users[user]["servers"][""]
+        self.write_json({
+            "kernels": kernels,
+            "status": {"started": model["started"], "last_activity": model["last_activity"],
+                       "connections": 0, "kernels": len(kernels)},
+            "people": {"page_seen": None, "interaction": None, "terminal": None},
+        })
+
+
+class CullHandler(ExtensionHandler):
+    def post(self, user: str) -> None:
+        body = json.loads(self.request.body)
+        kernels = self.state.kernels.get(user, [])
+        plan = recheck_kernels(
+            {k["id"]: kernel_from_model(k) for k in kernels},
+            [(k["id"], parse_timestamp(k["last_activity"])) for k in body["kernels"]],
+            body["cull_busy"], body["cull_connected"])
+        self.state.kernels[user] = [k for k in kernels if k["id"] not in plan.shut_down]
+        self.write_json({"shut_down": plan.shut_down, "kept": plan.kept,
+                         "unknown": plan.unknown, "failed": []})
 
 
 class KernelsHandler(ServerApiHandler):
@@ -213,6 +275,8 @@ def make_app(state: StandinState) -> web.Application:
         (r"/user/([^/]+)/api/kernels", KernelsHandler, args),
         (r"/user/([^/]+)/api/kernels/([^/]+)", KernelHandler, args),
         (r"/user/([^/]+)/api/status", StatusHandler, args),
+        (r"/user/([^/]+)/mig-spawner/probe", ProbeHandler, args),
+        (r"/user/([^/]+)/mig-spawner/cull", CullHandler, args),
     ])
 
 
@@ -225,10 +289,15 @@ def listen(state: StandinState) -> tuple[HTTPServer, int]:
 
 
 async def _serve_forever(args: argparse.Namespace) -> None:
-    state = StandinState.build(args.users, idle_every=args.idle_every,
-                               kernels_per_server=args.kernels)
-    _, port = listen(state)
-    print(port, flush=True)
+    logging.getLogger("tornado.access").setLevel(logging.ERROR)  # the 404s asked for
+    ports = tuple(json.loads(Path(args.server_ports).read_text())) if args.server_ports else ()
+    state = StandinState.build(
+        args.users, idle_every=args.idle_every, kernels_per_server=args.kernels,
+        now=datetime.fromisoformat(args.now) if args.now else None,
+        extension=args.extension, server_ports=ports)
+    sockets = [bind_sockets(0, "127.0.0.1")[0] for _ in range(args.listen)]
+    HTTPServer(make_app(state)).add_sockets(sockets)
+    print(json.dumps([sock.getsockname()[1] for sock in sockets]), flush=True)
     await asyncio.Event().wait()
 
 
@@ -237,4 +306,10 @@ if __name__ == "__main__":
     parser.add_argument("--users", type=int, default=5000)
     parser.add_argument("--kernels", type=int, default=0, help="kernels per server")
     parser.add_argument("--idle-every", type=int, default=5)
+    parser.add_argument("--extension", action="store_true",
+                        help="the servers have mig-spawner's single-user extension")
+    parser.add_argument("--now", help="the time the users' activity is counted from (ISO)")
+    parser.add_argument("--server-ports", help="a JSON file: the ports the servers answer "
+                        "at, in turn")
+    parser.add_argument("--listen", type=int, default=1, help="ports to listen on")
     asyncio.run(_serve_forever(parser.parse_args()))
