@@ -39,7 +39,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Collection, Iterable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -115,6 +114,17 @@ def _reason(response: Response) -> str:
         return response.reason or ""
 
 
+class _ServerSlot:
+    """A server's limit (:data:`PER_SERVER` requests in flight) and how many requests
+    use it now (it is dropped when none does)."""
+
+    __slots__ = ("semaphore", "users")
+
+    def __init__(self) -> None:
+        self.semaphore = asyncio.Semaphore(PER_SERVER)
+        self.users = 0
+
+
 def _origin(url: str) -> str:
     """``scheme://host[:port]`` of ``url``."""
     end = url.find("/", url.find("//") + 2)
@@ -183,10 +193,12 @@ class HubClient:
         self._headers = {"Authorization": f"token {token}"}
         self._token = f"token {token}".encode("latin-1")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        self._request_timeout = request_timeout
+        self._connect_timeout = min(connect_timeout, request_timeout)
         self._slots = Slots(concurrency)
         self._concurrency = concurrency
         # Per server (its root URL): a semaphore and how many requests use it now.
-        self._per_server: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._per_server: dict[str, _ServerSlot] = {}
         # The hub's API, on aiohttp's kept-alive connections (made at the first call).
         self._hub: aiohttp.ClientSession | None = None
         # Servers' idle connections.
@@ -198,23 +210,6 @@ class HubClient:
         if self._hub is not None:
             hub, self._hub = self._hub, None
             await hub.close()
-
-    @asynccontextmanager
-    async def _server_slot(self, server: str) -> AsyncIterator[None]:
-        """At most :data:`PER_SERVER` requests in flight to ``server`` (its root URL)."""
-        semaphore, users = self._per_server.get(server, (None, 0))
-        if semaphore is None:
-            semaphore = asyncio.Semaphore(PER_SERVER)
-        self._per_server[server] = (semaphore, users + 1)
-        try:
-            async with semaphore:
-                yield
-        finally:
-            semaphore, users = self._per_server[server]
-            if users == 1:
-                del self._per_server[server]
-            else:
-                self._per_server[server] = (semaphore, users - 1)
 
     async def request(
         self,
@@ -284,7 +279,7 @@ class HubClient:
             self._slots.release()
 
     def _no_answer_within(self, e: BaseException) -> str:
-        return f"Timeout: no answer within {self._timeout.total:g} s {e}".strip()
+        return f"Timeout: no answer within {self._request_timeout:g} s {e}".strip()
 
     async def _send_to_server(self, method: str, url: str, headers: dict[str, str],
                               server: str, data: bytes | None) -> Response:
@@ -301,23 +296,35 @@ class HubClient:
         if data is not None or method in ("POST", "PUT", "PATCH"):
             head.append(b"Content-Length: %d\r\n" % len(data or b""))
         request = b"".join([*head, b"\r\n", data or b""])
-        async with self._server_slot(server):
-            await self._slots.acquire(first=self._pool.holds(address))
-            try:
-                return await self._exchange(address, request)
-            finally:
-                self._slots.release()
+        # At most PER_SERVER requests in flight to one server (its root URL).
+        slot = self._per_server.get(server)
+        if slot is None:
+            slot = self._per_server[server] = _ServerSlot()
+        slot.users += 1
+        try:
+            async with slot.semaphore:
+                await self._slots.acquire(first=self._pool.holds(address))
+                try:
+                    return await self._exchange(address, request)
+                finally:
+                    self._slots.release()
+        finally:
+            slot.users -= 1
+            if not slot.users:
+                del self._per_server[server]
 
     async def _exchange(self, address: Address, request: bytes) -> Response:
         """``request`` on a kept connection to ``address``, or a new one; a kept one that
         the server closed meanwhile (it answers nothing) is replaced once."""
         for kept in (self._pool.take(address), None):
             connection: Connection | None = kept
+            began = asyncio.get_running_loop().time()
             try:
-                async with asyncio.timeout(self._timeout.total):
+                async with asyncio.timeout_at(began + self._request_timeout) as deadline:
                     if connection is None:
-                        async with asyncio.timeout(self._timeout.sock_connect):
-                            connection = await self._pool.open(address)
+                        deadline.reschedule(began + self._connect_timeout)
+                        connection = await self._pool.open(address)
+                        deadline.reschedule(began + self._request_timeout)
                     code, reason, body, reusable = await connection.exchange(request)
             except TimeoutError as e:
                 if connection is not None:

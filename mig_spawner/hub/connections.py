@@ -135,28 +135,33 @@ class Connection(asyncio.Protocol):
 
 def _parse_head(head: bytes) -> tuple[int, str, int | None, bool, bool]:
     """(status, reason, Content-Length, chunked, keep-alive) of an answer's head."""
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
+    status, _, fields = head.partition(b"\r\n")
+    parts = status.split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise ProtocolError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+        raise ProtocolError(f"not an HTTP/1.1 answer: {status[:80]!r}")
     code = int(parts[1])
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
     length: int | None = None
     chunked = False
     connection = b""
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            if not value.strip().isdigit():
+    # Only three fields matter; most answers carry a handful of others.
+    lowered = b"\r\n" + fields.lower()
+    for name in (b"\r\ncontent-length:", b"\r\ntransfer-encoding:", b"\r\nconnection:"):
+        at = lowered.find(name)
+        if at < 0:
+            continue
+        end = lowered.find(b"\r\n", at + 2)
+        value = lowered[at + len(name):end if end >= 0 else None].strip()
+        if name == b"\r\ncontent-length:":
+            if not value.isdigit():
                 raise ProtocolError("a Content-Length that is not a number")
             length = int(value)
             if length > MAX_BODY:
                 raise ProtocolError("the answer is too long")
-        elif name == b"transfer-encoding":
-            chunked = value.strip().lower().endswith(b"chunked")
-        elif name == b"connection":
-            connection = value.strip().lower()
+        elif name == b"\r\ntransfer-encoding:":
+            chunked = value.endswith(b"chunked")
+        else:
+            connection = value
     keep = connection != b"close" if parts[0] == b"HTTP/1.1" else connection == b"keep-alive"
     if code in (204, 304):
         length, chunked = 0, False
