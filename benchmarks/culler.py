@@ -1,7 +1,7 @@
 """Benchmark: one sweep of the slice service against jupyterhub-idle-culler, same run.
 
 A stand-in hub (``tests/support/hub_standin.py``, in its own process so that it does not
-share the client's CPU) serves ``/hub/api/users`` as JupyterHub 5/6 does: 5,000
+share the service's CPU) serves ``/hub/api/users`` as JupyterHub 5/6 does: 5,000
 users with a running server each, pages of 50 with ``_pagination.next``, one in
 five servers idle for two hours. Both cullers use a one-hour idle limit and the
 same concurrency, so both stop the same 1,000 servers.
@@ -10,36 +10,51 @@ same concurrency, so both stop the same 1,000 servers.
    what jupyterhub-idle-culler judges on) vs ``jupyterhub_idle_culler.cull_idle``;
    ratio = service / idle-culler, goal <= 1.0. Each is run ``--repeat`` times
    against a fresh stand-in and the median is kept.
-2. kernel-level sweep: the service reading ``/api/kernels`` of every server,
-   20,000 kernels in all (half of them idle past the kernel limit), first sweep (it
-   culls) and the next (nothing left to cull); goal <= 2 s each. Printed with the
-   service's own CPU time per sweep, its requests and the connections it opened,
-   against the same sweep on the transport before (tornado's simple client, which
-   keeps no connection alive: one connection per request).
+2. kernel-level sweep: the service reading every server, 20,000 kernels in all (half
+   of them idle past the kernel limit), first sweep (it culls) and the next (nothing
+   left to cull); goal <= 2 s each. The servers answer from ``--server-processes``
+   stand-in processes of their own (the hub's server models point at them), so that
+   the service's process does only the service's work: its wall time, its own CPU
+   time, its requests (and per server) and the connections it opened are printed per
+   sweep, with the stand-ins' CPU beside. Servers with mig-spawner's single-user
+   extension (one ``mig-spawner/probe`` per server, one ``mig-spawner/cull`` per
+   server with idle kernels) and servers without it (``api/kernels`` per server, a
+   ``DELETE`` per idle kernel), both on kept-alive connections, against the baseline
+   in the same run: the transport before (tornado's simple client, a new connection
+   per request) to servers without the extension. ``--profile`` prints where the
+   service's CPU went (cProfile).
 3. server-level sweep with GPU sampling on: a simulated host of 8 H200 with 7 MIG
    devices each (56), GPM on, every device leased (SQLite ledger), a third running a
    process with SM activity; goal ratio <= 0.6. Also the cost of sampling the 56
    devices alone (processes, memory, GPM), median of 20 sweeps.
 
-Run: ``nice .venv/bin/python benchmarks/culler.py [--users 5000] [--concurrency 10]``.
-The stand-in hub answers for every server from one process on this machine, so the
-kernel sweep's seconds include its work too; the service's CPU is its own.
+Run: ``nice -n 19 .venv/bin/python benchmarks/culler.py [--users 5000] [--concurrency 10]`` (the
+load average is printed at start and end: on a shared machine the seconds are
+inflated, the service's CPU much less so).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
+import io
+import json
 import logging
+import os
+import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jupyterhub_idle_culler import cull_idle
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
@@ -59,21 +74,46 @@ QUIET = logging.getLogger("benchmark")
 QUIET.setLevel(logging.CRITICAL)
 
 
-class StandinHub:
-    """A stand-in hub in a subprocess, fresh state per run."""
+def _standin(*args: str) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.hub_standin", *args],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
 
-    def __init__(self, users: int, kernels: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.hub_standin",
-             "--users", str(users), "--kernels", str(kernels)],
-            stdout=subprocess.PIPE, text=True, cwd=REPO,
-        )
-        assert self.proc.stdout is not None
-        self.url = f"http://127.0.0.1:{self.proc.stdout.readline().strip()}"
+
+class StandinHub:
+    """A stand-in hub in a subprocess, fresh state per run; with ``server_processes``,
+    the servers answer from that many subprocesses of their own, each server at a port
+    of its own (as on a real hub, where each has its own address)."""
+
+    def __init__(self, users: int, kernels: int, server_processes: int = 0,
+                 extension: bool = False) -> None:
+        common = ["--users", str(users), "--kernels", str(kernels),
+                  "--now", datetime.now(UTC).isoformat()]
+        if extension:
+            common.append("--extension")
+        self.dir = tempfile.TemporaryDirectory()
+        share = -(-users // server_processes) if server_processes else 0
+        self.servers = [_standin(*common, "--listen", str(share), "--lean")
+                        for _ in range(server_processes)]
+        hub_args = list(common)
+        if self.servers:
+            ports = Path(self.dir.name, "ports.json")
+            ports.write_text(json.dumps([p for _, ps in self.servers for p in ps]))
+            hub_args += ["--server-ports", str(ports)]
+        self.hub, [port] = _standin(*hub_args)
+        self.url = f"http://127.0.0.1:{port}"
+        self.procs = [psutil.Process(p.pid) for p in [self.hub, *(p for p, _ in self.servers)]]
+
+    def cpu(self) -> float:
+        """CPU seconds the stand-in processes have used so far."""
+        return sum(sum(p.cpu_times()[:2]) for p in self.procs)
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        for proc in [self.hub, *(p for p, _ in self.servers)]:
+            proc.terminate()
+            proc.wait(10)
+        self.dir.cleanup()
 
 
 GPU_SIM = "h200x8:layout=1g.18gb*7"
@@ -111,31 +151,42 @@ class GpuWorld:
 
 
 class NewConnectionEachRequest(HubClient):
-    """The transport before kept-alive connections, as the baseline: tornado's simple
-    client, which opens a connection for every request."""
+    """The transport to servers before kept-alive connections, as the baseline:
+    tornado's simple client, which opens a connection for every request."""
 
-    def __init__(self, *args: Any, concurrency: int, **kwargs: Any) -> None:
-        super().__init__(*args, concurrency=concurrency, **kwargs)
-        self._tornado = AsyncHTTPClient(force_instance=True, max_clients=concurrency)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tornado = AsyncHTTPClient(force_instance=True, max_clients=self._concurrency)
 
-    async def _send(self, method: str, url: str, headers: dict[str, str],
-                    server: str | None) -> Response:
-        request = HTTPRequest(url, method=method, headers=headers, request_timeout=60,
+    async def _send_to_server(self, method: str, url: str, headers: dict[str, str],
+                              server: str, data: bytes | None) -> Response:
+        request = HTTPRequest(url, method=method, headers=headers, body=data,
+                              allow_nonstandard_methods=True, request_timeout=60,
                               connect_timeout=10)
         try:
-            async with self._semaphore:
+            async with self._slots_held():
                 answer = await self._tornado.fetch(request, raise_error=False)
         except (HTTPClientError, OSError, StreamClosedError) as e:
             return Response(NO_ANSWER, str(e), b"")
         return Response(answer.code, answer.reason, answer.body or b"")
 
+    @contextlib.asynccontextmanager
+    async def _slots_held(self) -> Any:
+        await self._slots.acquire()
+        try:
+            yield
+        finally:
+            self._slots.release()
+
     async def close(self) -> None:
         self._tornado.close()
+        await super().close()
 
 
 class Traffic:
-    """Requests made and connections opened in this process (aiohttp opens them with
-    the event loop's ``create_connection``, tornado's client with ``TCPClient``)."""
+    """Requests the service made and connections it opened (aiohttp and
+    :mod:`mig_spawner.hub.connections` open them with the event loop's
+    ``create_connection``, tornado's client with ``TCPClient``)."""
 
     requests = 0
     connections = 0
@@ -167,28 +218,35 @@ def make_sweeper(url: str, concurrency: int, kernel_limit: str | None,
                    log=QUIET, **extra)
 
 
-def summary(report: SweepReport, seconds: float, cpu: float = 0.0, requests: int = 0,
-            connections: int = 0) -> dict:
+def summary(report: SweepReport, seconds: float, **measured: float) -> dict:
     assert report.complete, report.error
     kernels = sum(1 for d in report.carried_out if not d.stops_server)
     return {"seconds": seconds, "servers stopped": len(report.carried_out) - kernels,
-            "kernels shut down": kernels, "cpu": cpu, "requests": requests,
-            "connections": connections}
+            "kernels shut down": kernels, "servers": report.servers, **measured}
 
 
 async def run_service(url: str, concurrency: int, kernel_limit: str | None = None,
                       sweeps: int = 1, world: GpuWorld | None = None,
+                      hub: StandinHub | None = None,
+                      profile: cProfile.Profile | None = None,
                       kept_alive: bool = True) -> list[dict]:
     """``sweeps`` sweeps in a row: the first culls, later ones find nothing to cull."""
     sweeper = make_sweeper(url, concurrency, kernel_limit, world, kept_alive)
     results = []
     for _ in range(sweeps):
         requests, connections = Traffic.requests, Traffic.connections
+        standin = hub.cpu() if hub else 0.0
         began, cpu = time.perf_counter(), time.process_time()
+        if profile:
+            profile.enable()
         report = await sweeper.sweep()
-        results.append(summary(report, time.perf_counter() - began,
-                               time.process_time() - cpu, Traffic.requests - requests,
-                               Traffic.connections - connections))
+        if profile:
+            profile.disable()
+        results.append(summary(
+            report, time.perf_counter() - began, cpu=time.process_time() - cpu,
+            requests=Traffic.requests - requests,
+            connections=Traffic.connections - connections,
+            standin_cpu=(hub.cpu() - standin) if hub else 0.0))
     await sweeper.client.close()
     return results
 
@@ -201,12 +259,17 @@ async def run_idle_culler(url: str, concurrency: int) -> list[dict]:
 
 
 def against_fresh_hub(users: int, kernels: int,
-                      run: Callable[[str], Awaitable[list[dict]]]) -> list[dict]:
-    hub = StandinHub(users, kernels)
+                      run: Callable[[StandinHub], Awaitable[list[dict]]],
+                      server_processes: int = 0, extension: bool = False) -> list[dict]:
+    hub = StandinHub(users, kernels, server_processes, extension)
     try:
-        return asyncio.run(run(hub.url))
+        return asyncio.run(run(hub))
     finally:
         hub.close()
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -215,34 +278,41 @@ def main() -> None:
     parser.add_argument("--kernels-per-server", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--server-processes", type=int, default=2,
+                        help="stand-in processes the servers answer from")
+    parser.add_argument("--only", choices=("server", "kernel"),
+                        help="only the server-level sweeps, or only the kernel-level ones")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the service's CPU went in the kernel sweeps")
     args = parser.parse_args()
     n, c = args.users, args.concurrency
+    print(f"culler benchmark: {n} users with running servers, concurrency {c}; {load()}",
+          flush=True)
+    if args.only != "kernel":
+        server_level(args)
+    if args.only != "server":
+        kernel_level(args)
+    print(load())
 
+
+def server_level(args: argparse.Namespace) -> None:
+    n, c = args.users, args.concurrency
     ours, theirs, with_gpus = [], [], []
     for _ in range(args.repeat):  # interleaved, so load from elsewhere hits both alike
-        ours.append(against_fresh_hub(n, 0, lambda url: run_service(url, c))[0])
-        theirs.append(against_fresh_hub(n, 0, lambda url: run_idle_culler(url, c))[0])
+        ours.append(against_fresh_hub(n, 0, lambda hub: run_service(hub.url, c))[0])
+        theirs.append(against_fresh_hub(n, 0, lambda hub: run_idle_culler(hub.url, c))[0])
         world = GpuWorld()
         try:
             with_gpus.append(against_fresh_hub(
-                n, 0, lambda url, w=world: run_service(url, c, world=w))[0])
+                n, 0, lambda hub, w=world: run_service(hub.url, c, world=w))[0])
         finally:
             world.close()
     base = statistics.median(r["seconds"] for r in theirs)
     mine = statistics.median(r["seconds"] for r in ours)
     mine_gpus = statistics.median(r["seconds"] for r in with_gpus)
     sampling, devices = sampling_cost()
-
-    k = args.kernels_per_server
-    Traffic.count()
-    kernel_sweeps = {}
-    for kept_alive in (False, True):
-        kernel_sweeps[kept_alive] = against_fresh_hub(n, k, lambda url, a=kept_alive: run_service(
-            url, c, kernel_limit="1h", sweeps=2, kept_alive=a))
-
-    print(f"culler benchmark: {n} users with running servers, concurrency {c}, "
-          f"median of {args.repeat}")
-    print(f"{'sweep':<62}{'seconds':>9}{'ratio':>8}")
+    print(f"server level, median of {args.repeat}")
+    print(f"{'sweep':<52}{'seconds':>9}{'ratio':>8}")
     rows = [
         ("jupyterhub-idle-culler cull_idle (baseline)", base, "stops the same idle servers"),
         ("slice service, server level", mine,
@@ -252,24 +322,54 @@ def main() -> None:
         (f"  of which: sampling {devices} MIG devices", sampling,
          f"{sampling * 1000:.1f} ms per sweep: processes, memory, GPM SM activity"),
     ]
-    for kept_alive, how in ((False, "a connection per request (before)"),
-                            (True, "kept-alive connections")):
-        first, steady = kernel_sweeps[kept_alive]
-        for sweep, which, note in (
-                (first, "first", f"{first['servers stopped']} servers stopped, "
-                                 f"{first['kernels shut down']} kernels shut down"),
-                (steady, "next", f"{steady['servers stopped'] + steady['kernels shut down']}"
-                                 " culls (steady state)")):
-            rows.append((f"kernel level, {which} sweep, {how}", sweep["seconds"],
-                         f"{note}; service CPU {sweep['cpu']:.2f} s, {sweep['requests']} "
-                         f"requests, {sweep['connections']} connections opened"))
     for label, seconds, note in rows:
-        print(f"{label:<62}{seconds:>9.2f}{seconds / base:>8.2f}   {note}")
-    ratios = [(kernel_sweeps[True][i]["seconds"] / kernel_sweeps[False][i]["seconds"],
-               kernel_sweeps[True][i]["cpu"] / kernel_sweeps[False][i]["cpu"]) for i in (0, 1)]
-    print(f"{n * k} kernels, kept-alive / before: first sweep {ratios[0][0]:.2f} "
-          f"(service CPU {ratios[0][1]:.2f}), next {ratios[1][0]:.2f} (service CPU "
-          f"{ratios[1][1]:.2f}); goal <= 2 s each")
+        print(f"{label:<52}{seconds:>9.2f}{seconds / base:>8.2f}   {note}", flush=True)
+
+
+#: The kernel sweeps compared: (label, kept-alive connections, servers with mig-spawner's
+#: single-user extension).
+KERNEL_SWEEPS = (
+    ("before: a connection per request, no extension (baseline)", False, False),
+    ("kept-alive, servers without the extension", True, False),
+    ("kept-alive, servers with mig-spawner's extension", True, True),
+)
+
+
+def kernel_level(args: argparse.Namespace) -> None:
+    n, c, k = args.users, args.concurrency, args.kernels_per_server
+    Traffic.count()
+    profile = cProfile.Profile(time.process_time) if args.profile else None
+    sweeps = []
+    for _, kept_alive, extension in KERNEL_SWEEPS:
+        sweeps.append(against_fresh_hub(
+            n, k, lambda hub, a=kept_alive, x=extension: run_service(
+                hub.url, c, kernel_limit="1h", sweeps=2, hub=hub, kept_alive=a,
+                profile=profile if a and x else None),
+            server_processes=args.server_processes, extension=extension))
+    print(f"kernel level: {n * k} kernels on {n} servers, which answer from "
+          f"{args.server_processes} stand-in processes; goal <= 2 s each sweep")
+    print(f"{'sweep':<46}{'seconds':>8}{'CPU s':>7}{'requests':>9}{'/server':>8}"
+          f"{'conns':>6}{'stand-in CPU s':>15}")
+    for (how, _, _), runs in zip(KERNEL_SWEEPS, sweeps, strict=True):
+        print(how)
+        for sweep, which in zip(runs, ("first", "next"), strict=True):
+            culls = (f"{sweep['servers stopped']} servers stopped, "
+                     f"{sweep['kernels shut down']} kernels shut down")
+            print(f"  {which + ' sweep':<44}{sweep['seconds']:>8.2f}{sweep['cpu']:>7.2f}"
+                  f"{sweep['requests']:>9}{sweep['requests'] / sweep['servers']:>8.2f}"
+                  f"{sweep['connections']:>6}{sweep['standin_cpu']:>15.2f}   {culls}")
+    base = sweeps[0]
+    for (how, _, _), runs in zip(KERNEL_SWEEPS[1:], sweeps[1:], strict=True):
+        print(f"{how} / baseline: " + "; ".join(
+            f"{which} sweep {new['seconds'] / old['seconds']:.2f} wall, "
+            f"{new['cpu'] / old['cpu']:.2f} service CPU"
+            for which, new, old in zip(("first", "next"), runs, base, strict=True)))
+    if profile is not None:
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
+        print("where the service's CPU went (both sweeps, kept-alive with the extension, "
+              "cProfile):")
+        print(out.getvalue())
 
 
 def sampling_cost(sweeps: int = 20) -> tuple[float, int]:

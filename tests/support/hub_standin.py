@@ -17,7 +17,8 @@ used where behaviour matters), and by ``benchmarks/culler.py`` in subprocesses:
 listens on as a JSON list (``--listen N``: N ports, which all answer alike); with
 ``--server-ports FILE`` (a JSON list of ports) the hub's server models send each
 server's requests (``full_url``) to one of those ports, in turn: each server at an
-address of its own, as on a real hub, and their work not in the hub's process.
+address of its own, as on a real hub, and their work not in the hub's process
+(``--lean``: those processes answer as the servers only, without tornado).
 """
 
 from __future__ import annotations
@@ -196,73 +197,93 @@ class ServerHandler(StandinHandler):
         self.finish()
 
 
-class ServerApiHandler(StandinHandler):
-    """A handler of a user's server, which answers only while it is reachable."""
-
-    async def prepare(self) -> None:
-        await super().prepare()
-        user = self.path_args[0] if self.path_args else None
-        if user is not None:
-            what = self.request.path.split(f"/user/{user}/", 1)[1]
-            if len(self.path_args) > 1:
-                what = what.replace(self.path_args[1], "<id>")
-            self.state.per_server[(user, self.request.method, what)] += 1
-        if not self._finished and user in self.state.unreachable:
-            raise web.HTTPError(502)
-
-
-class ExtensionHandler(ServerApiHandler):
-    """An endpoint of mig-spawner's single-user extension: 404 on a server without it."""
-
-    async def prepare(self) -> None:
-        await super().prepare()
-        if not self._finished and not self.state.extension:
-            raise web.HTTPError(404)
-
-
-class ProbeHandler(ExtensionHandler):
-    def get(self, user: str) -> None:
-        kernels = self.state.kernels.get(user, [])
-        model = self.state.users[user]["servers"][""]
-        self.write_json({
-            "kernels": kernels,
-            "status": {"started": model["started"], "last_activity": model["last_activity"],
-                       "connections": 0, "kernels": len(kernels)},
-            "people": {"page_seen": None, "interaction": None, "terminal": None},
-        })
-
-
-class CullHandler(ExtensionHandler):
-    def post(self, user: str) -> None:
-        body = json.loads(self.request.body)
-        kernels = self.state.kernels.get(user, [])
-        plan = recheck_kernels(
-            {k["id"]: kernel_from_model(k) for k in kernels},
-            [(k["id"], parse_timestamp(k["last_activity"])) for k in body["kernels"]],
-            body["cull_busy"], body["cull_connected"])
-        self.state.kernels[user] = [k for k in kernels if k["id"] not in plan.shut_down]
-        self.write_json({"shut_down": plan.shut_down, "kept": plan.kept,
-                         "unknown": plan.unknown, "failed": []})
+def server_answer(state: StandinState, method: str, user: str, what: str,
+                  body: bytes) -> tuple[int, object]:
+    """What ``user``'s server answers to ``method`` on ``what`` (the path below the
+    server's root, no query): the status and a JSON model (``None``: no body). Counted
+    in ``per_server``; 502 while the server is ``unreachable``; mig-spawner's endpoints
+    are 404 without the ``extension``."""
+    kernel_id = None
+    if what.startswith("api/kernels/"):
+        what, kernel_id = "api/kernels/<id>", what.removeprefix("api/kernels/")
+    state.per_server[(user, method, what)] += 1
+    if user in state.unreachable:
+        return 502, {"message": "the server does not answer"}
+    if what.startswith("mig-spawner/") and not state.extension:
+        return 404, {"message": "Not Found"}
+    kernels = state.kernels.get(user, [])
+    model = state.users.get(user, {}).get("servers", {}).get("")
+    status = model and {"started": model["started"], "last_activity": model["last_activity"],
+                        "connections": 0, "kernels": len(kernels)}
+    match method, what:
+        case "GET", "api/kernels":
+            return 200, kernels
+        case "DELETE", "api/kernels/<id>":
+            state.kernels[user] = [k for k in kernels if k["id"] != kernel_id]
+            return 204, None
+        case "GET", "api/status" if status:
+            return 200, status
+        case "GET", "mig-spawner/probe" if status:
+            return 200, {"kernels": kernels, "status": status, "people": {
+                "page_seen": None, "interaction": None, "terminal": None}}
+        case "POST", "mig-spawner/cull":
+            asked = json.loads(body)
+            plan = recheck_kernels(
+                {k["id"]: kernel_from_model(k) for k in kernels},
+                [(k["id"], parse_timestamp(k["last_activity"])) for k in asked["kernels"]],
+                asked["cull_busy"], asked["cull_connected"])
+            state.kernels[user] = [k for k in kernels if k["id"] not in plan.shut_down]
+            return 200, {"shut_down": plan.shut_down, "kept": plan.kept,
+                         "unknown": plan.unknown, "failed": []}
+    return 404, {"message": "Not Found"}
 
 
-class KernelsHandler(ServerApiHandler):
-    def get(self, user: str) -> None:
-        self.write_json(self.state.kernels.get(user, []))
+class UserServerHandler(StandinHandler):
+    """A user's server (:func:`server_answer`)."""
+
+    def answer(self, user: str, what: str) -> None:
+        code, model = server_answer(self.state, self.request.method, user, what,
+                                    self.request.body)
+        self.set_status(code)
+        if model is None:
+            self.finish()
+        else:
+            self.write_json(model)
+
+    get = post = delete = answer
 
 
-class KernelHandler(ServerApiHandler):
-    def delete(self, user: str, kernel_id: str) -> None:
-        self.state.kernels[user] = [k for k in self.state.kernels.get(user, [])
-                                    if k["id"] != kernel_id]
-        self.set_status(204)
-        self.finish()
+class LeanServers(asyncio.Protocol):
+    """Users' servers (:func:`server_answer`) for the benchmark: plain HTTP/1.1 on
+    asyncio, without a web framework's cost per request, so that the servers' share of
+    the machine's cores stays small beside the service's (on a real hub each runs on
+    its own). No faults are injected here."""
 
+    def __init__(self, state: StandinState) -> None:
+        self.state = state
+        self.buffer = bytearray()
 
-class StatusHandler(ServerApiHandler):
-    def get(self, user: str) -> None:
-        model = self.state.users[user]["servers"][""]
-        self.write_json({"started": model["started"], "last_activity": model["last_activity"],
-                         "connections": 0, "kernels": len(self.state.kernels.get(user, []))})
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = bytes(self.buffer[:end]).decode("latin-1")
+            length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                           if line.lower().startswith("content-length:")), 0)
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = bytes(self.buffer[end + 4:end + 4 + length])
+            del self.buffer[:end + 4 + length]
+            method, target = head.split(" ", 2)[:2]
+            user, _, what = target.partition("?")[0].removeprefix("/user/").partition("/")
+            code, model = server_answer(self.state, method, user, what, body)
+            payload = b"" if model is None else json.dumps(model).encode()
+            self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (
+                                     code, b"OK" if code < 400 else b"Error", len(payload),
+                                     payload))
 
 
 def make_app(state: StandinState) -> web.Application:
@@ -272,11 +293,7 @@ def make_app(state: StandinState) -> web.Application:
         (r"/hub/api/users", UsersHandler, args),
         (r"/hub/api/users/([^/]+)/server", ServerHandler, args),
         (r"/hub/api/users/([^/]+)/servers/([^/]+)", ServerHandler, args),
-        (r"/user/([^/]+)/api/kernels", KernelsHandler, args),
-        (r"/user/([^/]+)/api/kernels/([^/]+)", KernelHandler, args),
-        (r"/user/([^/]+)/api/status", StatusHandler, args),
-        (r"/user/([^/]+)/mig-spawner/probe", ProbeHandler, args),
-        (r"/user/([^/]+)/mig-spawner/cull", CullHandler, args),
+        (r"/user/([^/]+)/(.*)", UserServerHandler, args),
     ])
 
 
@@ -296,7 +313,12 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         now=datetime.fromisoformat(args.now) if args.now else None,
         extension=args.extension, server_ports=ports)
     sockets = [bind_sockets(0, "127.0.0.1")[0] for _ in range(args.listen)]
-    HTTPServer(make_app(state)).add_sockets(sockets)
+    if args.lean:
+        loop = asyncio.get_running_loop()
+        for sock in sockets:
+            await loop.create_server(lambda: LeanServers(state), sock=sock)
+    else:
+        HTTPServer(make_app(state)).add_sockets(sockets)
     print(json.dumps([sock.getsockname()[1] for sock in sockets]), flush=True)
     await asyncio.Event().wait()
 
@@ -312,4 +334,6 @@ if __name__ == "__main__":
     parser.add_argument("--server-ports", help="a JSON file: the ports the servers answer "
                         "at, in turn")
     parser.add_argument("--listen", type=int, default=1, help="ports to listen on")
+    parser.add_argument("--lean", action="store_true",
+                        help="answer as users' servers only, on plain asyncio (LeanServers)")
     asyncio.run(_serve_forever(parser.parse_args()))
