@@ -236,7 +236,7 @@ async def run_service(url: str, concurrency: int, kernel_limit: str | None = Non
     for _ in range(sweeps):
         requests, connections = Traffic.requests, Traffic.connections
         standin = hub.cpu() if hub else 0.0
-        began, cpu = time.perf_counter(), time.process_time()
+        began, cpu, queued = time.perf_counter(), time.process_time(), run_queue_wait()
         if profile:
             profile.enable()
         report = await sweeper.sweep()
@@ -244,6 +244,7 @@ async def run_service(url: str, concurrency: int, kernel_limit: str | None = Non
             profile.disable()
         results.append(summary(
             report, time.perf_counter() - began, cpu=time.process_time() - cpu,
+            queued=run_queue_wait() - queued,
             requests=Traffic.requests - requests,
             connections=Traffic.connections - connections,
             standin_cpu=(hub.cpu() - standin) if hub else 0.0))
@@ -266,6 +267,16 @@ def against_fresh_hub(users: int, kernels: int,
         return asyncio.run(run(hub))
     finally:
         hub.close()
+
+
+def run_queue_wait() -> float:
+    """Seconds this process's event loop (its main thread) has waited for a CPU while
+    ready to run (Linux ``schedstat``): on a busy machine, the part of a sweep's wall
+    time that is neither its own CPU nor waiting for answers. 0 where not available."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def load() -> str:
@@ -338,25 +349,26 @@ KERNEL_SWEEPS = (
 def kernel_level(args: argparse.Namespace) -> None:
     n, c, k = args.users, args.concurrency, args.kernels_per_server
     Traffic.count()
-    profile = cProfile.Profile(time.process_time) if args.profile else None
     sweeps = []
     for _, kept_alive, extension in KERNEL_SWEEPS:
         sweeps.append(against_fresh_hub(
-            n, k, lambda hub, a=kept_alive, x=extension: run_service(
-                hub.url, c, kernel_limit="1h", sweeps=2, hub=hub, kept_alive=a,
-                profile=profile if a and x else None),
+            n, k, lambda hub, a=kept_alive: run_service(
+                hub.url, c, kernel_limit="1h", sweeps=2, hub=hub, kept_alive=a),
             server_processes=args.server_processes, extension=extension))
     print(f"kernel level: {n * k} kernels on {n} servers, which answer from "
           f"{args.server_processes} stand-in processes; goal <= 2 s each sweep")
-    print(f"{'sweep':<46}{'seconds':>8}{'CPU s':>7}{'requests':>9}{'/server':>8}"
-          f"{'conns':>6}{'stand-in CPU s':>15}")
+    print("seconds: the sweep's wall time; CPU s: the service's own (user and system); "
+          "queued s: the service ready to run but waiting for a core")
+    print(f"{'sweep':<46}{'seconds':>8}{'CPU s':>7}{'queued s':>9}{'requests':>9}"
+          f"{'/server':>8}{'conns':>6}{'stand-in CPU s':>15}")
     for (how, _, _), runs in zip(KERNEL_SWEEPS, sweeps, strict=True):
         print(how)
         for sweep, which in zip(runs, ("first", "next"), strict=True):
             culls = (f"{sweep['servers stopped']} servers stopped, "
                      f"{sweep['kernels shut down']} kernels shut down")
             print(f"  {which + ' sweep':<44}{sweep['seconds']:>8.2f}{sweep['cpu']:>7.2f}"
-                  f"{sweep['requests']:>9}{sweep['requests'] / sweep['servers']:>8.2f}"
+                  f"{sweep['queued']:>9.2f}{sweep['requests']:>9}"
+                  f"{sweep['requests'] / sweep['servers']:>8.2f}"
                   f"{sweep['connections']:>6}{sweep['standin_cpu']:>15.2f}   {culls}")
     base = sweeps[0]
     for (how, _, _), runs in zip(KERNEL_SWEEPS[1:], sweeps[1:], strict=True):
@@ -364,12 +376,18 @@ def kernel_level(args: argparse.Namespace) -> None:
             f"{which} sweep {new['seconds'] / old['seconds']:.2f} wall, "
             f"{new['cpu'] / old['cpu']:.2f} service CPU"
             for which, new, old in zip(("first", "next"), runs, base, strict=True)))
-    if profile is not None:
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
-        print("where the service's CPU went (both sweeps, kept-alive with the extension, "
-              "cProfile):")
-        print(out.getvalue())
+    if args.profile:  # a run of its own: the profiler's cost would skew the rows above
+        profile = cProfile.Profile(time.process_time)
+        against_fresh_hub(n, k, lambda hub: run_service(
+            hub.url, c, kernel_limit="1h", sweeps=2, hub=hub, profile=profile),
+            server_processes=args.server_processes, extension=True)
+        for order in ("tottime", "cumulative"):
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats(order).print_stats(30)
+            print(f"where the service's CPU went (both sweeps, kept-alive with the "
+                  f"extension, another run under cProfile, by {order}; a coroutine's "
+                  f"calls count each resumption):")
+            print(out.getvalue())
 
 
 def sampling_cost(sweeps: int = 20) -> tuple[float, int]:
