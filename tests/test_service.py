@@ -28,6 +28,7 @@ from traitlets.config import Config
 
 from mig_spawner import holder
 from mig_spawner.config import MIGPolicyConfig
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.hub.client import HubClient
@@ -157,7 +158,7 @@ async def test_a_server_with_the_extension_is_read_in_one_request_and_culled_in_
         if not extension:
             continue
         # One look per server, one cull per server with idle kernels that keeps running.
-        kept = {d.user for d in first.carried_out if d.rule.value == "kernel_idle"}
+        kept = {d.user for d in first.carried_out if d.rule is StopRule.KERNEL_IDLE}
         assert len(kept) == 24  # the 6 idle servers are stopped instead
         assert asked_first == {
             **{(u, "GET", "mig-spawner/probe"): 1 for u in state.users},

@@ -132,7 +132,7 @@ def status_from_model(model: Mapping[str, Any]) -> ServerStatus:
 @dataclass(frozen=True)
 class PeopleActivity:
     """What mig-spawner's single-user extension saw of the people using a server
-    (``GET <server>/mig-spawner/activity``; see :mod:`mig_spawner.singleuser`)."""
+    (the ``people`` of ``GET <server>/mig-spawner/probe``; see :mod:`mig_spawner.singleuser`)."""
 
     #: When a JupyterLab page of this server last reported; ``None``: none ever did.
     page_seen: datetime | None
