@@ -20,6 +20,7 @@ STATUS = {
     "no_gpu_for_profile": 503,
     "budget_spent": 429,
     "gpu_recut": 503,
+    "gpu_unhealthy": 503,
     "lease_ended": 409,
     "mig_create": 503,
     "mig_backend": 503,

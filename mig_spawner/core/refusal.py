@@ -47,6 +47,9 @@ class Reason(StrEnum):
     BUDGET_SPENT = "budget_spent", 429
     # Some would be free, but an admin is re-cutting their GPU (docs/layout.md).
     GPU_RECUT = "gpu_recut", 503
+    # Some would be free, but their GPU is unhealthy: it reported a hardware fault
+    # (docs/health.md), or the cluster reports it unhealthy.
+    GPU_UNHEALTHY = "gpu_unhealthy", 503
     # Not refusals but failures (never kept in the refusals table): the spawn broke.
     LEASE_ENDED = "lease_ended", 409
     MIG_CREATE = "mig_create", 503

@@ -8,8 +8,9 @@ it. :mod:`mig_spawner.kube.availability` does the reading and caching.
 
 Counts come from ``allocatable``, not from GFD's ``nvidia.com/mig-<profile>.count``
 labels: the device plugin leaves unhealthy devices out of ``allocatable``, and that is
-what the scheduler places pods against. Labels give the product, the strategy and the
-MIG Manager state.
+what the scheduler places pods against. The kubelet keeps them in ``capacity``, so
+capacity less allocatable is what the cluster reports unhealthy (the form says why a
+size vanished). Labels give the product, the strategy and the MIG Manager state.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .resources import (
 
 TERMINATED_PHASES = ("Succeeded", "Failed")
 # Taint effects that keep new pods off a node (PreferNoSchedule only discourages).
-_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class NodeSlices:
     allocatable: Mapping[str, int]
     used: Mapping[str, int]
     pods: frozenset[str] = frozenset()
+    #: Slices per profile the node has but the cluster reports unhealthy: the device
+    #: plugin left them out of allocatable, or the DRA driver tainted them or took them
+    #: out of its ResourceSlice. Neither free nor used: nothing is scheduled on them.
+    unhealthy: Mapping[str, int] = field(default_factory=dict)
 
     def free(self, profile: str) -> int:
         """Slices of ``profile`` no running or pending pod on this node holds."""
@@ -98,6 +103,25 @@ class ClusterSlices:
                 per_model = out[node.model_key]
                 per_model[profile] = per_model.get(profile, 0) + node.free(profile)
         return dict(out)
+
+    def unhealthy(self) -> dict[str, int]:
+        """Slices per profile name that offered nodes have but the cluster reports
+        unhealthy (:attr:`NodeSlices.unhealthy`), all nodes together."""
+        out: dict[str, int] = {}
+        for node in self.nodes:
+            for profile, count in node.unhealthy.items():
+                out[profile] = out.get(profile, 0) + count
+        return {p: n for p, n in out.items() if n}
+
+    def withheld(self, wants: Mapping[str, str]) -> tuple[int, int]:
+        """For a request meaning ``wants`` (model key -> profile): how many of its
+        slices the cluster reports unhealthy, and how many pods hold."""
+        bad = used = 0
+        for n in self.nodes:
+            if (profile := wants.get(n.model_key)) is not None:
+                bad += n.unhealthy.get(profile, 0)
+                used += n.used.get(profile, 0)
+        return bad, used
 
     def targets(self, wants: Mapping[str, str]) -> list[Target]:
         """Where a request meaning ``wants`` (model key -> profile) can go, most free first
@@ -256,7 +280,7 @@ def _untolerated(node: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any
                  ) -> str | None:
     tolerations = list(tolerations)
     for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in _BLOCKING_EFFECTS and not tolerates(tolerations, taint):
+        if taint.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, taint):
             return (f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} "
                     "is not tolerated (KubeMIGSpawner.mig_tolerations)")
     return None
@@ -308,6 +332,10 @@ def _offered(
     strategy = _strategy(labels, allocatable, forced_strategy)
     try:
         slices, problem = _capacity(strategy, labels, allocatable)
+        # The kubelet counts every device the plugin lists in capacity, and only the
+        # healthy ones in allocatable (no capacity given: nothing known to be missing).
+        capacity = (node.get("status") or {}).get("capacity")
+        existing = _capacity(strategy, labels, capacity)[0] if capacity else slices
     except ValueError as e:
         return SkippedNode(name, f"unreadable allocatable quantity ({e})")
     if problem:
@@ -317,7 +345,9 @@ def _offered(
         return SkippedNode(
             name, f"profile(s) {', '.join(unknown)} are not {gpu.display_name} profiles"
         )
-    return NodeSlices(name, gpu.key, product, strategy, slices, {})
+    unhealthy = {p: n - slices.get(p, 0) for p, n in existing.items()
+                 if n > slices.get(p, 0) and gpu.has_profile(p)}
+    return NodeSlices(name, gpu.key, product, strategy, slices, {}, unhealthy=unhealthy)
 
 
 def _resource_of(node: NodeSlices) -> dict[str, str]:
@@ -373,7 +403,7 @@ def cluster_slices(
     result_nodes = tuple(
         NodeSlices(
             n.name, n.model_key, n.product_label, n.strategy, n.allocatable,
-            used.get(n.name, {}), frozenset(holders.get(n.name, ())),
+            used.get(n.name, {}), frozenset(holders.get(n.name, ())), n.unhealthy,
         )
         for n in sorted(offered.values(), key=lambda n: n.name)
     )

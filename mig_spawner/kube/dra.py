@@ -12,7 +12,11 @@ the driver creates the instance when a claim is allocated. Nothing appears in
 Pure, like :mod:`mig_spawner.kube.cluster`: free slices are the devices of
 ResourceSlices that no allocated ResourceClaim holds (for partitionable devices: how
 many more of a profile the GPU's counters left allow), on nodes that can take a pod
-now. A pod asks through a ResourceClaimTemplate per GPU model and profile
+now. A device the driver taints ``NoSchedule``/``NoExecute`` (DRA device taints, gate
+``DRADeviceTaints``: beta and on by default in 1.36) or takes out of its ResourceSlice
+while GPU Feature Discovery still counts it (``nvidia.com/mig-<profile>.count``) is
+what the cluster reports unhealthy: the scheduler allocates neither, and the form says
+so. A pod asks through a ResourceClaimTemplate per GPU model and profile
 (:func:`claim_template`): one request of DeviceClass ``mig.nvidia.com`` whose CEL
 selector names the profile and the model's product names.
 """
@@ -26,7 +30,7 @@ from typing import Any
 
 from mig_spawner.core.catalog import model, normalize_profile_name
 
-from .cluster import ClusterSlices, NodeSlices, SkippedNode, node_problem
+from .cluster import BLOCKING_EFFECTS, ClusterSlices, NodeSlices, SkippedNode, node_problem
 from .resources import (
     DRA_CLAIM,
     GPU_RESOURCE,
@@ -34,6 +38,10 @@ from .resources import (
     PRODUCT_LABEL,
     model_for_label,
 )
+
+# GPU Feature Discovery's count of a node's MIG devices of one profile, as NVML lists
+# them (healthy or not): "nvidia.com/mig-1g.18gb.count".
+_COUNT_LABEL = re.compile(r"^nvidia\.com/mig-(?P<profile>.+)\.count$")
 
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "mig.nvidia.com"
@@ -85,13 +93,21 @@ def allocated(claims: Iterable[Mapping[str, Any]]) -> tuple[set[tuple[str, str, 
     return devices, pods
 
 
-def _free_on_pool(devices: list[Mapping[str, Any]], shared: dict[tuple[str, str], int],
-                  taken: set[str]) -> tuple[dict[str, int], dict[str, int]]:
-    """Free and used MIG devices per profile in one pool (a node's ResourceSlices).
+def tainted(device: Mapping[str, Any]) -> bool:
+    """Whether the driver tainted the device so that no claim without a toleration
+    gets it (the scheduler's rule; mig-spawner's claims tolerate nothing)."""
+    return any(t.get("effect") in BLOCKING_EFFECTS for t in device.get("taints") or [])
 
-    A device without counters is free unless allocated. Partitionable devices (dynamic
-    MIG) are counted per profile greedily against what the allocated devices left of
-    the counters: how many more of that profile alone could be allocated.
+
+def _free_on_pool(devices: list[Mapping[str, Any]], shared: dict[tuple[str, str], int],
+                  taken: set[str]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Free, used and tainted MIG devices per profile in one pool (a node's
+    ResourceSlices).
+
+    A device without counters is free unless allocated or tainted. Partitionable
+    devices (dynamic MIG) are counted per profile greedily against what the allocated
+    devices left of the counters: how many more of that profile alone could be
+    allocated; tainted placements are left out of that.
     """
     left = dict(shared)
     for d in devices:
@@ -100,6 +116,7 @@ def _free_on_pool(devices: list[Mapping[str, Any]], shared: dict[tuple[str, str]
                 left[key] = left.get(key, 0) - value
     free: dict[str, int] = defaultdict(int)
     used: dict[str, int] = defaultdict(int)
+    bad: dict[str, int] = defaultdict(int)
     by_profile: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for d in devices:
         if attribute(d, "type") != "mig" or not attribute(d, "profile"):
@@ -107,6 +124,8 @@ def _free_on_pool(devices: list[Mapping[str, Any]], shared: dict[tuple[str, str]
         profile = normalize_profile_name(str(attribute(d, "profile")))
         if d["name"] in taken:
             used[profile] += 1
+        elif tainted(d):
+            bad[profile] += 1
         else:
             by_profile[profile].append(d)
         free.setdefault(profile, 0)
@@ -118,7 +137,17 @@ def _free_on_pool(devices: list[Mapping[str, Any]], shared: dict[tuple[str, str]
                 for key, value in needs.items():
                     budget[key] -= value
                 free[profile] += 1
-    return dict(free), dict(used)
+    return dict(free), dict(used), dict(bad)
+
+
+def _counted(labels: Mapping[str, str]) -> dict[str, int]:
+    """Profile -> MIG devices GPU Feature Discovery counts on the node (none: no labels,
+    or dynamic MIG, where no instance exists before a claim)."""
+    out = {}
+    for key, value in labels.items():
+        if (match := _COUNT_LABEL.match(key)) and value.strip().isdigit():
+            out[normalize_profile_name(match["profile"])] = int(value)
+    return out
 
 
 def dra_slices(
@@ -164,15 +193,23 @@ def dra_slices(
             skipped.append(SkippedNode(name, problem))
             continue
         ids = {d["name"] for d in devices if (driver, pool_of[name], d["name"]) in taken}
-        free, used = _free_on_pool(devices, shared[name], ids)
-        unknown = sorted(p for p in {*free, *used} if not gpu.has_profile(p))
+        free, used, bad = _free_on_pool(devices, shared[name], ids)
+        unknown = sorted(p for p in {*free, *used, *bad} if not gpu.has_profile(p))
         if unknown:
             skipped.append(SkippedNode(name, f"profile(s) {', '.join(unknown)} are not "
                                              f"{gpu.display_name} profiles"))
             continue
-        total = {p: free.get(p, 0) + used.get(p, 0) for p in {*free, *used}}
+        total = {p: free.get(p, 0) + used.get(p, 0) for p in {*free, *used, *bad}}
+        # Counted by GFD but not published: the driver took them out (only this GPU
+        # model's profiles: a node's other GPUs may be the device plugin's).
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        for profile, count in _counted(labels).items():
+            published = total.get(profile, 0) + bad.get(profile, 0)
+            if gpu.has_profile(profile) and count > published:
+                bad[profile] = bad.get(profile, 0) + count - published
+                total.setdefault(profile, 0)
         offered.append(NodeSlices(name, gpu.key, ",".join(sorted(products)), "dra", total,
-                                  used, frozenset()))
+                                  used, frozenset(), unhealthy=bad))
     return ClusterSlices(
         nodes=tuple(sorted(offered, key=lambda n: n.name)),
         skipped=tuple(sorted(skipped, key=lambda s: s.name)),

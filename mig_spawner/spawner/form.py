@@ -104,6 +104,7 @@ def build_choices(
     hide_absent: bool = False,
     budget_line: Callable[[Offer, int], str | None] | None = None,
     recut: Mapping[str, int] | None = None,
+    unhealthy: Mapping[str, str] | None = None,
 ) -> list[Choice]:
     """One :class:`Choice` per offer of ``policy``, in the policy's order.
 
@@ -120,8 +121,11 @@ def build_choices(
     them, waiting or not). ``budget_line(offer, compute_slices)``: where the budget
     a lease of it would spend stands, in words, or ``None``. ``recut``: slices per
     profile name that an admin's layout change holds from new servers (docs/layout.md).
+    ``unhealthy``: profile name -> why slices of it are withheld for their GPU's health,
+    in words ("the cluster reports its GPU unhealthy"): a size with none free and none
+    held says that.
     """
-    waits, in_use, recut = waits or {}, in_use or {}, recut or {}
+    waits, in_use, recut, unhealthy = waits or {}, in_use or {}, recut or {}, unhealthy or {}
     present = list({m.key: m for m in models}.values())
     choices, absent_keys = [], set()
     for offer in policy.offers:
@@ -134,9 +138,12 @@ def build_choices(
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
         changing = sum(recut.get(profile.name, 0) for _, profile in served)
+        # Only slices withheld for their health left (held ones come back first).
+        faulty = "" if held else ", ".join(sorted({
+            unhealthy[p.name] for _, p in served if p.name in unhealthy}))
         # Whole GPUs are there or not whatever the layout: MIG is off on them beforehand.
         absent = not served or ((fixed_layout or offer.whole) and not held and not count
-                                and not changing)
+                                and not changing and not faulty)
         if absent:
             absent_keys.add(offer.key)
         wait = None
@@ -147,13 +154,16 @@ def build_choices(
                 why = f"no such slice {scope} (ask a hub admin)"
             elif changing:
                 why = RECUT
+            elif faulty:
+                why = faulty
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:
                 why = f"{in_use_text(held)} right now"
             if not absent and offer.key in waits:
                 # An admin's re-cut first: waiting then lasts until it is done.
-                busy = RECUT if changing else in_use_text(held) if held else "none free"
+                busy = (RECUT if changing else faulty if faulty
+                        else in_use_text(held) if held else "none free")
                 wait = f"{busy[0].upper()}{busy[1:]} \u2014 join the wait list ({waits[offer.key]})"
                 why = None
         choices.append(

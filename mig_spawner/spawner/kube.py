@@ -51,6 +51,7 @@ from . import progress
 from .backend import ClaimPlan, SliceSupply, held_back
 from .errors import admin_error, spawn_error
 from .kube_decide import (
+    CLUSTER_UNHEALTHY,
     ClaimTarget,
     free_by_model,
     make_kube_decide,
@@ -292,7 +293,8 @@ class KubeMIGSpawner(MIGSpawnerMixin, _PodGone):
         free = free_by_model(without_held_nodes(fleet.slices, fleet.holds), held)
         recut = held_back(free_by_model(fleet.slices, held), free) if fleet.holds else {}
         return SliceSupply(tuple(model(key) for key in fleet.slices.model_keys()), free, held,
-                           recut=recut)
+                           recut=recut, unhealthy=dict.fromkeys(fleet.slices.unhealthy(),
+                                                                CLUSTER_UNHEALTHY))
 
     def plan_claim(self, fleet: KubeFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """Decide on ``fleet``; the decision picks the nodes' target."""

@@ -24,6 +24,10 @@ from mig_spawner.ledger import KUBE_NODE, Decide, Grant, Lease, LedgerView
 
 from .decide import charge
 
+#: Why a size whose only slices the device plugin left out of allocatable, or the DRA
+#: driver tainted or took out of its ResourceSlice, cannot be had (the form's words).
+CLUSTER_UNHEALTHY = "the cluster reports its GPU unhealthy"
+
 
 def wanted_on_cluster(offer: Offer, slices: ClusterSlices) -> dict[str, str]:
     """GPU model key -> the profile ``offer`` means there, for the models the cluster
@@ -120,6 +124,12 @@ def make_kube_decide(
             raise Refused(Reason.GPU_RECUT, f"No {offer.display_name or offer.key!r} is "
                           "free right now: the node that has one is being re-cut by an admin",
                           "try again later or pick another size")
+        bad, used = slices.withheld(wants)
+        starting = sum(pending[p] for p in set(wants.values()))
+        if target is None and bad and not used and not starting:
+            raise Refused(Reason.GPU_UNHEALTHY, f"No {offer.display_name or offer.key!r} can be "
+                          f"started now: {CLUSTER_UNHEALTHY}",
+                          "pick another size, or tell a hub admin")
         if target is None:
             total = sum(t.free for t in targets)
             raise Refused(

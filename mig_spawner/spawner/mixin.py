@@ -419,7 +419,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             in_use=Counter(lease.profile for lease in supply.held),
             fixed_layout=supply.fixed_layout, hide_absent=not self.show_unavailable_offers,
             budget_line=budget_line,
-            recut=supply.recut,
+            recut=supply.recut, unhealthy=supply.unhealthy,
         )
 
     def switch_url(self, offer_key: str, purpose: str | None = None) -> str:

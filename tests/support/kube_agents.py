@@ -204,13 +204,16 @@ class GpuSide:
         if any(current.get(k) != v for k, v in labels.items()) or stale:
             await self.kube.patch(f"{NODES}/{name}", {"metadata": {"labels": {**labels,
                                                                               **stale}}})
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        gpu_keys = {k for k in allocatable if k.startswith("nvidia.com/")}
-        if {k: allocatable[k] for k in gpu_keys} != resources and any(
-                g.api == "device-plugin" for g in gpus.gpus):
-            change = {**{k: None for k in gpu_keys}, **resources}
-            await self.kube.patch(f"{NODES}/{name}/status", {"status": {
-                "allocatable": change, "capacity": change}})
+        status = node.get("status") or {}
+        capacity = device_plugin_view(gpus, capacity=True)[1]
+        change = {}
+        for field, wanted in (("allocatable", resources), ("capacity", capacity)):
+            now = status.get(field) or {}
+            gpu_keys = {k for k in now if k.startswith("nvidia.com/")}
+            if {k: now[k] for k in gpu_keys} != wanted:
+                change[field] = {**{k: None for k in gpu_keys}, **wanted}
+        if change and any(g.api == "device-plugin" for g in gpus.gpus):
+            await self.kube.patch(f"{NODES}/{name}/status", {"status": change})
         await self.publish_slices(node, gpus)
 
     async def publish_slices(self, node: dict, gpus: Gpus) -> None:

@@ -34,6 +34,8 @@ MIG_CLASS = "mig.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"
 DRIVER_VERSION = "580.82.7"
 CUDA_VERSION = "13.0.0"
+#: The taint the DRA driver puts on the devices of a GPU whose health checks failed.
+HEALTH_TAINT = {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 CAPABILITY = {"Hopper": "9.0.0", "Ampere": "8.0.0", "Blackwell": "10.0.0"}
 
 #: The DeviceClasses NVIDIA's DRA driver's chart installs.
@@ -56,10 +58,16 @@ class Gpu:
     model: str = "h200"
     layout: Mapping[str, int] | str = "off"  # {"1g.18gb": 7}, "off" or "dynamic"
     api: str = "device-plugin"  # or "dra"
+    #: The GPU's health checks failed (an Xid, ECC errors): "" healthy; "unhealthy":
+    #: the device plugin reports its devices unhealthy (the kubelet keeps them in
+    #: capacity, not in allocatable) and the DRA driver takes them out of its
+    #: ResourceSlice; "tainted": the DRA driver taints them NoSchedule instead.
+    fault: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "layout": self.layout if isinstance(self.layout, str)
-                else dict(self.layout), "api": self.api}
+                else dict(self.layout), "api": self.api,
+                **({"fault": self.fault} if self.fault else {})}
 
     @property
     def catalog(self) -> GpuModel:
@@ -81,13 +89,14 @@ class Gpus:
     @classmethod
     def parse(cls, text: str) -> Gpus:
         raw = json.loads(text)
-        return cls(tuple(Gpu(g["model"], g["layout"], g.get("api", "device-plugin"))
-                         for g in raw["gpus"]), raw.get("strategy", "mixed"),
+        return cls(tuple(Gpu(g["model"], g["layout"], g.get("api", "device-plugin"),
+                             g.get("fault", "")) for g in raw["gpus"]),
+                   raw.get("strategy", "mixed"),
                    {k: v for k, v in raw.items() if k not in ("strategy", "gpus")})
 
     def relaid(self, layouts: list[Mapping[str, int] | str]) -> Gpus:
         """The same GPUs with new layouts (MIG Manager's work), one per GPU."""
-        return Gpus(tuple(Gpu(g.model, lay, g.api) for g, lay in zip(self.gpus, layouts,
+        return Gpus(tuple(Gpu(g.model, lay, g.api, g.fault) for g, lay in zip(self.gpus, layouts,
                                                                        strict=True)),
                     self.strategy, self.extra)
 
@@ -130,37 +139,51 @@ def device_name(minor: int, profile: Profile, start: int) -> str:
 # --- the device plugin and GFD ------------------------------------------------------------
 
 
-def device_plugin_view(gpus: Gpus) -> tuple[dict[str, str], dict[str, str]]:
+def device_plugin_view(gpus: Gpus, *, capacity: bool = False
+                       ) -> tuple[dict[str, str], dict[str, str]]:
     """GFD's labels and the device plugin's extended resources for the node's
-    device-plugin GPUs (empty when it has none)."""
+    device-plugin GPUs: allocatable, the healthy devices (``capacity``: every device,
+    as the kubelet counts them). GFD counts every MIG device NVML lists, the DRA
+    driver's too (``nvidia.com/mig-<profile>.count``); its other labels describe the
+    device plugin's GPUs (empty when the node has none)."""
+    counted: dict[str, int] = {}
+    for g in gpus.gpus:
+        if g.api == "dra" and isinstance(g.layout, Mapping):
+            for name, n in g.layout.items():
+                counted[name] = counted.get(name, 0) + n
     mine = [g for g in gpus.gpus if g.api == "device-plugin"]
     if not mine:
-        return {}, {}
+        return {f"nvidia.com/mig-{p}.count": str(n) for p, n in counted.items()}, {}
     first = mine[0].catalog
     labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(len(mine)),
               "nvidia.com/gpu.product": product_label(first),
               "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": gpus.strategy,
               "nvidia.com/gpu.memory": str(first.memory_mib)}
     counts: dict[str, int] = {}
-    whole = 0
+    healthy: dict[str, int] = {}
+    whole = healthy_whole = 0
     for g in mine:
+        ok = capacity or not g.fault
         if isinstance(g.layout, str):
             whole += g.layout == "off"
+            healthy_whole += g.layout == "off" and ok
             continue
         for name, n in g.layout.items():
             counts[name] = counts.get(name, 0) + n
+            healthy[name] = healthy.get(name, 0) + n * ok
     resources: dict[str, str] = {}
     if gpus.strategy == "single":
         (profile,) = counts or {"": 0}
         if profile:
             labels["nvidia.com/gpu.product"] = f"{product_label(first)}-MIG-{profile}"
-        resources["nvidia.com/gpu"] = str(counts.get(profile, whole))
+        resources["nvidia.com/gpu"] = str(healthy.get(profile, healthy_whole))
     else:
-        resources.update({f"nvidia.com/mig-{p}": str(n) for p, n in counts.items()})
+        resources.update({f"nvidia.com/mig-{p}": str(healthy[p]) for p in counts})
         if whole:
-            resources["nvidia.com/gpu"] = str(whole)
+            resources["nvidia.com/gpu"] = str(healthy_whole)
     for p, n in counts.items():
-        labels[f"nvidia.com/mig-{p}.count"] = str(n)
+        counted[p] = counted.get(p, 0) + n
+    labels.update({f"nvidia.com/mig-{p}.count": str(n) for p, n in counted.items()})
     return labels, resources
 
 
@@ -174,8 +197,8 @@ def device_plugin_devices(node: str, gpus: Gpus) -> dict[str, list[str]]:
     the kubelet hands out, one per request."""
     out: dict[str, list[str]] = {}
     for minor, g in enumerate(gpus.gpus):
-        if g.api != "device-plugin":
-            continue
+        if g.api != "device-plugin" or g.fault:
+            continue  # the kubelet hands out healthy devices only
         if g.layout == "off":
             out.setdefault("nvidia.com/gpu", []).append(device_uuid(node, minor))
         elif isinstance(g.layout, Mapping):
@@ -249,8 +272,9 @@ def resource_slices(node: str, gpus: Gpus, generation: int = 1, *,
     devices: list[dict[str, Any]] = []
     counter_sets: list[dict[str, Any]] = []
     for minor, g in enumerate(gpus.gpus):
-        if g.api != "dra":
-            continue
+        if g.api != "dra" or g.fault == "unhealthy":
+            continue  # the driver leaves an unhealthy GPU's devices out
+        mark = len(devices)
         if g.layout == "off":
             devices.append({"name": f"gpu-{minor}", "attributes": {
                 "type": {"string": "gpu"}, "uuid": {"string": device_uuid(node, minor)},
@@ -270,6 +294,9 @@ def resource_slices(node: str, gpus: Gpus, generation: int = 1, *,
         else:
             devices += [mig_device(node, minor, g, p, s)
                         for p, s in placements(g.catalog, g.layout)]
+        if g.fault == "tainted":
+            for device in devices[mark:]:
+                device["taints"] = [dict(HEALTH_TAINT)]
     if not devices:
         return []
     count = 2 if counter_sets and split_counters else 1
@@ -338,9 +365,12 @@ def gpu_node(name: str, gpus: Gpus | Iterable[Gpu] | None = None, *, owner: str 
         all_labels["nvidia.com/mig.config.state"] = "success"
     all_labels.update(labels or {})
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    capacity = dict(resources)
     if gpus is not None:
         resources.update(device_plugin_view(gpus)[1])
+        capacity.update(device_plugin_view(gpus, capacity=True)[1])
     resources.update(allocatable or {})
+    capacity.update(allocatable or {})
     spec: dict[str, Any] = {}
     if taints:
         spec["taints"] = [dict(t) for t in taints]
@@ -350,7 +380,7 @@ def gpu_node(name: str, gpus: Gpus | Iterable[Gpu] | None = None, *, owner: str 
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": all_labels, "annotations": annotations},
         "spec": spec,
-        "status": {"capacity": dict(resources), "allocatable": dict(resources),
+        "status": {"capacity": capacity, "allocatable": dict(resources),
                    "nodeInfo": {"kubeletVersion": "fake", "architecture": "amd64",
                                 "operatingSystem": "linux"}},
     }

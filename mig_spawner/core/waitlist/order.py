@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 #: Refusals meaning "nothing free fits this waiter right now": the only ones that make
 #: a waiter *passed over* (and so count towards the starvation guard).
-FIT_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.GPU_RECUT})
+FIT_REASONS = frozenset({Reason.NONE_FREE, Reason.NO_CAPACITY, Reason.GPU_RECUT,
+                         Reason.GPU_UNHEALTHY})
 
 
 @dataclass(frozen=True)

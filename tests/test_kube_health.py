@@ -1,0 +1,155 @@
+"""A size the cluster reports unhealthy: NVIDIA's device plugin leaves an unhealthy
+GPU's devices out of ``allocatable`` (the kubelet keeps them in ``capacity``), and its
+DRA driver taints them ``NoSchedule`` or takes them out of its ResourceSlice while GPU
+Feature Discovery still counts them. The form says why the size is unavailable, a
+claim is refused in the same words, and the scheduler places nothing there. The
+arithmetic in-process; the rest against the real control plane
+(tests/support/kube_cluster.py), the fault injected as the GPU agents' annotation."""
+
+from __future__ import annotations
+
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from mig_spawner.core.catalog import model
+from mig_spawner.core.policy import build_policy
+from mig_spawner.kube.cluster import cluster_slices
+from mig_spawner.kube.dra import claim_template, dra_slices
+from mig_spawner.spawner.form import build_choices
+from mig_spawner.spawner.kube_decide import CLUSTER_UNHEALTHY
+from tests.support.kube_gpus import GPUS_ANNOTATION, Gpu, Gpus, gpu_node, resource_slices
+from tests.support.spawners import held
+from tests.support.spawners import kube_spawner as make
+
+#: Two A100 80GB, mixed strategy: the large slices on GPU 0, the small ones on GPU 1.
+A100 = (Gpu("a100-80gb", {"3g.40gb": 2}), Gpu("a100-80gb", {"1g.10gb": 7}))
+#: Two H200 for the DRA driver: the small slices on GPU 0, a 3g.71gb on GPU 1.
+H200 = (Gpu("h200", {"1g.18gb": 2}, "dra"), Gpu("h200", {"3g.71gb": 1}, "dra"))
+
+
+def faulty(gpus: tuple[Gpu, ...], fault: str) -> Gpus:
+    """The GPUs with GPU 0 failing its health checks as ``fault`` says."""
+    first, *rest = gpus
+    return Gpus((Gpu(first.model, first.layout, first.api, fault), *rest))
+
+
+def ready(node: dict) -> dict:
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return node
+
+
+# --- the arithmetic, on the API's objects ---------------------------------------------
+
+
+def test_capacity_above_allocatable_is_what_the_cluster_reports_unhealthy():
+    node = ready(gpu_node("a1", faulty(A100, "unhealthy")))
+    assert node["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "2"
+    slices = cluster_slices([node], [])
+    assert slices.free() == {"a100-80gb": {"3g.40gb": 0, "1g.10gb": 7}}
+    assert slices.unhealthy() == {"3g.40gb": 2}
+    # A node with nothing missing, or whose capacity is not given, reports nothing.
+    assert cluster_slices([ready(gpu_node("a2", Gpus(A100)))], []).unhealthy() == {}
+    del node["status"]["capacity"]
+    assert cluster_slices([node], []).unhealthy() == {}
+
+
+@pytest.mark.parametrize("fault", ["tainted", "unhealthy"])
+def test_a_tainted_or_withdrawn_dra_device_is_unhealthy(fault):
+    gpus = faulty(H200, fault)
+    node = ready(gpu_node("h1", gpus))
+    slices = dra_slices([node], resource_slices("h1", gpus), [])
+    assert slices.free() == {"h200": {"1g.18gb": 0, "3g.71gb": 1}}
+    assert slices.unhealthy() == {"1g.18gb": 2}
+
+
+def test_the_form_says_why_unless_a_server_holds_one_of_the_size():
+    policy = build_policy(None, None, {"a": {"allowed": ["1g.10gb", "3g.40gb"]}}
+                          ).for_user(["a"])
+    a100 = [model("a100-80gb")]
+
+    def choices(**kw):
+        return build_choices(policy, a100, {"a100-80gb": {"1g.10gb": 0, "3g.40gb": 1}},
+                             lambda o, c: None, scope="in the cluster",
+                             unhealthy={"1g.10gb": CLUSTER_UNHEALTHY}, **kw)
+
+    small, large = choices()
+    assert (small.unavailable, large.unavailable) == (CLUSTER_UNHEALTHY, None)
+    # Waiting is offered (the device plugin reports a device healthy again), saying why.
+    small, _ = choices(waits={"1g.10gb": "1 waiting"})
+    assert small.available and small.wait.startswith(
+        "The cluster reports its GPU unhealthy \u2014 join the wait list")
+    # One of them held by a server: that one comes back first, and the form says so.
+    small, _ = choices(in_use={"1g.10gb": 1})
+    assert small.unavailable == "the only one is in use right now"
+
+
+# --- against the real control plane -------------------------------------------------------
+
+
+async def report(kube, short: str, gpus: Gpus) -> None:
+    """The node's GPU agents see ``gpus`` now (a GPU failed its health checks) and
+    republish; returns once the API server has what they publish."""
+    await kube.admin.patch(f"/api/v1/nodes/{kube.node_name(short)}", {"metadata": {
+        "annotations": {GPUS_ANNOTATION: gpus.to_json()}}})
+
+
+async def form_after_fault(s) -> str:
+    s.availability.invalidate()
+    return await s.render_options_form()
+
+
+async def test_allocatable_lowered_by_the_device_plugin_shows_the_size_unhealthy(
+        kube, ledger_url):
+    await kube.add_node("a1", Gpus(A100))
+    s = make(kube, ledger_url, profile="large")
+    assert "2 free now" in await s.render_options_form()
+    await report(kube, "a1", faulty(A100, "unhealthy"))
+    await kube.admin.watch_object(f"/api/v1/nodes/{kube.node_name('a1')}", lambda n: n[
+        "status"]["allocatable"].get("nvidia.com/mig-3g.40gb") == "0")
+    form = await form_after_fault(s)
+    assert f"Unavailable: {CLUSTER_UNHEALTHY}" in form
+    assert "7 free now" in form  # GPU 1's small slices are still offered
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert info.value.status_code == 503
+    assert CLUSTER_UNHEALTHY in info.value.jupyterhub_message
+    assert await kube.pods() == [] and held(ledger_url) == []
+    # The scheduler does not place a pod on the unhealthy devices either.
+    await kube.run_pod("batch", "a1", {"nvidia.com/mig-3g.40gb": "1"}, running=False)
+    pod = await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/batch", lambda p: any(
+        c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
+    assert not pod["spec"].get("nodeName")
+
+
+@pytest.mark.parametrize("fault", ["tainted", "unhealthy"])
+async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
+        kube, ledger_url, fault):
+    await kube.add_node("h1", Gpus(H200))
+    s = make(kube, ledger_url, profile="small", mig_resource_api="dra")
+    assert "2 free now" in await s.render_options_form()
+    before = {d["name"] for rs in await kube.slices("h1") for d in rs["spec"]["devices"]}
+    await report(kube, "h1", faulty(H200, fault))
+
+    def republished(rs: dict | None) -> bool:
+        """GPU 0's devices tainted, or gone (a new pool generation)."""
+        devices = (rs or {}).get("spec", {}).get("devices") or []
+        if fault == "tainted":
+            return any(d.get("taints") for d in devices)
+        return bool(devices) and {d["name"] for d in devices} != before
+
+    await kube.admin.watch_object(
+        f"/apis/resource.k8s.io/v1/resourceslices/{kube.node_name('h1')}-gpu.nvidia.com",
+        republished)
+    form = await form_after_fault(s)
+    assert f"Unavailable: {CLUSTER_UNHEALTHY}" in form
+    with pytest.raises(SpawnException) as info:
+        await s.start()
+    assert CLUSTER_UNHEALTHY in info.value.jupyterhub_message
+    assert await kube.pods() == [] and held(ledger_url) == []
+    # kube-scheduler allocates no tainted (or withdrawn) device to a claim.
+    await kube.admin.create(claim_template("h200", "1g.18gb", kube.ns))
+    await kube.run_pod("batch", "h1", running=False, resourceClaims=[
+        {"name": "mig", "resourceClaimTemplateName": "mig-h200-1g-18gb"}])
+    pod = await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/batch", lambda p: any(
+        c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
+    assert "cannot allocate all claims" in str(pod["status"]["conditions"])
