@@ -558,3 +558,22 @@ async def test_the_lease_records_the_node_the_scheduler_chose(kube, ledger_url):
     for s in spawners:
         await s.stop()
 
+
+@pytest.mark.parametrize("resource_api", ["device-plugin", "dra"])
+async def test_the_api_server_finds_no_unknown_field_in_what_a_spawn_sends(
+        kube, ledger_url, resource_api):
+    """The API server takes a field it does not know with a warning and drops it (field
+    validation ``Warn``, its default for a client that does not ask): a typo in the pod
+    or the claim template would pass unnoticed and the slice be lost. Every write of a
+    start and a stop, the pod and the DRA claim template included, comes back without
+    a warning."""
+    dra = resource_api == "dra"
+    await kube.add_node("n1", Gpus((Gpu("h200", {"1g.18gb": 2}, "dra"),)) if dra else A100)
+    s = make(kube, ledger_url, mig_resource_api=resource_api)
+    kube.tap.reset()
+    await s.start()
+    await s.stop()
+    writes = [r for r in kube.tap.requests if r.method in ("POST", "PUT", "PATCH")]
+    made = {r.path.rsplit("/", 1)[-1] for r in writes if r.method == "POST"}
+    assert {"pods", *(["resourceclaimtemplates"] if dra else [])} <= made
+    assert [(r.method, r.path, r.warnings) for r in kube.tap.requests if r.warnings] == []

@@ -52,6 +52,9 @@ class Seen:
     body: bytes = b""
     status: int = 0
     path_qs: str = ""
+    #: The API server's ``Warning`` headers on the answer (an unknown field it dropped,
+    #: a deprecated API ...).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -171,6 +174,7 @@ class Tap:
             seen.status = 502
             return web.Response(status=502, text=str(e))
         seen.status = upstream.status
+        seen.warnings = tuple(upstream.headers.getall("Warning", ()))
         response = web.StreamResponse(status=upstream.status, headers={
             k: v for k, v in upstream.headers.items() if k.lower() not in _HOP})
         if upstream.headers.get("Content-Encoding"):
