@@ -8,6 +8,8 @@ arithmetic in-process; the rest against the real control plane
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from jupyterhub.spawner import SpawnException
 
@@ -17,9 +19,11 @@ from mig_spawner.kube.cluster import cluster_slices
 from mig_spawner.kube.dra import claim_template, dra_slices
 from mig_spawner.spawner.form import build_choices
 from mig_spawner.spawner.kube_decide import CLUSTER_UNHEALTHY
+from tests.support.kube_fixture import run_check_command
 from tests.support.kube_gpus import GPUS_ANNOTATION, Gpu, Gpus, gpu_node, resource_slices
 from tests.support.spawners import held
 from tests.support.spawners import kube_spawner as make
+from tests.test_kube_doctor import doctor
 
 #: Two A100 80GB, mixed strategy: the large slices on GPU 0, the small ones on GPU 1.
 A100 = (Gpu("a100-80gb", {"3g.40gb": 2}), Gpu("a100-80gb", {"1g.10gb": 7}))
@@ -119,6 +123,9 @@ async def test_allocatable_lowered_by_the_device_plugin_shows_the_size_unhealthy
     pod = await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/batch", lambda p: any(
         c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
     assert not pod["spec"].get("nodeName")
+    # The admin's view of the cluster says which node and how many.
+    _, out, _ = await run_check_command(kube.kubeconfig(), "--node-selector", kube.selector)
+    assert re.search(rf"{kube.node_name('a1')}\s+reported unhealthy: 3g\.40gb: 2\n", out), out
 
 
 @pytest.mark.parametrize("fault", ["tainted", "unhealthy"])
@@ -153,3 +160,9 @@ async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
     pod = await kube.admin.watch_object(f"/api/v1/namespaces/{kube.ns}/pods/batch", lambda p: any(
         c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
     assert "cannot allocate all claims" in str(pod["status"]["conditions"])
+    # doctor --kube names the node, how many, and what the driver did.
+    _, checks = await doctor(kube, kube.kubeconfig(), mig_resource_api="dra")
+    node = checks[f"node {kube.node_name('h1')}"]
+    assert (node["status"], node["detail"]) == ("warn", (
+        "the cluster reports slices unhealthy (1g.18gb: 2): the DRA driver tainted them "
+        "or took them out of its ResourceSlice"))

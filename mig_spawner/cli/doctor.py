@@ -530,6 +530,8 @@ def kube_checks(found: Any, configured: str, strategy: str = "auto") -> list[Che
     """``doctor --kube``'s checks on one read of the cluster (``found``: a
     :class:`mig_spawner.kube.survey.Survey`) against the hub's settings
     (``KubeMIGSpawner.mig_resource_api`` and ``mig_strategy``)."""
+    from ..kube.cluster import unhealthy_words
+
     rbac_fix = ("bind the hub's service account to the Role and ClusterRole in "
                 "docs/kubernetes.md ('RBAC')")
     if found.error:
@@ -551,6 +553,17 @@ def kube_checks(found: Any, configured: str, strategy: str = "auto") -> list[Che
     else:
         checks.append(Check("GPU nodes", Status.FAIL, "no node offers MIG slices to the hub",
                             "see the nodes left out below, and docs/kubernetes.md section 1"))
+    for node in slices.nodes:
+        if node.unhealthy:
+            checks.append(Check(
+                f"node {node.name}", Status.WARN,
+                f"the cluster reports slices unhealthy ({unhealthy_words(node)}): "
+                + ("the DRA driver tainted them or took them out of its ResourceSlice"
+                   if node.strategy == "dra" else
+                   "the device plugin left them out of allocatable (capacity has them)"),
+                "the GPU needs a reset or a repair: see the device plugin's or DRA "
+                "driver's log for the Xid; docs/kubernetes.md, 'How free slices are "
+                "counted'"))
     for skipped in slices.skipped:
         checks.append(Check(f"node {skipped.name}", Status.WARN, f"not offered: {skipped.reason}",
                             "docs/kubernetes.md, 'How free slices are counted'"))

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from .availability import ClusterAvailability, ClusterReadError, _list_all
-from .cluster import ClusterSlices
+from .cluster import ClusterSlices, unhealthy_words
 from .dra import DEVICE_CLASS, DRIVER, served_by
 
 #: What each way of handing out MIG devices is called, and the hub setting for it.
@@ -73,6 +73,7 @@ def _as_dict(slices: ClusterSlices) -> dict[str, Any]:
                 "strategy": n.strategy,
                 "allocatable": dict(n.allocatable),
                 "used": dict(n.used),
+                "unhealthy": dict(n.unhealthy),
             }
             for n in slices.nodes
         ],
@@ -86,6 +87,8 @@ def _print_table(slices: ClusterSlices) -> None:
         for profile, total in sorted(n.allocatable.items()):
             print(f"{n.name:<24} {n.model_key:<10} {n.strategy:<8} {profile:<12} "
                   f"{n.free(profile):>5} {total:>4}")
+        if n.unhealthy:
+            print(f"{n.name:<24} reported unhealthy: {unhealthy_words(n)}")
     for s in slices.skipped:
         print(f"{s.name:<24} not offered: {s.reason}")
     for key, per_profile in sorted(slices.free().items()):

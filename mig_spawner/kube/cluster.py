@@ -156,6 +156,12 @@ class ClusterSlices:
         return tuple(sorted({n.model_key for n in self.nodes}))
 
 
+def unhealthy_words(node: NodeSlices) -> str:
+    """``"3g.40gb: 2, 1g.10gb: 1"``: the node's slices the cluster reports unhealthy,
+    for admins (the check command, ``doctor --kube``)."""
+    return ", ".join(f"{p}: {n}" for p, n in sorted(node.unhealthy.items()))
+
+
 def quantity(value: Any) -> int:
     """An extended-resource quantity: the API server only accepts whole numbers for
     device plugin resources, so no Kubernetes suffixes (``m``, ``Ki`` ...) occur."""
