@@ -50,7 +50,7 @@ def test_capacity_above_allocatable_is_what_the_cluster_reports_unhealthy():
     assert node["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "2"
     slices = cluster_slices([node], [])
     assert slices.free() == {"a100-80gb": {"3g.40gb": 0, "1g.10gb": 7}}
-    assert slices.unhealthy() == {"3g.40gb": 2}
+    assert slices.unhealthy() == {"a100-80gb": {"3g.40gb": 2}}
     # A node with nothing missing, or whose capacity is not given, reports nothing.
     assert cluster_slices([ready(gpu_node("a2", Gpus(A100)))], []).unhealthy() == {}
     del node["status"]["capacity"]
@@ -63,28 +63,25 @@ def test_a_tainted_or_withdrawn_dra_device_is_unhealthy(fault):
     node = ready(gpu_node("h1", gpus))
     slices = dra_slices([node], resource_slices("h1", gpus), [])
     assert slices.free() == {"h200": {"1g.18gb": 0, "3g.71gb": 1}}
-    assert slices.unhealthy() == {"1g.18gb": 2}
+    assert slices.unhealthy() == {"h200": {"1g.18gb": 2}}
 
 
-def test_the_form_says_why_unless_a_server_holds_one_of_the_size():
+def test_the_form_says_why_a_size_of_an_unhealthy_model_is_unavailable():
     policy = build_policy(None, None, {"a": {"allowed": ["1g.10gb", "3g.40gb"]}}
                           ).for_user(["a"])
-    a100 = [model("a100-80gb")]
 
     def choices(**kw):
-        return build_choices(policy, a100, {"a100-80gb": {"1g.10gb": 0, "3g.40gb": 1}},
-                             lambda o, c: None, scope="in the cluster",
-                             unhealthy={"1g.10gb": CLUSTER_UNHEALTHY}, **kw)
+        return build_choices(policy, [model("a100-80gb")],
+                             {"a100-80gb": {"1g.10gb": 0, "3g.40gb": 1}}, lambda o, c: None,
+                             scope="in the cluster",
+                             unhealthy={"a100-80gb": CLUSTER_UNHEALTHY}, **kw)
 
     small, large = choices()
     assert (small.unavailable, large.unavailable) == (CLUSTER_UNHEALTHY, None)
     # Waiting is offered (the device plugin reports a device healthy again), saying why.
     small, _ = choices(waits={"1g.10gb": "1 waiting"})
     assert small.available and small.wait.startswith(
-        "The cluster reports its GPU unhealthy \u2014 join the wait list")
-    # One of them held by a server: that one comes back first, and the form says so.
-    small, _ = choices(in_use={"1g.10gb": 1})
-    assert small.unavailable == "the only one is in use right now"
+        f"Unavailable: {CLUSTER_UNHEALTHY} \u2014 join the wait list")
 
 
 # --- against the real control plane -------------------------------------------------------
@@ -95,6 +92,11 @@ async def report(kube, short: str, gpus: Gpus) -> None:
     republish; returns once the API server has what they publish."""
     await kube.admin.patch(f"/api/v1/nodes/{kube.node_name(short)}", {"metadata": {
         "annotations": {GPUS_ANNOTATION: gpus.to_json()}}})
+
+
+def says_unhealthy(form: str) -> bool:
+    """The form says a size is unavailable because the cluster reports it unhealthy."""
+    return f"Unavailable: {CLUSTER_UNHEALTHY}</li>" in form
 
 
 async def form_after_fault(s) -> str:
@@ -111,7 +113,7 @@ async def test_allocatable_lowered_by_the_device_plugin_shows_the_size_unhealthy
     await kube.admin.watch_object(f"/api/v1/nodes/{kube.node_name('a1')}", lambda n: n[
         "status"]["allocatable"].get("nvidia.com/mig-3g.40gb") == "0")
     form = await form_after_fault(s)
-    assert f"Unavailable: {CLUSTER_UNHEALTHY}" in form
+    assert says_unhealthy(form)
     assert "7 free now" in form  # GPU 1's small slices are still offered
     with pytest.raises(SpawnException) as info:
         await s.start()
@@ -148,7 +150,7 @@ async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
         f"/apis/resource.k8s.io/v1/resourceslices/{kube.node_name('h1')}-gpu.nvidia.com",
         republished)
     form = await form_after_fault(s)
-    assert f"Unavailable: {CLUSTER_UNHEALTHY}" in form
+    assert says_unhealthy(form)
     with pytest.raises(SpawnException) as info:
         await s.start()
     assert CLUSTER_UNHEALTHY in info.value.jupyterhub_message

@@ -104,14 +104,15 @@ class ClusterSlices:
                 per_model[profile] = per_model.get(profile, 0) + node.free(profile)
         return dict(out)
 
-    def unhealthy(self) -> dict[str, int]:
-        """Slices per profile name that offered nodes have but the cluster reports
-        unhealthy (:attr:`NodeSlices.unhealthy`), all nodes together."""
-        out: dict[str, int] = {}
+    def unhealthy(self) -> dict[str, dict[str, int]]:
+        """Slices per catalog model key, then per profile, that offered nodes have but
+        the cluster reports unhealthy (:attr:`NodeSlices.unhealthy`)."""
+        out: defaultdict[str, dict[str, int]] = defaultdict(dict)
         for node in self.nodes:
             for profile, count in node.unhealthy.items():
-                out[profile] = out.get(profile, 0) + count
-        return {p: n for p, n in out.items() if n}
+                per_model = out[node.model_key]
+                per_model[profile] = per_model.get(profile, 0) + count
+        return dict(out)
 
     def withheld(self, wants: Mapping[str, str]) -> tuple[int, int]:
         """For a request meaning ``wants`` (model key -> profile): how many of its

@@ -46,10 +46,9 @@ class SliceSupply:
     #: Slices per profile name that would be free but a layout change holds (an admin
     #: re-cuts their GPU, docs/layout.md): the form says so.
     recut: Mapping[str, int] = field(default_factory=dict)
-    #: Profile name -> why slices of it are withheld for their GPU's health, in words
-    #: the form shows after "Unavailable:" (on Kubernetes: the cluster reports them
-    #: unhealthy; docs/kubernetes.md). Keyed by profile as ``recut`` is, so that only
-    #: the sizes that lost slices say so.
+    #: GPU model key -> why slices of it are withheld for their health, in words the
+    #: form puts after "unavailable: " (``GPU 1 reported a hardware fault``; on
+    #: Kubernetes, what the cluster reports). docs/health.md.
     unhealthy: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -121,9 +121,9 @@ def build_choices(
     them, waiting or not). ``budget_line(offer, compute_slices)``: where the budget
     a lease of it would spend stands, in words, or ``None``. ``recut``: slices per
     profile name that an admin's layout change holds from new servers (docs/layout.md).
-    ``unhealthy``: profile name -> why slices of it are withheld for their GPU's health,
-    in words ("the cluster reports its GPU unhealthy"): a size with none free and none
-    held says that.
+    ``unhealthy``: GPU model key -> why its faulty slices are withheld, in words
+    (``GPU 1 reported a hardware fault``; docs/health.md): a size with none free says
+    it is unavailable for that.
     """
     waits, in_use, recut, unhealthy = waits or {}, in_use or {}, recut or {}, unhealthy or {}
     present = list({m.key: m for m in models}.values())
@@ -138,9 +138,7 @@ def build_choices(
         compute = min((p.compute_slices for _, p in served), default=0)
         held = sum(in_use.get(profile.name, 0) for _, profile in served)
         changing = sum(recut.get(profile.name, 0) for _, profile in served)
-        # Only slices withheld for their health left (held ones come back first).
-        faulty = "" if held else ", ".join(sorted({
-            unhealthy[p.name] for _, p in served if p.name in unhealthy}))
+        faulty = ", ".join(unhealthy[gpu.key] for gpu, _ in served if gpu.key in unhealthy)
         # Whole GPUs are there or not whatever the layout: MIG is off on them beforehand.
         absent = not served or ((fixed_layout or offer.whole) and not held and not count
                                 and not changing and not faulty)
@@ -155,14 +153,14 @@ def build_choices(
             elif changing:
                 why = RECUT
             elif faulty:
-                why = faulty
+                why = faulty  # the form shows it after its own "Unavailable:"
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:
                 why = f"{in_use_text(held)} right now"
             if not absent and offer.key in waits:
                 # An admin's re-cut first: waiting then lasts until it is done.
-                busy = (RECUT if changing else faulty if faulty
+                busy = (RECUT if changing else f"{UNAVAILABLE}{faulty}" if faulty
                         else in_use_text(held) if held else "none free")
                 wait = f"{busy[0].upper()}{busy[1:]} \u2014 join the wait list ({waits[offer.key]})"
                 why = None
@@ -185,6 +183,8 @@ def build_choices(
     return choices
 
 
+#: Before why a size is withheld for its GPU's health (docs/health.md).
+UNAVAILABLE = "unavailable: "
 #: A size whose slices an admin's layout change holds (docs/layout.md).
 RECUT = "not free for a while: an admin is re-cutting its GPU"
 
