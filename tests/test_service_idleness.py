@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium, sign_in
@@ -129,15 +130,22 @@ def test_a_user_working_in_jupyterlab_keeps_the_server(env):
         # Run a cell every few seconds for well past the idle limit: the user's
         # traffic goes through the proxy and counts, as real use must.
         while time.monotonic() - began < SERVER_IDLE * 1.6:
+            cell = time.monotonic()
             page.locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
             page.keyboard.type("1 + 1")
             page.keyboard.press("Shift+Enter")
-            time.sleep(3)
+            # A person's pace: a cell every 3 s (3 min shipped), however long the
+            # browser took to run the last one.
+            time.sleep(max(0.0, 3 - (time.monotonic() - cell)))
             assert hub.server_model("mia") is not None, service.log()
     assert hub.server_model("mia")["ready"]
     lease = ledger.leases.active_for_server("mia")
-    # A server in use has no idle deadline: never warned of one.
-    assert [e.kind for e in ledger.warnings.events(lease.id)] == [], service.log()
+    # A server in use has no idle deadline: never warned of one. Its kernel may be,
+    # where a busy machine held the browser past the kernel's warning lead (5 s here,
+    # 5 min shipped): that warning is the kernel's, and the next cell withdraws it.
+    server_warnings = [e.kind for e in ledger.warnings.events(lease.id)
+                       if e.rule is not StopRule.KERNEL_IDLE]
+    assert server_warnings == [], service.log()
 
 
 def test_a_slice_doing_gpu_work_keeps_its_server_though_no_kernel_is_busy(env):
