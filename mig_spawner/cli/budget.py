@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 from ..core.budget import slice_amounts
 from ..core.durations import DurationError, parse_duration
 from ..core.policy import PolicySet
-from .report import ledger_url
-from .settings import hub_config
+from .settings import hub_config, ledger_url
 
 if TYPE_CHECKING:
     from ..ledger import Ledger

@@ -114,10 +114,11 @@ def render_json(plan: LayoutPlan, now: datetime, notice: NoticeFor | None,
 
 def _groups(config_dir: str | None) -> dict[str, list[str]]:
     """Group -> the profiles its policy allows, from ``config_dir`` (empty without)."""
-    from .report import _allowed_by
 
     groups: dict[str, list[str]] = {}
-    for profile, names in _allowed_by(config_dir).items():
+    from .settings import allowed_by
+
+    for profile, names in allowed_by(config_dir).items():
         for group in names:
             groups.setdefault(group, []).append(profile)
     return groups
@@ -143,11 +144,10 @@ def read_plan(args: argparse.Namespace) -> LayoutPlan:
     from ..core.layout import plan_layout
     from ..layout import holders_of
     from ..ledger import Ledger, LedgerMissing
-    from .main import _read_inventory
-    from .report import ledger_url
+    from .settings import ledger_url, read_inventory
 
     target = read_target(args.target, args.config)
-    inventory = _read_inventory(args)
+    inventory = read_inventory(args)
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
             held = ledger.leases.active()
@@ -220,8 +220,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from ..gpu import connect
     from ..layout import begin, holders_of
     from ..ledger import Ledger, LedgerError
-    from .report import ledger_url
-    from .settings import hub_config
+    from .settings import hub_config, ledger_url
 
     why = _refuse_dynamic(args)
     if why:
@@ -267,7 +266,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Run ``mig-spawner layout status``: the open changes (``--all``: history too)."""
     from ..ledger import Ledger
-    from .report import ledger_url
+    from .settings import ledger_url
 
     with Ledger.open_existing(ledger_url(args)) as ledger:
         changes = ledger.holds.changes(open_only=not args.all)
@@ -292,10 +291,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
     """Run ``mig-spawner layout drain GPU``."""
     from ..layout import drain
     from ..ledger import Ledger
-    from .main import _read_inventory
-    from .report import ledger_url
+    from .settings import ledger_url, read_inventory
 
-    inventory = _read_inventory(args)
+    inventory = read_inventory(args)
     gpu = next((g for g in inventory.gpus if g.index == args.gpu), None)
     if gpu is None:
         print(f"error: this host has no GPU {args.gpu}", file=sys.stderr)
@@ -314,7 +312,7 @@ def cmd_end(args: argparse.Namespace) -> int:
     from ..holder import this_host
     from ..layout import end_change
     from ..ledger import KUBE_NODE, Ledger
-    from .report import ledger_url
+    from .settings import ledger_url
 
     gpu = args.gpu.isdigit()
     with Ledger.open(ledger_url(args)) as ledger:
@@ -337,7 +335,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     the slice service drain it, label it and wait for MIG Manager."""
     from ..layout import begin_kube
     from ..ledger import Ledger
-    from .report import ledger_url
+    from .settings import ledger_url
 
     with Ledger.open(ledger_url(args)) as ledger:
         change = begin_kube(ledger, args.node, args.mig_config)

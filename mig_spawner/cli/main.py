@@ -8,20 +8,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import budget, catalog, demo, doctor, layout, report, status
-from .settings import hub_config
+from .settings import connect_gpus, hub_config, read_inventory
 
 SIMULATE_HELP = (
     "use the NVML simulator instead of the real driver, e.g. 'h200x2', "
     "'a100-80gbx1:mig=off', 'h100x1:layout=1g.10gb*2,2g.20gb,3g.40gb' (docs/simulator.md)"
 )
-
-
-def _connect(args: argparse.Namespace):
-    from ..config import MIGSettings
-    from ..gpu import connect
-
-    shared = MIGSettings(config=hub_config(args))
-    return connect(simulate=shared.simulate, state_file=shared.sim_state_file)
 
 
 #: The options every subcommand that reads the hub's config, GPUs or ledger takes, before
@@ -55,17 +47,8 @@ def add_global_options(p: argparse.ArgumentParser, top: bool = False) -> None:
                         "database, else in this directory)")
 
 
-def _read_inventory(args: argparse.Namespace):
-    """The inventory (read-only); a GpuError reaches :func:`main`, which prints it."""
-    adapter = _connect(args)
-    try:
-        return adapter.inventory()
-    finally:
-        adapter.close()
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    inv = _read_inventory(args)
+    inv = read_inventory(args)
     holders, changes, note = _from_ledger(args, inv)
     if args.json:
         data = status.to_json(inv, holders)
@@ -93,7 +76,7 @@ def _from_ledger(args: argparse.Namespace, inv):
 
     from ..ledger import Ledger, LedgerError, LedgerMissing
     from ..observe.slice_state import slice_map
-    from .report import ledger_url
+    from .settings import ledger_url
 
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
@@ -112,7 +95,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     inv = None
     if args.from_driver:
-        inv = _read_inventory(args)
+        inv = read_inventory(args)
     try:
         print(catalog.render(inv, args.model, args.json))
     except CatalogError as e:
@@ -196,7 +179,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         setting = None if config is None else doctor.configured_isolation(config)
         support = host_support()
-        checks = doctor.run_checks(lambda: _connect(args), offered_for, mode=args.mode,
+        checks = doctor.run_checks(lambda: connect_gpus(args), offered_for, mode=args.mode,
                                    isolation=doctor.confines(setting, simulated, support))
         checks.append(doctor.check_device_isolation(setting, simulated, support))
         checks += settings

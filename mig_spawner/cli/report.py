@@ -12,9 +12,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import MIGSettings
 from ..core.durations import DurationError, parse_duration
-from .settings import hub_config
+from .settings import allowed_by, hub_config, ledger_url, read_inventory
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the command runs
     from ..core.rightsize import RightsizeRule
@@ -60,14 +59,6 @@ def parse_when(text: str, now: datetime) -> datetime:
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
-def ledger_url(args: argparse.Namespace) -> str:
-    """The ledger the hub uses, as its config says (``--ledger-url`` wins)."""
-    from ..hub.groups import hub_db_url
-
-    config = hub_config(args)
-    return MIGSettings(config=config).ledger_location(hub_db_url(config))
-
-
 def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) -> None:
     """Register ``report`` on the ``mig-spawner`` parser (``add_global_options``: main's
     global options: the hub's config, the GPUs for the current layout, the ledger)."""
@@ -107,35 +98,12 @@ def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) ->
 def _fleet(args: argparse.Namespace, held: Sequence[Lease]) -> tuple[Fleet, dict[int, int]]:
     """The MIG layout of this host (or of the ``--simulate`` spec), and how many of the
     ``held`` leases hold a slice on each of its GPUs (by GPU index)."""
-    from ..gpu import connect
     from ..report.replay import fleet_of
 
-    shared = MIGSettings(config=hub_config(args))
-    adapter = connect(simulate=shared.simulate, state_file=shared.sim_state_file)
-    try:
-        inventory = adapter.inventory()
-    finally:
-        adapter.close()
+    inventory = read_inventory(args)
     index_of = {g.uuid: g.index for g in inventory.gpus}
     on_gpu = Counter(index_of[x.gpu_uuid] for x in held if x.gpu_uuid in index_of)
     return fleet_of(inventory), dict(on_gpu)
-
-
-def _allowed_by(config_dir: str | None) -> dict[str, list[str]]:
-    """Profile -> the groups whose policy in ``config_dir`` allows it (a class counts
-    for each profile it names); empty without a config."""
-    if config_dir is None:
-        return {}
-    from ..config import MIGPolicyConfig, load_config_files
-
-    policies = MIGPolicyConfig(config=load_config_files(config_dir)).build()
-    found: dict[str, list[str]] = {}
-    for group in (*policies.groups.values(), policies.default):
-        for key in group.allowed:
-            offer = policies.offers[key]
-            for profile in offer.profiles.values() if offer.is_class else (key,):
-                found.setdefault(profile, []).append(group.name)
-    return found
 
 
 def _gpu_error(e: GpuError, doing: str) -> None:
@@ -164,7 +132,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         if args.min_requests < 1:
             raise ValueError("--min-requests must be at least 1")
         rule = _rightsize_rule(args) if args.rightsize else None
-        allowed_by = _allowed_by(args.config_dir) if args.advise else {}
+        allowing = allowed_by(args.config_dir) if args.advise else {}
         with Ledger.open_existing(ledger_url(args)) as ledger:
             leases = [x for x in ledger.leases.history(since) if x.claimed_at <= until]
             refusals = ledger.refusals.between(since, until)
@@ -202,7 +170,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
                   "(use --simulate with the fleet to plan for)", file=sys.stderr)
             return 1
         advice = advise(fleet, requests_of(leases, refusals, until),
-                        min_requests=args.min_requests, allowed_by=allowed_by, held=on_gpu)
+                        min_requests=args.min_requests, allowed_by=allowing, held=on_gpu)
     _print(args, rows, advice, since, until, waits, extra)
     if advice is not None and args.write_config:
         from ..report.render import mig_parted_yaml

@@ -27,25 +27,31 @@ import pynvml
 from pynvml import NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED
 
 from .rules import SimError, mig_devices
-from .state import mig_device_uuid
-
-if TYPE_CHECKING:
-    from .host import DeviceRef, SimulatedHost
+from .state import DeviceRef, HostState, mig_device_uuid
 
 
 class ActivityScript:
-    """Test helpers of :class:`~mig_spawner.gpu.simulator.SimulatedHost` for GPM."""
+    """Test helpers of :class:`~mig_spawner.gpu.simulator.SimulatedHost` for GPM (a
+    base of it: what it asks of the host is declared here, so this module does not
+    import the host's)."""
 
     _script: dict[str, Any] | None = None
     _script_stamp: float | None = None
+    state_file: str | None
 
-    def set_gpm(self: SimulatedHost, supported: bool) -> None:
+    if TYPE_CHECKING:
+        @property
+        def state(self) -> HostState: ...
+
+        def refresh(self) -> HostState: ...
+
+    def set_gpm(self, supported: bool) -> None:
         """Whether the simulated GPUs support GPM (per-instance SM activity)."""
         script = self._activity()
         script["gpm"] = bool(supported)
         self._save_activity(script)
 
-    def set_sm_activity(self: SimulatedHost, device: DeviceRef, percent: float) -> None:
+    def set_sm_activity(self, device: DeviceRef, percent: float) -> None:
         """Make ``device``'s SMs ``percent`` busy (0-100) from now on."""
         if not 0 <= percent <= 100:
             raise ValueError(f"SM activity is a percentage (0-100), not {percent}")
@@ -54,15 +60,15 @@ class ActivityScript:
         script.setdefault("sm", {})[f"{gpu_index}:{gi_id}"] = float(percent)
         self._save_activity(script)
 
-    def gpm_supported(self: SimulatedHost) -> bool:
+    def gpm_supported(self) -> bool:
         """What ``nvmlGpmQueryDeviceSupport`` answers."""
         return bool(self._activity().get("gpm"))
 
-    def sm_percent(self: SimulatedHost, gpu_index: int, gi_id: int) -> float:
+    def sm_percent(self, gpu_index: int, gi_id: int) -> float:
         """The scripted SM activity of one GPU instance now (0 unless set)."""
         return float(self._activity().get("sm", {}).get(f"{gpu_index}:{gi_id}", 0.0))
 
-    def _gi_of(self: SimulatedHost, device: DeviceRef) -> tuple[int, int]:
+    def _gi_of(self, device: DeviceRef) -> tuple[int, int]:
         for gpu in self.refresh().gpus:
             for gi, ci in mig_devices(gpu):
                 if device in ((gpu.index, gi.gi_id, ci.ci_id),
@@ -70,10 +76,10 @@ class ActivityScript:
                     return gpu.index, gi.gi_id
         raise KeyError(f"no simulated MIG device {device!r}")
 
-    def _activity_file(self: SimulatedHost) -> str | None:
+    def _activity_file(self) -> str | None:
         return f"{self.state_file}.activity.json" if self.state_file else None
 
-    def _activity(self: SimulatedHost) -> dict[str, Any]:
+    def _activity(self) -> dict[str, Any]:
         path = self._activity_file()
         if path is None:
             if self._script is None:
@@ -88,7 +94,7 @@ class ActivityScript:
                 self._script, self._script_stamp = json.load(f), stamp
         return dict(self._script or {})
 
-    def _save_activity(self: SimulatedHost, script: dict[str, Any]) -> None:
+    def _save_activity(self, script: dict[str, Any]) -> None:
         path = self._activity_file()
         if path is None:
             self._script = script
@@ -119,7 +125,7 @@ class GpmFunctions:
     level for the whole interval.
     """
 
-    host: SimulatedHost
+    host: ActivityScript  # the SimulatedHost
 
     def _nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> None:
         self._gpu(self.host.state, handle)  # type: ignore[attr-defined]

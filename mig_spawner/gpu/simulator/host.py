@@ -25,6 +25,7 @@ from . import rules
 from .activity import ActivityScript
 from .spec import SpecError, parse_spec
 from .state import (
+    DeviceRef,
     HostState,
     InjectedError,
     SimComputeInstance,
@@ -34,8 +35,6 @@ from .state import (
     new_host_state,
 )
 
-#: A MIG UUID, or (gpu index, GI ID, CI ID); or the UUID of a GPU with MIG off.
-DeviceRef = str | tuple[int, int, int]
 _GENERATION = struct.Struct("<Q")
 # How often a wait for a change (the simulated nvmlEventSetWait) looks at the state
 # file for other processes' changes; this process's own changes wake it at once.

@@ -16,6 +16,9 @@ from mig_spawner.core import catalog
 
 from .spec import NON_MIG_MODELS, HostSpec
 
+#: A MIG UUID, or (gpu index, GI ID, CI ID); or the UUID of a GPU with MIG off.
+DeviceRef = str | tuple[int, int, int]
+
 # Fixed namespace: simulated UUIDs are stable across runs and processes.
 _NAMESPACE = uuid.UUID("6c0b3f3e-5b8e-4c4e-9a57-4d1f6b2a9c10")
 
