@@ -186,8 +186,7 @@ def make_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
 
 async def start_claim(spawner: LocalMIGSpawner):
     mine = spawner.user_policy(spawner.policies())
-    lease, _plan = await waiting.claim(spawner, mine.offer("1g.18gb"), mine)
-    return lease
+    return (await waiting.claim(spawner, mine.offer("1g.18gb"), mine)).lease
 
 
 async def test_spawns_at_once_through_the_spawner_get_one_minimum_hold(tmp_path, backend_url):

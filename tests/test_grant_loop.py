@@ -42,8 +42,7 @@ def crowd_spawner(tmp_path, url: str, name: str) -> LocalMIGSpawner:
 async def start_claim(spawner: LocalMIGSpawner):
     mine = spawner.user_policy(spawner.policies())
     offer = mine.offer("1g.18gb")
-    lease, _plan = await waiting.claim(spawner, offer, mine)
-    return lease
+    return (await waiting.claim(spawner, offer, mine)).lease
 
 
 @pytest.fixture

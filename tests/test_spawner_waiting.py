@@ -24,30 +24,28 @@ from tests.support.polling import until_async
 from tests.support.spawners import make_spawner, mig_config
 
 
-def _spawner(configured: int, raised: int, granted_ago: float | None) -> SimpleNamespace:
-    spawner = SimpleNamespace(start_timeout=raised, log=logging.getLogger("test"),
-                              _log_name="ana",
-                              _granted_at=None if granted_ago is None
-                              else time.monotonic() - granted_ago)
-    spawner.__dict__["_configured_start_timeout"] = configured
-    return spawner
+def _spawner(raised: int) -> SimpleNamespace:
+    return SimpleNamespace(start_timeout=raised, log=logging.getLogger("test"),
+                           _log_name="ana")
 
 
 async def test_after_a_wait_the_start_timeout_counts_from_the_grant(caplog):
-    spawner = _spawner(configured=2, raised=3600, granted_ago=0.5)
+    spawner = _spawner(raised=3600)
+    granted_at = time.monotonic() - 0.5
     tic = time.monotonic()
     with caplog.at_level(logging.WARNING, "test"), pytest.raises(TimeoutError):
         # A start that never ends: a timer ends it, and the one counted from the grant
         # (2 s, not 3600) says so; the outer bound only keeps a failure short.
-        await asyncio.wait_for(within_start_timeout(spawner, asyncio.Event().wait()), 60)
+        await asyncio.wait_for(
+            within_start_timeout(spawner, asyncio.Event().wait(), 2, granted_at), 60)
     assert "ana did not start within 2s of its grant" in caplog.text
     assert time.monotonic() - tic >= 1.0  # not before the 2 s from the grant 0.5 s ago
     assert spawner.start_timeout == 2  # what JupyterHub's timeout message names
 
 
 async def test_a_start_that_never_waited_keeps_the_hubs_own_timeout():
-    spawner = _spawner(configured=60, raised=60, granted_ago=None)
-    assert await within_start_timeout(spawner, asyncio.sleep(0, "url")) == "url"
+    spawner = _spawner(raised=60)
+    assert await within_start_timeout(spawner, asyncio.sleep(0, "url"), 60, None) == "url"
 
 
 def _local(tmp_path, name: str, mode: str, sim: str) -> LocalMIGSpawner:
@@ -68,8 +66,7 @@ async def in_line(spawner: LocalMIGSpawner) -> None:
 
 async def _claim(spawner: LocalMIGSpawner, key: str):
     mine = spawner.user_policy(spawner.policies())
-    lease, _plan = await waiting.claim(spawner, mine.offer(key), mine)
-    return lease
+    return (await waiting.claim(spawner, mine.offer(key), mine)).lease
 
 
 @pytest.mark.parametrize(("mode", "sim", "joins"), [
@@ -198,12 +195,12 @@ async def test_jupyterhubs_timeouts_fit_the_answer_wait_and_a_wait_in_line(tmp_p
     ana.user_options = {"profile": "3g.71gb"}
     ana.runtime.answers.clear()
     ana.runtime.answers.extend([12.0, 140.0])
-    waiting.allow_wait(ana)
+    ana.run_pre_spawn_hook()
     # 3 x 140 s to answer, twice (a second start on the same slice), plus max_wait (1 h).
     assert ana.http_timeout == 420
     assert ana.start_timeout == 2 * (60 + 420) + 3600 + 1 + 1
     # The configured values are what the next spawn starts from.
     ana.runtime.answers.clear()
     ana.user_options = {"profile": "7g.141gb"}  # not allowed: start() refuses it later
-    waiting.allow_wait(ana)
+    ana.run_pre_spawn_hook()
     assert (ana.http_timeout, ana.start_timeout) == (300, 2 * (60 + 300) + 1)

@@ -279,14 +279,6 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         cluster's API): :meth:`claim_decide` plans first."""
         return None
 
-    #: The plan of the claim under way, once read (``waiting.claim`` sets it): what a
-    #: refusal records beside its reason.
-    claim_plan: ClaimPlan | None = None
-    #: The trip to a worker thread that made the claim (``waiting.claim`` sets it; on
-    #: Kubernetes the cluster is read in trips before it): seconds it waited for a
-    #: thread, worked there, and waited for the hub's event loop to take the result back.
-    claim_trip: tuple[float, ...] = (0.0, 0.0, 0.0)
-
     async def after_claim(self, lease: Lease) -> Lease:
         """Make the claimed slice (e.g. create the instance) and return the lease as
         recorded then; by default the slice exists already. Raise SpawnException to
@@ -490,21 +482,30 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         refused, self._refused_options = self._refused_options, None
         if refused is not None:
             raise refused
-        waiting.allow_wait(self)
+        if self._configured_timeouts is None:
+            self._configured_timeouts = (self.start_timeout, self.http_timeout)
+        bounds = waiting.start_bounds(self, *self._configured_timeouts)
+        self.start_timeout, self.http_timeout = bounds.start_timeout, bounds.http_timeout
         return super().run_pre_spawn_hook()
+
+    #: The admin's ``start_timeout`` and ``http_timeout``, read before the first spawn
+    #: raised them (``run_pre_spawn_hook``): what the next spawn starts from again.
+    _configured_timeouts: tuple[int, int] | None = None
 
     async def start(self) -> Any:
         """Claim a slice, start the server on it, and give the slice back if that fails."""
         self._progress_log = ProgressLog()
         try:
             offer, mine = self._validate(self.user_options)
-            lease = await self._claim(offer, mine)
+            claimed = await self._claim(offer, mine)
+            lease = claimed.lease
+            assert lease is not None  # a claim that returns has its lease
             try:
                 await self._record_purpose(lease, mine)
                 lease = await self.after_claim(lease)
                 await self.prepare_slice(lease)
                 self.progress_log.add(70, "Starting your server")
-                return await self._start_until_answering(lease)
+                return await self._start_until_answering(lease, claimed.granted_at)
             except BaseException as e:
                 # Includes CancelledError: JupyterHub cancels start() at start_timeout.
                 self.log.warning("Start of %s failed, giving its slice back", self._log_name)
@@ -533,17 +534,21 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     #: before the start fails (docs/operations.md, "Starting on a loaded host").
     answer_tries: ClassVar[int] = 1
 
-    async def _start_until_answering(self, lease: Lease) -> Any:
+    async def _start_until_answering(self, lease: Lease, granted_at: float | None) -> Any:
         """Start the server on its slice and wait for it to answer: JupyterHub gives it
         ``http_timeout`` (30 s by default) and then stops it, which a loaded host
         overran. The wait lasts while its process lives, up to ``http_timeout`` as
         ``allow_wait`` fitted it to the measured answers (``core.answer``). A server
         that exits or does not answer in time is started once more on the same slice
         (``answer_tries``), which it keeps meanwhile: it is not given back, nor is a
-        waiter's place lost."""
+        waiter's place lost. The backend's start is held to ``start_timeout`` from
+        ``granted_at`` (after a wait in line; ``None``: from now), then from each start
+        again."""
+        configured = (self._configured_timeouts or (self.start_timeout,))[0]
         for attempt in range(1, self.answer_tries + 1):
             tic = time.monotonic()
-            url = await waiting.within_start_timeout(self, super().start())
+            url = await waiting.within_start_timeout(self, super().start(), configured,
+                                                     granted_at)
             await self._activate(lease, url)
             failed = await self._until_answering(url, tic)
             if failed is None:
@@ -556,7 +561,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             self.progress_log.add(70, f"Your server {failed}; starting it once more on "
                                   "the same slice")
             await self._stop_for_restart()
-            self._granted_at = time.monotonic()  # the start timeout counts from here
+            granted_at = time.monotonic()  # the start timeout counts from here
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def _stop_for_restart(self) -> None:
@@ -652,23 +657,24 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             raise self._backend_error(e) from None
         raise refusal(Reason.PREVIOUS_LEASE, _previous_lease(held or stale))
 
-    async def _claim(self, offer: Offer, mine: UserPolicy) -> Lease:
+    async def _claim(self, offer: Offer, mine: UserPolicy) -> waiting.Claim:
         self.progress_log.add(10, progress.reserving(offer.named))
         tic = time.perf_counter()
-        self.claim_plan = None
+        claimed = waiting.Claim()
         try:
-            with waiting.claim_timer(self):
-                # A plain claim, or a place in line when nothing is free (waiting.py).
-                lease, plan = await waiting.claim(self, offer, mine)
+            # A plain claim, or a place in line when nothing is free (waiting.py).
+            await waiting.claim(self, offer, mine, claimed)
         except Refused as e:
-            raise self._refuse(e.reason, e.message, mine, offer, self.claim_plan) from None
+            raise self._refuse(e.reason, e.message, mine, offer, claimed.plan) from None
         except ServerHasLease as e:
             # Still held by the last run (a concurrent start got it back meanwhile).
             raise self._refuse(
-                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, self.claim_plan
+                Reason.PREVIOUS_LEASE, _previous_lease(e.lease), mine, offer, claimed.plan
             ) from None
         except tuple(self.backend_errors) as e:
             raise self._backend_error(e) from None
+        lease, plan = claimed.lease, claimed.plan
+        assert lease is not None and plan is not None  # a claim that returns made both
         LEASES_CLAIMED.labels(profile=lease.profile, group=lease.group,
                               mode=kind_of(lease).rules.kind).inc()
         self.lease_id = lease.id
@@ -680,10 +686,10 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             "waiting for the event loop)",
             lease.id, lease.profile, where, lease.mig_uuid or lease.pod or "to be created",
             self._log_name, lease.group, (time.perf_counter() - tic) * 1000,
-            *(seconds * 1000 for seconds in self.claim_trip),
+            *(seconds * 1000 for seconds in claimed.trip),
         )
         self.progress_log.add(30, progress.reserved(lease.profile, plan.memory(lease), where))
-        return lease
+        return claimed
 
     async def prepare_slice(self, lease: Lease) -> None:
         """Hook for concrete spawners: make the slice usable (device cgroup, nodes) after it
@@ -734,7 +740,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
             return status
         # A cancelled wait's grant is given back as cancelled, not found here as lost.
         await waiting.wait_ended(self)
-        if self.lease_id is None and not self._spawn_pending:
+        if self.lease_id is None and self.pending != "spawn":
             # A hub killed before it saved this server's state (pid, lease id) polls it
             # after its restart as "stopped while the Hub was down": the lease, and
             # the process it may have left running, are found by the server's name.

@@ -22,11 +22,15 @@ processes on one PostgreSQL ledger from granting one slice twice), and tells eve
 waiter of this process its place, estimate and what is free instead from that same
 read. Nothing runs per waiter while nothing happens. docs/architecture.md, "Grant loop".
 
+The spawner and the wait talk through values: :func:`claim` returns a :class:`Claim`
+(the lease, the plan that granted it, when it was granted, the claim's trip to a worker
+thread, the time in line), and reads the spawner only through :class:`WaitingSpawner`.
+
 Timeouts (docs/operations.md, "Waiting and start_timeout"): JupyterHub reads
 ``spawner.start_timeout`` once, when it wraps ``start()`` in ``asyncio.wait_for``, after
-``run_pre_spawn_hook``. :func:`allow_wait` (called from there) raises it by what
-``start()`` does beyond the backend's start: the wait for the server to answer, and
-the group's ``max_wait`` for a spawn that may wait; the wait itself ends at
+``run_pre_spawn_hook``. :func:`start_bounds` (called from there) gives what to raise it
+to: what ``start()`` does beyond the backend's start, the wait for the server to answer,
+and the group's ``max_wait`` for a spawn that may wait; the wait itself ends at
 ``max_wait`` (the entry's deadline), and from the grant on :func:`within_start_timeout`
 holds the backend's start to the configured ``start_timeout``.
 
@@ -46,11 +50,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
-from typing import TYPE_CHECKING, Any
+from logging import Logger
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mig_spawner.core.answer import answer_timeout, start_bound
 from mig_spawner.core.lifecycle import StopRule, WaitState
@@ -80,9 +85,12 @@ from mig_spawner.ledger import (
 from . import form, options
 from .backend import ClaimPlan, SliceSupply
 from .metrics import ABANDONED_WAITS, CLAIM_DURATION, RELEASE_TO_GRANT, WAIT_SECONDS, WAITERS
+from .progress import ProgressLog
 
 if TYPE_CHECKING:
-    from .mixin import MIGSpawnerMixin
+    from jupyterhub.user import User
+
+    from .form import Choice
     from .runtime import SpawnerRuntime
 
 log = logging.getLogger(__name__)
@@ -101,6 +109,75 @@ HISTORY_WINDOW = timedelta(days=30)
 #: Progress (0..100) shown while waiting in line.
 WAIT_PROGRESS = 5
 ABANDONED_REASON = "the hub restarted while this spawn waited; start it again"
+
+
+class WaitingSpawner(Protocol):
+    """What the wait asks of the spawner whose spawn waits (``MIGSpawnerMixin``): its
+    identity, policies, backend's plans and progress log; and, for a grant that a cancel
+    came too late for, its release."""
+
+    runtime: SpawnerRuntime
+    user: User
+    name: str
+    user_options: dict[str, Any]
+    log: Logger
+    lease_id: str | None
+    answer_tries: int
+    start_timeout: int
+    #: The ending of the wait this server's last spawn left (:func:`claim`).
+    wait_ending: asyncio.Future | None
+
+    @property
+    def _log_name(self) -> str: ...
+
+    @property
+    def progress_log(self) -> ProgressLog: ...
+
+    def policies(self) -> PolicySet: ...
+
+    def user_policy(self, policies: PolicySet) -> UserPolicy: ...
+
+    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan] | None: ...
+
+    async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan: ...
+
+    def plan_claim(self, fleet: Any, offer: Offer, mine: UserPolicy) -> ClaimPlan: ...
+
+    async def read_fleet(self) -> Any: ...
+
+    def supply_from(self, fleet: Any, held: Sequence[Lease]) -> SliceSupply: ...
+
+    def wait_guard(self) -> Any: ...
+
+    def choices_from(self, mine: UserPolicy, supply: SliceSupply, *args: Any,
+                     **kwargs: Any) -> list[Choice]: ...
+
+    def switch_url(self, offer_key: str, purpose: str | None = None) -> str: ...
+
+    async def drop_stale_lease(self, stale: Lease) -> None: ...
+
+    async def _release(self, code: ReleaseCode, detail: str = "") -> None: ...
+
+
+@dataclass
+class Claim:
+    """What a spawn's claim gives its start: filled by :func:`claim` as it goes, so that
+    a refusal still finds the plan it was refused on."""
+
+    #: The backend's plan of the first try (what a refusal records beside its reason);
+    #: after a wait, the plan of the pass that granted.
+    plan: ClaimPlan | None = None
+    #: The lease claimed or granted.
+    lease: Lease | None = None
+    #: ``time.monotonic()`` at the grant, after a wait in line (the backend's start is
+    #: held to ``start_timeout`` from there); ``None``: claimed at once.
+    granted_at: float | None = None
+    #: The first try's trip to a worker thread (on Kubernetes the cluster is read in trips
+    #: before it): seconds it waited for a thread, worked there, and waited for the hub's
+    #: event loop to take the result back.
+    trip: tuple[float, ...] = (0.0, 0.0, 0.0)
+    #: Seconds spent in line (left out of ``mig_spawner_claim_duration_seconds``).
+    in_line: float = 0.0
 
 
 def charged_group(mine: UserPolicy, offer: Offer) -> GroupPolicy | None:
@@ -133,7 +210,7 @@ class Ticket:
     ``expired``, ...); until then each pass tells it its place, estimate and what is
     free instead (:meth:`news`)."""
 
-    spawner: MIGSpawnerMixin
+    spawner: WaitingSpawner
     offer: Offer
     mine: UserPolicy
     entry: WaitEntry
@@ -375,7 +452,7 @@ class GrantLoop:
                 log.info("Wait %d of %s granted %.2f s after the latest release", entry.id,
                          entry.user, gap)
 
-    async def line_texts(self, spawner: MIGSpawnerMixin, mine: UserPolicy) -> dict[str, str]:
+    async def line_texts(self, spawner: WaitingSpawner, mine: UserPolicy) -> dict[str, str]:
         """Offer key -> ``"2 waiting, usually 5-15 min"`` for the offers ``mine`` may
         wait for (the spawn form's wait-list choice)."""
         keys = [o for o in mine.offers if may_wait(mine, o)]
@@ -417,7 +494,7 @@ def _means(offer: Offer, profile: str) -> bool:
     return profile == offer.key or profile in offer.profiles.values()
 
 
-async def form_lines(spawner: MIGSpawnerMixin, mine: UserPolicy) -> dict[str, str]:
+async def form_lines(spawner: WaitingSpawner, mine: UserPolicy) -> dict[str, str]:
     """The wait list's state per offer ``mine`` may wait for, for the spawn form."""
     grant_loop = loop_for(spawner.runtime)
     await grant_loop.clear_ghosts()
@@ -428,7 +505,7 @@ async def form_lines(spawner: MIGSpawnerMixin, mine: UserPolicy) -> dict[str, st
 NOTICE_WINDOW = timedelta(hours=1)
 
 
-async def ended_notice(spawner: MIGSpawnerMixin) -> str | None:
+async def ended_notice(spawner: WaitingSpawner) -> str | None:
     """What the form tells a user whose last wait for this server ended while they
     were not watching (the hub restarted), or ``None``."""
     since = datetime.now(UTC) - NOTICE_WINDOW
@@ -484,17 +561,25 @@ def loop_for(runtime: SpawnerRuntime) -> GrantLoop:
 # --- the spawner's side ---------------------------------------------------------------
 
 
-def allow_wait(spawner: MIGSpawnerMixin) -> None:
-    """Before JupyterHub reads ``start_timeout``, which bounds all of ``start()``: raise
-    it to cover what ``start()`` does beyond the backend's start, which
+@dataclass(frozen=True)
+class StartBounds:
+    """JupyterHub's bounds on one spawn: ``start_timeout`` and ``http_timeout`` as the
+    admin configured them, and as raised for it (:func:`start_bounds`)."""
+
+    configured_start: int
+    configured_http: int
+    start_timeout: int
+    http_timeout: int
+
+
+def start_bounds(spawner: WaitingSpawner, configured_start: int, configured_http: int
+                 ) -> StartBounds:
+    """Before JupyterHub reads ``start_timeout``, which bounds all of ``start()``: what to
+    raise it to, to cover what ``start()`` does beyond the backend's start, which
     :func:`within_start_timeout` holds to the configured ``start_timeout`` itself: the
     wait for the server to answer (``core.answer``, also JupyterHub's ``http_timeout``
-    now) on each try, and ``max_wait`` for a spawn that may wait (see the module doc)."""
-    configured = spawner.__dict__.setdefault("_configured_start_timeout", spawner.start_timeout)
-    http = spawner.__dict__.setdefault("_configured_http_timeout", spawner.http_timeout)
-    spawner._granted_at = None
-    answer = answer_timeout(http, spawner.runtime.answers)
-    spawner.http_timeout = int(answer)
+    then) on each try, and ``max_wait`` for a spawn that may wait (see the module doc)."""
+    answer = answer_timeout(configured_http, spawner.runtime.answers)
     wait = 0.0
     try:
         policies = spawner.policies()
@@ -505,15 +590,18 @@ def allow_wait(spawner: MIGSpawnerMixin) -> None:
     group = charged_group(mine, offer) if offer is not None else None
     if group is not None and group.queue:
         wait = (group.max_wait or 24 * 3600) + DEADLINE_SLACK_SECONDS
-    spawner.start_timeout = start_bound(configured, answer, spawner.answer_tries, wait)
+    return StartBounds(configured_start, configured_http,
+                       start_bound(configured_start, answer, spawner.answer_tries, wait),
+                       int(answer))
 
 
-async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
-    """Await the backend's start, bounded by the configured ``start_timeout``, counted
-    from the grant after a wait (JupyterHub's own bound covers more: :func:`allow_wait`)."""
-    configured = spawner.__dict__.get("_configured_start_timeout", spawner.start_timeout)
-    granted = getattr(spawner, "_granted_at", None) or time.monotonic()
-    left = configured - (time.monotonic() - granted)
+async def within_start_timeout(spawner: WaitingSpawner, start: Any, configured: int,
+                               since: float | None) -> Any:
+    """Await the backend's start, bounded by the ``configured`` ``start_timeout``, counted
+    from ``since`` (``time.monotonic()`` at the grant after a wait, or at a start again
+    on the same slice; ``None``: from now). JupyterHub's own bound covers more
+    (:func:`start_bounds`)."""
+    left = configured - (time.monotonic() - (since if since is not None else time.monotonic()))
     try:
         return await asyncio.wait_for(start, max(left, 1.0))
     except TimeoutError:
@@ -523,22 +611,13 @@ async def within_start_timeout(spawner: MIGSpawnerMixin, start: Any) -> Any:
         raise
 
 
-@contextlib.contextmanager
-def claim_timer(spawner: MIGSpawnerMixin) -> Iterator[None]:
-    """Observe ``mig_spawner_claim_duration_seconds`` for the claim inside, leaving out
-    the time spent in line (that is ``mig_spawner_wait_seconds``)."""
-    spawner._in_line = 0.0
-    tic = time.perf_counter()
-    try:
-        yield
-    finally:
-        CLAIM_DURATION.observe(max(0.0, time.perf_counter() - tic - spawner._in_line))
-
-
-async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
-                ) -> tuple[Lease, ClaimPlan]:
-    """A lease for this spawn, claimed at once or granted after waiting in line, and
-    the backend's plan that granted it.
+async def claim(spawner: WaitingSpawner, offer: Offer, mine: UserPolicy,
+                into: Claim | None = None) -> Claim:
+    """A lease for this spawn, claimed at once or granted after waiting in line, with
+    the backend's plan that granted it and what the start needs of the wait (``into``,
+    filled as the claim goes, so that a caller that meets a refusal reads the plan it
+    was refused on). Observes ``mig_spawner_claim_duration_seconds``, leaving out the
+    time spent in line (that is ``mig_spawner_wait_seconds``).
 
     The first try is one trip to a worker thread: the plan (where the backend can read
     its fleet there, ``plan_here``), a stale lease of this server, the line, and the
@@ -546,24 +625,35 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     Raises ``Refused`` as the claim does; a wait that reaches ``max_wait`` is refused
     with what is free instead.
     """
+    made = into if into is not None else Claim()
+    tic = time.perf_counter()
+    try:
+        return await _claim(spawner, offer, mine, made)
+    finally:
+        CLAIM_DURATION.observe(max(0.0, time.perf_counter() - tic - made.in_line))
+
+
+async def _claim(spawner: WaitingSpawner, offer: Offer, mine: UserPolicy, made: Claim
+                 ) -> Claim:
     runtime = spawner.runtime
     grant_loop = loop_for(runtime)
     await asyncio.gather(grant_loop.clear_ghosts(), wait_ended(spawner))
     request = LeaseRequest(spawner.user.name, spawner.name or "")
     group = charged_group(mine, offer)
     queue = group is not None and group.queue
-    tried = await _first_try(spawner, offer, mine, request)
+    tried = await _first_try(spawner, offer, mine, request, made)
     if tried.stale is not None:
         # Released (or refused in words), then tried again on a fresh plan: the release
         # may have destroyed a dynamic instance.
         await spawner.drop_stale_lease(tried.stale)
-        tried = await _first_try(spawner, offer, mine, request)
+        tried = await _first_try(spawner, offer, mine, request, made)
         if tried.stale is not None:  # a concurrent start got one meanwhile
             raise ServerHasLease(tried.stale)
     plan = tried.plan
     assert plan is not None  # planned whenever no stale lease was found
     if tried.lease is not None:
-        return tried.lease, plan
+        made.lease = tried.lease
+        return made
     if tried.refused is not None and (tried.refused.reason not in FIT_REASONS or not queue):
         raise tried.refused
     assert group is not None  # validated: some group allows the offer
@@ -576,7 +666,9 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
     grant_loop.join(ticket)
     joined = time.perf_counter()
     try:
-        return await _wait(spawner, ticket, queue), ticket.plan
+        made.lease = await _wait(spawner, ticket, queue, made)
+        made.plan = ticket.plan
+        return made
     except BaseException as e:
         # Cancelled by JupyterHub (stop, DELETE, start_timeout) or refused: end the
         # entry; a grant that won the race is this server's to give back. A cancel
@@ -589,10 +681,10 @@ async def claim(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy
         raise
     finally:
         grant_loop.leave(entry.id)
-        spawner._in_line = time.perf_counter() - joined
+        made.in_line = time.perf_counter() - joined
 
 
-async def _end_wait(spawner: MIGSpawnerMixin, entry_id: int) -> None:
+async def _end_wait(spawner: WaitingSpawner, entry_id: int) -> None:
     """End a wait that its spawn left (cancelled or refused); the slice of a grant that
     came first is given back (code ``cancelled``). The spawner's poll, stop and next
     start await it (:func:`wait_ended`), so none of them takes that lease for its own."""
@@ -608,7 +700,7 @@ async def _end_wait(spawner: MIGSpawnerMixin, entry_id: int) -> None:
                           entry_id, e)
 
 
-async def wait_ended(spawner: MIGSpawnerMixin) -> None:
+async def wait_ended(spawner: WaitingSpawner) -> None:
     """Until the wait this server's last spawn left has ended (:func:`_end_wait`)."""
     ending = getattr(spawner, "wait_ending", None)
     if ending is not None:
@@ -626,8 +718,8 @@ class _FirstTry:
     refused: Refused | None = None
 
 
-async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
-                     request: LeaseRequest) -> _FirstTry:
+async def _first_try(spawner: WaitingSpawner, offer: Offer, mine: UserPolicy,
+                     request: LeaseRequest, made: Claim) -> _FirstTry:
     runtime = spawner.runtime
     plan_here = spawner.plan_here(offer, mine)
 
@@ -682,12 +774,12 @@ async def _first_try(spawner: MIGSpawnerMixin, offer: Offer, mine: UserPolicy,
 
     tried = await runtime.run(timed_try)
     times.append(time.perf_counter())
-    spawner.claim_trip = tuple(b - a for a, b in itertools.pairwise(times))
-    spawner.claim_plan = tried.plan  # for a refusal's record (MIGSpawnerMixin._claim)
+    made.trip = tuple(b - a for a, b in itertools.pairwise(times))
+    made.plan = tried.plan  # for a refusal's record (MIGSpawnerMixin._claim)
     return tried
 
 
-async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
+async def _wait(spawner: WaitingSpawner, ticket: Ticket, queue: bool, made: Claim) -> Lease:
     runtime = spawner.runtime
     offer = ticket.offer
     joined = time.monotonic()
@@ -702,9 +794,9 @@ async def _wait(spawner: MIGSpawnerMixin, ticket: Ticket, queue: bool) -> Lease:
                     raise Refused(Reason.LEASE_ENDED,
                                   "The slice given to this server ended before it started; "
                                   "start it again")
-                spawner._granted_at = time.monotonic()
+                made.granted_at = time.monotonic()
                 WAIT_SECONDS.labels(profile=offer.key, group=entry.group).observe(
-                    spawner._granted_at - joined)
+                    made.granted_at - joined)
                 if last is not None:
                     spawner.progress_log.add(WAIT_PROGRESS + 5,
                                              f"Your turn: a slice of {offer.named} was released")
@@ -741,7 +833,7 @@ def _recut(ticket: Ticket, plan: ClaimPlan, supply: SliceSupply) -> bool:
     return any(supply.recut.get(profile, 0) for profile in set(plan.wants.values()))
 
 
-def _place_message(spawner: MIGSpawnerMixin, ticket: Ticket) -> tuple[str, str]:
+def _place_message(spawner: WaitingSpawner, ticket: Ticket) -> tuple[str, str]:
     """What the pending page's headline says: place, estimate, maintenance, and what is
     free instead (text and HTML, the latter with a link that stops this wait and starts
     the server with the free offer, keeping its purpose)."""
