@@ -12,7 +12,7 @@ One mechanism per kind of host (docs/admin-install.md, section 5):
   program it starts at once) could open another slice's node: that race is closed.
 * **cgroup v2 with systemd**: a transient scope (``systemd-run --scope -p
   DevicePolicy=closed -p DeviceAllow=…``); systemd applies the rules before it starts
-  the server (``spawner/isolation.py`` builds the arguments).
+  the server (``core/isolation.py`` builds the arguments).
 * no device cgroup, but the driver's capability nodes in ``/dev/nvidia-caps``:
   **capability-node permissions**. The slice's GI and CI capability nodes belong to
   the server's user alone (mode 0400) while the server runs, and every other GI/CI
@@ -162,7 +162,7 @@ def isolation_plan(setting: bool | None, simulated: bool, support: HostSupport
 
 
 def read_proc_devices(proc_devices: Path = PROC_DEVICES) -> str:
-    """The kernel's list of device majors (``spawner.isolation.driver_majors`` reads it)."""
+    """The kernel's list of device majors (``core.isolation.driver_majors`` reads it)."""
     return proc_devices.read_text()
 
 

@@ -24,17 +24,15 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from mig_spawner.core.catalog import capability_minors
 from mig_spawner.core.inventory import Gpu
+from mig_spawner.core.isolation import DeviceRule, device_rules, gpu_rules
 from mig_spawner.core.kinds import RULES, Kind, KindRules, rules_of
 from mig_spawner.device_cgroup import CAPS_DIR, SliceCgroups, return_capabilities
 from mig_spawner.gpu.errors import GpuError, InstanceInUse, InstanceNotFound
 from mig_spawner.ledger import Lease
-
-if TYPE_CHECKING:
-    from mig_spawner.spawner.isolation import DeviceRule
 
 __all__ = ["NO_GPU_ACCESS", "Confinement", "Kind", "SliceGpus", "SliceKind",
            "kind_of", "lease_environment", "on_device_words"]
@@ -102,8 +100,6 @@ class SliceKind:
         """The device nodes a server confined to ``lease``'s slice may open (its GPU's
         node is ``/dev/nvidia<gpu_minor>`` under ``dev``). ``IsolationError``/``ValueError``
         when the lease does not name one."""
-        from mig_spawner.spawner.isolation import device_rules  # pure; the package imports us
-
         if lease.gi_id is None or lease.ci_id is None:
             raise ValueError(f"lease {lease.id} names no GPU/compute instance")
         return device_rules(gpu_minor, lease.gi_id, lease.ci_id, dev)
@@ -188,8 +184,6 @@ class WholeGpu(SliceKind):
         return {**_visible(lease.gpu_uuid or ""), **lease_environment(lease), **_where(lease)}
 
     def device_rules(self, lease: Lease, gpu_minor: int, dev: str) -> tuple[DeviceRule, ...]:
-        from mig_spawner.spawner.isolation import gpu_rules  # pure; the package imports us
-
         return gpu_rules(gpu_minor, dev)
 
 

@@ -32,11 +32,11 @@ from mig_spawner import device_cgroup, holder
 from mig_spawner.cli import demo, doctor
 from mig_spawner.cli.main import build_parser
 from mig_spawner.core.catalog import capability_minors
+from mig_spawner.core.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import LeaseRequest, Ledger
 from mig_spawner.spawner import LocalMIGSpawner, SimpleLocalMIGSpawner
-from mig_spawner.spawner.isolation import PSEUDO_DEVICES, cgroup_v1_rules, device_rules
 from tests.support.polling import until
 from tests.support.spawners import local_spawner, make_spawner
 from tests.support.system_deps import missing, require_device_cgroup

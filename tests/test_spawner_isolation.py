@@ -1,10 +1,10 @@
-"""Device-cgroup rules for one MIG slice (mig_spawner.spawner.isolation)."""
+"""Device-cgroup rules for one MIG slice (mig_spawner.core.isolation)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mig_spawner.spawner.isolation import (
+from mig_spawner.core.isolation import (
     PSEUDO_DEVICES,
     IsolationError,
     cap_minors,

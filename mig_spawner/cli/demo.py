@@ -231,7 +231,7 @@ def make_stand_ins(args: argparse.Namespace, workdir: Path) -> list[str]:
 
     from mig_spawner.gpu import connect
 
-    from ..spawner.isolation import device_rules, gpu_rules
+    from ..core.isolation import device_rules, gpu_rules
 
     adapter = connect(simulate=args.simulate, state_file=str(workdir / "sim-gpus.json"))
     try:

@@ -8,7 +8,7 @@ under a template path: for demos and tests, as JupyterHub's ``simple`` spawner.
 With isolation on (the default with the real driver, where the host can apply it)
 each server can open only its own slice's device nodes: its process joins a cgroup
 v1 ``devices`` group before it runs (``mig_spawner.device_cgroup``), or starts in a
-transient systemd scope on a cgroup v2 host (rules from isolation.py), or, with no
+transient systemd scope on a cgroup v2 host (rules from core/isolation.py), or, with no
 device cgroup, is the only user who may read its slice's capability nodes.
 """
 
@@ -30,18 +30,7 @@ from traitlets import Bool, Enum, Integer, Unicode
 from mig_spawner import device_cgroup
 from mig_spawner.config import where_set
 from mig_spawner.core.allocator import SliceIndex
-from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
-from mig_spawner.core.policy import Offer, UserPolicy
-from mig_spawner.core.refusal import Reason
-from mig_spawner.core.waitlist import StarvationGuard
-from mig_spawner.gpu.errors import GpuError
-from mig_spawner.kinds import Confinement, kind_of
-from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
-
-from .backend import ClaimPlan, SliceSupply, held_back
-from .decide import free_now, make_decide, offer_kind, wanted_profiles
-from .errors import admin_error, spawn_error
-from .isolation import (
+from mig_spawner.core.isolation import (
     CAPS,
     PSEUDO_DEVICES,
     DeviceNumber,
@@ -54,6 +43,17 @@ from .isolation import (
     driver_numbers,
     systemd_run_args,
 )
+from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
+from mig_spawner.core.policy import Offer, UserPolicy
+from mig_spawner.core.refusal import Reason
+from mig_spawner.core.waitlist import StarvationGuard
+from mig_spawner.gpu.errors import GpuError
+from mig_spawner.kinds import Confinement, kind_of
+from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
+
+from .backend import ClaimPlan, SliceSupply, held_back
+from .decide import free_now, make_decide, offer_kind, wanted_profiles
+from .errors import admin_error, spawn_error
 from .mixin import MIGSpawnerMixin
 
 
