@@ -40,6 +40,7 @@ from traitlets.config import Config, Configurable, LazyConfigValue, PyFileConfig
 
 from mig_spawner.core.catalog import GpuModel
 from mig_spawner.core.health import APPLICATION_XIDS, check_xids
+from mig_spawner.core.kinds import DEFAULT_MIG_MODE
 from mig_spawner.core.policy import PolicySet, build_policy
 from mig_spawner.core.rightsize import RightsizeRule
 
@@ -512,9 +513,9 @@ def offered_profiles_from_config(
     Returns the profiles the group policies can hand out (see
     :meth:`PolicySet.profile_names`) on ``fleet_models`` (``None``: on any GPU model, so
     a class lists its profile for every model it names), and the spawner's ``mig_mode``
-    as set for any spawner class in the config (``"pool"``, the spawner's default, when
-    unset). Raises :class:`PolicyError` for a wrong policy and ``ValueError`` when two
-    classes set different modes.
+    as set for any spawner class in the config (``core.kinds.DEFAULT_MIG_MODE``, the
+    spawner's default, when unset). Raises :class:`PolicyError` for a wrong policy and
+    ``ValueError`` when two classes set different modes.
     """
     config = load_config_files(config_dir)
     fleet = None if fleet_models is None else tuple(fleet_models)
@@ -524,8 +525,9 @@ def offered_profiles_from_config(
 
 
 def configured_mode(config: Config) -> str:
-    """The spawner's ``mig_mode`` as set for any spawner class in ``config`` (``"pool"``,
-    the spawner's default, when unset); ``ValueError`` when two classes differ."""
+    """The spawner's ``mig_mode`` as set for any spawner class in ``config``
+    (``core.kinds.DEFAULT_MIG_MODE``, the spawner's default, when unset); ``ValueError``
+    when two classes differ."""
     # Read from the raw config: this module sits below the spawner and must not import it.
     modes = {
         f"c.{name}.mig_mode": section["mig_mode"]
@@ -537,7 +539,7 @@ def configured_mode(config: Config) -> str:
             "mig_mode is set differently: "
             + ", ".join(f"{where} = {mode!r}" for where, mode in modes.items())
         )
-    return next(iter(modes.values()), "pool")
+    return next(iter(modes.values()), DEFAULT_MIG_MODE)
 
 
 def _config_files(paths_or_dir: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -20,7 +20,7 @@ from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
 from ..core.inventory import Inventory
-from ..core.kinds import mode_rules
+from ..core.kinds import DEFAULT_MIG_MODE, mode_rules
 from ..device_cgroup import (
     CAPABILITY_NODES,
     HostSupport,
@@ -383,7 +383,7 @@ def run_checks(
         else:
             checks += [check_driver_tables(inv), check_process_listing(inv)]
         offered: list[str] = []
-        configured_mode = "pool"
+        configured_mode: str = DEFAULT_MIG_MODE
         config_broken = False
         if offered_for is not None:
             try:

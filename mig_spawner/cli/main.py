@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from ..core.kinds import MIG_MODE_KINDS
 from . import budget, catalog, demo, doctor, layout, report, status
 from .settings import connect_gpus, hub_config, read_inventory
 
@@ -217,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check that this host is ready for mig-spawner (read-only; exits 1 on failure)",
         "print the checks as JSON",
     )
-    p.add_argument("--mode", choices=("pool", "dynamic"), help="override the configured mode")
+    p.add_argument("--mode", choices=tuple(MIG_MODE_KINDS), help="override the configured mode")
     p.add_argument("--kube", action="store_true",
                    help="check the Kubernetes cluster instead of this host's GPUs, as the "
                         "hub's account sees it (read-only): the API, the GPU nodes and "

@@ -67,6 +67,13 @@ _NAME_RE = re.compile(r"^(?P<g>[1-8])g\.(?P<gb>\d+)gb(?P<variant>\+me\.all|\+me|
 #: The name a whole GPU (MIG off, every compute and memory slice) goes by where a
 #: profile name would: in ``allowed``, in a lease's ``profile``, on the spawn form.
 WHOLE_GPU = "gpu"
+
+
+def is_whole_gpu(name: str) -> bool:
+    """Whether the profile (or offer key) ``name`` is a whole GPU (:data:`WHOLE_GPU`), not
+    a MIG slice: the one place outside the kinds modules that compares with its name."""
+    return name == WHOLE_GPU
+
 _MIB_PER_GIB = Decimal(1024)
 _TENTH = Decimal("0.1")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Literal, Protocol
 
 from .allocator import Placement, PlacementStrategy, SliceIndex
 from .allocator.refusals import plural
@@ -84,8 +84,12 @@ def rules_of(name: str) -> KindRules:
         raise ValueError(f"a lease's kind is one of {', '.join(Kind)}, not {name!r}") from None
 
 
+#: What an admin configures as a spawner's ``mig_mode``.
+MigMode = Literal["pool", "dynamic"]
 #: The spawner's ``mig_mode`` (what an admin configures) -> the kind its slices are.
 MIG_MODE_KINDS: Mapping[str, Kind] = {"pool": Kind.POOL, "dynamic": Kind.DYNAMIC}
+#: The ``mig_mode`` of a spawner that sets none: slices an admin made (no privilege).
+DEFAULT_MIG_MODE: MigMode = "pool"
 
 
 def mode_rules(mig_mode: str) -> KindRules:
@@ -182,6 +186,19 @@ class WholeGpuKind:
 HOST_KINDS: Mapping[Kind, HostKind] = {
     Kind.POOL: PoolKind(), Kind.DYNAMIC: DynamicKind(), Kind.GPU: WholeGpuKind(),
 }
+
+
+def offer_kind(whole: bool, mode: str) -> HostKind:
+    """The kind of slice a claim gets on a host whose spawner makes ``mode`` slices (a
+    ``mig_mode`` or a kind's name): a whole GPU for an offer of one (``whole``), else the
+    spawner's kind."""
+    return HOST_KINDS[Kind.GPU] if whole else host_kind(mode)
+
+
+def offered_kinds(mode: str) -> tuple[HostKind, ...]:
+    """The kinds a host whose spawner makes ``mode`` slices offers on its form: its own,
+    and whole GPUs beside them (a host may have GPUs with MIG on and off)."""
+    return tuple(dict.fromkeys((host_kind(mode), HOST_KINDS[Kind.GPU])))
 
 
 def host_kind(name: str) -> HostKind:

@@ -32,6 +32,7 @@ from .catalog import (
     WHOLE_GPU,
     CatalogError,
     GpuModel,
+    is_whole_gpu,
     model,
     normalize_profile_name,
     profile_sort_key,
@@ -555,7 +556,7 @@ def _wanted(gpu_model: GpuModel, counts: Mapping[str, int],
             profile = gpu_model.profile(name)
         except CatalogError as e:
             raise LayoutError(str(e)) from None
-        if profile.name == WHOLE_GPU:
+        if is_whole_gpu(profile.name):
             raise LayoutError(f"{name!r} is a whole GPU, not a MIG instance: ask for 'off'")
         if offered and profile.name not in offered:
             raise LayoutError(f"this GPU's driver does not offer {profile.name} (it offers "

@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from mig_spawner.core.catalog import (
     MODELS,
-    WHOLE_GPU,
     CatalogError,
     GpuModel,
+    is_whole_gpu,
     model,
     normalize_profile_name,
     parse_profile_name,
@@ -100,7 +100,7 @@ def mig_resource(profile: str) -> str:
 def gpu_resource_of(profile: str) -> str:
     """The mixed strategy's resource for ``profile``: ``nvidia.com/mig-<profile>``, or
     ``nvidia.com/gpu`` for a whole GPU (``catalog.WHOLE_GPU``: a GPU with MIG off)."""
-    return GPU_RESOURCE if profile == WHOLE_GPU else mig_resource(profile)
+    return GPU_RESOURCE if is_whole_gpu(profile) else mig_resource(profile)
 
 
 def profile_of_resource(resource: str) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
-from typing import Literal
 
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.keep import KeepOutcome
@@ -23,9 +22,6 @@ from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
 from mig_spawner.core.lifecycle import StopRule, WarningEvent, WarningState
 
 from .errors import InvalidDecision
-
-#: A lease's kind as ``leases.mode`` stores it (:class:`~mig_spawner.core.kinds.Kind`).
-Mode = Literal["pool", "dynamic", "kube", "gpu"]
 
 MODES: tuple[str, ...] = tuple(Kind)
 #: Every lease state, held ones first (:data:`HELD_STATES` re-exported from the core).
@@ -69,7 +65,8 @@ class GrantedSlice:
     group: str
     profile: str
     compute_slices: int
-    mode: Mode
+    #: A lease's kind as ``leases.mode`` stores it (:class:`~mig_spawner.core.kinds.Kind`).
+    mode: str
     host: str | None = None
     gpu_uuid: str | None = None
     gpu_index: int | None = None

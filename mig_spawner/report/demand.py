@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mig_spawner.core.catalog import WHOLE_GPU
+from mig_spawner.core.catalog import is_whole_gpu
 from mig_spawner.core.refusal import Reason
 from mig_spawner.ledger import Lease, RefusalRecord
 from mig_spawner.ledger.refusal_log import once_per_window
@@ -142,7 +142,7 @@ def requests_of(
                 False)
         for r in fair(refusals) if layout_refusal(r)
     )
-    return sorted((q for q in found if q.profile != WHOLE_GPU),
+    return sorted((q for q in found if not is_whole_gpu(q.profile)),
                   key=lambda q: (q.arrive, q.user))
 
 

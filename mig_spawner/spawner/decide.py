@@ -19,7 +19,7 @@ from mig_spawner.core.allocator import Holds, SliceIndex
 from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Inventory
-from mig_spawner.core.kinds import HOST_KINDS, HostKind, Kind, Picked, host_kind
+from mig_spawner.core.kinds import Kind, MigMode, Picked, offer_kind, offered_kinds
 from mig_spawner.core.policy import (
     GroupPolicy,
     GroupTally,
@@ -32,13 +32,7 @@ from mig_spawner.core.policy import (
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
 
-Mode = Literal["pool", "dynamic"]
-
-
-def offer_kind(offer: Offer, mode: Mode | Kind) -> HostKind:
-    """The kind of slice a claim of ``offer`` gets on a host whose spawner makes
-    ``mode`` slices: a whole GPU for the whole-GPU offer, else the spawner's kind."""
-    return HOST_KINDS[Kind.GPU] if offer.whole else host_kind(mode)
+Mode = MigMode | Kind
 
 
 #: What a host's decisions read: its allocator index (kept across decisions), or one
@@ -59,7 +53,7 @@ def wanted_profiles(offer: Offer, fleet: Fleet) -> dict[str, str]:
 
 
 def free_now(
-    fleet: Fleet, leases: Iterable[Lease], mode: Mode | Kind, holds: Holds | None = None,
+    fleet: Fleet, leases: Iterable[Lease], mode: Mode, holds: Holds | None = None,
 ) -> dict[str, dict[str, int]]:
     """Free count per GPU model key, then per profile name, as the spawn form shows it.
 
@@ -68,11 +62,9 @@ def free_now(
     GPU's slices once, not the fleet's total once per model.
     """
     index = index_of(fleet)
-    # Whole GPUs beside the slices: a host may have GPUs with MIG on and off.
-    kinds = dict.fromkeys((host_kind(mode), HOST_KINDS[Kind.GPU]))
     with index.lock:
         index.match(leases, holds)
-        counted = [kind.free(index) for kind in kinds]
+        counted = [kind.free(index) for kind in offered_kinds(mode)]
         keys = index.model_keys
     return {key: {name: n for free in counted for name, n in free.get(key, {}).items()}
             for key in keys}
@@ -141,7 +133,7 @@ def make_decide(
     user_policy: UserPolicy,
     offer: Offer,
     fleet: Fleet,
-    mode: Mode | Kind,
+    mode: Mode,
     strategy: Literal["pack", "spread"],
     demand: Mapping[str, float] | None = None,
 ) -> Decide:
@@ -156,7 +148,7 @@ def make_decide(
     index = index_of(fleet)
     host = index.inventory.host
     wants = wanted_profiles(offer, index)
-    kind = offer_kind(offer, mode)
+    kind = offer_kind(offer.whole, mode)
 
     def decide(view: LedgerView) -> Grant:
         if not wants:

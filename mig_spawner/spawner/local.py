@@ -43,7 +43,7 @@ from mig_spawner.core.isolation import (
     driver_numbers,
     systemd_run_args,
 )
-from mig_spawner.core.kinds import MIG_MODE_KINDS, RULES, KindRules
+from mig_spawner.core.kinds import DEFAULT_MIG_MODE, MIG_MODE_KINDS, RULES, KindRules, offer_kind
 from mig_spawner.core.policy import Offer, UserPolicy
 from mig_spawner.core.refusal import Reason
 from mig_spawner.core.waitlist import StarvationGuard
@@ -52,7 +52,7 @@ from mig_spawner.kinds import Confinement, kind_of
 from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
 
 from .backend import ClaimPlan, SliceSupply, held_back
-from .decide import free_now, make_decide, offer_kind, wanted_profiles
+from .decide import free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
 from .mixin import MIGSpawnerMixin
 
@@ -72,8 +72,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
     """A local-process spawner that gives each server one MIG slice."""
 
     mig_mode = Enum(
-        ["pool", "dynamic"],
-        default_value="pool",
+        list(MIG_MODE_KINDS),
+        default_value=DEFAULT_MIG_MODE,
         help="""How slices are made.
 
         ``pool``: lease MIG instances that an admin created beforehand (``nvidia-smi mig``
@@ -212,7 +212,7 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
         return ClaimPlan(
             decide, granted, wanted_profiles(offer, index), index.inventory.host, memory,
-            carved=offer_kind(offer, self.slice_kind.kind).rules.made_per_lease,
+            carved=offer_kind(offer.whole, self.slice_kind.kind).rules.made_per_lease,
         )
 
     def wait_guard(self) -> StarvationGuard | None:

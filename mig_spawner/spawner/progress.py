@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from mig_spawner.core.catalog import WHOLE_GPU
+from mig_spawner.core.catalog import is_whole_gpu
 
 
 class ProgressLog:
@@ -68,7 +68,7 @@ def reserving(named: str) -> str:
 def reserved(profile: str, memory: str | None, where: str) -> str:
     """``"Reserved 1g.18gb (16.8 GiB) on GPU 0 (NVIDIA H200)"``; no memory when the
     backend does not know it."""
-    name = "a whole GPU" if profile == WHOLE_GPU else profile
+    name = "a whole GPU" if is_whole_gpu(profile) else profile
     size = f"{name} ({memory})" if memory else name
     return f"Reserved {size} on {where}"
 

@@ -16,6 +16,7 @@ from mig_spawner.core.catalog import (
     WHOLE_GPU,
     CatalogError,
     GpuModel,
+    is_whole_gpu,
     model,
     parse_profile_name,
     profile_sort_key,
@@ -28,6 +29,7 @@ from .model import (
     WHOLE_GPU_NAME,
     GroupPolicy,
     Offer,
+    OfferKind,
     PolicyError,
     PolicySet,
     is_profile_name,
@@ -138,9 +140,10 @@ def build_policy(
     referenced = {k for g in (*group_policies.values(), default_policy) for k in g.allowed}
     profile_offers = dict(described)
     for key in referenced - set(class_offers):
-        profile_offers.setdefault(key, Offer(key=key, kind="gpu", display_name=WHOLE_GPU_NAME)
-                                  if key == WHOLE_GPU else
-                                  Offer(key=key, kind="profile", display_name=key))
+        profile_offers.setdefault(key, Offer(key=key, kind=OfferKind.WHOLE,
+                                        display_name=WHOLE_GPU_NAME)
+                                  if is_whole_gpu(key) else
+                                  Offer(key=key, kind=OfferKind.PROFILE, display_name=key))
     # Classes in the admin's order (they are usually written small -> large), then
     # profiles from small to large, then the whole GPU.
     ordered = {**class_offers}
@@ -241,7 +244,7 @@ class _Checker:
         built = {}
         for raw, spec in offers.items():
             where = f"offer {raw!r}"
-            whole = isinstance(raw, str) and offer_key(raw) == WHOLE_GPU
+            whole = isinstance(raw, str) and is_whole_gpu(offer_key(raw))
             if not isinstance(raw, str) or not (whole or is_profile_name(raw)):
                 self.problems.append(
                     f"{where}: offers are keyed by MIG profile name (e.g. '1g.18gb'); "
@@ -255,7 +258,7 @@ class _Checker:
                 self._fleet_profile(key, where)
             built[key] = Offer(
                 key=key,
-                kind="gpu" if whole else "profile",
+                kind=OfferKind.WHOLE if whole else OfferKind.PROFILE,
                 display_name=self._text(settings, "display_name", where,
                                         WHOLE_GPU_NAME if whole else key),
                 description=self._text(settings, "description", where, ""),
@@ -270,7 +273,7 @@ class _Checker:
             if not isinstance(name, str) or not name.strip():
                 self.problems.append(f"{where}: a class name must be a non-empty string")
                 continue
-            if is_profile_name(name) or offer_key(name) == WHOLE_GPU:
+            if is_profile_name(name) or is_whole_gpu(offer_key(name)):
                 self.problems.append(
                     f"{where}: a class name must not look like a MIG profile or be "
                     f"{WHOLE_GPU!r} (a whole GPU); list profiles directly in a group's "
@@ -286,7 +289,7 @@ class _Checker:
             key = offer_key(name)
             built[key] = Offer(
                 key=key,
-                kind="class",
+                kind=OfferKind.CLASS,
                 display_name=self._text(settings, "display_name", where, key),
                 description=self._text(settings, "description", where, ""),
                 profiles=MappingProxyType(self._class_profiles(settings, where)),
@@ -309,7 +312,7 @@ class _Checker:
                 hint = _suggestion(model_key, (m.key for m in MODELS))
                 self.problems.append(f"{where}: profiles: {exc}{hint}")
                 continue
-            if offer_key(str(profile_name)) == WHOLE_GPU:
+            if is_whole_gpu(offer_key(str(profile_name))):
                 self.problems.append(
                     f"{where}: profiles[{model_key!r}]: a class names MIG slices; a whole "
                     f"GPU is the offer {WHOLE_GPU!r}, listed in a group's 'allowed'")
@@ -539,7 +542,7 @@ class _Checker:
         """The fewest compute slices that offer ``key`` takes on a GPU of the fleet (on
         any GPU model that it names, without a fleet); 0 for a class without profiles
         (reported on its own)."""
-        if key == WHOLE_GPU:
+        if is_whole_gpu(key):
             fleet = self.fleet or MODELS
             return min(m.compute_slices for m in fleet)
         if key not in classes:
@@ -589,7 +592,7 @@ class _Checker:
                 )
                 continue
             key = offer_key(entry)
-            if key == WHOLE_GPU:
+            if is_whole_gpu(key):
                 pass  # a whole GPU: any model, offered where one has MIG off
             elif is_profile_name(key):
                 self._fleet_profile(key, f"{where}: allowed")

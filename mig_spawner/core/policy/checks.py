@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 
-from mig_spawner.core.catalog import MODELS, WHOLE_GPU, model
+from mig_spawner.core.catalog import MODELS, WHOLE_GPU, is_whole_gpu, model
 from mig_spawner.core.durations import format_duration
 
 from .model import GroupPolicy, Offer, PolicySet
@@ -119,7 +119,7 @@ def unserved_whole_gpus(policies: PolicySet, whole_gpus: int) -> list[str]:
     """A warning when some group may pick a whole GPU (``catalog.WHOLE_GPU``) on a host
     with ``whole_gpus`` == 0 GPUs offered whole (none has MIG off)."""
     groups = sorted(g.name for g in (*policies.groups.values(), policies.default)
-                    if WHOLE_GPU in g.allowed)
+                    if any(map(is_whole_gpu, g.allowed)))
     if whole_gpus or not groups:
         return []
     return [

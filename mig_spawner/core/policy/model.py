@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal
 
 from mig_spawner.core.catalog import (
     WHOLE_GPU,
     CatalogError,
+    is_whole_gpu,
     model,
     normalize_profile_name,
     parse_profile_name,
@@ -46,7 +48,7 @@ def offer_key(text: str) -> str:
     """Canonical key of an offer: profile names normalised (``"MIG 1G.18GB"`` ->
     ``"1g.18gb"``), class names only stripped."""
     stripped = str(text).strip()
-    if stripped.lower() == WHOLE_GPU:
+    if is_whole_gpu(stripped.lower()):
         return WHOLE_GPU
     return normalize_profile_name(stripped) if is_profile_name(stripped) else stripped
 
@@ -60,19 +62,28 @@ def is_profile_name(text: str) -> bool:
     return True
 
 
+class OfferKind(StrEnum):
+    """What an offer is: one MIG profile, a slice class (one profile per GPU model), or
+    a whole GPU with MIG off (its value is the whole GPU's profile name)."""
+
+    PROFILE = "profile"
+    CLASS = "class"
+    WHOLE = WHOLE_GPU
+
+
 @dataclass(frozen=True)
 class Offer:
     """One thing a user can pick on the spawn form.
 
-    Either a concrete MIG profile (``kind == "profile"``, ``key == "1g.18gb"``) or a
-    slice class (``kind == "class"``, ``key == "small"``) that names one profile per
+    Either a concrete MIG profile (``OfferKind.PROFILE``, ``key == "1g.18gb"``) or a
+    slice class (``OfferKind.CLASS``, ``key == "small"``) that names one profile per
     GPU model key, so that one choice means "a small slice" on every GPU of a mixed fleet,
-    or a whole GPU with MIG off (``kind == "gpu"``, ``key == "gpu"``: ``catalog.WHOLE_GPU``)
+    or a whole GPU with MIG off (``OfferKind.WHOLE``, its key ``catalog.WHOLE_GPU``)
     of any model.
     """
 
     key: str
-    kind: Literal["profile", "class", "gpu"]
+    kind: OfferKind
     display_name: str
     description: str = ""
     # For a class: GPU model key -> profile name. Empty for a profile offer.
@@ -80,7 +91,7 @@ class Offer:
 
     @property
     def is_class(self) -> bool:
-        return self.kind == "class"
+        return self.kind is OfferKind.CLASS
 
     @property
     def named(self) -> str:
@@ -92,7 +103,7 @@ class Offer:
     @property
     def whole(self) -> bool:
         """A whole GPU, not a MIG slice."""
-        return self.kind == "gpu"
+        return self.kind is OfferKind.WHOLE
 
     def profile_for(self, model_key: str) -> str | None:
         """The profile this offer means on a GPU of model ``model_key``, or ``None`` when
