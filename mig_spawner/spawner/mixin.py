@@ -731,9 +731,6 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     # that it ended because it was stopped, not because the server died.
     _stopping = False
 
-    #: The ending of the wait this server's last spawn left (``waiting.claim``).
-    wait_ending: asyncio.Future | None = None
-
     async def poll(self) -> int | None:
         status = await super().poll()
         if status is None or self._restarting:

@@ -124,8 +124,6 @@ class WaitingSpawner(Protocol):
     lease_id: str | None
     answer_tries: int
     start_timeout: int
-    #: The ending of the wait this server's last spawn left (:func:`claim`).
-    wait_ending: asyncio.Future | None
 
     @property
     def _log_name(self) -> str: ...
@@ -272,6 +270,20 @@ class GrantLoop:
         self._retry_at: float | None = None
         #: When the first waiter held back by its budget can be served (a deadline).
         self._budget_at: datetime | None = None
+        #: (user, server name) -> the ending of the wait that server's last spawn left
+        #: (:func:`_end_wait`), until it has ended.
+        self.endings: dict[tuple[str, str], asyncio.Future] = {}
+
+    def ending(self, server: tuple[str, str], ending: asyncio.Future) -> None:
+        """``server``'s spawn left its wait: its poll, stop and next start await
+        ``ending`` (:func:`wait_ended`)."""
+        self.endings[server] = ending
+
+        def forget(done: asyncio.Future) -> None:
+            if self.endings.get(server) is done:
+                del self.endings[server]
+
+        ending.add_done_callback(forget)
 
     def wake(self) -> None:
         self._wake.set()
@@ -675,7 +687,8 @@ async def _claim(spawner: WaitingSpawner, offer: Offer, mine: UserPolicy, made: 
         # returns at once and the entry ends in the background: JupyterHub's DELETE of
         # a pending spawn gives the cancel one second, then answers 500 ("pending
         # spawn") if the spawn still runs, which a give-back on a loaded host overran.
-        ending = spawner.wait_ending = asyncio.ensure_future(_end_wait(spawner, entry.id))
+        ending = asyncio.ensure_future(_end_wait(spawner, entry.id))
+        grant_loop.ending((request.user, request.server_name), ending)
         if not isinstance(e, asyncio.CancelledError):
             await asyncio.shield(ending)
         raise
@@ -702,7 +715,8 @@ async def _end_wait(spawner: WaitingSpawner, entry_id: int) -> None:
 
 async def wait_ended(spawner: WaitingSpawner) -> None:
     """Until the wait this server's last spawn left has ended (:func:`_end_wait`)."""
-    ending = getattr(spawner, "wait_ending", None)
+    server = (spawner.user.name, spawner.name or "")
+    ending = loop_for(spawner.runtime).endings.get(server)
     if ending is not None:
         await asyncio.shield(ending)
 
