@@ -478,7 +478,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
     def run_pre_spawn_hook(self) -> Any:
         """Right after JupyterHub applied the options and before it reads
         ``start_timeout``: refuse options that :meth:`_apply_options` refused, let a
-        queued spawn wait (``waiting.allow_wait``), then the admin's ``pre_spawn_hook``."""
+        queued spawn wait (``waiting.start_bounds``), then the admin's ``pre_spawn_hook``."""
         refused, self._refused_options = self._refused_options, None
         if refused is not None:
             raise refused
@@ -538,7 +538,7 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         """Start the server on its slice and wait for it to answer: JupyterHub gives it
         ``http_timeout`` (30 s by default) and then stops it, which a loaded host
         overran. The wait lasts while its process lives, up to ``http_timeout`` as
-        ``allow_wait`` fitted it to the measured answers (``core.answer``). A server
+        ``start_bounds`` fitted it to the measured answers (``core.answer``). A server
         that exits or does not answer in time is started once more on the same slice
         (``answer_tries``), which it keeps meanwhile: it is not given back, nor is a
         waiter's place lost. The backend's start is held to ``start_timeout`` from
