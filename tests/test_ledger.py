@@ -391,7 +391,7 @@ def test_migrations_build_the_schema_from_empty_and_are_idempotent(backend_url: 
         tables = set(inspect(engine).get_table_names())
         assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", "refusals",
                           "waits", "lease_events", "lease_samples", "budget_grants",
-                          "layout_changes", VERSION_TABLE}
+                          "layout_changes", "gpu_faults", VERSION_TABLE}
         with engine.connect() as conn:
             # The migrated schema is exactly what the code declares.
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})

@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
+
+from mig_spawner.core.inventory import Gpu
 
 #: Xids that an application causes; the GPU stays healthy. The device plugin's list
 #: (graphics engine exception, GPU memory page fault, GPU stopped processing,
@@ -214,3 +217,49 @@ def health_faults(health: GpuHealth) -> tuple[Fault, ...]:
     faults += [Fault(FaultKind.MISSING_INSTANCE, *gpu, "the driver no longer lists this "
                      "MIG device", device_uuid=uuid) for uuid in health.missing]
     return tuple(faults)
+
+
+#: What the spawn form and the slice map say of a size or slice withheld for a fault, after
+#: the GPU's name: "unavailable: GPU 1 reported a hardware fault".
+FAULT_WORDS = "reported a hardware fault"
+
+
+def withheld_words(gpu_index: int) -> str:
+    """Why slices of GPU ``gpu_index`` are withheld, in words an analyst reads (the form
+    puts "unavailable: " before it): ``GPU 1 reported a hardware fault``."""
+    return f"GPU {gpu_index} {FAULT_WORDS}"
+
+
+class PlacedLease(Protocol):
+    """What :func:`fault_slices` reads of a held lease (the ledger's ``Lease`` is one)."""
+
+    @property
+    def gpu_uuid(self) -> str | None: ...
+    @property
+    def mig_uuid(self) -> str | None: ...
+    @property
+    def memory_slices(self) -> range: ...
+
+
+def fault_slices(fault: Fault, gpu: Gpu | None, leases: Iterable[PlacedLease] = ()
+                 ) -> frozenset[int] | None:
+    """The memory slices a fault withholds from new grants, or None: the whole GPU.
+
+    A fault on one MIG device withholds that device's slices: found by the GPU instance
+    the driver attributed an Xid to, or by the device's UUID in the GPU's read or, for a
+    device the driver no longer lists, in the lease that holds it. A device that cannot
+    be placed (the GPU's read does not show it, no lease names it), and every fault of the
+    whole GPU, withhold the whole GPU: the safe side.
+    """
+    if fault.whole_gpu:
+        return None
+    devices = gpu.mig_devices if gpu is not None else ()
+    for device in devices:
+        if (fault.gi_id is not None and device.gi_id == fault.gi_id) or (
+                fault.device_uuid is not None and device.uuid == fault.device_uuid):
+            return frozenset(range(device.start, device.start + device.size))
+    if fault.device_uuid is not None:
+        for lease in leases:
+            if lease.gpu_uuid == fault.gpu_uuid and lease.mig_uuid == fault.device_uuid:
+                return frozenset(lease.memory_slices)
+    return None

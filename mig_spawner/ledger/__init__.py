@@ -18,7 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .holds import KUBE_NODE, LayoutChange
+from .holds import KUBE_NODE, FaultHold, GpuFault, HoldCause, LayoutChange, merge_holds
 from .leases import Decide
 from .readonly import PROBE_TIMEOUT_S, probe
 from .records import (
@@ -50,8 +50,11 @@ __all__ = [
     "Conflict",
     "Decide",
     "DoubleGrant",
+    "FaultHold",
+    "GpuFault",
     "Grant",
     "GrantDecide",
+    "HoldCause",
     "IllegalTransition",
     "InvalidDecision",
     "KeepResult",
@@ -75,6 +78,7 @@ __all__ = [
     "WaitEntry",
     "WaitRequest",
     "WaitState",
+    "merge_holds",
     "probe",
     "url_beside_hub_db",
 ]

@@ -8,11 +8,11 @@ the hold's owner waits for) or sees it. Holds are one idea with several causes, 
 *source* of rows giving ``(host, GPU UUID, held slices, whole GPU)`` for the holds that
 stand (:data:`HOLD_SOURCES`); the view is their union.
 
-Today's one source is a layout change (``layout_changes``, one row per GPU: a re-cut
-or a drain): while it is ``pending``, ``draining`` or ``applying`` its held slices are
-held. A GPU found faulty is another cause of the same kind (its source is added to
-:data:`HOLD_SOURCES`, its writes beside the layout change's here). docs/layout.md
-tells a layout change's whole way.
+Two causes today (:class:`HoldCause`): a layout change (``layout_changes``, one row per
+GPU: a re-cut or a drain): while it is ``pending``, ``draining`` or ``applying`` its
+held slices are held (docs/layout.md tells its whole way); and a GPU fault
+(``gpu_faults``: a GPU or one MIG device found faulty, docs/health.md), held until an
+admin clears it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Row, Select, bindparam, insert, select, update
 
+from mig_spawner.core.health import Fault, FaultKind, withheld_words
 from mig_spawner.core.layout import HOLDING_STATES, GpuPlan, PlanState
 
-from .models import layout_changes
+from .models import gpu_faults, layout_changes
 from .records import Lease
 from .rows import held_on
 from .transactions import Transactions
@@ -108,26 +110,114 @@ _LOCK_CHANGE = select(layout_changes).where(
 
 
 _OPEN = layout_changes.c.state.in_([s.value for s in HOLDING_STATES])
+_FAULT_OPEN = gpu_faults.c.cleared_at.is_(None)
+
+
+class HoldCause(StrEnum):
+    """Why capacity is held from new grants: each cause is one source of holds."""
+
+    #: An admin's layout change (docs/layout.md).
+    LAYOUT = "layout"
+    #: A fault the driver reported on the GPU or one MIG device of it (docs/health.md).
+    FAULT = "fault"
+
+
 #: Each cause of a hold, as a statement giving ``(host, GPU UUID, held slices as a bit
 #: mask, whole GPU)`` for its holds that stand. Built once: every claim and grant pass
 #: reads them all.
-HOLD_SOURCES: tuple[Select[Any], ...] = (
+HOLD_SOURCES: Mapping[HoldCause, Select[Any]] = {
     # A layout change while it is open.
-    select(layout_changes.c.host, layout_changes.c.gpu_uuid, layout_changes.c.held_slices,
-           layout_changes.c.whole_gpu).where(_OPEN),
-)
+    HoldCause.LAYOUT: select(layout_changes.c.host, layout_changes.c.gpu_uuid,
+                             layout_changes.c.held_slices,
+                             layout_changes.c.whole_gpu).where(_OPEN),
+    # A GPU fault until an admin clears it.
+    HoldCause.FAULT: select(gpu_faults.c.host, gpu_faults.c.gpu_uuid, gpu_faults.c.held_slices,
+                            gpu_faults.c.whole_gpu).where(_FAULT_OPEN),
+}
 
 
-def read_holds(connection: Connection) -> HeldSlices:
-    """The slices every hold that stands holds, per (host, GPU UUID), whatever its
-    cause; read in the caller's transaction. A whole-GPU hold is every slice (64 bits:
-    more than any GPU has)."""
-    holds: dict[tuple[str, str], frozenset[int]] = {}
-    for source in HOLD_SOURCES:
-        for host, gpu_uuid, mask, whole in connection.execute(source):
-            held = frozenset(range(64)) if whole else _slices(mask)
-            holds[(host, gpu_uuid)] = holds.get((host, gpu_uuid), frozenset()) | held
+def read_holds(connection: Connection, causes: Iterable[HoldCause] = HoldCause
+               ) -> HeldSlices:
+    """The slices every hold of ``causes`` (all, by default) that stands holds, per
+    (host, GPU UUID); read in the caller's transaction. A whole-GPU hold is every slice
+    (64 bits: more than any GPU has)."""
+    return merge_holds(
+        {(host, gpu_uuid): frozenset(range(64)) if whole else _slices(mask)}
+        for cause in causes
+        for host, gpu_uuid, mask, whole in connection.execute(HOLD_SOURCES[cause]))
+
+
+def merge_holds(parts: Iterable[Mapping[tuple[str, str], frozenset[int]]]) -> HeldSlices:
+    """The union of several holds, per (host, GPU UUID)."""
+    holds: HeldSlices = {}
+    for part in parts:
+        for key, held in part.items():
+            holds[key] = holds.get(key, frozenset()) | held
     return holds
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A fault recorded in the ledger: what the driver reported, where, when, and what
+    it holds from new grants until an admin clears it."""
+
+    id: int
+    host: str
+    gpu_uuid: str
+    gpu_index: int
+    kind: FaultKind
+    detail: str
+    held_slices: frozenset[int]
+    whole_gpu: bool
+    seen_at: datetime
+    last_seen_at: datetime
+    xid: int | None = None
+    device_uuid: str | None = None
+    cleared_at: datetime | None = None
+    cleared_by: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Not cleared: its slices are held."""
+        return self.cleared_at is None
+
+    def holds(self, slices: Iterable[int]) -> bool:
+        """Whether the fault withholds any of ``slices``."""
+        return self.whole_gpu or not self.held_slices.isdisjoint(slices)
+
+    @property
+    def why(self) -> str:
+        """Why its slices are withheld, in an analyst's words (``GPU 1 reported a
+        hardware fault``); :attr:`detail` is what the driver said."""
+        return withheld_words(self.gpu_index)
+
+    @property
+    def where(self) -> str:
+        """``GPU 1`` or ``GPU 1, memory slices 2-3``."""
+        if self.whole_gpu or not self.held_slices:
+            return f"GPU {self.gpu_index}"
+        return f"GPU {self.gpu_index}, memory slices {min(self.held_slices)}-" \
+               f"{max(self.held_slices)}"
+
+
+def _to_fault(row: Row[Any]) -> GpuFault:
+    m = row._mapping
+    return GpuFault(
+        id=m["id"], host=m["host"], gpu_uuid=m["gpu_uuid"], gpu_index=m["gpu_index"],
+        kind=FaultKind(m["kind"]), detail=m["detail"], held_slices=_slices(m["held_slices"]),
+        whole_gpu=bool(m["whole_gpu"]), seen_at=m["seen_at"], last_seen_at=m["last_seen_at"],
+        xid=m["xid"], device_uuid=m["device_uuid"], cleared_at=m["cleared_at"],
+        cleared_by=m["cleared_by"])
+
+
+class FaultHold(NamedTuple):
+    """A fault to record, and what it withholds (``slices`` None: the whole GPU, whose
+    ``gpu_slices`` memory slices are then recorded, 0 where its model is not known;
+    :func:`mig_spawner.core.health.fault_slices`)."""
+
+    fault: Fault
+    slices: frozenset[int] | None
+    gpu_slices: int = 0
 
 
 class Holds:
@@ -136,10 +226,78 @@ class Holds:
     def __init__(self, tx: Transactions) -> None:
         self._tx = tx
 
-    def held(self) -> HeldSlices:
-        """The slices every hold that stands holds now, per (host, GPU UUID)."""
+    def held(self, causes: Iterable[HoldCause] = HoldCause) -> HeldSlices:
+        """The slices every hold (of ``causes``; all by default) that stands holds now,
+        per (host, GPU UUID)."""
         with self._tx.read() as connection:
-            return read_holds(connection)
+            return read_holds(connection, causes)
+
+    def by_cause(self) -> dict[HoldCause, HeldSlices]:
+        """What each cause holds now (one read): what the spawn form says why of."""
+        with self._tx.read() as connection:
+            return {cause: read_holds(connection, (cause,)) for cause in HoldCause}
+
+    # -- GPU faults (docs/health.md) --------------------------------------------------
+
+    def record_faults(self, host: str, found: Iterable[FaultHold]) -> list[GpuFault]:
+        """Hold what each fault found on ``host`` withholds, under the claim lock (a claim
+        either committed before, and its lease's holder is warned, or sees the hold).
+        A fault already held (same GPU, kind and slices, not cleared) is only seen again
+        (``last_seen_at``). Returns the faults recorded new; the grant loops are told."""
+        found = list(found)
+        if not found:
+            return []
+        recorded = []
+        with self._tx.claims() as connection:
+            now = self._tx.now()
+            standing = {(f.gpu_uuid, f.kind, f.whole_gpu, f.held_slices): f.id
+                        for f in map(_to_fault, connection.execute(
+                            select(gpu_faults).where(gpu_faults.c.host == host, _FAULT_OPEN)))}
+            for fault, slices, gpu_slices in found:
+                whole = slices is None
+                held = frozenset(range(gpu_slices) if slices is None else slices)
+                seen = standing.get((fault.gpu_uuid, fault.kind, whole, held))
+                if seen is not None:
+                    connection.execute(update(gpu_faults).where(gpu_faults.c.id == seen)
+                                       .values(last_seen_at=now))
+                    continue
+                new_id = connection.execute(insert(gpu_faults).values(
+                    host=host, gpu_uuid=fault.gpu_uuid, gpu_index=fault.gpu_index,
+                    kind=fault.kind.value, detail=fault.detail[:_DETAIL_MAX], xid=fault.xid,
+                    device_uuid=fault.device_uuid, held_slices=_mask(held),
+                    whole_gpu=int(whole), seen_at=now, last_seen_at=now,
+                )).inserted_primary_key[0]
+                standing[(fault.gpu_uuid, fault.kind, whole, held)] = new_id
+                recorded.append(_to_fault(connection.execute(
+                    select(gpu_faults).where(gpu_faults.c.id == new_id)).one()))
+            if recorded:
+                self._tx.announce(connection)
+        return recorded
+
+    def faults(self, host: str | None = None, *, open_only: bool = True) -> list[GpuFault]:
+        """Faults (those not cleared, by default), oldest first; on ``host`` when given."""
+        query = select(gpu_faults).order_by(gpu_faults.c.id)
+        if open_only:
+            query = query.where(_FAULT_OPEN)
+        if host is not None:
+            query = query.where(gpu_faults.c.host == host)
+        with self._tx.read() as connection:
+            return [_to_fault(r) for r in connection.execute(query)]
+
+    def clear_faults(self, host: str, gpu_uuid: str, by: str) -> list[GpuFault]:
+        """Lift every fault hold of one GPU (an admin, once the driver reads it healthy
+        again: ``mig-spawner health clear``). The rows stay as history; the grant loops
+        are told. Returns the faults cleared."""
+        with self._tx.claims() as connection:
+            where = (gpu_faults.c.host == host, gpu_faults.c.gpu_uuid == gpu_uuid, _FAULT_OPEN)
+            cleared = [_to_fault(r) for r in connection.execute(select(gpu_faults).where(*where))]
+            if cleared:
+                now = self._tx.now()
+                connection.execute(update(gpu_faults).where(*where)
+                                   .values(cleared_at=now, cleared_by=by[:255]))
+                self._tx.announce(connection)
+                cleared = [replace(f, cleared_at=now, cleared_by=by[:255]) for f in cleared]
+        return cleared
 
     # -- layout changes ---------------------------------------------------------------
 

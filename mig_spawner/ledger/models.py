@@ -272,3 +272,28 @@ layout_changes = Table(
     Column("stepper_seen", UtcDateTime(), comment="when that stepper last took or checked a step"),
     Index("ix_layout_changes_state", "state"),
 )
+
+#: GPU faults (docs/health.md): one row per fault found on a GPU or one MIG device of
+#: it, kept as history once cleared. While ``cleared_at`` is empty its ``held_slices``
+#: (or the whole GPU) are held from new grants, like a layout change's.
+gpu_faults = Table(
+    "gpu_faults",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("host", String(255), nullable=False),
+    Column("gpu_uuid", String(64), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("kind", String(32), nullable=False,
+           comment="xid|ecc|row_remap|retired_pages|lost|missing_instance"),
+    Column("detail", String(255), nullable=False, comment="what the driver said"),
+    Column("xid", Integer, comment="the Xid of an Xid event"),
+    Column("device_uuid", String(64), comment="the MIG device it concerns; none: the whole GPU"),
+    Column("held_slices", BigInteger, nullable=False,
+           comment="memory slices held from new grants, a bit per slice"),
+    Column("whole_gpu", Integer, nullable=False, comment="1: every slice is held"),
+    Column("seen_at", UtcDateTime(), nullable=False),
+    Column("last_seen_at", UtcDateTime(), nullable=False),
+    Column("cleared_at", UtcDateTime(), comment="when an admin cleared it; none: it holds"),
+    Column("cleared_by", String(255)),
+    Index("ix_gpu_faults_cleared_at", "cleared_at"),
+)

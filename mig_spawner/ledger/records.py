@@ -252,8 +252,11 @@ class LedgerView:
     _: KW_ONLY
     past: tuple[Lease, ...] = ()
     extras: tuple[Extra, ...] = ()
-    #: Slices a layout change holds from new grants: (host, GPU UUID) -> memory slices.
+    #: Slices held from new grants, whatever the cause (a layout change, a GPU fault):
+    #: (host, GPU UUID) -> memory slices.
     holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
+    #: The part of :attr:`holds` that GPU faults hold (docs/health.md).
+    faulty: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
     def taken(self, host: str, gpu_uuid: str) -> frozenset[int]:
         """Memory slices of one GPU that held leases cover."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .holds import read_holds
+from .holds import HoldCause, merge_holds, read_holds
 from .records import Lease
 from .rows import HeldLeases
 from .usage import Usage
@@ -29,6 +29,10 @@ class ClaimView:
 
     def books(self, connection: Connection, now: datetime) -> dict[str, Any]:
         """The rest of a :class:`LedgerView` at ``now``: ``past`` and ``extras`` (the
-        budgets', within their horizon) and ``holds``."""
+        budgets', within their horizon), ``holds`` (every cause) and ``faulty`` (the
+        GPU faults' part of them, so a refusal can say why)."""
         past, extras = self._usage.book(connection, now)
-        return {"past": past, "extras": extras, "holds": read_holds(connection)}
+        faulty = read_holds(connection, (HoldCause.FAULT,))
+        layout = read_holds(connection, (HoldCause.LAYOUT,))
+        return {"past": past, "extras": extras, "holds": merge_holds((layout, faulty)),
+                "faulty": faulty}

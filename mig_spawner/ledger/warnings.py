@@ -40,14 +40,17 @@ class Warnings:
     def __init__(self, tx: Transactions) -> None:
         self._tx = tx
 
-    def warn(self, lease_id: str, rule: StopRule | str, deadline: datetime, detail: str
-             ) -> Lease | None:
-        """Record that the user was warned of a stop (``rule``) due at ``deadline``; the
-        same pending warning at another time only moves its deadline (no new event).
+    def warn(self, lease_id: str, rule: StopRule | str, deadline: datetime | None,
+             detail: str) -> Lease | None:
+        """Record that the user was warned of a stop (``rule``) due at ``deadline``
+        (``None``: told, never stopped: a GPU fault where the group leaves servers to
+        finish); the same pending warning at another time only moves its deadline (no
+        new event).
         ``None`` if the lease is released or unknown, or its server is being stopped
         for a warning carried out."""
         rule = StopRule(rule)
-        require_aware("deadline", deadline)
+        if deadline is not None:
+            require_aware("deadline", deadline)
         now = self._tx.now()
         with self._tx.write() as connection:
             lease = lock_lease(connection, lease_id)

@@ -18,6 +18,7 @@ from mig_spawner.core import budget
 from mig_spawner.core.allocator import Holds, SliceIndex
 from mig_spawner.core.budget import Extra, Span
 from mig_spawner.core.catalog import model
+from mig_spawner.core.health import withheld_words
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.kinds import Kind, MigMode, Picked, offer_kind, offered_kinds
 from mig_spawner.core.policy import (
@@ -68,6 +69,20 @@ def free_now(
         keys = index.model_keys
     return {key: {name: n for free in counted for name, n in free.get(key, {}).items()}
             for key in keys}
+
+
+def faulty_models(index: SliceIndex, faulty: Holds) -> dict[str, str]:
+    """GPU model key -> why slices of it are withheld for a fault on this host, in words
+    (``GPU 1 reported a hardware fault``; :attr:`SliceSupply.unhealthy
+    <mig_spawner.spawner.backend.SliceSupply.unhealthy>`). A lost GPU cannot say its
+    model: its words go with every model of the host."""
+    gpus = sorted((gpu for (host, uuid) in faulty if host == index.inventory.host
+                   and (gpu := index.gpu(uuid)) is not None), key=lambda gpu: gpu.index)
+    by_model: dict[str, list[int]] = {}
+    for gpu in gpus:
+        for key in [gpu.model_key] if gpu.model_key else index.model_keys:
+            by_model.setdefault(key, []).append(gpu.index)
+    return {key: ", ".join(map(withheld_words, found)) for key, found in by_model.items()}
 
 
 def holdings(
@@ -171,6 +186,11 @@ def make_decide(
                 unheld = pick({})
                 if isinstance(unheld, Refused):
                     raise unheld  # the holds are not why: say what is
+                if view.faulty and isinstance(pick(view.faulty), Refused):
+                    # The faults alone keep it from this user: say so, in words.
+                    raise Refused(Reason.GPU_UNHEALTHY, f"no {offer.display_name} is free right "
+                                  f"now: {', '.join(faulty_models(index, view.faulty).values())}",
+                                  "pick another size or try again later", picked.free)
                 raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
                               "the GPU that has one is being re-cut by an admin",
                               "try again later or pick another size", picked.free)

@@ -49,10 +49,10 @@ from mig_spawner.core.refusal import Reason
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.kinds import Confinement, kind_of
-from mig_spawner.ledger import Lease, LeaseStateError, LedgerError
+from mig_spawner.ledger import HoldCause, Lease, LeaseStateError, LedgerError, merge_holds
 
 from .backend import ClaimPlan, SliceSupply, held_back
-from .decide import free_now, make_decide, wanted_profiles
+from .decide import faulty_models, free_now, make_decide, wanted_profiles
 from .errors import admin_error, spawn_error
 from .mixin import MIGSpawnerMixin
 
@@ -64,8 +64,10 @@ class LocalFleet:
     #: The host's allocator index (``SpawnerRuntime.index_here``), told this read.
     index: SliceIndex
     demand: dict[str, int] | None
-    #: Slices a layout change holds from new grants (docs/layout.md).
+    #: Slices held from new grants: a layout change's (docs/layout.md), a fault's.
     holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
+    #: The part of :attr:`holds` that GPU faults hold (docs/health.md).
+    faulty: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
 
 class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
@@ -177,8 +179,9 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         recent request mix."""
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = self.runtime.demand() if self.slice_kind.made_per_lease else None
-        holds = self.runtime.ledger().holds.held()
-        return LocalFleet(self.runtime.index_here(), demand, holds)
+        by_cause = self.runtime.ledger().holds.by_cause()
+        return LocalFleet(self.runtime.index_here(), demand, merge_holds(by_cause.values()),
+                          by_cause[HoldCause.FAULT])
 
     def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:
         """The claim's plan is read on the worker thread that claims (one trip)."""
@@ -189,10 +192,11 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         index = fleet.index
         free = free_now(index, held, self.slice_kind.kind, fleet.holds)
         recut = (held_back(free_now(index, held, self.slice_kind.kind), free)
-                 if fleet.holds else {})
+                 if fleet.holds.keys() - fleet.faulty.keys() else {})
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(index.inventory.model(key) for key in free), free, tuple(held),
-                           fixed_layout=self.slice_kind.fixed_layout, recut=recut)
+                           fixed_layout=self.slice_kind.fixed_layout, recut=recut,
+                           unhealthy=faulty_models(index, fleet.faulty))
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""
