@@ -118,7 +118,11 @@ class MIGPolicyConfig(Configurable):
         ``open_tab_counts`` (bool, default False: an open tab's polling is not activity)
         and ``warn_before`` (default "10m", shorter than each limit it warns of),
         ``drain_notice`` (default "1h": how long a server on a GPU whose layout changes
-        runs on after its warning; None: the change waits for it, docs/layout.md).
+        runs on after its warning; None: the change waits for it, docs/layout.md),
+        ``fault_grace`` (default "10m": how long a server whose GPU reported a hardware
+        fault runs on after its user is warned; None: no grace, stopped at once) and
+        ``fault_action`` ("stop", the default, or "finish": warned, never stopped;
+        docs/health.md).
         A user in several groups gets the union of their offers; see docs/policies.md.
         """,
     ).tag(config=True)

@@ -91,6 +91,13 @@ def answer_keep(lease: Warned, now: datetime, *, extend_by: float | None, max_ex
         at = f", at {lease.warning_deadline:%H:%M} UTC" if lease.warning_deadline else ""
         return _refused(rule, why, f"{why}: the server stops when the budget is spent{at}. "
                         "Save your work, or ask an admin for more hours.", refused_before)
+    if rule is StopRule.GPU_FAULT:
+        # The GPU itself is faulty (docs/health.md): no answer makes it sound again.
+        why = "The GPU of this slice reported a hardware fault"
+        at = f" at {lease.warning_deadline:%H:%M} UTC" if lease.warning_deadline else \
+            " when it ends"
+        return _refused(rule, why, f"{why}: the server stops{at}. Save your work.",
+                        refused_before)
     if rule is StopRule.DRAIN and lease.warning_deadline is not None:
         # The GPU is re-cut (docs/layout.md): no answer moves that stop.
         why = "An admin is re-cutting the GPU of this slice"

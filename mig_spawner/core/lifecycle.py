@@ -107,14 +107,17 @@ class ReleaseCode(StrEnum):
     #: Its GPU-hour budget is spent (docs/policies.md, "Budgets"): the slice service
     #: stops the server through the hub.
     BUDGET = "budget", "its group's budget is spent"
+    #: Its GPU (or its MIG device) reported a hardware fault (docs/health.md): the slice
+    #: service stops the server through the hub after its group's ``fault_grace``.
+    GPU_FAULT = "gpu_fault", "its GPU reported a hardware fault"
 
 
 class StopRule(StrEnum):
     """Why the slice service stops a server or shuts a kernel down: the rule a warning
     names (``leases.warning``, ``lease_events.rule``) and the ``reason`` label of its
     metrics. The values never change: the ledger stores them. A new reason to stop a
-    server (a GPU fault) is a new member here, with its release code in
-    :data:`STOP_CODES` where the stop is not an ordinary one."""
+    server is a new member here, with its release code in :data:`STOP_CODES` where the
+    stop is not an ordinary one."""
 
     #: A kernel idle past the group's ``kernel_idle_timeout`` (the kernel alone stops).
     KERNEL_IDLE = "kernel_idle"
@@ -126,6 +129,9 @@ class StopRule(StrEnum):
     BUDGET = "budget"
     #: The server's GPU is re-cut or drained, and its drain notice has ended.
     DRAIN = "drain"
+    #: The server's GPU or MIG device reported a hardware fault (docs/health.md), and
+    #: its group's ``fault_grace`` has passed since.
+    GPU_FAULT = "gpu_fault"
 
 
 #: The release code the slice service records before it asks the hub to stop a server
@@ -134,6 +140,7 @@ class StopRule(StrEnum):
 STOP_CODES: Mapping[StopRule, ReleaseCode] = {
     StopRule.BUDGET: ReleaseCode.BUDGET,
     StopRule.DRAIN: ReleaseCode.DRAIN,
+    StopRule.GPU_FAULT: ReleaseCode.GPU_FAULT,
 }
 
 

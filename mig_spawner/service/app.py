@@ -48,6 +48,7 @@ from mig_spawner.config import (
 from mig_spawner.core.durations import DurationError, parse_duration
 from mig_spawner.core.policy import PolicyError, PolicySet
 from mig_spawner.gpu.gpm import GpmSampler
+from mig_spawner.health import FaultWatch
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
 from mig_spawner.kube.pods import connect_api
@@ -405,8 +406,23 @@ class SliceServiceApp(Application):
             holder_grace=self.holder_stop_grace, connect_kube=self.connect_kube,
             activity_resolution=activity_resolution(self.slice_idle_after),
             usage_interval=self.usage_sample_interval,
+            faults=self.watch_faults(ledger, gpus),
             log=self.log,
         )
+
+    def watch_faults(self, ledger: Ledger, gpus: gpu.GpuAdapter | None) -> FaultWatch | None:
+        """This host's GPU faults, held in the ledger at each sweep (docs/health.md): the
+        polled checks, and the driver's events read on one thread from now on (a GPU
+        too old for events, or a driver that refuses them, leaves the polled checks)."""
+        if gpus is None:
+            return None
+        watch = FaultWatch(lambda: ledger, gpus, self.shared.ignored_xids)
+        try:
+            gpus.watch_events(watch.on_event)
+        except gpu.GpuError as e:
+            self.log.warning("cannot read the GPUs' driver events (%s; %s); their health "
+                             "is polled at each sweep only", e, e.hint)
+        return watch
 
     async def check_token(self, client: HubClient) -> None:
         """Say at start-up, in the log and on ``/health``, which scopes the token lacks:

@@ -60,6 +60,7 @@ from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStat
 
 if TYPE_CHECKING:
     from mig_spawner.core.inventory import Inventory
+    from mig_spawner.ledger.holds import GpuFault
     from mig_spawner.ledger.records import Lease
 
 
@@ -176,6 +177,9 @@ class Decision:
         what = f"kernel {self.kernel_id} of {where}" if self.kernel_id else f"server {where}"
         if self.rule is StopRule.BUDGET:
             return f"{what} (group {self.group}): budget spent, age {_fmt(self.age_seconds)}"
+        if self.rule is StopRule.GPU_FAULT:
+            return (f"{what} (group {self.group}): its GPU reported a fault "
+                    f"{_fmt(self.age_seconds)} ago >= grace {_fmt(self.limit_seconds)}")
         measured = self.age_seconds if self.rule is StopRule.MAX_SESSION_AGE else self.idle_seconds
         kind = "age" if self.rule is StopRule.MAX_SESSION_AGE else "idle"
         return (
@@ -406,14 +410,19 @@ def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
 
 @dataclass(frozen=True)
 class StopWarning:
-    """A stop the user must be told of: which rule, and when it is due."""
+    """A stop the user must be told of: which rule, and when it is due (``None``: not
+    stopped, only told: a GPU fault where the group leaves servers to finish). ``why``:
+    what happened, for the ledger's event and the log (a GPU fault's words)."""
 
     rule: StopRule
-    deadline: datetime
+    deadline: datetime | None
+    why: str = ""
 
     def describe(self, now: datetime) -> str:
-        """For logs and the ledger: the rule and the time left."""
-        return f"{self.rule.value} in {_fmt(_until(now, self.deadline))}"
+        """For logs and the ledger: the rule, the time left and why."""
+        when = "not stopped" if self.deadline is None else \
+            f"in {_fmt(_until(now, self.deadline))}"
+        return f"{self.rule.value} {when}{': ' + self.why if self.why else ''}"
 
 
 def _until(now: datetime, when: datetime) -> float:
@@ -446,7 +455,7 @@ def warning_due(
     kernel = _kernel_warning(now, limits, probe, lease)
     if kernel is not None:
         due.append(kernel)
-    return min(due, key=lambda w: w.deadline, default=None)
+    return min(due, key=lambda w: w.deadline or now, default=None)
 
 
 def budget_warning(
@@ -462,6 +471,33 @@ def budget_warning(
     if near or (warn_share is not None and share_used >= warn_share):
         return StopWarning(StopRule.BUDGET, runs_out)
     return None
+
+
+def fault_of(lease: Lease, faults: Iterable[GpuFault]) -> GpuFault | None:
+    """The earliest fault held on ``lease``'s slice (its GPU, or its MIG device's memory
+    slices), or None."""
+    return next((f for f in faults if lease.host == f.host and lease.gpu_uuid == f.gpu_uuid
+                 and f.holds(lease.memory_slices)), None)
+
+
+def fault_stop(now: datetime, server: HubServer, lease: Lease | None,
+               fault: GpuFault | None, grace: float | None
+               ) -> tuple[Decision | None, StopWarning | None]:
+    """Whether a server whose slice is on a faulty GPU (``fault``) is stopped now, or
+    else the warning its user gets at once: the stop ``grace`` seconds after the fault
+    was seen (the group's ``fault_grace``; ``None``: never, the user is told and the
+    server left to finish). Starting and stopping servers are left alone."""
+    if lease is None or fault is None or not is_cullable(server):
+        return None, None
+    why = f"{fault.where}: {fault.detail}"
+    if grace is None:
+        return None, StopWarning(StopRule.GPU_FAULT, None, why)
+    deadline = fault.seen_at + timedelta(seconds=grace)
+    if now >= deadline:
+        return Decision(StopRule.GPU_FAULT, server.user, server.name, lease.group,
+                        idle_seconds=None, age_seconds=_since(now, fault.seen_at),
+                        limit_seconds=grace), None
+    return None, StopWarning(StopRule.GPU_FAULT, deadline, why)
 
 
 def kernel_is_cullable(kernel: Kernel, cull_busy: bool, cull_connected: bool) -> bool:

@@ -55,6 +55,18 @@ class ServiceMetrics:
             "accounts for (reported, not killed).",
             registry=r,
         )
+        self.gpu_faults = Counter(
+            "mig_spawner_gpu_faults",
+            "GPU faults found and held (docs/health.md), by GPU index and kind (xid, ecc, "
+            "row_remap, retired_pages, lost, missing_instance).",
+            ["gpu", "kind"], registry=r,
+        )
+        self.withheld_slices = Gauge(
+            "mig_spawner_withheld_slices",
+            "Memory slices withheld from new servers because their GPU or MIG device "
+            "reported a hardware fault, until an admin clears it.",
+            registry=r,
+        )
         self.errors = Counter(
             f"{PREFIX}_errors",
             "Errors during sweeps, by where they happened.",

@@ -38,12 +38,13 @@ from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.gpu.gpm import GpmSampler
+from mig_spawner.health import FaultWatch
 from mig_spawner.hub.client import ACTIVE_USERS, HubClient, HubError
 from mig_spawner.hub.models import HubServer, HubUser
 from mig_spawner.kinds import kind_of
 from mig_spawner.layout import KubeLayout, LayoutApplier
 from mig_spawner.layout import Pass as LayoutPass
-from mig_spawner.ledger import Lease, Ledger, LedgerError, ReleaseCode
+from mig_spawner.ledger import GpuFault, Lease, Ledger, LedgerError, ReleaseCode
 from mig_spawner.release import (
     GiveBack,
     HolderProbes,
@@ -64,6 +65,8 @@ from mig_spawner.service.cull_rules import (
     budget_warning,
     decide,
     decide_server,
+    fault_of,
+    fault_stop,
     find_orphans,
     gpu_facts_to_record,
     idle_by_hub_data,
@@ -123,6 +126,8 @@ class SweepReport:
     #: Leases whose servers were stopped (through the hub) because their GPU is re-cut
     #: and their drain notice ended.
     drained: list[Lease] = field(default_factory=list)
+    #: GPU faults found and held this sweep (docs/health.md).
+    faults: list[GpuFault] = field(default_factory=list)
     complete: bool = False
     error: str | None = None
 
@@ -181,6 +186,7 @@ class Sweeper:
         layout_notice: Callable[[str], float | None] | None = None,
         activity_resolution: float = 60.0,
         usage_interval: float = 60.0,
+        faults: FaultWatch | None = None,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -211,6 +217,10 @@ class Sweeper:
                             if layout_notice is not None and connect_kube is not None
                             and ledger is not None else None)
         self.activity_resolution = activity_resolution
+        # Finds this host's GPU faults and holds them (docs/health.md); None: the
+        # faults other processes recorded still stop their servers.
+        self.faults = faults
+        self._held_faults: list[GpuFault] = []
         # Right-sizing samples (docs/ledger.md, "Usage samples"): one per lease at most
         # every usage_interval seconds, whatever the sweep's pace.
         self.usage_interval = usage_interval
@@ -270,7 +280,9 @@ class Sweeper:
         now = self.clock()
         self._limits = {}
         try:
-            leases = await self._gpu_activity(now, await self._leases())
+            leases = await self._leases()
+            await self._check_faults(leases, report)
+            leases = await self._gpu_activity(now, leases)
             running = await self._list_and_handle(now, leases, report)
             report.servers = len(running)
             self._no_extension = {k: v for k, v in self._no_extension.items() if k in running}
@@ -393,6 +405,36 @@ class Sweeper:
         share = max((s.share_used for s in standing), default=0.0)
         return None, budget_warning(now, runs_out, share, group.budget_warn_share,
                                     group.warn_before)
+
+    def fault_stop(self, now: datetime, server: HubServer, lease: Lease | None
+                   ) -> tuple[Decision | None, StopWarning | None]:
+        """Whether ``lease``'s slice lies on a faulty GPU: a stop once its group's
+        ``fault_grace`` has passed since the fault was seen, else the warning due at once
+        (:func:`~mig_spawner.service.cull_rules.fault_stop`)."""
+        if lease is None:
+            return None, None
+        group = self.policy.group(lease.group)
+        grace = None if group.fault_action == "finish" else group.fault_grace or 0.0
+        return fault_stop(now, server, lease, fault_of(lease, self._held_faults), grace)
+
+    async def _check_faults(self, leases: list[Lease], report: SweepReport) -> None:
+        """Find this host's GPU faults and hold them (under the claim lock, before this
+        sweep decides anything), then read every fault held, which the servers on them
+        are warned and stopped by. A GPU that cannot be read is counted and logged; the
+        faults held stay."""
+        if self.ledger is None:
+            return
+        if self.faults is not None and not self.dry_run:
+            try:
+                report.faults = await asyncio.to_thread(self.faults.check, leases)
+            except (GpuError, LedgerError) as e:
+                self._error("gpu" if isinstance(e, GpuError) else "ledger",
+                            f"cannot check the GPUs' health: {e}", report)
+            for fault in report.faults:
+                self.metrics.gpu_faults.labels(str(fault.gpu_index), fault.kind.value).inc()
+        self._held_faults = await asyncio.to_thread(self.ledger.holds.faults)
+        self.metrics.withheld_slices.set(len({
+            (f.host, f.gpu_uuid, s) for f in self._held_faults for s in f.held_slices}))
 
     # Profiles someone waits for, read with the leases at each sweep.
     _waited_for: frozenset[str] = frozenset()
@@ -526,9 +568,12 @@ class Sweeper:
             stop = decide_server(now, server, limits.name, limits, probe, lease, warns)
         await self._record_activity(now, server, limits, lease, probe)
         spent, budget_warns = self.budget_stop(now, server, lease)
-        decisions = decide(now, server, limits.name, limits, probe, stop or spent, lease, warns)
+        faulted, fault_warns = self.fault_stop(now, server, lease)
+        decisions = decide(now, server, limits.name, limits, probe, faulted or stop or spent,
+                           lease, warns)
         if not any(d.stops_server for d in decisions):
-            await self._warn(now, server, limits, probe, lease, report, budget_warns)
+            await self._warn(now, server, limits, probe, lease, report, budget_warns,
+                             fault_warns)
         if self.log.isEnabledFor(logging.DEBUG):  # spare 5,000 f-strings a sweep otherwise
             seen = "not probed" if probe is None else [
                 (k.execution_state, k.last_activity) for k in probe.kernels
@@ -563,6 +608,7 @@ class Sweeper:
     async def _warn(
         self, now: datetime, server: HubServer, limits: GroupPolicy, probe: Probe | None,
         lease: Lease | None, report: SweepReport, budget_warns: StopWarning | None = None,
+        fault_warns: StopWarning | None = None,
     ) -> None:
         """Warn the user of a stop due within ``warn_before`` (or a budget stop due to be
         warned of: ``budget_warns``) (once per rule: the
@@ -575,7 +621,8 @@ class Sweeper:
             return  # no lease, nowhere to show it: the stop comes unannounced
         if lease.warning is StopRule.DRAIN:
             return  # the layout change's warning: it stands until its stop (_apply_layouts)
-        warning = warning_due(now, server, limits, probe, lease, budget_warns)
+        # A GPU fault is told at once, before any other stop: the GPU may fail any time.
+        warning = fault_warns or warning_due(now, server, limits, probe, lease, budget_warns)
         if warning is None:
             unread = probe is not None and not probe.reachable
             if lease.warning is not None and not unread and not self.dry_run:

@@ -46,7 +46,7 @@ KEEPS = Counter(
 )
 
 #: Stops that no Keep puts off: the pages show no "Keep my server" for them.
-CANNOT_KEEP = frozenset({StopRule.DRAIN, StopRule.BUDGET})
+CANNOT_KEEP = frozenset({StopRule.DRAIN, StopRule.BUDGET, StopRule.GPU_FAULT})
 
 #: Seconds past its deadline after which a pending warning is no longer shown.
 STALE_AFTER = 60.0
@@ -57,6 +57,7 @@ REASONS = {
     StopRule.MAX_SESSION_AGE: "it reached your group's longest session",
     StopRule.BUDGET: "its GPU-hour budget runs out",
     StopRule.DRAIN: "an admin is re-cutting its GPU",
+    StopRule.GPU_FAULT: "its GPU reported a hardware fault",
 }
 
 
@@ -68,7 +69,16 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
     left = max(0.0, (deadline - now).total_seconds())
     rule = StopRule(lease.warning or StopRule.SERVER_IDLE)
     extensions_left = max(0, max_extensions - (lease.extensions or 0)) if extend_by else 0
-    if rule is StopRule.DRAIN:
+    if rule is StopRule.GPU_FAULT and lease.warning_deadline is None:
+        # The group leaves such servers to finish: told, not stopped.
+        name = f" {lease.server_name}" if lease.server_name else ""
+        return {
+            "server": lease.server_name, "reason": rule, "seconds_left": None,
+            "deadline": None, "keep": False,
+            "message": f"The GPU of your server{name}"
+                       " reported a hardware fault: save your work, it may fail any time.",
+        }
+    if rule in (StopRule.DRAIN, StopRule.GPU_FAULT):
         keep = "Save your work: this stop cannot be put off."
     elif rule is StopRule.MAX_SESSION_AGE:
         keep = (f"Keep adds {format_duration(extend_by)} ({extensions_left} more allowed)."

@@ -70,8 +70,11 @@ GROUP_KEYS = (
     "budget_action",
     "budget_warn_share",
     "drain_notice",
+    "fault_grace",
+    "fault_action",
 )
 BUDGET_ACTIONS = ("stop", "refuse_new")
+FAULT_ACTIONS = ("stop", "finish")
 DURATION_KEYS = (
     "server_idle_timeout",
     "kernel_idle_timeout",
@@ -82,6 +85,7 @@ DURATION_KEYS = (
     "server_idle_timeout_when_waited",
     "server_idle_timeout_when_unwaited",
     "drain_notice",
+    "fault_grace",
 )
 # The limits a warning comes ahead of: warn_before must be shorter than each.
 WARNED_LIMITS = (
@@ -91,7 +95,8 @@ WARNED_LIMITS = (
     "max_session_age",
 )
 # Durations whose default is a limit, not "none": a missing key keeps the default.
-_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0, "drain_notice": 3600.0}
+_DURATION_DEFAULTS = {"max_wait": 1800.0, "warn_before": 600.0, "drain_notice": 3600.0,
+                      "fault_grace": 600.0}
 
 
 def build_policy(
@@ -372,6 +377,7 @@ class _Checker:
             purpose_choices=self._purpose_choices(settings, where),
             purpose_free_text=self._flag(settings, "purpose_free_text", where, True),
             purpose_required=self._flag(settings, "purpose_required", where),
+            fault_action=self._choice(settings, "fault_action", where, FAULT_ACTIONS),
             **durations,
             **self._budget(settings, where),
         )
@@ -379,6 +385,17 @@ class _Checker:
             self._contradictions(policy, where, classes)
             self._budget_contradictions(policy, where, classes)
         return policy
+
+    def _choice(self, settings: Mapping, key: str, where: str, choices: tuple[str, ...]
+                ) -> str:
+        """One of ``choices`` (the first by default), or a problem naming ``key``."""
+        value = settings.get(key, choices[0])
+        if value not in choices:
+            self.problems.append(f"{where}: {key} must be one of "
+                                 f"{', '.join(map(repr, choices))}, got {value!r}"
+                                 f"{_suggestion(value, choices)}")
+            return choices[0]
+        return value
 
     def _budget(self, settings: Mapping, where: str) -> dict[str, object]:
         """The budget settings of a group (docs/policies.md, "Budgets")."""
@@ -395,13 +412,7 @@ class _Checker:
                                      "hours, e.g. '40h')" if key.endswith("budget") else
                                      f"{where}: {key}: {exc}")
                 out[key] = default
-        action = settings.get("budget_action", "stop")
-        if action not in BUDGET_ACTIONS:
-            self.problems.append(f"{where}: budget_action must be one of "
-                                 f"{', '.join(map(repr, BUDGET_ACTIONS))}, got {action!r}"
-                                 f"{_suggestion(action, BUDGET_ACTIONS)}")
-            action = "stop"
-        out["budget_action"] = action
+        out["budget_action"] = self._choice(settings, "budget_action", where, BUDGET_ACTIONS)
         share = settings.get("budget_warn_share", 0.8)
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0 < share <= 1):

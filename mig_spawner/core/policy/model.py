@@ -152,6 +152,11 @@ class GroupPolicy:
     * ``drain_notice``: when the GPU a server's slice lies on is re-cut (docs/layout.md),
       the server is warned and stopped this long after the drain began (default one
       hour); Keep cannot pass it. ``None``: never stopped, the change waits for it.
+    * ``fault_grace``, ``fault_action``: when the GPU or MIG device a server's slice
+      lies on reports a hardware fault (docs/health.md), the server's user is warned at
+      once; with ``fault_action`` ``"stop"`` (the default) the server is stopped
+      ``fault_grace`` after the fault was seen (default ten minutes; ``None``: no
+      grace, at once), Keep cannot pass it; ``"finish"``: never stopped, left to finish.
 
     Waiting (docs/policies.md, "Waiting"): with ``queue`` on, a member whose spawn finds
     no slice free may join the wait list for up to ``max_wait`` seconds, with at most
@@ -207,6 +212,8 @@ class GroupPolicy:
     budget_action: Literal["stop", "refuse_new"] = "stop"
     budget_warn_share: float | None = 0.8
     drain_notice: float | None = 3600.0
+    fault_grace: float | None = 600.0
+    fault_action: Literal["stop", "finish"] = "stop"
 
     @property
     def has_budget(self) -> bool:
