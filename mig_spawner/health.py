@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from mig_spawner.core.health import (
@@ -63,23 +64,38 @@ def faults_now(gpus: HealthGpus, leases: Sequence[Lease]) -> tuple[Inventory, li
     return inventory, [fault for gpu in health for fault in health_faults(gpu)]
 
 
-def placed(faults: Iterable[Fault], inventory: Inventory, leases: Sequence[Lease]
-           ) -> list[FaultHold]:
+def placed(faults: Iterable[Fault], inventory: Inventory, leases: Sequence[Lease],
+           sizes: Mapping[str, int] | None = None,
+           named: Iterable[tuple[int, str]] = ()) -> list[FaultHold]:
     """Each fault with what it withholds: one MIG device where the driver says which,
-    else the whole GPU (:func:`~mig_spawner.core.health.fault_slices`). A GPU the driver
-    no longer lists (index -1) takes its index from the leases on it."""
+    else the whole GPU (:func:`~mig_spawner.core.health.fault_slices`), recorded as its
+    memory slices (``sizes``: GPU UUID -> memory slices, as last read; a lost GPU cannot
+    tell its model). A GPU the driver no longer lists (index -1) takes its index from the
+    leases on it; a lost GPU this process never read takes its UUID from the leases on
+    this host or ``named`` (index, UUID: the faults held), else it is left out (logged:
+    the inventory shows it lost, so nothing on it is offered)."""
     by_uuid = {gpu.uuid: gpu for gpu in inventory.gpus}
+    sizes = {**(sizes or {}), **gpu_sizes(inventory)}
+    here = [(x.gpu_index, x.gpu_uuid) for x in leases
+            if x.host == inventory.host and x.gpu_uuid and x.gpu_index is not None]
+    uuids, indexes = dict([*named, *here]), {uuid: index for index, uuid in here}
     holds = []
     for fault in faults:
-        if fault.gpu_index < 0:
-            index = next((x.gpu_index for x in leases
-                          if x.gpu_uuid == fault.gpu_uuid and x.gpu_index is not None), -1)
-            fault = Fault(fault.kind, index, fault.gpu_uuid, fault.detail, fault.gi_id,
-                          fault.ci_id, fault.device_uuid, fault.xid)
-        gpu = by_uuid.get(fault.gpu_uuid)
-        size = inventory.model(gpu.model_key).memory_slices if gpu and gpu.model_key else 0
-        holds.append(FaultHold(fault, fault_slices(fault, gpu, leases), size))
+        index = fault.gpu_index if fault.gpu_index >= 0 else indexes.get(fault.gpu_uuid, -1)
+        uuid = fault.gpu_uuid or uuids.get(index, "")
+        if not uuid:
+            log.error("%s; its UUID is not known here, so it is not held in the ledger", fault)
+            continue
+        fault = replace(fault, gpu_index=index, gpu_uuid=uuid)
+        holds.append(FaultHold(fault, fault_slices(fault, by_uuid.get(fault.gpu_uuid), leases),
+                               sizes.get(fault.gpu_uuid, 0)))
     return holds
+
+
+def gpu_sizes(inventory: Inventory) -> dict[str, int]:
+    """GPU UUID -> its memory slices, for each GPU whose model this read knows."""
+    return {gpu.uuid: inventory.model(gpu.model_key).memory_slices
+            for gpu in inventory.gpus if gpu.model_key}
 
 
 class FaultWatch:
@@ -97,6 +113,7 @@ class FaultWatch:
         self._ignored = frozenset(ignored_xids)
         self._lock = threading.Lock()
         self._events: list[Fault] = []
+        self._sizes: dict[str, int] = {}  # GPU UUID -> memory slices, as last read
 
     def on_event(self, event: DriverEvent) -> None:
         """Called by the event thread: keep a fault for the next :meth:`check` (an Xid
@@ -120,7 +137,11 @@ class FaultWatch:
         try:
             inventory, polled = faults_now(self._gpus, leases)
             polled = self._still_expected(polled)
-            found = placed([*events, *polled], inventory, leases)
+            unnamed = any(not f.gpu_uuid for f in [*events, *polled])
+            named = [(f.gpu_index, f.gpu_uuid) for f in
+                     self._ledger().holds.faults(inventory.host)] if unnamed else []
+            found = placed([*events, *polled], inventory, leases, self._sizes, named)
+            self._sizes.update(gpu_sizes(inventory))
             new = self._ledger().holds.record_faults(inventory.host, found)
         except BaseException:
             with self._lock:

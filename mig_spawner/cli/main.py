@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..core.kinds import MIG_MODE_KINDS
-from . import budget, catalog, demo, doctor, layout, report, status
+from . import budget, catalog, demo, doctor, health, layout, report, status
 from .settings import connect_gpus, hub_config, read_inventory
 
 SIMULATE_HELP = (
@@ -238,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub, add_global_options)
     budget.add_parser(sub, add_global_options)
     layout.add_parser(sub, add_global_options)
+    health.add_parser(sub, add_global_options, connect_gpus)
     demo.add_parser(sub)
     return parser
 
