@@ -18,7 +18,7 @@ from alembic import command
 from sqlalchemy import inspect
 
 from mig_spawner.core.allocator import SliceIndex
-from mig_spawner.core.health import DriverEvent, FaultKind
+from mig_spawner.core.health import DriverEvent, Fault, FaultKind
 from mig_spawner.core.lifecycle import STOP_CODES, ReleaseCode, StopRule
 from mig_spawner.core.policy import build_policy
 from mig_spawner.core.policy.model import PolicyError
@@ -27,7 +27,7 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import uninstall
 from mig_spawner.health import FaultWatch, healthy_now
 from mig_spawner.hub.models import HubServer
-from mig_spawner.ledger import LeaseRequest, Ledger
+from mig_spawner.ledger import FaultHold, LeaseRequest, Ledger
 from mig_spawner.ledger.engine import create_ledger_engine
 from mig_spawner.ledger.migrate import alembic_config, upgrade
 from mig_spawner.service.cull_rules import fault_of, fault_stop
@@ -138,12 +138,14 @@ def test_a_double_bit_ecc_error_withholds_the_whole_gpu(host):
     assert healthy_now(gpus, found[0].gpu_uuid) == (True, [])
 
 
-def test_the_form_says_why_a_size_is_unavailable():
+def test_the_form_says_why_a_size_is_unavailable(ledger):
     inventory = connect(SPEC).inventory()
     index = SliceIndex(inventory)
-    faulty = {(inventory.host, inventory.gpus[1].uuid): frozenset(range(64))}
-    unhealthy = faulty_models(index, faulty)
-    assert unhealthy == {inventory.gpus[1].model_key: "GPU 1 reported a hardware fault"}
+    gpu = inventory.gpus[1]
+    ledger.holds.record_faults(inventory.host, [FaultHold(
+        Fault(FaultKind.ECC, 1, gpu.uuid, "a double-bit ECC error"), None, 8)])
+    unhealthy = faulty_models(index, ledger.holds.faults(inventory.host))
+    assert unhealthy == {gpu.model_key: "GPU 1 reported a hardware fault"}
     mine = POLICY.for_user(["a"])
     models = [inventory.model(k) for k in index.model_keys]
     free = {inventory.gpus[0].model_key: {"1g.18gb": 0, "2g.35gb": 1}}

@@ -110,19 +110,25 @@ def test_a_lost_gpu_is_withheld_its_holders_warned_and_stopped_others_serve_on(t
                 assert ended.state == "releasing", ended
             assert ledger.leases.get(lease["ana"].id).warning is None  # ana untouched
             assert hub.server_model("ana") is not None
+            held = [(f.gpu_index, f.kind) for f in ledger.holds.faults()]
+            assert sorted(held) == [(1, "lost"), (1, "xid")]
 
         # A restart of the hub and of the service remembers the fault.
         hub.restart_hub()
         service.close()
         service = Service(hub, config_d)
         service.wait_up()
-        # GPU 1 comes back after a reset, its layout made again: still withheld.
-        sim = SimulatedHost.open(state)
-        sim.reset_gpu(1)
-        with connect(state_file=str(state)) as gpus:
-            for start in range(7):
-                gpus.create_instance(1, "1g.18gb", start)
         with Ledger(url) as ledger:
+            service.swept()
+            # The new service, which never read GPU 1, adds no fault of its own.
+            assert [(f.gpu_index, f.kind) for f in ledger.holds.faults()] == held
+            assert UNAVAILABLE in form_of(hub, "eve")
+            assert main(["health", "clear", "1", *cli]) == 1  # still lost: kept
+            # GPU 1 comes back after a reset, its layout made again: still withheld.
+            SimulatedHost.open(state).reset_gpu(1)
+            with connect(state_file=str(state)) as gpus:
+                for start in range(7):
+                    gpus.create_instance(1, "1g.18gb", start)
             until(lambda: all(ledger.leases.get(lease[u].id).state == "released"
                               for u in ("bob", "cy")), 60, "bob's and cy's slices back",
                   show=hub.log_path)

@@ -18,7 +18,7 @@ from .errors import (
     SchemaError,
     ServerHasLease,
 )
-from .holds import KUBE_NODE, FaultHold, GpuFault, HoldCause, LayoutChange, merge_holds
+from .holds import KUBE_NODE, FaultHold, GpuFault, LayoutChange
 from .leases import Decide
 from .readonly import PROBE_TIMEOUT_S, probe
 from .records import (
@@ -54,7 +54,6 @@ __all__ = [
     "GpuFault",
     "Grant",
     "GrantDecide",
-    "HoldCause",
     "IllegalTransition",
     "InvalidDecision",
     "KeepResult",
@@ -78,7 +77,6 @@ __all__ = [
     "WaitEntry",
     "WaitRequest",
     "WaitState",
-    "merge_holds",
     "probe",
     "url_beside_hub_db",
 ]

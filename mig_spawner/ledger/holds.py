@@ -226,16 +226,11 @@ class Holds:
     def __init__(self, tx: Transactions) -> None:
         self._tx = tx
 
-    def held(self, causes: Iterable[HoldCause] = HoldCause) -> HeldSlices:
-        """The slices every hold (of ``causes``; all by default) that stands holds now,
-        per (host, GPU UUID)."""
+    def held(self) -> HeldSlices:
+        """The slices every hold that stands holds now, per (host, GPU UUID), whatever
+        its cause."""
         with self._tx.read() as connection:
-            return read_holds(connection, causes)
-
-    def by_cause(self) -> dict[HoldCause, HeldSlices]:
-        """What each cause holds now (one read): what the spawn form says why of."""
-        with self._tx.read() as connection:
-            return {cause: read_holds(connection, (cause,)) for cause in HoldCause}
+            return read_holds(connection)
 
     # -- GPU faults (docs/health.md) --------------------------------------------------
 
@@ -250,13 +245,16 @@ class Holds:
         recorded = []
         with self._tx.claims() as connection:
             now = self._tx.now()
-            standing = {(f.gpu_uuid, f.kind, f.whole_gpu, f.held_slices): f.id
+            # A whole-GPU fault is the same whatever slices its GPU was read to have (a
+            # process that never read a lost GPU cannot tell).
+            standing = {(f.gpu_uuid, f.kind, None if f.whole_gpu else f.held_slices): f.id
                         for f in map(_to_fault, connection.execute(
                             select(gpu_faults).where(gpu_faults.c.host == host, _FAULT_OPEN)))}
             for fault, slices, gpu_slices in found:
                 whole = slices is None
                 held = frozenset(range(gpu_slices) if slices is None else slices)
-                seen = standing.get((fault.gpu_uuid, fault.kind, whole, held))
+                key = (fault.gpu_uuid, fault.kind, None if whole else held)
+                seen = standing.get(key)
                 if seen is not None:
                     connection.execute(update(gpu_faults).where(gpu_faults.c.id == seen)
                                        .values(last_seen_at=now))
@@ -267,7 +265,7 @@ class Holds:
                     device_uuid=fault.device_uuid, held_slices=_mask(held),
                     whole_gpu=int(whole), seen_at=now, last_seen_at=now,
                 )).inserted_primary_key[0]
-                standing[(fault.gpu_uuid, fault.kind, whole, held)] = new_id
+                standing[key] = new_id
                 recorded.append(_to_fault(connection.execute(
                     select(gpu_faults).where(gpu_faults.c.id == new_id)).one()))
             if recorded:

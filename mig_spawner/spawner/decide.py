@@ -31,7 +31,7 @@ from mig_spawner.core.policy import (
     tally,
 )
 from mig_spawner.core.refusal import Reason, Refused
-from mig_spawner.ledger import Decide, Grant, Lease, LedgerView
+from mig_spawner.ledger import Decide, GpuFault, Grant, Lease, LedgerView
 
 Mode = MigMode | Kind
 
@@ -71,18 +71,29 @@ def free_now(
             for key in keys}
 
 
-def faulty_models(index: SliceIndex, faulty: Holds) -> dict[str, str]:
-    """GPU model key -> why slices of it are withheld for a fault on this host, in words
-    (``GPU 1 reported a hardware fault``; :attr:`SliceSupply.unhealthy
+def faulty_models(index: SliceIndex, faults: Iterable[GpuFault]) -> dict[str, str]:
+    """GPU model key -> why slices of it are withheld for the faults held on this host,
+    in words (``GPU 1 reported a hardware fault``; :attr:`SliceSupply.unhealthy
     <mig_spawner.spawner.backend.SliceSupply.unhealthy>`). A lost GPU cannot say its
-    model: its words go with every model of the host."""
-    gpus = sorted((gpu for (host, uuid) in faulty if host == index.inventory.host
-                   and (gpu := index.gpu(uuid)) is not None), key=lambda gpu: gpu.index)
+    model (nor, to a process that never read it, its UUID): its words go with every
+    model of the host."""
     by_model: dict[str, list[int]] = {}
-    for gpu in gpus:
-        for key in [gpu.model_key] if gpu.model_key else index.model_keys:
-            by_model.setdefault(key, []).append(gpu.index)
+    for fault in sorted(faults, key=lambda f: f.gpu_index):
+        if fault.host != index.inventory.host:
+            continue
+        gpu = index.gpu(fault.gpu_uuid)
+        for key in [gpu.model_key] if gpu and gpu.model_key else index.model_keys:
+            if fault.gpu_index not in by_model.setdefault(key, []):
+                by_model[key].append(fault.gpu_index)
     return {key: ", ".join(map(withheld_words, found)) for key, found in by_model.items()}
+
+
+def fault_words(index: SliceIndex, faulty: Holds) -> str:
+    """Why a claim finds its slices withheld for faults, in words: the faulty GPUs of
+    this host by index (``GPU 1 reported a hardware fault``)."""
+    gpus = sorted(gpu.index for (host, uuid) in faulty
+                  if host == index.inventory.host and (gpu := index.gpu(uuid)) is not None)
+    return ", ".join(map(withheld_words, gpus)) or "a GPU reported a hardware fault"
 
 
 def holdings(
@@ -189,7 +200,7 @@ def make_decide(
                 if view.faulty and isinstance(pick(view.faulty), Refused):
                     # The faults alone keep it from this user: say so, in words.
                     raise Refused(Reason.GPU_UNHEALTHY, f"no {offer.display_name} is free right "
-                                  f"now: {', '.join(faulty_models(index, view.faulty).values())}",
+                                  f"now: {fault_words(index, view.faulty)}",
                                   "pick another size or try again later", picked.free)
                 raise Refused(Reason.GPU_RECUT, f"no {offer.display_name} is free right now: "
                               "the GPU that has one is being re-cut by an admin",

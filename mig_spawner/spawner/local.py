@@ -49,7 +49,7 @@ from mig_spawner.core.refusal import Reason
 from mig_spawner.core.waitlist import StarvationGuard
 from mig_spawner.gpu.errors import GpuError
 from mig_spawner.kinds import Confinement, kind_of
-from mig_spawner.ledger import HoldCause, Lease, LeaseStateError, LedgerError, merge_holds
+from mig_spawner.ledger import GpuFault, Lease, LeaseStateError, LedgerError
 
 from .backend import ClaimPlan, SliceSupply, held_back
 from .decide import faulty_models, free_now, make_decide, wanted_profiles
@@ -66,8 +66,8 @@ class LocalFleet:
     demand: dict[str, int] | None
     #: Slices held from new grants: a layout change's (docs/layout.md), a fault's.
     holds: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
-    #: The part of :attr:`holds` that GPU faults hold (docs/health.md).
-    faulty: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
+    #: The GPU faults held on this host (docs/health.md): part of :attr:`holds`.
+    faults: Sequence[GpuFault] = ()
 
 
 class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
@@ -179,9 +179,10 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         recent request mix."""
         # Dynamic placement keeps room for the sizes users ask for most.
         demand = self.runtime.demand() if self.slice_kind.made_per_lease else None
-        by_cause = self.runtime.ledger().holds.by_cause()
-        return LocalFleet(self.runtime.index_here(), demand, merge_holds(by_cause.values()),
-                          by_cause[HoldCause.FAULT])
+        ledger = self.runtime.ledger()
+        index = self.runtime.index_here()
+        return LocalFleet(index, demand, ledger.holds.held(),
+                          ledger.holds.faults(index.inventory.host))
 
     def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:
         """The claim's plan is read on the worker thread that claims (one trip)."""
@@ -191,12 +192,13 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         """The GPU models present, the free slices per model and profile, the held leases."""
         index = fleet.index
         free = free_now(index, held, self.slice_kind.kind, fleet.holds)
+        faulted = {(f.host, f.gpu_uuid) for f in fleet.faults}
         recut = (held_back(free_now(index, held, self.slice_kind.kind), free)
-                 if fleet.holds.keys() - fleet.faulty.keys() else {})
+                 if fleet.holds.keys() - faulted else {})
         # The driver's figures (memory, SMs) win over the catalog's in the form.
         return SliceSupply(tuple(index.inventory.model(key) for key in free), free, tuple(held),
                            fixed_layout=self.slice_kind.fixed_layout, recut=recut,
-                           unhealthy=faulty_models(index, fleet.faulty))
+                           unhealthy=faulty_models(index, fleet.faults))
 
     def plan_claim(self, fleet: LocalFleet, offer: Offer, mine: UserPolicy) -> ClaimPlan:
         """How to claim one slice of ``offer`` for a user with policy ``mine`` on ``fleet``."""
