@@ -9,6 +9,7 @@ hub with the slice service is ``tests/test_gpu_faults_hub.py``.
 
 from __future__ import annotations
 
+import json
 import queue
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect
 
+from mig_spawner.cli.main import main
 from mig_spawner.core.allocator import SliceIndex
 from mig_spawner.core.health import DriverEvent, Fault, FaultKind
 from mig_spawner.core.lifecycle import STOP_CODES, ReleaseCode, StopRule
@@ -24,7 +26,7 @@ from mig_spawner.core.policy import build_policy
 from mig_spawner.core.policy.model import PolicyError
 from mig_spawner.core.refusal import Reason, Refused
 from mig_spawner.gpu import connect
-from mig_spawner.gpu.simulator import uninstall
+from mig_spawner.gpu.simulator import SimulatedHost, uninstall
 from mig_spawner.health import FaultWatch, healthy_now
 from mig_spawner.hub.models import HubServer
 from mig_spawner.ledger import FaultHold, LeaseRequest, Ledger
@@ -212,3 +214,29 @@ def test_migration_0015_adds_the_fault_table_and_goes_back(backend_url):
         assert "gpu_faults" not in inspect(engine).get_table_names()
     finally:
         engine.dispose()
+
+
+def test_doctor_and_health_report_a_fault_and_clear_waits_for_a_healthy_gpu(tmp_path, capsys):
+    state, url = tmp_path / "sim.json", f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    cli = ["--simulate", "h200x2:layout=1g.18gb*7", "--sim-state", str(state),
+           "--ledger-url", url]
+    with Ledger.open(url) as ledger, connect("h200x2:layout=1g.18gb*7", state) as gpus:
+        assert main(["doctor", *cli]) == 0
+        assert main(["health", *cli]) == 0
+        assert "no GPU fault holds any slice" in capsys.readouterr().out
+        SimulatedHost.open(state).set_remapped_rows(1, pending=True)
+        FaultWatch(lambda: ledger, gpus).check([])
+    assert main(["doctor", *cli]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] GPU health" in out and "waits for a GPU reset" in out
+    assert "mig-spawner health clear GPU" in out
+    assert main(["health", *cli]) == 1
+    assert "GPU 1 (" in capsys.readouterr().out
+    # Not healthy yet: the hold stays.
+    assert main(["health", "clear", "1", *cli]) == 1
+    assert "not healthy yet" in capsys.readouterr().err
+    SimulatedHost.open(state).reset_gpu(1)  # applies the pending remap
+    assert main(["health", "clear", "1", *cli]) == 0
+    assert main(["health", "--all", "--json", *cli]) == 0
+    [cleared] = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert cleared["kind"] == "row_remap" and cleared["cleared_by"]

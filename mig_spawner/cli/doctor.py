@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import TraitError
 from traitlets.config import Config
 
 from ..core.catalog import GpuModel, capability_minors, find_model_for_product
+from ..core.health import Fault, health_faults
 from ..core.inventory import Inventory
 from ..core.kinds import DEFAULT_MIG_MODE, mode_rules
 from ..device_cgroup import (
@@ -36,6 +37,12 @@ from ..gpu.errors import (
 )
 from ..gpu.nvml import GARBLED_PROCESS_DRIVERS, garbles_process_records
 from .catalog import driver_differences
+
+if TYPE_CHECKING:
+    from ..ledger import GpuFault
+
+#: The faults the ledger holds on a host (its name), or None where it cannot be read.
+HeldFaults = Callable[[str], Sequence["GpuFault"] | None]
 
 # How an admin grants the MIG config capability to the hub's user (no root needed then).
 GRANT_CONFIG = (
@@ -311,6 +318,23 @@ def check_process_listing(inv: Inventory) -> Check:
     return Check("process listing", Status.PASS, "the processes on every MIG device are readable")
 
 
+def check_gpu_health(now: Iterable[Fault], held: Sequence[GpuFault] | None) -> Check:
+    """What the driver reports of every GPU's health now, and the faults the ledger holds
+    from new servers (``None``: the ledger was not read). docs/health.md."""
+    now = list(now)
+    problems = [str(f) for f in now]
+    problems += [f"held since {f.seen_at:%Y-%m-%d %H:%M} UTC: GPU {f.gpu_index}: {f.detail}"
+                 for f in held or ()]
+    if problems:
+        fix = ("reset or repair the GPU (a lost one may need a reboot), then run "
+               "'mig-spawner health clear GPU' (docs/health.md)" if held else
+               "the slice service holds the GPU at its next sweep; reset or repair it, then "
+               "'mig-spawner health clear GPU' (docs/health.md)")
+        return Check("GPU health", Status.FAIL, "; ".join(problems), fix)
+    where = "" if held is None else "; the ledger holds no fault"
+    return Check("GPU health", Status.PASS, f"the driver reports no fault on any GPU{where}")
+
+
 def check_monitor(e: MonitorCapabilityMissing) -> Check:
     """What the hub does without the MIG monitor capability, and how to grant it."""
     return Check(
@@ -338,8 +362,9 @@ def skipped(names: Iterable[str], reason: str) -> list[Check]:
 
 
 #: The checks that read the GPUs, in the order they run.
-GPU_CHECKS = ("driver version", "MIG support", "MIG mode", "profile table", "process listing",
-              "offered profiles", "isolation device nodes", "dynamic-mode privilege")
+GPU_CHECKS = ("driver version", "GPU health", "MIG support", "MIG mode", "profile table",
+              "process listing", "offered profiles", "isolation device nodes",
+              "dynamic-mode privilege")
 
 
 def run_checks(
@@ -348,13 +373,15 @@ def run_checks(
     mode: str | None = None,
     dev_root: str = "/",
     isolation: bool | None = None,
+    held_faults: HeldFaults | None = None,
 ) -> list[Check]:
     """Run every check; ``connect`` opens the GPU adapter (real or simulated).
 
     ``offered_for`` reads the hub's config for this host's GPU models and returns the
     profiles its groups can be given and the configured mode; ``mode`` overrides that.
     ``isolation``: whether servers are confined (``None``: not known, the nodes are
-    checked; :func:`check_device_isolation` says why not).
+    checked; :func:`check_device_isolation` says why not). ``held_faults``: the faults
+    the ledger holds on this host (None: not read).
     A check that an earlier failure makes meaningless is SKIP, naming that failure.
     """
     try:
@@ -371,10 +398,12 @@ def run_checks(
         checks = [
             Check("NVML", Status.PASS, f"NVML {inv.nvml_version} loaded, {len(inv.gpus)} GPU(s)"),
             check_driver(inv),
+            check_gpu_health((f for gpu in adapter.health() for f in health_faults(gpu)),
+                             held_faults(inv.host) if held_faults else None),
             support := check_mig_support(inv),
         ]
         if support.status is Status.FAIL:
-            return checks + skipped(GPU_CHECKS[2:], "no GPU here supports MIG (see MIG support)")
+            return checks + skipped(GPU_CHECKS[3:], "no GPU here supports MIG (see MIG support)")
         checks.append(mig_mode := check_mig_mode(inv))
         mig_off = mig_mode.status is Status.FAIL and not any(g.mig_enabled for g in inv.gpus)
         off_reason = "MIG is not enabled on any GPU (see MIG mode)"

@@ -181,11 +181,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         setting = None if config is None else doctor.configured_isolation(config)
         support = host_support()
         checks = doctor.run_checks(lambda: connect_gpus(args), offered_for, mode=args.mode,
-                                   isolation=doctor.confines(setting, simulated, support))
+                                   isolation=doctor.confines(setting, simulated, support),
+                                   held_faults=lambda host: _held_faults(args, host))
         checks.append(doctor.check_device_isolation(setting, simulated, support))
         checks += settings
     print(doctor.render_json(checks) if args.json else doctor.render(checks))
     return 1 if any(c.status is doctor.Status.FAIL for c in checks) else 0
+
+
+def _held_faults(args: argparse.Namespace, host: str):
+    """The GPU faults the ledger holds on ``host``; None where there is no ledger or it
+    cannot be read (doctor then reports the driver's view alone)."""
+    from ..ledger import Ledger, LedgerError
+    from .settings import ledger_url
+
+    try:
+        with Ledger.open_existing(ledger_url(args)) as ledger:
+            return ledger.holds.faults(host)
+    except LedgerError:
+        return None
 
 
 def _read_only_command(
