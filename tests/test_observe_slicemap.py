@@ -9,6 +9,8 @@ import pytest
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from tornado.web import Application
 
+from mig_spawner.core.health import Fault, FaultKind, xid_words
+from mig_spawner.ledger import FaultHold
 from mig_spawner.observe import slicemap
 from mig_spawner.observe.slice_state import slice_map
 from tests.support.observe_world import make_world
@@ -128,3 +130,67 @@ def test_slice_map_page_draws_gib_beside_the_profile_in_chromium(tmp_path):
         page.set_content(page_html)
         labels = page.locator(".slice .profile").all_inner_texts()
     assert sorted(labels) == sorted(f"{name} · {gib} · free" for name, gib in SHOWN.items())
+
+
+# --- a GPU fault: its slices in a colour of their own, with the reason ---------------------
+
+def _fault_page(tmp_path):
+    """The map of a host where a contained ECC error (Xid 94) withholds one 1g.18gb of GPU
+    0, which ada holds, and GPU 1 is withheld whole for uncorrectable ECC errors."""
+    world = make_world(tmp_path)
+    try:
+        device = world.device(0, "1g.18gb")
+        world.lease("ada", "research", device)
+        inventory = world.inventory()
+        gpu1 = inventory.gpus[1]
+        world.ledger.holds.record_faults(inventory.host, [
+            FaultHold(Fault(FaultKind.XID, 0, device.gpu_uuid, xid_words(94),
+                            gi_id=device.gi_id, ci_id=device.ci_id, xid=94),
+                      frozenset(range(device.start, device.start + device.size)), 8),
+            FaultHold(Fault(FaultKind.ECC, 1, gpu1.uuid, "2 uncorrectable ECC memory "
+                            "error(s) since the GPU was last reset"), None, 8)])
+        view = slice_map(inventory, world.ledger.leases.active(), world.clock.now,
+                         world.policy, faults=world.ledger.holds.faults())
+    finally:
+        world.close()
+    return view, device
+
+
+def test_the_map_names_the_fault_of_each_withheld_slice(tmp_path):
+    view, device = _fault_page(tmp_path)
+    data = slicemap.slicemap_json(view)
+    rows = {r["mig_uuid"]: r for g in data["gpus"] for r in g["slices"]}
+    assert rows[device.uuid]["fault"] == ("GPU 0 reported a hardware fault: Xid 94 "
+                                          "(contained ECC error)")
+    assert rows[device.uuid]["user"] == "ada"  # still hers: the fault does not end it
+    gpu0, gpu1 = data["gpus"]
+    assert [r["fault"] is not None for r in gpu0["slices"]].count(True) == 1
+    assert all("uncorrectable ECC" in r["fault"] for r in gpu1["slices"])
+    assert gpu1["faulty_slices"] == list(range(8))
+
+
+@pytest.mark.browser
+def test_the_map_draws_faulty_slices_in_their_own_colour_in_chromium(tmp_path):
+    pytest.importorskip("playwright.sync_api")
+    from tests.support.browser import launch_chromium
+    from tests.support.system_deps import require_chromium
+
+    require_chromium()
+    view, _ = _fault_page(tmp_path)
+    page_html = slicemap._LOADER.load("slicemap.html").generate(
+        data_json=slicemap._script_json(slicemap.slicemap_json(view)), refresh=3600,
+        user={"name": "admin"}, json_url="slices.json", table_url="slices/table",
+        states=slicemap.SLICE_STATES, xsrf="x").decode()
+    with launch_chromium() as browser:
+        page = browser.new_page()
+        page.set_content(page_html)
+        faulty = page.locator(".slice.faulty")
+        leased = page.locator(".slice.state-leased:not(.faulty), .slice.state-free:not(.faulty)")
+        colour = faulty.first.evaluate("e => getComputedStyle(e).backgroundColor")
+        others = set(leased.evaluate_all(
+            "es => es.map(e => getComputedStyle(e).backgroundColor)"))
+        texts = faulty.all_inner_texts()
+        headers = page.locator(".gpu .fault").all_inner_texts()
+    assert colour not in others and len(others) >= 1
+    assert any("ada" in t and "Xid 94 (contained ECC error)" in t for t in texts)
+    assert headers[0].startswith("Withheld: GPU 0 reported a hardware fault")

@@ -20,13 +20,16 @@ A slice is in one of four states:
     the GPU and the ledger disagree: processes run on an instance no lease holds
     (someone uses the slice outside mig-spawner), or an active lease names an
     instance that no longer exists (destroyed out of band). ``note`` says which.
+
+Apart from its state, a slice a GPU fault withholds (docs/health.md) carries ``fault``:
+why, in words; the map draws it in a colour of its own.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -37,7 +40,7 @@ from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.kinds import offered_whole
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
-from mig_spawner.ledger import LayoutChange, Lease, LeaseState, WaitEntry
+from mig_spawner.ledger import GpuFault, LayoutChange, Lease, LeaseState, WaitEntry
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -99,6 +102,8 @@ class SliceRow:
     #: What the server is for, as its user said (never a metrics label).
     purpose: str | None = None
     note: str = ""
+    #: Why a GPU fault withholds it, in words (None: no fault; docs/health.md).
+    fault: str | None = None
 
     @property
     def memory_total_text(self) -> str:
@@ -139,6 +144,10 @@ class GpuRow:
     change: str | None = None
     #: Memory slices that change holds from new grants.
     held_slices: tuple[int, ...] = ()
+    #: The GPU faults held on it, in words (None: none; docs/health.md).
+    fault: str | None = None
+    #: Memory slices those faults withhold from new grants.
+    faulty_slices: tuple[int, ...] = ()
 
     @property
     def free_memory_slices(self) -> tuple[int, ...]:
@@ -410,6 +419,7 @@ def slice_map(
     waits: Iterable[WaitEntry] = (),
     budgets: tuple[list[Lease], list[Extra]] | None = None,
     changes: Iterable[LayoutChange] = (),
+    faults: Iterable[GpuFault] = (),
 ) -> SliceMap:
     """Join ``inventory``, the held ``leases`` and ``policy`` into a :class:`SliceMap`.
 
@@ -420,7 +430,8 @@ def slice_map(
     shown as idle. ``waits``: the wait list (``ledger.waits.waiting()``). ``budgets``: the
     leases and extra hours of the longest budget window (``ledger.usage.budget``), for
     each group budget's use. ``changes``: the layout changes under way
-    (``ledger.holds.changes()``).
+    (``ledger.holds.changes()``). ``faults``: the GPU faults held
+    (``ledger.holds.faults()``).
     """
     if now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
@@ -447,9 +458,18 @@ def slice_map(
         else:
             by_uuid[gpu.uuid].append(row)
     changing = {c.gpu_uuid: c for c in changes if c.host == inventory.host and c.open}
+    faults = [f for f in faults if f.host == inventory.host and f.open]
     gpus = []
     for gpu in inventory.gpus:
-        rows = sorted(by_uuid[gpu.uuid], key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
+        # A lost GPU this process never read has no UUID here: known by its index then.
+        on_it = [f for f in faults if f.gpu_uuid == gpu.uuid
+                 or (gpu.lost and not gpu.uuid and f.gpu_index == gpu.index)]
+        size = _memory_slices(gpu)
+        faulty = {s for f in on_it for s in (range(size) if f.whole_gpu else f.held_slices)}
+        fault = "; ".join(dict.fromkeys(f"{f.why}: {f.detail}" for f in on_it)) or None
+        rows = sorted((replace(r, fault=fault) if faulty.intersection(r.memory_slices) else r
+                       for r in by_uuid[gpu.uuid]),
+                      key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
         change = changing.get(gpu.uuid)
         gpus.append(GpuRow(
             index=gpu.index,
@@ -462,6 +482,8 @@ def slice_map(
             change=None if change is None else change_words(change),
             held_slices=() if change is None else tuple(sorted(
                 range(_memory_slices(gpu)) if change.whole_gpu else change.held_slices)),
+            fault=fault,
+            faulty_slices=tuple(sorted(faulty)),
         ))
     return SliceMap(
         host=inventory.host,

@@ -57,6 +57,8 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
                 "free_memory_slices": list(gpu.free_memory_slices),
                 "change": gpu.change,
                 "held_slices": list(gpu.held_slices),
+                "fault": gpu.fault,
+                "faulty_slices": list(gpu.faulty_slices),
                 "slices": [_row_json(row) for row in gpu.slices],
             }
             for gpu in view.gpus

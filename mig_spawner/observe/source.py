@@ -56,7 +56,7 @@ class SliceSource:
             view = slice_map(
                 self.gpus.inventory(), self.ledger.leases.active(), now, self.policy,
                 idle_after=self.idle_after, waits=self.ledger.waits.waiting(), budgets=book,
-                changes=self.ledger.holds.changes(),
+                changes=self.ledger.holds.changes(), faults=self.ledger.holds.faults(),
             )
             self._cached = (time.monotonic(), view)
             return view
