@@ -21,6 +21,7 @@ from sqlalchemy import inspect
 from mig_spawner.cli.main import main
 from mig_spawner.core.allocator import SliceIndex
 from mig_spawner.core.health import DriverEvent, Fault, FaultKind
+from mig_spawner.core.keep import KeepOutcome
 from mig_spawner.core.lifecycle import STOP_CODES, ReleaseCode, StopRule
 from mig_spawner.core.policy import build_policy
 from mig_spawner.core.policy.model import PolicyError
@@ -190,6 +191,9 @@ def test_holders_are_warned_at_once_and_stopped_after_their_groups_fault_grace(h
     assert stop is None and warning.deadline is None
     assert ledger.warnings.warn(on_1.id, warning.rule, None, warning.describe(seen_at))
     assert ledger.leases.get(on_1.id).warning is StopRule.GPU_FAULT
+    # Keep cannot put it off: the GPU itself is faulty.
+    kept = ledger.warnings.keep(on_1.id, extend_by=3600, max_extensions=3)
+    assert kept.outcome is KeepOutcome.REFUSED and "hardware fault" in kept.message
 
 
 def test_fault_grace_and_action_are_group_settings_checked_with_the_others():
