@@ -14,17 +14,15 @@ ratios to the sweep kept.
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from mig_spawner.cli.main import main
 from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger, ReleaseCode
-from tests.support.hub_harness import REPO, HubProcess, simulated_spawner
+from tests.support.hub_harness import HubProcess
 from tests.support.polling import until
-from tests.support.slice_service import SERVICE_CONFIG, Service
+from tests.support.slice_service import Service, service_config_dir
 from tests.test_hub_crash import assert_one_server_per_slice
 
 pytestmark = pytest.mark.hub
@@ -43,23 +41,12 @@ def form_of(hub: HubProcess, user: str) -> str:
 
 
 def test_a_lost_gpu_is_withheld_its_holders_warned_and_stopped_others_serve_on(tmp_path):
-    config_d = tmp_path / "jupyterhub_config.d"
-    config_d.mkdir()
-    for name in ("10-spawner.py", "20-groups.py"):
-        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
-    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
-        c = get_config()  # noqa: F821
-{textwrap.indent(simulated_spawner(tmp_path, SIM), ' ' * 8)}
-        c.Spawner.poll_interval = 1
-        c.Spawner.start_timeout = 120
-        c.Spawner.http_timeout = 120
+    config_d = service_config_dir(tmp_path, SIM, f"""
         c.Spawner.environment = {{"MIG_TEST_HUB": "{TAG}"}}
         c.MIGPolicyConfig.group_policies = {{"analysts": {{
             "allowed": ["1g.18gb", "2g.35gb"], "fault_grace": "{GRACE}s"}}}}
-{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
-        c.SliceServiceApp.cull_every = 1
         c.SliceServiceApp.orphan_grace = 5
-    """))
+    """)
     hub = HubProcess.start(tmp_path, sorted(config_d.glob("*.py")), timeout=120)
     service = None
     url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"

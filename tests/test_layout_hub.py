@@ -11,7 +11,6 @@ machine still starts the server and sweeps a few times within it.
 
 from __future__ import annotations
 
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from mig_spawner.cli.main import main
 from mig_spawner.core.layout import PlanState
 from mig_spawner.gpu import connect
 from mig_spawner.ledger import Ledger, ReleaseCode
-from tests.support.hub_harness import REPO, HubProcess, simulated_spawner
+from tests.support.hub_harness import HubProcess
 from tests.support.polling import until
-from tests.support.slice_service import SERVICE_CONFIG, Service
+from tests.support.slice_service import Service, service_config_dir
 
 pytestmark = pytest.mark.hub
 
@@ -39,21 +38,10 @@ def layout(workdir: Path) -> list[tuple[str, int]]:
 
 
 def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tmp_path):
-    config_d = tmp_path / "jupyterhub_config.d"
-    config_d.mkdir()
-    for name in ("10-spawner.py", "20-groups.py"):
-        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
-    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
-        c = get_config()  # noqa: F821
-{textwrap.indent(simulated_spawner(tmp_path, SIM), ' ' * 8)}
-        c.Spawner.poll_interval = 1
-        c.Spawner.start_timeout = 120
-        c.Spawner.http_timeout = 120
+    config_d = service_config_dir(tmp_path, SIM, f"""
         c.MIGPolicyConfig.group_policies = {{"analysts": {{
             "allowed": ["1g.18gb", "4g.71gb"], "drain_notice": "{NOTICE}s"}}}}
-{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
-        c.SliceServiceApp.cull_every = 1
-    """))
+    """)
     hub = HubProcess.start(tmp_path, sorted(config_d.glob("*.py")), timeout=120)
     service = None
     url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from mig_spawner.service.app import REQUIRED_SCOPES
 from mig_spawner.service.handlers import METRICS_SCOPE
 from mig_spawner.service.metrics import PREFIX
 from tests.support import reaper
-from tests.support.hub_harness import ADMIN_SERVICE, STOP_TIMEOUT, HubProcess, free_port
+from tests.support.hub_harness import (
+    ADMIN_SERVICE,
+    REPO,
+    STOP_TIMEOUT,
+    HubProcess,
+    free_port,
+    simulated_spawner,
+)
 from tests.support.polling import until
 
 SERVICE = "mig-slices"
@@ -44,6 +52,28 @@ c.JupyterHub.services.append({{"name": "{SERVICE}", "api_token": "{TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "{SERVICE}", "services": ["{SERVICE}"], "scopes": {SCOPES!r}}})
 {METRICS_READERS}"""
+
+
+def service_config_dir(workdir: Path, sim: str, extra: str) -> Path:
+    """A ``jupyterhub_config.d`` in ``workdir`` for a hub on the shipped snippets with the
+    MIG spawner on simulated GPUs ``sim``, servers polled every second, and the slice
+    service sweeping every second (the service reads the same directory); ``extra``:
+    config lines added last (a group policy)."""
+    config_d = workdir / "jupyterhub_config.d"
+    config_d.mkdir()
+    for name in ("10-spawner.py", "20-groups.py"):
+        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
+    (config_d / "90-test.py").write_text("\n".join((
+        "c = get_config()  # noqa: F821",
+        textwrap.dedent(simulated_spawner(workdir, sim)),
+        "c.Spawner.poll_interval = 1",
+        "c.Spawner.start_timeout = 120",
+        "c.Spawner.http_timeout = 120",
+        SERVICE_CONFIG,
+        "c.SliceServiceApp.cull_every = 1",
+        textwrap.dedent(extra),
+    )))
+    return config_d
 
 
 class Service:
