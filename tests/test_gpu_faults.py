@@ -154,7 +154,7 @@ def test_the_form_says_why_a_size_is_unavailable(ledger):
     free = {inventory.gpus[0].model_key: {"1g.18gb": 0, "2g.35gb": 1}}
     choices = {c.key: c for c in build_choices(mine, models, free, lambda o, n: None,
                                                unhealthy=unhealthy)}
-    assert choices["1g.18gb"].unavailable == "unavailable: GPU 1 reported a hardware fault"
+    assert choices["1g.18gb"].unavailable == "GPU 1 reported a hardware fault"
     assert choices["2g.35gb"].available
     # Without it the size reads as missing: nobody is told why.
     plain = {c.key: c for c in build_choices(mine, models, free, lambda o, n: None)}

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.hub
 SIM = "h200x1:layout=2g.35gb*3+h200x1:layout=1g.18gb*7"
 GRACE = 10
 TAG = "gpu-faults"
-UNAVAILABLE = "unavailable: GPU 1 reported a hardware fault"
+UNAVAILABLE = "Unavailable: GPU 1 reported a hardware fault"
 
 
 def form_of(hub: HubProcess, user: str) -> str:

@@ -220,13 +220,13 @@ def health_faults(health: GpuHealth) -> tuple[Fault, ...]:
 
 
 #: What the spawn form and the slice map say of a size or slice withheld for a fault, after
-#: the GPU's name: "unavailable: GPU 1 reported a hardware fault".
+#: the GPU's name: "Unavailable: GPU 1 reported a hardware fault" on the form.
 FAULT_WORDS = "reported a hardware fault"
 
 
 def withheld_words(gpu_index: int) -> str:
     """Why slices of GPU ``gpu_index`` are withheld, in words an analyst reads (the form
-    puts "unavailable: " before it): ``GPU 1 reported a hardware fault``."""
+    puts "Unavailable: " before it): ``GPU 1 reported a hardware fault``."""
     return f"GPU {gpu_index} {FAULT_WORDS}"
 
 

@@ -47,7 +47,7 @@ class SliceSupply:
     #: re-cuts their GPU, docs/layout.md): the form says so.
     recut: Mapping[str, int] = field(default_factory=dict)
     #: GPU model key -> why slices of it are withheld for their health, in words the
-    #: form puts after "unavailable: " (``GPU 1 reported a hardware fault``; on
+    #: form puts after "Unavailable: " (``GPU 1 reported a hardware fault``; on
     #: Kubernetes, what the cluster reports). docs/health.md.
     unhealthy: Mapping[str, str] = field(default_factory=dict)
 
