@@ -6,7 +6,7 @@ and the stores that share it, one per part of the ledger:
 
 - ``ledger.leases``: claims, a lease's life to its release, history (``leases.py``);
 - ``ledger.waits``: the wait list and its grant pass (``waitlist.py``);
-- ``ledger.holds``: capacity held from new grants, layout changes (``holds.py``);
+- ``ledger.holds``: capacity held from new grants: layout changes and GPU faults (``holds.py``);
 - ``ledger.warnings``: warnings before a stop, and Keep (``warnings.py``);
 - ``ledger.usage``: activity, GPU work, usage samples, budgets (``usage.py``);
 - ``ledger.refusals``: refused spawns and the request mix (``refusal_log.py``).
