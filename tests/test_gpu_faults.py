@@ -156,6 +156,10 @@ def test_the_form_says_why_a_size_is_unavailable(ledger):
                                                unhealthy=unhealthy)}
     assert choices["1g.18gb"].unavailable == "GPU 1 reported a hardware fault"
     assert choices["2g.35gb"].available
+    # Full as well: the fault is not the whole story, the holders come first.
+    busy = {c.key: c for c in build_choices(mine, models, free, lambda o, n: None,
+                                            in_use={"1g.18gb": 7}, unhealthy=unhealthy)}
+    assert busy["1g.18gb"].unavailable == "all 7 in use; GPU 1 reported a hardware fault"
     # Without it the size reads as missing: nobody is told why.
     plain = {c.key: c for c in build_choices(mine, models, free, lambda o, n: None)}
     assert "hardware fault" not in (plain["1g.18gb"].unavailable or "")

@@ -26,7 +26,7 @@ PACKAGE = "mig_spawner"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("core",)),
     ("adapters", ("gpu", "ledger", "hub", "kube", "device_cgroup", "config")),
-    ("composed", ("kinds", "holder", "release", "layout", "observe", "report")),
+    ("composed", ("kinds", "holder", "release", "layout", "health", "observe", "report")),
     ("products", ("spawner", "service", "cli", "singleuser")),
 )
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .report import ledger_url
+from .settings import ledger_url
 
 if TYPE_CHECKING:
     from ..gpu import GpuAdapter

@@ -153,7 +153,9 @@ def build_choices(
             elif changing:
                 why = RECUT
             elif faulty:
-                why = faulty  # the form shows it after its own "Unavailable:"
+                # The form shows it after its own "Unavailable:". A size that is also
+                # full says so first: one faulty GPU of a model does not explain the rest.
+                why = f"{in_use_text(held)}; {faulty}" if held else faulty
             elif not held:
                 why = "none free right now: other sizes fill the GPUs"
             else:
