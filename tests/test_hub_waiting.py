@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +46,8 @@ c.MIGPolicyConfig.group_policies["crowd"] = {
     "allowed": ["small"], "queue": True, "max_wait": "10m"}
 c.MIGPolicyConfig.group_policies["hurry"] = {
     "allowed": ["small"], "queue": True, "max_wait": "3s"}
+c.MIGPolicyConfig.group_policies["clock"] = {
+    "allowed": ["small"], "queue": True, "max_wait": "16s"}
 """
 #: The issue's bound from a release to the first waiter's grant.
 GRANT_WITHIN = 2.0
@@ -119,6 +120,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
     try:
         hub.create_users([*CROWD, VIEWER], groups=["crowd"])
         hub.create_users(["h1"], groups=["hurry"])
+        hub.create_users(["c1"], groups=["clock"])
         for name in CROWD[:3]:
             assert hub.spawn(name, {"profile": "small"}).status_code in (201, 202)
         for name in CROWD[:3]:
@@ -135,7 +137,6 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
 
         # 5 wait and read their places.
         followers = {name: wait_pending(hub, name) for name in CROWD[3:]}
-        joined = time.monotonic()
         places(hub, followers, {n: i for i, n in enumerate(CROWD[3:], 1)})
 
         with launch_chromium() as browser:
@@ -176,8 +177,15 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         assert followers["u6"].last() == "Spawn cancelled"
         assert "Server u6 is ready" not in (hub.workdir / "hub.log").read_text(errors="replace")
         no_double_grant(ledger)
-        # JupyterHub's start_timeout (15 s) does not end a wait (max_wait does).
-        time.sleep(max(0.0, 16 - (time.monotonic() - joined)))
+        # JupyterHub's start_timeout (15 s) does not end a wait (max_wait does). The
+        # event that shows its time is past for u8: c1's wait, joined now with a 16 s
+        # max_wait, ends expired by the grant loop's timer, in the hub's event loop
+        # where JupyterHub's timer for u8's spawn (begun earlier, 15 s) would have fired
+        # first; its cancel of u8 would have ended u8's wait "cancelled".
+        wait_pending(hub, "c1")
+        until(lambda: wait_of(ledger, "c1") == "expired", 60, "c1's wait expired",
+              show=(lambda: ledger_waits(ledger), hub.log_path))
+        assert wait_of(ledger, "u8") == "waiting", ledger_waits(ledger)
         assert hub.server_model("u8")["pending"] == "spawn"
         assert followers["u8"].last().startswith("3rd in line")
 
@@ -208,6 +216,12 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         hub.close()
         hub.stop_hub()
         ledger.close()
+
+
+def wait_of(ledger: Ledger, user: str) -> str | None:
+    """The state of ``user``'s latest wait entry (None: never waited)."""
+    states = [e.state for e in ledger_waits(ledger) if e.user == user]
+    return states[-1] if states else None
 
 
 def ledger_waits(ledger: Ledger) -> list:
