@@ -1,5 +1,6 @@
 """The test kit keeps its own rules: helpers live in tests/support (no test module
-imports another), there is one way to wait (tests/support/polling.py), the tests that
+imports another), there is one way to wait (tests/support/polling.py), the harness's
+failures show the hub's log and the slice service's, the tests that
 share a module's (or a class's) hub run on one xdist worker
 (tests/support/scheduling.py), and a test run that is interrupted leaves no process
 behind (tests/support/reaper.py): shown on a child pytest that runs a real hub, its
@@ -16,13 +17,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.support import reaper
+from tests.support.hub_harness import STARTED, HubError, HubProcess
 from tests.support.polling import until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +65,48 @@ def test_one_way_to_wait():
              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
              and node.name in POLLER_NAMES]
     assert found == []
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """A hub API that refuses every request, as a hub in trouble does."""
+
+    def _refuse(self) -> None:
+        body = b'{"status": 503, "message": "no"}'
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _refuse
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_failing_harness_call_shows_the_hub_and_service_logs(tmp_path):
+    """A spawn answered with a status the test did not expect, or a stop refused, fails
+    with the hub's log (less the harness's own polls) and the slice service's."""
+    (tmp_path / "hub.log").write_text(
+        "[E hub] the claim failed: ledger locked\n"
+        + "[I hub] 200 GET /hub/api/users/ana (test-harness@127.0.0.1) 5ms\n" * 500)
+    (tmp_path / "service.log").write_text("[W service] sweep cut short\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hub = HubProcess(tmp_path, tmp_path / "jupyterhub_config.py",
+                         f"http://127.0.0.1:{server.server_port}", "t" * 32,
+                         beside=[tmp_path / "service.log"])
+        for call in (lambda: hub.spawn("ana", {"profile": "small"}, expect=STARTED),
+                     lambda: hub.stop_server("ana")):
+            with pytest.raises(HubError) as failed:
+                call()
+            said = str(failed.value)
+            assert "503" in said and "ledger locked" in said, said
+            assert "sweep cut short" in said and "test-harness@" not in said, said
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 #: Three modules: one whose tests share a module's fixture, one whose classes each share

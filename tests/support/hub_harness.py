@@ -28,7 +28,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ import requests
 import websocket
 
 from tests.support import reaper
-from tests.support.polling import NotSeen, until
+from tests.support.polling import NotSeen, Shown, shown, until
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -71,6 +71,14 @@ class HubError(AssertionError):
     """The hub did not do what the test asked; carries the tail of the hub log."""
 
 
+class NoProgress(HubError):
+    """A spawn's progress stream was refused (the spawn had ended, or never began)."""
+
+
+#: The statuses of a spawn the hub took: 201 running, 202 pending.
+STARTED = (201, 202)
+
+
 @dataclass
 class HubProcess:
     """One running hub. ``url`` is the public (proxy) URL; API calls go through it."""
@@ -82,6 +90,9 @@ class HubProcess:
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
     session: requests.Session = field(default_factory=requests.Session)
+    #: What a failure shows beside the hub's log: the logs of the processes that run with
+    #: it (the slice service adds its own, ``tests.support.slice_service``).
+    beside: list[Shown] = field(default_factory=list)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -183,14 +194,14 @@ class HubProcess:
         def up() -> bool:
             if self.proc.poll() is not None:
                 self._kill_group()  # a proxy the dead hub started must not hold its port
-                raise HubError(f"hub exited with {self.proc.returncode}\n{self.log_tail()}")
+                raise self.failure(f"hub exited with {self.proc.returncode}")
             try:
                 return self.session.get(self.api("/"), timeout=2).ok
             except requests.ConnectionError:
                 return False
 
         try:
-            until(up, timeout, "the hub answering its API", show=self.log_path)
+            until(up, timeout, "the hub answering its API", show=self.show)
         except NotSeen as e:
             self._kill_group()
             raise HubError(str(e)) from None
@@ -235,13 +246,33 @@ class HubProcess:
             with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
                 list(pool.map(lambda name: self.stop_server(name, wait=False), running))
             until(lambda: not any(u.get("servers") for u in self.users()), 30,
-                  "every server stopped", show=self.log_path)
+                  "every server stopped", show=self.show)
         self.stop_hub()
 
     @property
     def log_path(self) -> Path:
         """The hub's log (the proxy's lines included), for a failed wait to show."""
         return self.workdir / "hub.log"
+
+    @property
+    def show(self) -> tuple[Shown, ...]:
+        """What a failed wait or request shows: the hub's log and those :attr:`beside` it."""
+        return (self.log, *self.beside)
+
+    def log(self) -> str:
+        """The hub's log less the harness's own answered reads: a wait's polls (one
+        request each 0.2 s) would otherwise fill the tail a failure shows."""
+        if not self.log_path.exists():
+            return "(no hub log)"
+        ours = f"({ADMIN_SERVICE}@"
+        return "\n".join(
+            line for line in self.log_path.read_text(errors="replace").splitlines()
+            if not (ours in line and " 200 GET " in line))
+
+    def failure(self, message: str, error: type[HubError] = HubError) -> HubError:
+        """An ``error`` saying ``message`` and what :attr:`show` gives: every way the
+        harness fails says what the hub (and the service) logged."""
+        return error(f"{message}\n{shown(self.show)}")
 
     def log_tail(self, chars: int = 6000) -> str:
         path = self.log_path
@@ -267,7 +298,7 @@ class HubProcess:
     def create_user(self, name: str, groups: Sequence[str] = (), admin: bool = False) -> None:
         r = self.request("POST", f"/users/{name}", json={"admin": admin})
         if r.status_code not in (201, 409):
-            raise HubError(f"creating user {name}: {r.status_code} {r.text}")
+            raise self.failure(f"creating user {name}: {r.status_code} {r.text}")
         for group in groups:
             self.add_to_group(group, [name])
 
@@ -275,7 +306,7 @@ class HubProcess:
         """Create many users in one request, then put them all in ``groups``."""
         r = self.request("POST", "/users", json={"usernames": list(names)})
         if r.status_code not in (201, 409):
-            raise HubError(f"creating users: {r.status_code} {r.text}")
+            raise self.failure(f"creating users: {r.status_code} {r.text}")
         for group in groups:
             self.add_to_group(group, names)
 
@@ -287,7 +318,7 @@ class HubProcess:
     def add_to_group(self, group: str, users: Sequence[str]) -> None:
         r = self.request("POST", f"/groups/{group}")
         if r.status_code not in (201, 409):
-            raise HubError(f"creating group {group}: {r.status_code} {r.text}")
+            raise self.failure(f"creating group {group}: {r.status_code} {r.text}")
         r = self.request("POST", f"/groups/{group}/users", json={"users": list(users)})
         r.raise_for_status()
 
@@ -311,7 +342,7 @@ class HubProcess:
             allow_redirects=False,
         )
         if r.status_code != 302:
-            raise HubError(f"login of {name} failed: {r.status_code}\n{self.log_tail(2000)}")
+            raise self.failure(f"login of {name} failed: {r.status_code}")
         return browser
 
     @staticmethod
@@ -321,11 +352,17 @@ class HubProcess:
 
     # --- servers ---------------------------------------------------------------------
 
-    def spawn(self, name: str, options: dict | None = None, server: str = "") -> requests.Response:
-        """POST a spawn; 201 = running, 202 = pending, 4xx = refused (see ``.json()``)."""
+    def spawn(self, name: str, options: dict | None = None, server: str = "",
+              expect: Collection[int] = ()) -> requests.Response:
+        """POST a spawn; 201 = running, 202 = pending, 4xx = refused (see ``.json()``).
+        With ``expect`` (e.g. :data:`STARTED`), another status fails with the logs."""
         path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
         body = None if options is None else json.dumps(options)
-        return self.request("POST", path, data=body, timeout=120)
+        r = self.request("POST", path, data=body, timeout=120)
+        if expect and r.status_code not in expect:
+            raise self.failure(f"the spawn of {name} answered {r.status_code}, not one of "
+                               f"{sorted(expect)}: {r.text}")
+        return r
 
     def server_model(self, name: str, server: str = "") -> dict | None:
         return self.user(name).get("servers", {}).get(server)
@@ -340,19 +377,19 @@ class HubProcess:
         def ready() -> dict | None:
             model = self.server_model(name, server)
             if model is None:
-                raise HubError(f"{name}'s server is gone (failed start?)\n{self.log_tail()}")
+                raise self.failure(f"{name}'s server is gone (failed start?)")
             return model if model.get("ready") else None
 
-        return until(ready, timeout, f"{name}'s server ready", show=self.log_path)
+        return until(ready, timeout, f"{name}'s server ready", show=self.show)
 
     def stop_server(self, name: str, server: str = "", wait: bool = True) -> None:
         path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
         r = self.request("DELETE", path)
         if r.status_code not in (202, 204, 400):
-            raise HubError(f"stopping {name}: {r.status_code} {r.text}")
+            raise self.failure(f"stopping {name}: {r.status_code} {r.text}")
         if wait:
             until(lambda: self.server_model(name, server) is None, 30,
-                  f"{name}'s server stopped", show=self.log_path)
+                  f"{name}'s server stopped", show=self.show)
 
     def progress(self, name: str, server: str = "", timeout: float = 60) -> list[dict]:
         """All progress events of a pending spawn, read from the event stream to its end."""
@@ -361,7 +398,8 @@ class HubProcess:
         )
         events = []
         with self.request("GET", path, stream=True, timeout=timeout) as r:
-            r.raise_for_status()
+            if not r.ok:
+                raise self.failure(f"{name}'s progress: {r.status_code} {r.text}", NoProgress)
             for line in r.iter_lines(decode_unicode=True):
                 if line and line.startswith("data:"):
                     event = json.loads(line[5:])
@@ -386,7 +424,7 @@ class HubProcess:
                 if model is not None and model.get("pending") == "spawn":
                     try:
                         events = self.progress(name, timeout=timeout)
-                    except requests.HTTPError:
+                    except NoProgress:
                         return None  # the spawn ended between the two requests
                     return posted.result(timeout), events
                 if posted.done() and (model is None or model.get("ready")):
@@ -394,13 +432,13 @@ class HubProcess:
                     # (JupyterHub keeps a failed spawn's error for it).
                     try:
                         events = self.progress(name, timeout=timeout)
-                    except requests.HTTPError:
+                    except NoProgress:
                         events = []
                     return posted.result(), events
                 return None
 
             return until(followed, timeout, f"the spawn of {name} followed",
-                         show=self.log_path, every=0.05)
+                         show=self.show, every=0.05)
 
     # --- inside a single-user server -------------------------------------------------
 
@@ -412,7 +450,8 @@ class HubProcess:
         """
         base = f"{self.url}/user/{name}/api/kernels"
         r = self.session.post(base, json={"name": "python3"}, timeout=timeout)
-        r.raise_for_status()
+        if not r.ok:
+            raise self.failure(f"a kernel for {name}: {r.status_code} {r.text}")
         kernel_id = r.json()["id"]
         try:
             return self.run_on_kernel(name, kernel_id, code, timeout)
@@ -422,7 +461,8 @@ class HubProcess:
     def run_on_kernel(self, name: str, kernel_id: str, code: str, timeout: float = 60) -> str:
         """Run ``code`` on a kernel of ``name``'s server as JupyterLab does (connect, run,
         disconnect) and return its stdout once the kernel is idle again."""
-        with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
+        with self.kernel_failures(), contextlib.closing(
+                self.open_kernel(name, kernel_id, timeout)) as ws:
             msg_id = execute(ws, code)
             return "".join(_stdout_until_idle(ws, msg_id, timeout))
 
@@ -430,11 +470,20 @@ class HubProcess:
         """Connect to a kernel of ``name``'s server as JupyterLab does when it opens a
         notebook, and return once the kernel has answered ``kernel_info``: it has booted.
         (Without a client, jupyter_server shows a kernel as ``starting`` until it dies.)"""
-        with contextlib.closing(self.open_kernel(name, kernel_id, timeout)) as ws:
+        with self.kernel_failures(), contextlib.closing(
+                self.open_kernel(name, kernel_id, timeout)) as ws:
             msg_id = _send(ws, "kernel_info_request", {})
             for msg in _replies(ws, msg_id, timeout):
                 if msg["msg_type"] == "kernel_info_reply":
                     return
+
+    @contextlib.contextmanager
+    def kernel_failures(self) -> Iterator[None]:
+        """A kernel that errs, is silent or cannot be reached fails with the logs."""
+        try:
+            yield
+        except (HubError, websocket.WebSocketException, OSError) as e:
+            raise self.failure(f"kernel: {e!r}") from e
 
     def open_kernel(self, name: str, kernel_id: str, timeout: float) -> websocket.WebSocket:
         """The websocket channels of a kernel of ``name``'s server, through the proxy,

@@ -72,10 +72,16 @@ def _report(what: str, timeout: float, answer: object, show: Shown | Sequence[Sh
     lines = [f"{what}: not seen within {timeout:g} s"]
     if answer not in (None, False):
         lines.append(f"last answer: {_tail(repr(answer))}")
-    shown = show if isinstance(show, Sequence) and not isinstance(show, str) else [show]
-    for item in shown:
-        lines.append(f"--- {_name(item)} ---\n{_text(item)}")
-    return "\n".join(lines)
+    text = shown(show)
+    return "\n".join([*lines, text] if text else lines)
+
+
+def shown(show: Shown | Sequence[Shown]) -> str:
+    """What ``show`` gives, each thing under its name (a log as its tail): a failure
+    raised outside a wait (a refused request, a process found dead) says as much as a
+    failed wait."""
+    items = show if isinstance(show, Sequence) and not isinstance(show, str) else [show]
+    return "\n".join(f"--- {_name(item)} ---\n{_text(item)}" for item in items)
 
 
 def _name(item: Shown) -> str:

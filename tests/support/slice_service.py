@@ -81,7 +81,10 @@ class Service:
 
     def __init__(self, hub: HubProcess, config_d: Path) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
+        self.hub = hub
         self.log_path = hub.workdir / "service.log"
+        if self.log_path not in hub.beside:  # the hub's failures show this log too
+            hub.beside.append(self.log_path)
         self.auth = {"Authorization": f"Bearer {hub.token}"}  # may read the metrics
         env = {**os.environ, "JUPYTERHUB_API_URL": hub.api(""),
                "JUPYTERHUB_API_TOKEN": TOKEN, "JUPYTERHUB_SERVICE_URL": self.url,
@@ -99,14 +102,16 @@ class Service:
 
     def wait_up(self, timeout: float = START_TIMEOUT) -> None:
         """Wait until it answers its health check (fails the test if it does not)."""
-        until(self.up, timeout, "the slice service up", show=self.log)
+        until(self.up, timeout, "the slice service up", show=self.hub.show)
 
     def up(self) -> bool:
         """Whether it answers its health check (fails the test if it has exited)."""
         try:
             return self.get("/health").status_code == 200
         except requests.ConnectionError:
-            assert self.proc.poll() is None, self.log()
+            if self.proc.poll() is not None:
+                raise self.hub.failure(
+                    f"the slice service exited with {self.proc.returncode}") from None
             return False
 
     def get(self, path: str) -> requests.Response:
@@ -130,7 +135,7 @@ class Service:
         released) before the hub's answer reaches the service, which counts it then: on
         a loaded machine a read at once can come first."""
         until(lambda: self.metric(name, **labels) >= expected, timeout,
-              f"{name} {labels} at {expected}", show=self.log)
+              f"{name} {labels} at {expected}", show=self.hub.show)
         return self.metric(name, **labels)
 
     def sweeps(self) -> int:
@@ -150,7 +155,7 @@ class Service:
         # The sweep under way now may have begun before: one more than asked.
         wanted = self.sweeps() + times + 1
         until(lambda: self.sweeps() >= wanted, timeout, f"{times} more sweep(s)",
-              show=self.log)
+              show=self.hub.show)
 
     def log(self) -> str:
         """The tail of its log, for a failed test to show."""
