@@ -212,11 +212,9 @@ async def test_connections_kept_for_later_are_few_whatever_the_servers(counted):
         await client.kernels(server)
     assert CountingServer.opened >= 30
     bound = IDLE_ADDRESSES * 2 + 1  # the hub's API too
-    for _ in range(100):  # the servers see the closes a moment after the client
-        if counted.open_now() <= bound:
-            break
-        await asyncio.sleep(0.05)
-    assert counted.open_now() <= bound
+    # The servers see the closes a moment after the client.
+    await until_async(lambda: counted.open_now() <= bound, 10,
+                      f"at most {bound} connections open", show=counted.open_now, every=0.05)
     await client.close()
 
 

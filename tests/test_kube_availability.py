@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
@@ -18,6 +17,7 @@ from tests.support.kube_fixture import run_check_command
 from tests.support.kube_gpus import Gpu, Gpus
 from tests.support.kube_objects import gpu_labels, node, pod
 from tests.support.kube_rest import ApiError
+from tests.support.polling import until
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -284,10 +284,8 @@ async def test_an_expired_continue_token_starts_the_list_again(kube, api, monkey
         kube.tap.requests.append(type(seen)("GET", "x", {}))  # once
         # The API server's cache follows compactions every 15 s: until then it still
         # serves the page. Wait until the token is refused.
-        for _ in range(400):
-            if continue_status(admin, seen.path_qs) == 410:
-                return
-            time.sleep(0.1)
+        until(lambda: continue_status(admin, seen.path_qs) == 410, 60,
+              "the continue token refused", every=0.1)
 
     kube.tap.hooks.append(expire_the_token)
     kube.tap.reset()

@@ -22,6 +22,7 @@ from mig_spawner.spawner.kube import KubeMIGSpawner
 from tests.mocking import Hub, OrmSpawner, User
 from tests.support.kube_fixture import GPU_TAINT, TOLERATE_GPU, KubeTest
 from tests.support.kube_gpus import OWNER_LABEL, Gpu, Gpus, device_plugin_view
+from tests.support.polling import until_async
 from tests.support.spawners import created, held
 from tests.support.spawners import kube_spawner as make
 
@@ -40,11 +41,9 @@ def h200_single(slices: int) -> Gpus:
 async def hub_sees_pod_gone(s: KubeMIGSpawner) -> None:
     """Until KubeSpawner's pod reflector, which follows the API's watch, no longer has
     the spawner's pod."""
-    for _ in range(600):
-        if s.pod_reflector.pods.get(s.pod_ref) is None:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the hub still sees {s.pod_ref}")
+    await until_async(lambda: s.pod_reflector.pods.get(s.pod_ref) is None, 60,
+                      f"the hub no longer seeing {s.pod_ref}",
+                      show=lambda: sorted(s.pod_reflector.pods), every=0.05)
 
 
 def requests_of(kube: KubeTest, pod: dict) -> dict:
@@ -163,10 +162,7 @@ async def test_full_cluster_refuses_with_reason_and_keeps_no_lease(kube, ledger_
     assert held(ledger_url) == []
     with Ledger.open(ledger_url) as ledger:
         # Written on one of the worker threads without waiting: it comes, soon.
-        for _ in range(100):
-            if ledger.refusals.between():
-                break
-            await asyncio.sleep(0.1)
+        await until_async(ledger.refusals.between, 30, "the refusal recorded", every=0.1)
         assert [(r.user, r.offer, r.profile, r.reason, r.group)
                 for r in ledger.refusals.between()] == [
             ("ana", "large", "3g.40gb", "none_free", "analysts")]
@@ -439,7 +435,7 @@ async def a_pending_spawn(kube, ledger_url, labels: dict | None = None, **spawne
     s = make(kube, ledger_url, profile="large", start_timeout=120,
              modify_pod_hook=batch_job_takes_the_slice, **spawner)
     starting = asyncio.ensure_future(s.start())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the start begins
     await waiting_messages(s, 1)
     return s, starting
 

@@ -7,7 +7,6 @@ docs/layout.md, "Kubernetes"."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 import pytest
@@ -22,6 +21,7 @@ from mig_spawner.layout import KubeLayout, begin_kube
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, LedgerView
 from mig_spawner.spawner.kube_decide import ClaimTarget, make_kube_decide
 from tests.support.kube_gpus import Gpu, Gpus, mig_parted_config
+from tests.support.polling import until_async
 from tests.support.spawners import kube_spawner as make
 
 HOUR = 3600.0
@@ -69,14 +69,18 @@ async def claim(ledger: Ledger, kube, name: str):
     return ledger.leases.claim(LeaseRequest(name), decide), choice.target
 
 
-async def settle(layout: KubeLayout, until: PlanState, rounds: int = 600) -> list:
+async def settle(layout: KubeLayout, state: PlanState) -> list:
+    """The layout's passes, stepped (as the service's sweep steps it) until its last GPU
+    reaches ``state``."""
     passes = []
-    for _ in range(rounds):
+
+    async def reached() -> bool:
         passes.append(await layout.step())
-        if passes[-1].gpus and passes[-1].gpus[-1].state is until:
-            return passes
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not {until}: {[g for p in passes for g in p.gpus][-3:]}")
+        return bool(passes[-1].gpus) and passes[-1].gpus[-1].state is state
+
+    await until_async(reached, 120, f"the change {state}",
+                      show=lambda: [g for p in passes for g in p.gpus][-3:], every=0.05)
+    return passes
 
 
 async def test_the_node_is_held_drained_labelled_and_re_cut_by_mig_manager(cluster):
