@@ -24,7 +24,7 @@ import requests
 
 from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium
-from tests.support.hub_harness import REPO, HubProcess, start_mig_hub
+from tests.support.hub_harness import REPO, STARTED, HubProcess, start_mig_hub
 from tests.support.polling import until
 from tests.support.system_deps import require_chromium
 
@@ -75,8 +75,7 @@ class Follower(threading.Thread):
 
 
 def wait_pending(hub: HubProcess, name: str) -> Follower:
-    r = hub.spawn(name, {"profile": "small"})
-    assert r.status_code == 202, r.text
+    hub.spawn(name, {"profile": "small"}, expect=(202,))
     follower = Follower(hub, name)
     follower.start()
     return follower
@@ -122,7 +121,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         hub.create_users(["h1"], groups=["hurry"])
         hub.create_users(["c1"], groups=["clock"])
         for name in CROWD[:3]:
-            assert hub.spawn(name, {"profile": "small"}).status_code in (201, 202)
+            hub.spawn(name, {"profile": "small"}, expect=STARTED)
         for name in CROWD[:3]:
             hub.wait_ready(name)
 
@@ -193,7 +192,7 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
         os.killpg(hub.proc.pid, signal.SIGKILL)
         hub.proc.wait(10)
         hub._launch(120)
-        assert hub.spawn("u5", {"profile": "small"}).status_code == 202
+        hub.spawn("u5", {"profile": "small"}, expect=(202,))
         back = Follower(hub, "u5")
         back.start()
         until(lambda: back.last().startswith("1st in line"), 15, "u5 1st in line again",

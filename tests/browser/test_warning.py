@@ -19,7 +19,7 @@ import requests
 
 from mig_spawner.ledger import Ledger
 from tests.support.browser import launch_chromium, sign_in
-from tests.support.hub_harness import REPO, STOP_TIMEOUT, start_mig_hub
+from tests.support.hub_harness import REPO, STARTED, STOP_TIMEOUT, start_mig_hub
 from tests.support.polling import until
 from tests.support.slice_service import SERVICE_CONFIG, Service
 from tests.support.system_deps import require_chromium
@@ -84,7 +84,7 @@ class TestSessionAge:
 
     def test_jupyterlab_notification_keep_extends_then_says_why_not_then_stops(self, env):
         hub, service, ledger, browser = env
-        assert hub.spawn("lena", {"profile": "small"}).status_code in (201, 202)
+        hub.spawn("lena", {"profile": "small"}, expect=STARTED)
         hub.wait_ready("lena", timeout=120)
         lease = ledger.leases.active_for_server("lena")
         original = lease.expires_at
@@ -135,7 +135,7 @@ class TestIdleKept:
 
     def test_hub_home_notice_keeps_an_idle_server(self, env):
         hub, service, ledger, browser = env
-        assert hub.spawn("hana", {"profile": "small"}).status_code in (201, 202)
+        hub.spawn("hana", {"profile": "small"}, expect=STARTED)
         hub.wait_ready("hana", timeout=120)
         until(lambda: (ledger.leases.active_for_server("hana").warning or "") == "server_idle",
               UNWAITED + 10, "hana warned", show=service.log)
@@ -183,7 +183,7 @@ class TestUntouchedTab:
     def test_an_untouched_jupyterlab_tab_is_warned_once_and_stopped_typing_keeps_one(self, env):
         hub, service, ledger, browser = env
         for user in ("tina", "tom"):
-            assert hub.spawn(user, {"profile": "small"}).status_code in (201, 202)
+            hub.spawn(user, {"profile": "small"}, expect=STARTED)
         for user in ("tina", "tom"):
             hub.wait_ready(user, timeout=120)
         leases = {user: ledger.leases.active_for_server(user) for user in ("tina", "tom")}
@@ -195,16 +195,22 @@ class TestUntouchedTab:
         pages["tina"].locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
 
         toasts = pages["tina"].locator(".Toastify__toast", has_text="has not been used")
-        stopped_at = None
-        while (datetime.now(UTC) - opened).total_seconds() < UNWAITED + 40:
-            # tom types (never running anything) every few seconds.
+        # Both pages have loaded: tom's limit, were his typing not counted, is past by then.
+        limit = time.monotonic() + UNWAITED
+        stopped_at = wanted = None
+        # Until tina's server is stopped and the service has swept twice past tom's limit
+        # (the event that shows it looked at him), tom types (never running anything).
+        while stopped_at is None or wanted is None or service.sweeps() < wanted:
             pages["tom"].locator(".jp-Notebook .jp-Cell .cm-content").last.click(timeout=60_000)
             pages["tom"].keyboard.type("x = 1  ")
             assert toasts.count() <= 1  # shown once, not again at every look
             if stopped_at is None and hub.server_model("tina") is None:
                 stopped_at = datetime.now(UTC)
-            time.sleep(3)
-        assert stopped_at is not None, service.log()
+            if wanted is None and time.monotonic() >= limit:
+                wanted = service.sweeps() + 3  # the sweep under way may have begun before
+            assert (datetime.now(UTC) - opened).total_seconds() < UNWAITED + 120, (
+                f"tina's server not stopped\n{service.log()}")
+            time.sleep(3)  # a typist's pace, not a wait for an event
         # Stopped after its limit (nobody waits: the longer one) from the page's opening,
         # which took some seconds of loading on this machine.
         stopped_after = (stopped_at - opened).total_seconds()
