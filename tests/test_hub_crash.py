@@ -300,7 +300,7 @@ def test_postgresql_stopped_mid_burst_loses_no_lease(tmp_path):
                 try:
                     pause.unlink()  # the servers start, their leases unwritten
                     spawning = pool.submit(hub.spawn, USERS[BURST], {"profile": "small"})
-                    time.sleep(OUTAGE)
+                    time.sleep(OUTAGE)  # the outage's length is the scenario, not a wait
                 finally:
                     pg.start()
                 late = spawning.result(120)

@@ -54,7 +54,7 @@ def claimer(ledger: Ledger, state: str, stop: threading.Event, got: list) -> Non
                 n += 1
             except Refused:
                 pass
-            time.sleep(0.02)
+            time.sleep(0.02)  # a spawn's pace, a claim each step of the apply
 
 
 def blocker(ledger: Ledger, state: str, start: int) -> Lease:
@@ -109,7 +109,7 @@ def test_kill_9_mid_apply_resumes_with_no_orphan_instance_and_no_double_grant(
             applier = LayoutApplier(ledger, gpus, lambda group: 3600.0)  # the restart
             for _ in range(20):
                 applier.step()
-                time.sleep(0.01)
+                time.sleep(0.01)  # the claims' thread runs between two steps
             stop.set()
             claims.join()
             applier.step()

@@ -88,10 +88,10 @@ async def test_progress_is_replayed_to_late_readers_and_ends_with_the_start():
         return [e["message"] async for e in log.follow()]
 
     early = asyncio.ensure_future(read())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the reader starts before the next add
     log.add(70, "Starting your server")
     late = asyncio.ensure_future(read())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the late reader starts
     log.finish()
     expected = ["Reserving a Small slice", "Starting your server"]
     assert await asyncio.wait_for(early, 1) == expected

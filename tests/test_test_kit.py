@@ -109,6 +109,24 @@ def test_a_failing_harness_call_shows_the_hub_and_service_logs(tmp_path):
         server.server_close()
 
 
+def test_every_sleep_in_a_test_says_why():
+    """Tests wait on events (``until``); a sleep left in a test module is a user's pace,
+    a real clock under test or one turn of the event loop, and its line says which
+    (docs/testing.md). A program a test runs (a string) may sleep: that is its work."""
+    found = []
+    for path in SOURCES:
+        if path.parent.name == "support" or "tests" not in path.relative_to(REPO).parts[:1]:
+            continue
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "sleep" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in ("time", "asyncio")
+                    and "  # " not in lines[node.lineno - 1]):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []
+
+
 #: Three modules: one whose tests share a module's fixture, one whose classes each share
 #: a class's, and unit tests.
 SHARING = {
