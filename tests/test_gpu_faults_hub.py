@@ -21,9 +21,9 @@ from mig_spawner.gpu import connect
 from mig_spawner.gpu.simulator import SimulatedHost
 from mig_spawner.ledger import Ledger, ReleaseCode
 from tests.support.hub_harness import HubProcess
+from tests.support.live_servers import assert_one_server_per_slice
 from tests.support.polling import until
 from tests.support.slice_service import Service, service_config_dir
-from tests.test_hub_crash import assert_one_server_per_slice
 
 pytestmark = pytest.mark.hub
 

@@ -40,6 +40,12 @@ import pytest
 
 from mig_spawner.ledger import Ledger
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, HubError, HubProcess, start_mig_hub
+from tests.support.live_servers import (
+    assert_no_lease_lost,
+    assert_one_server_per_slice,
+    environ_of,
+    servers_of,
+)
 from tests.support.pg_fixture import postgres_cluster
 from tests.support.polling import until
 from tests.support.slice_service import SERVICE_CONFIG, Service
@@ -58,56 +64,6 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.MIGPolicyConfig.group_policies["crowd"] = {"allowed": ["small"]}
 """
-
-
-def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-    if state in ("Z", "X"):
-        return None
-    return dict(item.decode().partition("=")[::2] for item in raw.split(b"\0") if item)
-
-
-def servers_of(tag: str) -> dict[int, dict[str, str]]:
-    """PID -> environment of every live process a server of the hub ``tag`` runs."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        env = _environ(int(entry.name))
-        if env and "MIG_SPAWNER_LEASE_ID" in env and env.get("MIG_TEST_HUB") == tag:
-            found[int(entry.name)] = env
-    return found
-
-
-def assert_one_server_per_slice(tag: str) -> dict[str, str]:
-    """No MIG UUID in two live servers' environments (two leases: a server and its
-    kernels share one; two runs of one user's server do not); returns UUID -> user."""
-    holders: dict[str, set[tuple[str, str]]] = {}
-    for env in servers_of(tag).values():
-        server = (env["MIG_SPAWNER_LEASE_ID"], env["JUPYTERHUB_USER"])
-        holders.setdefault(env["CUDA_VISIBLE_DEVICES"], set()).add(server)
-    doubles = {uuid: servers for uuid, servers in holders.items() if len(servers) > 1}
-    assert not doubles, f"MIG devices in two live servers: {doubles}"
-    return {uuid: next(iter(servers))[1] for uuid, servers in holders.items()}
-
-
-def assert_no_lease_lost(ledger: Ledger, tag: str) -> None:
-    """Every live server (or kernel) holds the lease its environment names, on the
-    device it uses; every held lease has a live process naming it, or is releasing."""
-    held = {lease.id: lease for lease in ledger.leases.active()}
-    named = set()
-    for pid, env in servers_of(tag).items():
-        lease = held.get(env["MIG_SPAWNER_LEASE_ID"])
-        assert lease is not None, f"PID {pid} of {env['JUPYTERHUB_USER']} holds no lease"
-        assert lease.mig_uuid == env["CUDA_VISIBLE_DEVICES"], (pid, lease)
-        named.add(lease.id)
-    lost = [lease for lease in held.values()
-            if lease.id not in named and lease.state != "releasing"]
-    assert not lost, f"held leases with no live holder: {lost}"
 
 
 def running_users(hub: HubProcess) -> set[str]:
@@ -222,7 +178,7 @@ def test_hub_killed_mid_burst_never_gives_one_slice_to_two_servers(
         kept = running_users(hub)
         # Whatever the hub did not keep was stopped; what it kept it still runs.
         for pid, env in left.items():
-            assert (_environ(pid) is not None) == (env["JUPYTERHUB_USER"] in kept), (pid, env)
+            assert (environ_of(pid) is not None) == (env["JUPYTERHUB_USER"] in kept), (pid, env)
 
         # More spawns, up to every slice of the GPU.
         fill_and_check(hub, ledger, tag, kept)

@@ -4,34 +4,12 @@ hub's RBAC, asked of the API server (SelfSubjectAccessReview)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sys
-
-from tests.support.kube_fixture import KubeTest
+from tests.support.kube_fixture import run_doctor
 from tests.support.kube_gpus import Gpu, Gpus, gpu_labels_of
 
 A100 = Gpus((Gpu("a100-80gb", {"3g.40gb": 1, "1g.10gb": 2}),))
 H200_DRA = Gpus((Gpu("h200", {"1g.18gb": 2}, "dra"),))
 
-
-async def doctor(kube: KubeTest, kubeconfig: str, **settings: str) -> tuple[int, dict]:
-    """Run ``mig-spawner doctor --kube --json`` with a hub config of ``settings``
-    (KubeMIGSpawner's) and this test's namespace and nodes."""
-    conf = kube.tmp / f"conf-{len(list(kube.tmp.iterdir()))}"
-    conf.mkdir()
-    lines = [f"c.KubeSpawner.namespace = {kube.ns!r}",
-             f"c.KubeMIGSpawner.mig_node_label_selector = {kube.selector!r}",
-             *(f"c.KubeMIGSpawner.{k} = {v!r}" for k, v in settings.items())]
-    (conf / "40-kube.py").write_text("\n".join(lines) + "\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mig_spawner.cli.main", "doctor", "--kube", "--json", "-f",
-        str(conf), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "KUBECONFIG": kubeconfig})
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert out, err.decode()
-    return proc.returncode, {c["name"]: c for c in json.loads(out)["checks"]}
 
 
 async def test_doctor_reads_nodes_slices_strategy_and_rbac(kube):
@@ -40,7 +18,7 @@ async def test_doctor_reads_nodes_slices_strategy_and_rbac(kube):
                                             "nvidia.com/mig.config.state": "pending"},
                         allocatable={"nvidia.com/mig-1g.10gb": "7"})
     await kube.run_pod("batch", "a1", {"nvidia.com/mig-1g.10gb": "1"})
-    code, checks = await doctor(kube, kube.kubeconfig())
+    code, checks = await run_doctor(kube, kube.kubeconfig())
     assert code == 0, [c for c in checks.values() if c["status"] == "fail"]
     assert checks["Kubernetes API"]["detail"].startswith(kube.info.version)
     assert checks["Kubernetes MIG devices"]["status"] == "pass"
@@ -60,7 +38,7 @@ async def test_doctor_reads_nodes_slices_strategy_and_rbac(kube):
 
 async def test_doctor_checks_dra_devices_and_the_device_class(kube):
     await kube.add_node("h1", H200_DRA)
-    code, checks = await doctor(kube, kube.kubeconfig(), mig_resource_api="dra")
+    code, checks = await run_doctor(kube, kube.kubeconfig(), mig_resource_api="dra")
     assert code == 0, [c for c in checks.values() if c["status"] == "fail"]
     assert checks["Kubernetes MIG devices"]["detail"].startswith(
         "served by NVIDIA's DRA driver")
@@ -68,7 +46,7 @@ async def test_doctor_checks_dra_devices_and_the_device_class(kube):
     assert checks["GPU nodes"]["detail"].endswith("(h200, dra): 1g.18gb 2/2")
     assert checks["hub RBAC"]["status"] == "pass"
     # Read as the device plugin's, the same cluster has no slices, and doctor says so.
-    code, checks = await doctor(kube, kube.kubeconfig())
+    code, checks = await run_doctor(kube, kube.kubeconfig())
     assert code == 1
     assert checks["Kubernetes MIG devices"]["fix"] == 'c.KubeMIGSpawner.mig_resource_api = "dra"'
 
@@ -76,7 +54,7 @@ async def test_doctor_checks_dra_devices_and_the_device_class(kube):
 async def test_doctor_names_each_permission_the_hub_lacks(kube):
     await kube.add_node("a1", A100)
     kubeconfig, _ = await kube.account("partial", drop={"hub": {"delete", "watch"}})
-    code, checks = await doctor(kube, kubeconfig)
+    code, checks = await run_doctor(kube, kubeconfig)
     assert code == 1
     rbac = checks["hub RBAC"]
     assert rbac["status"] == "fail"

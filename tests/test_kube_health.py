@@ -19,11 +19,10 @@ from mig_spawner.kube.cluster import cluster_slices
 from mig_spawner.kube.dra import claim_template, dra_slices
 from mig_spawner.spawner.form import build_choices
 from mig_spawner.spawner.kube_decide import CLUSTER_UNHEALTHY
-from tests.support.kube_fixture import run_check_command
+from tests.support.kube_fixture import run_check_command, run_doctor
 from tests.support.kube_gpus import GPUS_ANNOTATION, Gpu, Gpus, gpu_node, resource_slices
 from tests.support.spawners import held
 from tests.support.spawners import kube_spawner as make
-from tests.test_kube_doctor import doctor
 
 #: Two A100 80GB, mixed strategy: the large slices on GPU 0, the small ones on GPU 1.
 A100 = (Gpu("a100-80gb", {"3g.40gb": 2}), Gpu("a100-80gb", {"1g.10gb": 7}))
@@ -163,7 +162,7 @@ async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
         c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or []))
     assert "cannot allocate all claims" in str(pod["status"]["conditions"])
     # doctor --kube names the node, how many, and what the driver did.
-    _, checks = await doctor(kube, kube.kubeconfig(), mig_resource_api="dra")
+    _, checks = await run_doctor(kube, kube.kubeconfig(), mig_resource_api="dra")
     node = checks[f"node {kube.node_name('h1')}"]
     assert (node["status"], node["detail"]) == ("warn", (
         "the cluster reports slices unhealthy (1g.18gb: 2): the DRA driver tainted them "

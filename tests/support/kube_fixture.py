@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
+import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -399,3 +401,21 @@ async def kube(kube_cluster: ClusterInfo, request: pytest.FixtureRequest, tmp_pa
 
 __all__ = ["GPUS_ANNOTATION", "GPU_TAINT", "PROCESS_NODE", "TOLERATE_GPU", "ApiError",
            "KubeTest", "kube", "kube_cluster"]
+
+
+async def run_doctor(kube: KubeTest, kubeconfig: str, **settings: str) -> tuple[int, dict]:
+    """Run ``mig-spawner doctor --kube --json`` with a hub config of ``settings``
+    (KubeMIGSpawner's) and this test's namespace and nodes."""
+    conf = kube.tmp / f"conf-{len(list(kube.tmp.iterdir()))}"
+    conf.mkdir()
+    lines = [f"c.KubeSpawner.namespace = {kube.ns!r}",
+             f"c.KubeMIGSpawner.mig_node_label_selector = {kube.selector!r}",
+             *(f"c.KubeMIGSpawner.{k} = {v!r}" for k, v in settings.items())]
+    (conf / "40-kube.py").write_text("\n".join(lines) + "\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mig_spawner.cli.main", "doctor", "--kube", "--json", "-f",
+        str(conf), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KUBECONFIG": kubeconfig})
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out, err.decode()
+    return proc.returncode, {c["name"]: c for c in json.loads(out)["checks"]}
