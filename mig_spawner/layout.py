@@ -424,8 +424,8 @@ def end_change(ledger: Ledger, change: LayoutChange, state: PlanState, detail: s
     kube = change.gpu_uuid == KUBE_NODE  # its leases record the node, not a host
     for lease in ledger.leases.active(None if kube else change.host):
         on_it = lease.node == change.host if kube else lease.gpu_uuid == change.gpu_uuid
-        if on_it and lease.warning is StopRule.DRAIN:
-            ledger.warnings.withdraw(lease.id)
+        if on_it and lease.pending_stop(StopRule.DRAIN) is not None:
+            ledger.warnings.withdraw(lease.id, StopRule.DRAIN)
 
 
 def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder],
@@ -444,7 +444,12 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
         notice = notice_for(h.group)
         if lease is None or notice is None:
             continue  # no notice in the group's policy: the change waits for it
-        if lease.warning is not StopRule.DRAIN:
+        if lease.warning_state is WarningState.CARRIED_OUT:
+            # A stop already carried out is not due again while the hub is slow to
+            # finish it: asking twice would count one reclaimed slice twice.
+            continue
+        drain = lease.pending_stop(StopRule.DRAIN)
+        if drain is None:
             # Users may read it: the node's name stays out (no host in their messages).
             where = "its node" if change.gpu_uuid == KUBE_NODE else f"GPU {change.gpu_index}"
             detail = (f"{where} is re-cut by an admin: the server stops within "
@@ -452,10 +457,7 @@ def warn_holders(ledger: Ledger, change: LayoutChange, holders: Sequence[Holder]
             if ledger.warnings.warn(lease.id, StopRule.DRAIN, now + timedelta(seconds=notice),
                            detail) is not None:
                 outcome.warned.append(lease.id)
-        elif (lease.warning_state is WarningState.PENDING
-              and lease.warning_deadline is not None and lease.warning_deadline <= now):
-            # A stop already carried out is not due again while the hub is slow to
-            # finish it: asking twice would count one reclaimed slice twice.
+        elif drain.deadline <= now:
             result.due.append(lease)
     return change
 

@@ -7,11 +7,13 @@ hub or a cluster around it (tests/support/spawners.py builds the spawners)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from mig_spawner.core.catalog import model
 from mig_spawner.core.inventory import Gpu, GpuInstance, GpuProcess, Inventory, MigDevice
+from mig_spawner.core.lifecycle import PendingStop, StopRule, WarningState, in_order
+from mig_spawner.ledger import Lease
 from tests.support.kube_objects import gpu_labels, node
 
 Layout = Iterable[tuple[str, int]]
@@ -125,3 +127,14 @@ def mig_device(inventory: Inventory, uuid: str) -> MigDevice | None:
 def make_inventory(*gpus: Gpu) -> Inventory:
     """One host's inventory holding ``gpus``, as the NVML adapter would read it."""
     return Inventory("node1", "580.65.06", "13.580", 13000, tuple(gpus))
+
+
+def warned_of(lease: Lease, rule: StopRule | str, deadline: datetime,
+              at: datetime | None = None) -> Lease:
+    """``lease`` with a pending warning of ``rule``'s stop at ``deadline`` (given at
+    ``at``), beside the ones it has, as the ledger's warnings store writes it."""
+    stop = PendingStop(StopRule(rule), at or deadline, deadline)
+    stops = in_order((*(s for s in lease.stops if s.rule is not stop.rule), stop))
+    first = stops[0]
+    return replace(lease, stops=stops, warning=first.rule, warned_at=first.warned_at,
+                   warning_deadline=first.deadline, warning_state=WarningState.PENDING)

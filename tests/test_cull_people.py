@@ -27,8 +27,9 @@ from mig_spawner.service.cull_rules import (
     decide_server,
     idle_limit,
     needs_probe,
-    warning_due,
+    warnings_due,
 )
+from tests.mocking import warned_of
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -79,8 +80,8 @@ def look(interaction_ago: float | None, page_seen_ago: float | None = 10,
 
 
 def warned(rule_deadline: tuple[StopRule, datetime] | None, srv, limits, probe, held):
-    warning = warning_due(NOW, srv, limits, probe, held)
-    assert (None if warning is None else (warning.rule, warning.deadline)) == rule_deadline
+    due = [(w.rule, w.deadline) for w in warnings_due(NOW, srv, limits, probe, held)]
+    assert due == ([] if rule_deadline is None else [rule_deadline])
 
 
 def test_the_shipped_defaults_warn_well_before_each_limit():
@@ -108,7 +109,7 @@ def test_an_open_untouched_tab_does_not_keep_the_server():
     warned(None, srv, UNWAITED, look(interaction_ago=LIMIT - WARN - 30), lease())
     after = NOW + timedelta(seconds=WARN)
     stop = decide_server(after, srv, "analysts", UNWAITED, look(LIMIT + 30),
-                         lease(warning="server_idle", warning_deadline=due))
+                         warned_of(lease(), StopRule.SERVER_IDLE, due))
     assert stop is not None and stop.rule is StopRule.SERVER_IDLE
 
 
@@ -132,7 +133,7 @@ def test_an_open_untouched_tab_does_not_keep_the_server():
 def test_what_keeps_a_server_in_use(case, probe, limits):
     warned(None, server(), limits, probe, lease())
     assert decide_server(NOW, server(), "analysts", limits, probe,
-                         lease(warning="server_idle", warning_deadline=ago(1))) is None
+                         warned_of(lease(), StopRule.SERVER_IDLE, ago(1))) is None
 
 
 def test_keep_withdraws_the_warning_until_the_next_deadline_comes_near():
@@ -140,10 +141,10 @@ def test_keep_withdraws_the_warning_until_the_next_deadline_comes_near():
     kept = lease(kept_at=NOW)
     warned(None, srv, UNWAITED, idle, kept)
     soon = NOW + timedelta(seconds=LIMIT - WARN - 1)
-    assert warning_due(soon, srv, UNWAITED, idle, kept) is None
+    assert warnings_due(soon, srv, UNWAITED, idle, kept) == []
     later = NOW + timedelta(seconds=LIMIT - WARN)
-    warning = warning_due(later, srv, UNWAITED, idle, kept)
-    assert warning is not None and warning.deadline == NOW + timedelta(seconds=LIMIT)
+    [warning] = warnings_due(later, srv, UNWAITED, idle, kept)
+    assert warning.deadline == NOW + timedelta(seconds=LIMIT)
 
 
 def test_someone_waiting_shortens_the_limit_but_only_after_a_warning():
@@ -155,7 +156,7 @@ def test_someone_waiting_shortens_the_limit_but_only_after_a_warning():
     due = NOW + timedelta(seconds=WARN)
     warned((StopRule.SERVER_IDLE, due), srv, WAITED, idle, lease())
     assert decide_server(NOW, srv, "analysts", WAITED, idle, lease()) is None
-    pending = lease(warning="server_idle", warning_deadline=due)
+    pending = warned_of(lease(), StopRule.SERVER_IDLE, due)
     just_before = due - timedelta(seconds=1)
     assert decide_server(just_before, srv, "analysts", WAITED, idle, pending) is None
     stop = decide_server(due, srv, "analysts", WAITED, idle, pending)
@@ -165,7 +166,7 @@ def test_someone_waiting_shortens_the_limit_but_only_after_a_warning():
 
 
 def test_a_warning_whose_stop_did_not_come_is_withdrawn():
-    overdue = lease(warning="server_idle", warning_deadline=ago(120))
+    overdue = warned_of(lease(), StopRule.SERVER_IDLE, ago(120))
     warned(None, server(), UNWAITED, UNREACHABLE, overdue)
     assert decide_server(NOW, server(), "analysts", UNWAITED, UNREACHABLE, overdue) is None
 

@@ -1,7 +1,8 @@
 """Lease, wait-list and warning states as types: every move the transition tables do not
 list is refused by the ledger, logged and never written, on SQLite and PostgreSQL; release
 codes live in their own columns, readable in plain SQL, and migration 0008 fills them in
-from the sentences older versions wrote; migration 0014 gives a pending warning its state.
+from the sentences older versions wrote; migration 0014 gives a pending warning its state,
+0016 its own stop (each stop its own warning).
 """
 
 from __future__ import annotations
@@ -210,6 +211,70 @@ def test_public_warning_calls_never_ask_for_an_illegal_move(ledger):
     finally:
         for lease in (carried, kept):
             ledger.leases.release(lease.id, ReleaseCode.STOPPED)
+
+
+def test_each_stop_keeps_its_own_warning_and_the_lease_shows_the_soonest(ledger):
+    """A second rule's warning never moves the first's time; withdrawing one leaves the
+    others pending; Keep ends the idle stops' warnings and leaves a drain's."""
+    lease = warning_in(ledger, None)
+    t = lease.claimed_at
+    try:
+        ledger.warnings.warn(lease.id, StopRule.DRAIN, t + timedelta(hours=1), "re-cut")
+        both = ledger.warnings.warn(lease.id, StopRule.SERVER_IDLE, t + timedelta(minutes=10),
+                                    "idle")
+        assert [(s.rule, s.deadline - t) for s in both.stops] == [
+            (StopRule.SERVER_IDLE, timedelta(minutes=10)), (StopRule.DRAIN, timedelta(hours=1))]
+        assert (both.warning, both.warning_deadline) == (StopRule.SERVER_IDLE,
+                                                         t + timedelta(minutes=10))
+        # The same stop at another time: its deadline moves, no second warning.
+        ledger.warnings.warn(lease.id, StopRule.SERVER_IDLE, t + timedelta(minutes=12), "idle")
+        assert ledger.leases.get(lease.id).pending_stop(StopRule.SERVER_IDLE).deadline == (
+            t + timedelta(minutes=12))
+        # The kernel's warning is its own; withdrawn, the others stand.
+        ledger.warnings.warn(lease.id, StopRule.KERNEL_IDLE, t + timedelta(minutes=5), "kernel")
+        left = ledger.warnings.withdraw(lease.id, StopRule.KERNEL_IDLE)
+        assert [s.rule for s in left.stops] == [StopRule.SERVER_IDLE, StopRule.DRAIN]
+        assert left.warning is StopRule.SERVER_IDLE and left.warning_state is WarningState.PENDING
+        # Keep is activity: the idle stop's warning ends; the re-cut's is still coming.
+        kept = ledger.warnings.keep(lease.id, extend_by=None, max_extensions=0).lease
+        assert [s.rule for s in kept.stops] == [StopRule.DRAIN]
+        assert (kept.warning, kept.warning_state) == (StopRule.DRAIN, WarningState.PENDING)
+        assert [(e.kind, e.rule) for e in ledger.warnings.events(lease.id)] == [
+            ("warned", StopRule.DRAIN), ("warned", StopRule.SERVER_IDLE),
+            ("warned", StopRule.KERNEL_IDLE), ("kept", StopRule.SERVER_IDLE)]
+        done = ledger.warnings.carry_out(lease.id, StopRule.DRAIN)
+        assert (done.warning, done.warning_state, done.stops) == (
+            StopRule.DRAIN, WarningState.CARRIED_OUT, ())
+    finally:
+        ledger.leases.release(lease.id, ReleaseCode.STOPPED)
+
+
+def test_migration_0016_gives_a_pending_warning_its_own_stop_and_goes_back(backend_url):
+    engine = create_ledger_engine(backend_url)
+    insert = text(
+        "INSERT INTO leases (id, user_name, server_name, group_name, profile, compute_slices, "
+        "mode, state, claimed_at, warning, warned_at, warning_deadline, warning_state) "
+        "VALUES (:id, :id, '', 'g', '1g.18gb', 1, 'pool', 'active', '2026-01-01 00:00:00', "
+        ":warning, '2026-01-01 01:00:00', '2026-01-01 01:10:00', :state)")
+    try:
+        assert upgrade(engine, "0015") == "0015"
+        with engine.begin() as conn:
+            conn.execute(insert, [{"id": "warned", "warning": "server_idle", "state": "pending"},
+                                  {"id": "kept", "warning": None, "state": "kept"}])
+        assert upgrade(engine, "0016") == "0016"
+        with engine.connect() as conn:
+            got = dict(conn.execute(text("SELECT id, stops FROM leases")).all())
+        assert rows.stops_of(got["kept"]) == ()
+        [stop] = rows.stops_of(got["warned"])
+        assert (stop.rule, stop.warned_at.isoformat(), stop.deadline.isoformat()) == (
+            StopRule.SERVER_IDLE, "2026-01-01T01:00:00+00:00", "2026-01-01T01:10:00+00:00")
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0015")
+        with engine.connect() as conn:
+            columns = conn.execute(text("SELECT * FROM leases")).keys()
+            assert "stops" not in columns
+    finally:
+        engine.dispose()
 
 
 def test_migration_0014_gives_a_pending_warning_its_state_and_goes_back(backend_url):

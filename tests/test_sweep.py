@@ -23,8 +23,9 @@ from mig_spawner.service.cull_rules import (
     needs_probe,
     recheck_kernels,
     unleased_busy_devices,
-    warning_due,
+    warnings_due,
 )
+from tests.mocking import warned_of
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 MIN = 60.0
@@ -153,29 +154,28 @@ def test_a_connected_kernel_is_warned_then_shut_down():
     open_idle = Probe(kernels=(kernel("idle", 6, connections=1),))
     held = leased(60, None)
     # Idle 6 of 10 min: its stop is 4 min away, within the 5-minute lead: warned.
-    warning = warning_due(NOW, srv, limits, open_idle, held)
+    [warning] = warnings_due(NOW, srv, limits, open_idle, held)
     assert (warning.rule, warning.deadline) == (StopRule.KERNEL_IDLE, NOW + timedelta(minutes=5))
     assert cull(NOW, srv, limits.name, limits, open_idle, held) == []
     # Past its limit but warned only 2 minutes ago: it stays until the warned time...
     late = Probe(kernels=(kernel("idle", 11, connections=1),))
-    warned = replace(held, warning=StopRule.KERNEL_IDLE.value, warned_at=ago(2),
-                     warning_deadline=NOW + timedelta(minutes=3))
+    warned = warned_of(held, StopRule.KERNEL_IDLE, NOW + timedelta(minutes=3), ago(2))
     assert cull(NOW, srv, limits.name, limits, late, warned) == []
     # ...and goes then.
-    due = replace(warned, warning_deadline=ago(0.5))
+    due = warned_of(held, StopRule.KERNEL_IDLE, ago(0.5), ago(2))
     assert outcome(cull(NOW, srv, limits.name, limits, late, due)) == [(StopRule.KERNEL_IDLE, "k1")]
     # Keep my server a minute ago: the kernel counts as used then.
-    kept = replace(due, warning=None, warning_deadline=None, kept_at=ago(1))
+    kept = replace(held, kept_at=ago(1))
     assert cull(NOW, srv, limits.name, limits, late, kept) == []
-    assert warning_due(NOW, srv, limits, late, kept) is None
+    assert warnings_due(NOW, srv, limits, late, kept) == []
     # An unconnected kernel is nobody's open notebook: shut down at its limit, unwarned.
     alone = Probe(kernels=(kernel("idle", 11),))
-    assert warning_due(NOW, srv, limits, alone, held) is None
+    assert warnings_due(NOW, srv, limits, alone, held) == []
     assert outcome(cull(NOW, srv, limits.name, limits, alone, held)) == [
         (StopRule.KERNEL_IDLE, "k1")]
     # A group that keeps connected kernels: neither warned nor shut down.
     keeps = replace(limits, cull_connected_kernels=False)
-    assert warning_due(NOW, srv, keeps, open_idle, held) is None
+    assert warnings_due(NOW, srv, keeps, open_idle, held) == []
     assert cull(NOW, srv, keeps.name, keeps, late, held) == []
 
 
@@ -409,8 +409,8 @@ def test_what_counts_as_gpu_work(case, activity, working):
 
 def gpu_lease(gpu_active_ago: float | None) -> Lease:
     # Warned of the idle stop, whose time has come: only activity can keep it now.
-    return replace(leased(60, None), gpu_active_at=None if gpu_active_ago is None
-                   else ago(gpu_active_ago), warning="server_idle", warning_deadline=ago(1))
+    return warned_of(replace(leased(60, None), gpu_active_at=None if gpu_active_ago is None
+                             else ago(gpu_active_ago)), StopRule.SERVER_IDLE, ago(1))
 
 
 @pytest.mark.parametrize(
@@ -447,13 +447,13 @@ def test_gpu_facts_record_work_and_a_new_peak_only():
          replace(leased(60, None), kept_at=ago(1)), None),
         ("session ends in 5 min, server active", server(active_ago=1), leased(60, 5),
          (StopRule.MAX_SESSION_AGE, NOW + timedelta(minutes=5))),
-        ("both due: the sooner stop", server(active_ago=25), leased(60, 2),
+        ("both due: each warned, the sooner first", server(active_ago=25), leased(60, 2),
          (StopRule.MAX_SESSION_AGE, NOW + timedelta(minutes=2))),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_warning_before_a_stop(case, srv, lease, expected):
     limits = replace(LIMITS, warn_before=10 * MIN)
-    warning = warning_due(NOW, srv, limits, Probe(), lease)
-    assert (None if warning is None else (warning.rule, warning.deadline)) == expected
-    assert warning_due(NOW, srv, replace(limits, warn_before=None), Probe(), lease) is None
+    due = [(w.rule, w.deadline) for w in warnings_due(NOW, srv, limits, Probe(), lease)]
+    assert due[:1] == ([] if expected is None else [expected])
+    assert warnings_due(NOW, srv, replace(limits, warn_before=None), Probe(), lease) == []

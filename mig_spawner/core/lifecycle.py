@@ -9,7 +9,9 @@ Pure: no I/O, no JupyterHub import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -177,6 +179,26 @@ def warning_move_allowed(old: WarningState | None, new: WarningState) -> bool:
     if old is None:
         return new is WarningState.PENDING
     return new in WARNING_MOVES[old] or old is new is WarningState.PENDING
+
+
+@dataclass(frozen=True)
+class PendingStop:
+    """One stop a lease's user is warned of, while that warning is pending: its own
+    warning, whatever else is pending (``leases.stops``). Its ``deadline`` is the time
+    the user was told and the stop is carried out at, unless activity or Keep withdraws
+    it; another rule's warning never moves it."""
+
+    rule: StopRule
+    warned_at: datetime
+    #: ``None``: told, never stopped (a GPU fault where the group leaves servers to finish).
+    deadline: datetime | None
+
+
+def in_order(stops: Iterable[PendingStop]) -> tuple[PendingStop, ...]:
+    """``stops`` soonest first (by rule where two fall at once; one never stopped, only
+    told, counts from when it was told): the first is the one a lease's ``warning``
+    shows."""
+    return tuple(sorted(stops, key=lambda s: (s.deadline or s.warned_at, s.rule)))
 
 
 class WarningEvent(StrEnum):

@@ -124,6 +124,8 @@ leases = Table(
     Column("purpose", String(255), comment="what the server is for, as its user said"),
     Column("warning_state", String(16),
            comment="where its latest warning stands: pending|withdrawn|kept|carried_out"),
+    Column("stops", Text(),
+           comment="pending warnings, one per stop: JSON {rule: [warned_at, deadline]} (UTC)"),
     Index("ix_leases_state", "state"),
     Index("ix_leases_server", "user_name", "server_name"),
     Index("ix_leases_claimed_at", "claimed_at"),

@@ -18,8 +18,8 @@ from mig_spawner.core.keep import KeepOutcome
 from mig_spawner.core.kinds import Kind, rules_of
 from mig_spawner.core.lifecycle import HELD_STATES as HELD_STATES
 from mig_spawner.core.lifecycle import LeaseState as LeaseState
+from mig_spawner.core.lifecycle import PendingStop, StopRule, WarningEvent, WarningState
 from mig_spawner.core.lifecycle import ReleaseCode as ReleaseCode
-from mig_spawner.core.lifecycle import StopRule, WarningEvent, WarningState
 
 from .errors import InvalidDecision
 
@@ -188,6 +188,13 @@ class Lease(GrantedSlice):
     #: Where its latest warning stands (``None``: never warned); ``warning`` is its rule
     #: while it is pending or carried out.
     warning_state: WarningState | None = None
+    #: Every stop its user is warned of while that warning is pending, each with its
+    #: own time (``warning`` above shows the soonest).
+    stops: tuple[PendingStop, ...] = ()
+
+    def pending_stop(self, rule: StopRule) -> PendingStop | None:
+        """The pending warning of ``rule``'s stop (``None``: not warned of it)."""
+        return next((s for s in self.stops if s.rule is rule), None)
 
     @property
     def held(self) -> bool:

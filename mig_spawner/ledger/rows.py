@@ -10,7 +10,9 @@ written one way.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterable
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +32,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from mig_spawner.core.lifecycle import StopRule, WarningState, lease_move_allowed
+from mig_spawner.core.lifecycle import (
+    PendingStop,
+    StopRule,
+    WarningState,
+    in_order,
+    lease_move_allowed,
+)
 
 from .errors import Conflict, DoubleGrant, IllegalTransition, LeaseStateError
 from .models import UtcDateTime, lease_servers, lease_slots, leases
@@ -48,8 +56,8 @@ _COLUMN_FOR = {
 _FIELDS = tuple(f.name for f in fields(Lease))
 _DETAIL_MAX = leases.c.release_detail.type.length or 255
 #: Columns only a guarded writer may set: :func:`move` (``state``) and the warnings
-#: store's (``warning_state``).
-GUARDED = frozenset({"state", "warning_state"})
+#: store's (``warning_state``, and the pending stops the warning shows).
+GUARDED = frozenset({"state", "warning_state", "stops"})
 
 #: A lease's columns in the order of its fields: a row of :data:`_SELECT_LEASES` zips
 #: with :data:`_FIELDS` into a Lease without a lookup per column. Times are read as the
@@ -101,10 +109,37 @@ def to_lease(row: Row[Any]) -> Lease:
         values["warning"] = StopRule(values["warning"])
     if values["warning_state"] is not None:
         values["warning_state"] = WarningState(values["warning_state"])
+    values["stops"] = stops_of(values["stops"])
     return Lease(**values)
 
 
+def stops_of(stored: str | None) -> tuple[PendingStop, ...]:
+    """The pending stops as ``leases.stops`` stores them (JSON ``{rule: [warned_at,
+    deadline]}``, naive UTC ISO times), soonest first."""
+    if not stored:
+        return ()
+    return in_order(PendingStop(StopRule(rule), _utc(at), _utc(deadline) if deadline else None)
+                    for rule, (at, deadline) in json.loads(stored).items())
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def _stored_stops(stops: Iterable[PendingStop]) -> str | None:
+    """``stops`` as ``leases.stops`` stores them (``None``: none pending)."""
+    stored = {s.rule.value: [_naive(s.warned_at), s.deadline and _naive(s.deadline)]
+              for s in stops}
+    return json.dumps(stored, sort_keys=True) if stored else None
+
+
+def _naive(when: datetime) -> str:
+    return when.astimezone(UTC).replace(tzinfo=None).isoformat()
+
+
 def _to_columns(**values: Any) -> dict[str, Any]:
+    if "stops" in values:
+        values["stops"] = _stored_stops(values["stops"])
     return {_COLUMN_FOR.get(name, name): value for name, value in values.items()}
 
 

@@ -4,12 +4,15 @@ user's "Keep my server".
 A warning lives on its lease (``warning``: the :class:`StopRule`, ``warned_at``,
 ``warning_deadline``, and ``warning_state``: where it stands); every warning and every
 answer is also a ``lease_events`` row (:class:`WarningEvent`), kept with the lease's
-history. A warning is ``pending`` until it is withdrawn (the stop is no longer due),
-kept (the user's Keep) or carried out (the service stopped the server for it); the
-moves allowed are the table :data:`~mig_spawner.core.lifecycle.WARNING_MOVES`, and
-:func:`_move` is the one place that writes them. What a Keep does is decided by the
-pure rule :func:`mig_spawner.core.keep.answer_keep`, on the lease read under its lock;
-this store writes the answer in that same transaction.
+history. Each stop has its own warning (``stops``: its rule, when it was warned and
+its deadline), so a second rule's warning never moves the first one's time; the
+``warning`` columns show the soonest. A warning is ``pending`` until it is withdrawn
+(the stop is no longer due), kept (the user's Keep) or carried out (the service
+stopped the server for it); the moves allowed are the table
+:data:`~mig_spawner.core.lifecycle.WARNING_MOVES`, and :func:`_move` is the one place
+that writes them. What a Keep does is decided by the pure rule
+:func:`mig_spawner.core.keep.answer_keep`, on the lease read under its lock; this store
+writes the answer in that same transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from typing import Any
 from sqlalchemy import Connection, insert, select
 
 from mig_spawner.core.keep import KeepOutcome, answer_keep
-from mig_spawner.core.lifecycle import StopRule, WarningEvent, WarningState, warning_move_allowed
+from mig_spawner.core.lifecycle import (
+    PendingStop,
+    StopRule,
+    WarningEvent,
+    WarningState,
+    in_order,
+    warning_move_allowed,
+)
 
 from .errors import IllegalTransition
 from .models import lease_events
@@ -44,10 +54,11 @@ class Warnings:
              detail: str) -> Lease | None:
         """Record that the user was warned of a stop (``rule``) due at ``deadline``
         (``None``: told, never stopped: a GPU fault where the group leaves servers to
-        finish); the same pending warning at another time only moves its deadline (no
-        new event).
-        ``None`` if the lease is released or unknown, or its server is being stopped
-        for a warning carried out."""
+        finish). Each stop has its own warning: another rule's pending warning keeps its
+        time, and the lease's ``warning`` shows the soonest. The same rule's pending
+        warning at another time only moves its deadline (no new event). ``None`` if the
+        lease is released or unknown, or its server is being stopped for a warning
+        carried out."""
         rule = StopRule(rule)
         if deadline is not None:
             require_aware("deadline", deadline)
@@ -57,31 +68,40 @@ class Warnings:
             if lease is None or not lease.held or (
                     lease.warning_state is WarningState.CARRIED_OUT):
                 return None
-            if lease.warning == rule:
-                return update(connection, lease, warning_deadline=deadline)
-            _event(connection, lease.id, now, WarningEvent.WARNED, rule, detail)
-            return _move(connection, lease, WarningState.PENDING, warning=rule, warned_at=now,
-                         warning_deadline=deadline)
+            known = lease.pending_stop(rule)
+            if known is not None and known.deadline == deadline:
+                return lease
+            if known is None:
+                _event(connection, lease.id, now, WarningEvent.WARNED, rule, detail)
+            stop = PendingStop(rule, known.warned_at if known else now, deadline)
+            return _show(connection, lease, (*_without(lease, {rule}), stop))
 
-    def withdraw(self, lease_id: str) -> Lease | None:
-        """The warned stop is no longer due (the user came back): forget the warning.
+    def withdraw(self, lease_id: str, rule: StopRule | None = None) -> Lease | None:
+        """The warned stop of ``rule`` (``None``: every one) is no longer due (the user
+        came back, a layout change ended): forget its warning; the others keep theirs.
         Returns the lease as it now stands (``None``: unknown)."""
         with self._tx.write() as connection:
             lease = lock_lease(connection, lease_id)
             if lease is None or not lease.held or lease.warning_state is not WarningState.PENDING:
                 return lease
-            return _move(connection, lease, WarningState.WITHDRAWN, warning=None,
-                         warning_deadline=None)
+            rules = {rule} if rule is not None else {s.rule for s in lease.stops}
+            if lease.stops and not rules.intersection(s.rule for s in lease.stops):
+                return lease
+            return _show(connection, lease, _without(lease, rules))
 
-    def carry_out(self, lease_id: str) -> Lease | None:
-        """The slice service has asked the hub to stop the lease's server: a pending
-        warning is carried out (its rule stays on the lease, as history). ``None`` when
-        no warning is pending (or the lease is unknown)."""
+    def carry_out(self, lease_id: str, rule: StopRule | None = None) -> Lease | None:
+        """The slice service has asked the hub to stop the lease's server (for ``rule``):
+        a pending warning is carried out (the rule's, when it was warned of; it stays on
+        the lease, as history). ``None`` when no warning is pending (or the lease is
+        unknown)."""
         with self._tx.write() as connection:
             lease = lock_lease(connection, lease_id)
             if lease is None or lease.warning_state is not WarningState.PENDING:
                 return None
-            return _move(connection, lease, WarningState.CARRIED_OUT)
+            stop = lease.pending_stop(rule) if rule is not None else None
+            shown = ({"warning": stop.rule, "warned_at": stop.warned_at,
+                      "warning_deadline": stop.deadline} if stop is not None else {})
+            return _move(connection, lease, WarningState.CARRIED_OUT, stops=(), **shown)
 
     def keep(self, lease_id: str, *, extend_by: float | None, max_extensions: int
              ) -> KeepResult:
@@ -96,7 +116,12 @@ class Warnings:
                                  refused_before=_last_event(connection, lease) is
                                  WarningEvent.REFUSED)
             if answer.ends_warning:
-                lease = _move(connection, lease, WarningState.KEPT, **answer.changes)
+                # Activity ends the idle stops' warnings; an extension the session's too.
+                left = _without(lease, _KEPT_OFF[answer.event])
+                lease = _move(connection, lease, WarningState.KEPT, **answer.changes,
+                              stops=left)
+                if left:  # a stop Keep does not put off is still coming
+                    lease = _show(connection, lease, left)
             elif answer.changes:
                 lease = update(connection, lease, **answer.changes)
             if answer.event is not None:
@@ -111,6 +136,34 @@ class Warnings:
                 .order_by(lease_events.c.id))
             return [LeaseEvent(r.lease_id, r.at, WarningEvent(r.kind), StopRule(r.rule),
                                r.detail) for r in rows]
+
+
+#: The stops whose warnings a Keep ends: it counts as activity, and an extension moves
+#: the session's end too.
+_KEPT_OFF: dict[WarningEvent | None, frozenset[StopRule]] = {
+    WarningEvent.KEPT: frozenset({StopRule.SERVER_IDLE, StopRule.KERNEL_IDLE}),
+    WarningEvent.EXTENDED: frozenset(
+        {StopRule.SERVER_IDLE, StopRule.KERNEL_IDLE, StopRule.MAX_SESSION_AGE}),
+}
+
+
+def _without(lease: Lease, rules: set[StopRule] | frozenset[StopRule]
+             ) -> tuple[PendingStop, ...]:
+    return tuple(s for s in lease.stops if s.rule not in rules)
+
+
+def _show(connection: Connection, lease: Lease, stops: tuple[PendingStop, ...]) -> Lease:
+    """Write ``stops`` as ``lease``'s pending warnings, its ``warning`` showing the
+    soonest; with none left, a pending warning is withdrawn."""
+    stops = in_order(stops)  # as a read gives them
+    if stops:
+        first = stops[0]
+        return _move(connection, lease, WarningState.PENDING, stops=stops, warning=first.rule,
+                     warned_at=first.warned_at, warning_deadline=first.deadline)
+    if lease.warning_state is WarningState.PENDING:
+        return _move(connection, lease, WarningState.WITHDRAWN, stops=(), warning=None,
+                     warning_deadline=None)
+    return lease
 
 
 def _move(connection: Connection, lease: Lease, state: WarningState, **changes: Any) -> Lease:

@@ -31,7 +31,10 @@ Rules (see docs/culling.md):
   its idle deadline, or the warned one, or ``warn_before`` from now, whichever is
   latest (:func:`idle_deadline`). A warning is due only when a deadline that the rules
   would apply is within ``warn_before``; activity or a Keep moves the deadline out of
-  reach and the warning is withdrawn, as is one whose stop did not come.
+  reach and the warning is withdrawn, as is one whose stop did not come. Each stop has
+  its own warning (the lease's ``stops``): a kernel's, a budget's or a drain's never
+  moves the idle stop's time, and every limit keeps applying whatever else is pending;
+  the soonest stop comes first (:func:`warnings_due`).
 * ``kernel_idle_timeout``: a kernel with no activity for this long (nor a Keep since)
   is shut down (its server and slice stay). A busy kernel only with
   ``cull_busy_kernels``. A kernel with a connected client (an open notebook tab) too,
@@ -246,8 +249,8 @@ def idle_by_hub_data(
     idleness, or warn of it; only then is what its people did worth reading."""
     if by_hub_data is not None:
         return by_hub_data.rule is StopRule.SERVER_IDLE
-    warning = warning_due(now, server, limits, None, lease)
-    return warning is not None and warning.rule is StopRule.SERVER_IDLE
+    return any(w.rule is StopRule.SERVER_IDLE
+               for w in warnings_due(now, server, limits, None, lease))
 
 
 def judged_by_people(probe: Probe | None, open_tab_counts: bool) -> bool:
@@ -272,15 +275,18 @@ def last_activity(
     time moves with every request an open tab makes.
     """
     kernels = [k.last_activity for k in (probe.kernels if probe else ())]
+    # The hub's ``started`` is when the spawn began: for a spawn that waited in line,
+    # minutes before its server ran. The server itself started at its lease's start.
+    began = lease.started_at if lease is not None else None
     if judged_by_people(probe, open_tab_counts):
         people = probe.people
-        return _latest([server.started, people.interaction, people.terminal, *kernels])
+        return _latest([server.started, began, people.interaction, people.terminal, *kernels])
     if probe is None and lease is not None and not open_tab_counts:
-        return _latest([server.started, lease.started_at, lease.last_activity_at])
+        return _latest([server.started, began, lease.last_activity_at])
     status = probe.status if probe else None
     return _latest(
-        [server.last_activity or server.started, status.last_activity if status else None,
-         *kernels]
+        [server.last_activity or server.started, began,
+         status.last_activity if status else None, *kernels]
     )
 
 
@@ -395,8 +401,15 @@ def _idle_deadline(
         return None
     if not warns or lease is None:  # no warning to wait for: none is recorded
         return idle_deadline(now, active, limit, None, None)
-    warned = lease.warning_deadline if lease.warning == StopRule.SERVER_IDLE else None
-    return idle_deadline(now, active, limit, limits.warn_before, warned)
+    return idle_deadline(now, active, limit, limits.warn_before,
+                         _warned_for(lease, StopRule.SERVER_IDLE))
+
+
+def _warned_for(lease: Lease, rule: StopRule) -> datetime | None:
+    """The deadline the user was told for ``rule``'s stop, while that warning is pending:
+    each stop's own, whatever other warnings the lease has."""
+    stop = lease.pending_stop(rule)
+    return None if stop is None else stop.deadline
 
 
 def lease_activity(lease: Lease | None, limits: CullLimits) -> datetime | None:
@@ -429,23 +442,24 @@ def _until(now: datetime, when: datetime) -> float:
     return max(0.0, (when - now).total_seconds())
 
 
-def warning_due(
+def warnings_due(
     now: datetime, server: HubServer, limits: CullLimits, probe: Probe | None,
     lease: Lease | None, budget: StopWarning | None = None,
-) -> StopWarning | None:
-    """The stop to warn the user of now: one that the rules will apply, due within the
-    group's ``warn_before`` (the sooner, when both are), or ``None``: nothing to warn
-    of, and a pending warning is withdrawn, unless the server could not be read (the
-    sweeper keeps it then). Call it when ``decide_server`` stops nothing; a server that
-    cannot be reached is warned only of its session age.
-    ``budget``: a budget stop due to be warned of (:func:`budget_warning`), which
-    competes with the others."""
+) -> list[StopWarning]:
+    """The stops to warn the user of now, soonest first: each one the rules will apply,
+    due within the group's ``warn_before``, with its own warning and time (an idle limit
+    and a kernel limit keep applying whatever else is pending: a session's end, a
+    budget, a layout change's drain). A pending warning of a rule not listed is
+    withdrawn, unless the server could not be read (the sweeper keeps it then). Call it
+    when ``decide_server`` stops nothing; a server that cannot be reached is warned only
+    of its session age. ``budget``: a budget stop due to be warned of
+    (:func:`budget_warning`)."""
     if not is_cullable(server):
-        return None
+        return []
     due: list[StopWarning] = [budget] if budget is not None else []
     warn = limits.warn_before
     if warn is None:
-        return budget
+        return due
     deadline = session_deadline(server, limits, lease)
     if deadline is not None and _until(now, deadline) <= warn:
         due.append(StopWarning(StopRule.MAX_SESSION_AGE, deadline))
@@ -455,7 +469,7 @@ def warning_due(
     kernel = _kernel_warning(now, limits, probe, lease)
     if kernel is not None:
         due.append(kernel)
-    return min(due, key=lambda w: w.deadline or now, default=None)
+    return sorted(due, key=lambda w: (w.deadline or now, w.rule))  # None: told now
 
 
 def budget_warning(
@@ -535,8 +549,8 @@ def kernel_stop_at(now: datetime, kernel: Kernel, limits: CullLimits, lease: Lea
         return None
     if not kernel.connections or not warns or lease is None:
         return active + timedelta(seconds=limit)
-    warned = lease.warning_deadline if lease.warning == StopRule.KERNEL_IDLE else None
-    return idle_deadline(now, active, limit, kernel_lead(limits), warned)
+    return idle_deadline(now, active, limit, kernel_lead(limits),
+                         _warned_for(lease, StopRule.KERNEL_IDLE))
 
 
 def _kernel_warning(now: datetime, limits: CullLimits, probe: Probe | None,

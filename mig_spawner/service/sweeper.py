@@ -74,7 +74,7 @@ from mig_spawner.service.cull_rules import (
     is_cullable,
     needs_probe,
     unleased_busy_devices,
-    warning_due,
+    warnings_due,
 )
 from mig_spawner.service.metrics import ServiceMetrics
 
@@ -610,44 +610,47 @@ class Sweeper:
         lease: Lease | None, report: SweepReport, budget_warns: StopWarning | None = None,
         fault_warns: StopWarning | None = None,
     ) -> None:
-        """Warn the user of a stop due within ``warn_before`` (or a budget stop due to be
-        warned of: ``budget_warns``) (once per rule: the
-        ledger keeps the pending warning, which the user's pages read), or withdraw a
-        warning whose stop is no longer due (activity, a Keep, or a stop that did not
-        come). A server that could not be read keeps its warning: not knowing is not
-        activity, and a withdrawn warning given again would put the stop off by
-        ``warn_before`` and show the user a second one."""
+        """Warn the user of each stop due within ``warn_before`` (or a budget stop due to
+        be warned of: ``budget_warns``; a GPU fault's, at once: ``fault_warns``), each
+        with its own warning and time (the ledger keeps them, the user's pages read the
+        soonest), and withdraw the warning of a stop no longer due (activity, a Keep, a
+        fault cleared, or a stop that did not come). A drain's warning is the layout
+        change's, which ends it (:meth:`_apply_layouts`). A server that could not be read
+        keeps its warnings: not knowing is not activity, and a withdrawn warning given
+        again would put the stop off by ``warn_before`` and show the user a second one."""
         if lease is None or self.ledger is None:
             return  # no lease, nowhere to show it: the stop comes unannounced
-        if lease.warning is StopRule.DRAIN:
-            return  # the layout change's warning: it stands until its stop (_apply_layouts)
-        # A GPU fault is told at once, before any other stop: the GPU may fail any time.
-        warning = fault_warns or warning_due(now, server, limits, probe, lease, budget_warns)
-        if warning is None:
-            unread = probe is not None and not probe.reachable
-            if lease.warning is not None and not unread and not self.dry_run:
-                await asyncio.to_thread(self.ledger.warnings.withdraw, lease.id)
-            return
-        if (lease.warning, lease.warning_deadline) == (warning.rule, warning.deadline):
-            return
-        if lease.warning is warning.rule:
-            # The same stop, at another time (the limit that applies changed): the
-            # pages show the new time; no new warning.
-            await asyncio.to_thread(self.ledger.warnings.warn, lease.id, warning.rule,
-                                    warning.deadline, warning.describe(now))
-            return
-        report.warnings.append((server.label, warning))
-        what = f"{server.label} (group {limits.name}): {warning.describe(now)}"
-        if self.dry_run:
-            self.log.info("would warn %s (dry run)", what)
-            return
-        recorded = await asyncio.to_thread(
-            self.ledger.warnings.warn, lease.id, warning.rule, warning.deadline,
-            warning.describe(now),
-        )
-        if recorded is not None:
-            self.log.info("warned %s", what)
-            self.metrics.warnings.labels(warning.rule.value, limits.name).inc()
+        # A GPU fault is told at once, with its own warning: the GPU may fail any time.
+        due = [*filter(None, [fault_warns]),
+               *warnings_due(now, server, limits, probe, lease, budget_warns)]
+        unread = probe is not None and not probe.reachable
+        if not unread and not self.dry_run:
+            for gone in {s.rule for s in lease.stops} - {w.rule for w in due} - {StopRule.DRAIN}:
+                await asyncio.to_thread(self.ledger.warnings.withdraw, lease.id, gone)
+        for warning in due:
+            known = lease.pending_stop(warning.rule)
+            if known is not None and known.deadline == warning.deadline:
+                continue
+            if known is not None:
+                # The same stop, at another time (the limit that applies changed): the
+                # pages show the new time; no new warning.
+                if not self.dry_run:
+                    await asyncio.to_thread(self.ledger.warnings.warn, lease.id,
+                                            warning.rule, warning.deadline,
+                                            warning.describe(now))
+                continue
+            report.warnings.append((server.label, warning))
+            what = f"{server.label} (group {limits.name}): {warning.describe(now)}"
+            if self.dry_run:
+                self.log.info("would warn %s (dry run)", what)
+                continue
+            recorded = await asyncio.to_thread(
+                self.ledger.warnings.warn, lease.id, warning.rule, warning.deadline,
+                warning.describe(now),
+            )
+            if recorded is not None:
+                self.log.info("warned %s", what)
+                self.metrics.warnings.labels(warning.rule.value, limits.name).inc()
 
     async def _record_activity(
         self, now: datetime, server: HubServer, limits: GroupPolicy, lease: Lease | None,
@@ -782,7 +785,7 @@ class Sweeper:
             await asyncio.to_thread(self.ledger.leases.end_for, lease.id, code, detail)
         stopped = await self.client.stop_server(user, server_name)
         if lease is not None and self.ledger is not None:
-            await asyncio.to_thread(self.ledger.warnings.carry_out, lease.id)
+            await asyncio.to_thread(self.ledger.warnings.carry_out, lease.id, rule)
         return stopped
 
     # -- layout changes (docs/layout.md) ---------------------------------------------
