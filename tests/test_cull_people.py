@@ -99,6 +99,23 @@ def test_a_fresh_server_in_use_is_never_warned():
         assert decide_server(NOW, fresh, "analysts", limits, busy, held) is None
 
 
+def test_a_server_started_from_the_wait_list_is_not_warned_in_its_first_minutes():
+    """The hub's ``started`` is when the spawn began: a waiter's, before their wait. The
+    report: a waiter was warned as her server started, and stopped 2 min later. Her
+    server counts from its own start (its lease's): warned only once its idle stop
+    truly falls within ``warn_before``."""
+    waited = WAITED.server_idle_timeout
+    srv = server(started_ago=waited + 60, hub_active_ago=waited + 60)
+    opened = look(interaction_ago=None, page_seen_ago=5)  # her page open, not yet touched
+    for probe in (opened, None):
+        held = lease(claimed_at=ago(waited + 60), started_at=ago(30))
+        warned(None, srv, WAITED, probe, held)
+        assert decide_server(NOW, srv, "analysts", WAITED, probe, held) is None
+    # Her own idle stop comes near: warned then, with the time it falls at.
+    later = lease(claimed_at=ago(waited + 60), started_at=ago(waited - WARN))
+    warned((StopRule.SERVER_IDLE, NOW + timedelta(seconds=WARN)), srv, WAITED, opened, later)
+
+
 def test_an_open_untouched_tab_does_not_keep_the_server():
     # Its polling keeps the hub's and the status's activity seconds old; nobody typed
     # for the whole limit: warned (with warn_before to go, though the sweep came 30 s

@@ -90,16 +90,22 @@ def test_refusals_on_the_form_name_sizes_as_its_headings_do(bea):
     assert "allowed: small, large" in api.value.message
 
 
-@pytest.mark.parametrize(("rule", "keep"), [
-    ("server_idle", True), ("max_session_age", True), ("drain", False), ("budget", False)])
-def test_keep_is_offered_only_where_it_can_put_the_stop_off(tmp_path, rule, keep):
+@pytest.mark.parametrize(("rule", "extend_by", "extensions", "keep"), [
+    ("server_idle", None, 0, True), ("max_session_age", 1800, 1, True),
+    ("max_session_age", 1800, 0, False), ("max_session_age", None, 0, False),
+    ("drain", 1800, 1, False), ("budget", 1800, 1, False)])
+def test_keep_is_offered_only_where_it_can_put_the_stop_off(tmp_path, rule, extend_by,
+                                                            extensions, keep):
+    """No button that can only be refused: a re-cut, a spent budget, a session with no
+    extension left (the earlier round's leftover: the age warning showed one)."""
+    now = datetime.now(UTC)
     with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
         lease = ledger.leases.claim(LeaseRequest("ana"), lambda view: Grant(
             group="crowd", profile="1g.18gb", compute_slices=1, mode="pool", host="h",
-            gpu_uuid="GPU-0", gpu_index=0, start=0, size=1, mig_uuid="MIG-0"))
-        now = datetime.now(UTC)
+            gpu_uuid="GPU-0", gpu_index=0, start=0, size=1, mig_uuid="MIG-0",
+            expires_at=now + timedelta(minutes=5)))
         warned = ledger.warnings.warn(lease.id, rule, now + timedelta(minutes=5), "test")
-    shown = notice(warned, now, extend_by=1800, max_extensions=1)
+    shown = notice(warned, now, extend_by=extend_by, max_extensions=extensions)
     assert shown["keep"] is keep
     if rule == "drain":
         assert "cannot be put off" in shown["message"]

@@ -133,6 +133,15 @@ def answer_keep(lease: Warned, now: datetime, *, extend_by: float | None, max_ex
         f"expires_at {expires.isoformat()} ({used + 1} of {max_extensions})")
 
 
+def keep_can_help(lease: Warned, now: datetime, *, extend_by: float | None,
+                  max_extensions: int) -> bool:
+    """Whether a Keep now would put off the stop ``lease``'s warning names (kept or
+    extended, not refused): the pages offer "Keep my server" only then."""
+    answer = answer_keep(lease, now, extend_by=extend_by, max_extensions=max_extensions,
+                         refused_before=True)
+    return answer.outcome in (KeepOutcome.KEPT, KeepOutcome.EXTENDED)
+
+
 def _refused(rule: StopRule, why: str, message: str, refused_before: bool) -> KeepAnswer:
     return KeepAnswer(KeepOutcome.REFUSED, message, rule,
                       event=None if refused_before else WarningEvent.REFUSED, detail=why)

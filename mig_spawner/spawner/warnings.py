@@ -33,6 +33,7 @@ from prometheus_client import Counter
 from tornado import web
 
 from mig_spawner.core.durations import format_duration
+from mig_spawner.core.keep import keep_can_help
 from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.ledger import Lease
 
@@ -44,9 +45,6 @@ KEEPS = Counter(
     "mig_spawner_keeps", "Answers to a warning ('Keep my server'), by outcome.",
     ["outcome", "reason", "group"],
 )
-
-#: Stops that no Keep puts off: the pages show no "Keep my server" for them.
-CANNOT_KEEP = frozenset({StopRule.DRAIN, StopRule.BUDGET, StopRule.GPU_FAULT})
 
 #: Seconds past its deadline after which a pending warning is no longer shown.
 STALE_AFTER = 60.0
@@ -98,8 +96,9 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
         "seconds_left": round(left),
         "deadline": deadline.isoformat(),
         # The pages offer "Keep my server" only where it can do something: a re-cut's
-        # stop and a spent budget cannot be put off (Keep could only refuse).
-        "keep": rule not in CANNOT_KEEP,
+        # stop, a spent budget and a session with no extension left cannot be put off
+        # (Keep could only refuse).
+        "keep": keep_can_help(lease, now, extend_by=extend_by, max_extensions=max_extensions),
         "message": f"{what} in about {_about(left)}: {REASONS.get(rule, rule)}. {keep}",
     }
 
