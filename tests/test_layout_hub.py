@@ -18,6 +18,7 @@ import pytest
 
 from mig_spawner.cli.main import main
 from mig_spawner.core.layout import PlanState
+from mig_spawner.core.lifecycle import StopRule, WarningEvent
 from mig_spawner.gpu import connect
 from mig_spawner.ledger import Ledger, ReleaseCode
 from tests.support.hub_harness import HubProcess
@@ -98,6 +99,78 @@ def test_a_held_slice_is_drained_warned_once_and_re_cut_after_its_server_ends(tm
               show=hub.log_path)
         assert service.counted("mig_spawner_service_slices_reclaimed_total", 1,
                                reason="drain") == 1
+    finally:
+        if service is not None:
+            service.close()
+        hub.close()
+
+
+#: The demo's limits, shortened together (a sweep every 15 s, servers idle 10 min, warned
+#: 3 min ahead, a drain notice of 1 h: 1 : 40 : 12 : 240): a sweep every second, 20 s,
+#: 6 s, 120 s. The bug report's numbers: both servers idle past the limit, never warned.
+IDLE, WARN, LONG_NOTICE = 20, 6, 120
+
+
+def test_idle_holders_of_a_gpu_being_re_cut_are_warned_and_stopped_at_the_idle_limit(
+        tmp_path):
+    """ana and bob hold two slices of GPU 0 and leave them idle; an admin re-cuts the GPU
+    (``layout apply``), which waits for their drain notice. Both are warned of the idle
+    stop (beside the drain's warning) and stopped at the idle limit, as any idle server
+    is, long before the drain notice ends; the re-cut then goes on at once."""
+    config_d = tmp_path / "jupyterhub_config.d"
+    config_d.mkdir()
+    for name in ("10-spawner.py", "20-groups.py"):
+        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
+    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
+        c = get_config()  # noqa: F821
+{textwrap.indent(simulated_spawner(tmp_path, SIM), ' ' * 8)}
+        c.Spawner.poll_interval = 1
+        c.Spawner.start_timeout = 120
+        c.Spawner.http_timeout = 120
+        c.MIGPolicyConfig.group_policies = {{"analysts": {{
+            "allowed": ["1g.18gb", "4g.71gb"], "drain_notice": "{LONG_NOTICE}s",
+            "server_idle_timeout": "{IDLE}s", "warn_before": "{WARN}s"}}}}
+{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
+        c.SliceServiceApp.cull_every = 1
+    """))
+    hub = HubProcess.start(tmp_path, sorted(config_d.glob("*.py")), timeout=120)
+    service = None
+    url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
+    try:
+        hub.create_users(["ana", "bob"], groups=["analysts"])
+        for user in ("ana", "bob"):
+            assert hub.spawn(user, {"profile": "1g.18gb"}).status_code in (201, 202)
+            hub.wait_ready(user, timeout=120)
+        with Ledger(url) as ledger:
+            held = {x.user: x for x in ledger.leases.active()}
+        assert sorted(x.start for x in held.values()) == [0, 1]  # both in the 4g's room
+
+        cli = ["--sim-state", str(tmp_path / "sim-gpus.json"), "--ledger-url", url,
+               "-f", str(config_d)]
+        assert main(["layout", "apply", *cli, TARGET]) == 0
+        with Ledger(url) as ledger:
+            drains = {u: ledger.leases.get(x.id).pending_stop(StopRule.DRAIN)
+                      for u, x in held.items()}
+        assert all(drains.values()), drains  # the apply warned both of the drain
+
+        service = Service(hub, config_d)
+        for user in ("ana", "bob"):
+            until(lambda u=user: hub.server_model(u) is None, LONG_NOTICE + 60,
+                  f"{user}'s server stopped", show=service.log)
+        with Ledger(url) as ledger:
+            for user, lease in held.items():
+                ended = ledger.leases.get(lease.id)
+                # Stopped for idleness, before the drain notice ended, after a warning.
+                assert ended.release_code is ReleaseCode.STOPPED, (user, ended.release_code)
+                assert ended.released_at < drains[user].deadline
+                warned = [(e.kind, e.rule) for e in ledger.warnings.events(lease.id)]
+                assert warned == [(WarningEvent.WARNED, StopRule.DRAIN),
+                                  (WarningEvent.WARNED, StopRule.SERVER_IDLE)], (user, warned)
+            until(lambda: not ledger.holds.changes(), 60, "the re-cut done", show=service.log)
+        assert layout(tmp_path) == [("1g.18gb", 4), ("1g.18gb", 5), ("1g.18gb", 6),
+                                    ("4g.71gb", 0)]
+        assert service.counted("mig_spawner_service_culls_total", 2,
+                               reason="server_idle") == 2
     finally:
         if service is not None:
             service.close()
