@@ -552,8 +552,8 @@ def _holder(lease: Lease, now: datetime, policies: PolicySet) -> Holder:
     idle = None
     if limits is not None and limits.idle is not None:
         active = lease.last_activity_at or lease.started_at or lease.claimed_at
-        warned = lease.warning_deadline if lease.warning == StopRule.SERVER_IDLE else None
-        lead = ((warned - now).total_seconds() if warned is not None
+        warned = lease.pending_stop(StopRule.SERVER_IDLE)  # whatever else is pending
+        lead = ((warned.deadline - now).total_seconds() if warned is not None
                 else group.warn_before or 0.0)
         idle = max((active - now).total_seconds() + limits.idle, lead)
     return Holder((now - lease.claimed_at).total_seconds(), ends, idle)
