@@ -191,3 +191,51 @@ def test_the_map_lists_who_waits_for_what_and_since_when(world):
                                                                  "analysts")
     assert row.waited_seconds == 90
     assert slicemap_json(view)["waiting"][0]["since"] == row.since.isoformat()
+
+
+def test_the_map_says_what_comes_next_for_each_server(world):
+    """Per server, the limit in force and why (here: someone waits for ana's size, nobody
+    for bob's), the soonest stop if nobody uses it from now on (bob's GPU is re-cut: its
+    drain comes before its idle limit), and each pending warning with its time and
+    whether Keep can put it off. Before, the map showed the plain limit ("idle 3m of
+    10m") while the 5 min waited one applied, and no warning at all."""
+    from mig_spawner.core.lifecycle import StopRule
+    from mig_spawner.core.policy import build_policy
+    from mig_spawner.ledger import WaitRequest
+    from mig_spawner.observe.slicemap import slicemap_json
+
+    policy = build_policy(offers=None, classes=None, groups={"analysts": {
+        "allowed": ["1g.18gb", "2g.35gb"], "server_idle_timeout": "30m",
+        "server_idle_timeout_when_unwaited": "40m", "server_idle_timeout_when_waited": "25m",
+        "max_session_age": "8h"}})  # no extend_by: a session is never extended
+    ana = world.lease("ana", "analysts", world.device(1, "1g.18gb"),
+                      expires_in=timedelta(hours=8))
+    bob = world.lease("bob", "analysts", world.device(1, "2g.35gb"))
+    world.ledger.waits.join(WaitRequest("cy", "", "analysts", 0, "1g.18gb", 600))
+    world.clock.advance(minutes=20)
+    now = world.clock.now
+    world.ledger.warnings.warn(ana.id, StopRule.SERVER_IDLE, now + timedelta(minutes=10), "idle")
+    world.ledger.warnings.warn(bob.id, StopRule.DRAIN, now + timedelta(minutes=15), "re-cut")
+    view = slice_map(world.inventory(), world.ledger.leases.active(), now, policy,
+                     waits=world.ledger.waits.waiting())
+    rows = {r.user: r for r in view.slices if r.user}
+    a, b = rows["ana"], rows["bob"]
+    assert (a.idle_limit_seconds, a.idle_limit_waited) == (25 * 60, True)
+    assert (a.next_stop, a.next_stop_in_seconds) == (StopRule.SERVER_IDLE, 10 * 60)
+    assert a.next_text == "server_idle in 10m (idle 25m: someone waits for its size)"
+    assert a.warnings_text == "warned: server_idle in 10m (Keep possible)"
+    assert (b.idle_limit_seconds, b.idle_limit_waited) == (40 * 60, False)
+    assert (b.next_stop, b.next_stop_in_seconds) == (StopRule.DRAIN, 15 * 60)
+    assert b.warnings_text == "warned: drain in 15m (no Keep)"
+    shown = {r["user"]: r for g in slicemap_json(view)["gpus"] for r in g["slices"]
+             if r["user"]}
+    assert shown["bob"]["next_text"].startswith("drain in 15m")
+    assert list(shown["bob"]["warnings"]) == [{"rule": "drain", "stops_in_seconds": 900.0,
+                                         "keep": False}]
+    # A session at its end with no extension left: warned, and no Keep to offer.
+    world.ledger.warnings.warn(ana.id, StopRule.MAX_SESSION_AGE, now + timedelta(minutes=5),
+                               "age")
+    view = slice_map(world.inventory(), world.ledger.leases.active(), now, policy)
+    [a] = [r for r in view.slices if r.user == "ana"]
+    assert [(w.rule, w.keep) for w in a.warnings] == [
+        (StopRule.MAX_SESSION_AGE, False), (StopRule.SERVER_IDLE, True)]

@@ -102,6 +102,10 @@ async def test_an_idle_server_is_warned_and_stopped_though_its_gpu_is_being_re_c
     assert w.told(StopRule.SERVER_IDLE) == w.t0 + 10 * MIN
     assert w.told(StopRule.DRAIN) == drain_at  # the re-cut's warning stands, untouched
     assert await w.sweep_at(9 * MIN) == []
+    # The service's /metrics count the stops to come by rule (no user label).
+    assert {rule: w.sweeper.metrics.registry.get_sample_value(
+        "mig_spawner_service_pending_stops", {"rule": rule}) for rule in StopRule} == {
+        **dict.fromkeys(StopRule, 0.0), StopRule.DRAIN: 1.0, StopRule.SERVER_IDLE: 1.0}
     assert await w.sweep_at(10 * MIN) == [StopRule.SERVER_IDLE]
     assert w.state.stopped == [f"{USER}/"]
     assert w.warned() == [StopRule.DRAIN, StopRule.SERVER_IDLE]

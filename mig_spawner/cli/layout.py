@@ -204,12 +204,29 @@ def _applier(args: argparse.Namespace, ledger: Any, gpus: Any) -> Any:
     return LayoutApplier(ledger, gpus, notice_for, allow_reset=args.allow_reset)
 
 
-def _print_pass(done: Any) -> None:
+def _print_pass(done: Any, ledger: Any) -> None:
+    """What a pass did: per GPU its steps, who it warned and when each stops, and the
+    servers whose drain notice has ended."""
     for g in done.gpus:
         steps = "; ".join(g.done) or "no step"
         print(f"GPU {g.gpu_index}: {g.state.value}: {steps}" + (f" ({g.why})" if g.why else ""))
+        for lease in filter(None, map(ledger.leases.get, g.warned)):
+            print(f"  warned {lease.server} (group {lease.group}): {_stops(lease)}")
     for lease in done.due:
         print(f"  {lease.server}: its drain notice has ended; the slice service stops it")
+
+
+def _stops(lease: Any) -> str:
+    """When a warned holder stops: its drain notice's end at the latest, or a stop it is
+    warned of that comes sooner (its idle limit, its session's end)."""
+    from ..core.lifecycle import StopRule
+
+    drain = lease.pending_stop(StopRule.DRAIN)
+    first = lease.stops[0] if lease.stops else None
+    words = f"stops at {_when(drain.deadline)} at the latest" if drain else "not stopped"
+    if first is not None and first.rule is not StopRule.DRAIN:
+        words += f" ({first.rule.value} sooner, at {_when(first.deadline)})"
+    return words
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -248,7 +265,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             applier = _applier(args, ledger, gpus)
             while True:
                 done = applier.step()
-                _print_pass(done)
+                _print_pass(done, ledger)
                 left = ledger.holds.changes(inventory.host)
                 if not args.wait or not left:
                     break

@@ -70,25 +70,35 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _from_ledger(args: argparse.Namespace, inv):
     """What the ledger adds to ``inv``: the slice map joined with the held leases (who
-    holds each slice, for which server and purpose, since when), the layout changes
-    under way on this host (docs/layout.md), and a note when the ledger cannot be read:
-    ``(None, [], why)``; status then shows the GPUs alone."""
-    from datetime import UTC, datetime
+    holds each slice, for which server and purpose, since when; with the hub's config,
+    the limit in force, the next stop and the pending warnings of each, and the wait
+    list in served order), the layout changes under way on this host (docs/layout.md),
+    and a note when the ledger cannot be read: ``(None, [], why)``; status then shows
+    the GPUs alone."""
+    from datetime import UTC, datetime, timedelta
 
     from ..ledger import Ledger, LedgerError, LedgerMissing
     from ..observe.slice_state import slice_map
+    from .budget import hub_policies
     from .settings import ledger_url
 
+    now = datetime.now(UTC)
+    policy = hub_policies(args) if args.config_dir else None
+    horizon = policy.budget_horizon if policy is not None else None
     try:
         with Ledger.open_existing(ledger_url(args)) as ledger:
             held = ledger.leases.active()
             changes = ledger.holds.changes(inv.host)
+            waits = ledger.waits.waiting()
+            budgets = (ledger.usage.budget(now - timedelta(seconds=horizon))
+                       if horizon is not None else None)
     except LedgerMissing:
         return None, [], ("holders not shown: no ledger found (give --config-dir or "
                           "--ledger-url of the hub's ledger)")
     except LedgerError as e:
         return None, [], f"holders not shown: the ledger cannot be read ({e})"
-    return slice_map(inv, held, datetime.now(UTC)), changes, ""
+    view = slice_map(inv, held, now, policy, waits=waits, budgets=budgets, changes=changes)
+    return view, changes, ""
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:

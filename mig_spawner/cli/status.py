@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import WHOLE_GPU, find_model_for_product, format_gib
-from ..core.durations import format_duration
+from ..core.durations import rounded_duration
 from ..core.inventory import Gpu, GpuInstance, Inventory, MigDevice
 from ..core.kinds import offered_whole
 
@@ -93,11 +93,33 @@ def render_text(inv: Inventory, holders: SliceMap | None = None,
     if holders is not None and holders.lost:
         lines += ["", "Held leases on GPUs this host does not show:"]
         lines += [f"  {row.server} ({row.profile}): {row.note}" for row in holders.lost]
+    if holders is not None:
+        lines += _what_comes_next(holders)
     lines.append("")
     lines.append("* = processes running on the instance; ? = its processes cannot be read")
     if ledger_note:
         lines.append(ledger_note)
     return "\n".join(lines)
+
+
+def _what_comes_next(holders: SliceMap) -> list[str]:
+    """Per held server, the next stop if nobody uses it from now on and its pending
+    warnings; then the wait list in the order it is served."""
+    lines = []
+    coming = [row for row in holders.slices if row.user is not None
+              and (row.next_text or row.warnings_text)]
+    if coming:
+        lines += ["", "Next stops (if nobody uses the server from now on):"]
+        lines += [f"  {row.server} ({row.profile}, GPU {row.gpu_index}): "
+                  + "; ".join(filter(None, [row.next_text, row.warnings_text]))
+                  for row in coming]
+    if holders.waiting:
+        lines += ["", "Waiting, in the order they are served:"]
+        lines += [f"  {i}. {w.user}/{w.server_name} for {w.offer} (group {w.group}), "
+                  f"waiting {_age(w.waited_seconds)}"
+                  + (", next for its size" if w.next else f", place {w.place} for its size")
+                  for i, w in enumerate(holders.waiting, 1)]
+    return lines
 
 
 def _rows_by_uuid(holders: SliceMap | None) -> dict[str, SliceRow] | None:
@@ -108,9 +130,7 @@ def _rows_by_uuid(holders: SliceMap | None) -> dict[str, SliceRow] | None:
 
 def _age(seconds: float | None) -> str:
     """``"2h 5m"``: whole minutes from a minute on, whole seconds below."""
-    if seconds is None:
-        return "-"
-    return format_duration(round(seconds) if seconds < 60 else round(seconds / 60) * 60)
+    return "-" if seconds is None else rounded_duration(seconds)
 
 
 def holder_cells(row: SliceRow | None) -> tuple[str, str, str, str]:
@@ -154,9 +174,16 @@ def to_json(inv: Inventory, holders: SliceMap | None = None) -> dict[str, Any]:
         data["holders"] = [
             {"mig_uuid": row.mig_uuid, "gpu_index": row.gpu_index, "profile": row.profile,
              "user": row.user, "server_name": row.server_name, "group": row.group,
-             "purpose": row.purpose, "age_seconds": row.age_seconds, "state": row.state}
+             "purpose": row.purpose, "age_seconds": row.age_seconds, "state": row.state,
+             "idle_limit_seconds": row.idle_limit_seconds,
+             "idle_limit_waited": row.idle_limit_waited, "next_stop": row.next_stop,
+             "next_stop_in_seconds": row.next_stop_in_seconds,
+             "next_stop_why": row.next_stop_why,
+             "warnings": [asdict(w) for w in row.warnings]}
             for row in holders.slices if row.user is not None
         ]
+        data["waiting"] = [{**asdict(w), "since": w.since.isoformat()}
+                           for w in holders.waiting]
     return data
 
 

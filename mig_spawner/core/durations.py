@@ -149,6 +149,12 @@ def format_duration(seconds: float | None) -> str:
     return " ".join(parts) or "0s"
 
 
+def rounded_duration(seconds: float) -> str:
+    """Time as a person reads it: whole seconds under a minute, else whole minutes
+    (``"2h 5m"``, ``"40s"``)."""
+    return format_duration(round(seconds) if seconds < 60 else 60 * round(seconds / 60))
+
+
 #: Units a period is said in, largest first: (seconds, singular, plural).
 _PERIOD_WORDS = ((86400, "day", "days"), (3600, "hour", "hours"), (60, "minute", "minutes"),
                  (1, "second", "seconds"))

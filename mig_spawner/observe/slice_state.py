@@ -36,11 +36,15 @@ from typing import Any, Literal
 from mig_spawner.core import budget
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.catalog import WHOLE_GPU, CatalogError, format_gib, model
+from mig_spawner.core.durations import format_duration, rounded_duration
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
+from mig_spawner.core.keep import keep_can_help
 from mig_spawner.core.kinds import offered_whole
+from mig_spawner.core.lifecycle import PendingStop, StopRule
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
 from mig_spawner.ledger import GpuFault, LayoutChange, Lease, LeaseState, WaitEntry
+from mig_spawner.service.cull_rules import idle_deadline, idle_limit
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -61,6 +65,16 @@ def activity_resolution(idle_after: float) -> float:
     at the next write: a tile flickering between the two.
     """
     return min(MAX_ACTIVITY_RESOLUTION, idle_after / 4)
+
+
+@dataclass(frozen=True)
+class WarningRow:
+    """A warning pending for a server: of which stop, in how long it comes (the time its
+    user was told), and whether Keep can put it off."""
+
+    rule: StopRule
+    stops_in_seconds: float
+    keep: bool
 
 
 @dataclass(frozen=True)
@@ -90,8 +104,20 @@ class SliceRow:
     age_seconds: float | None = None
     #: Seconds since the last activity the ledger recorded for the server.
     idle_seconds: float | None = None
-    #: The charged group's ``server_idle_timeout`` (None: no idle limit).
+    #: The idle limit in force (None: no idle limit): the charged group's
+    #: ``server_idle_timeout_when_waited`` while someone waits for the slice's size
+    #: (``idle_limit_waited``), else its ``_when_unwaited`` (either falling back to
+    #: ``server_idle_timeout``), as the slice service applies them.
     idle_limit_seconds: float | None = None
+    idle_limit_waited: bool | None = None
+    #: What comes next if nobody uses the server from now on: the soonest stop's rule
+    #: (idle limit, session age, budget, a re-cut's drain), in how long, and why in words
+    #: (``idle 5m: someone waits for its size``). Activity puts an idle stop off.
+    next_stop: StopRule | None = None
+    next_stop_in_seconds: float | None = None
+    next_stop_why: str = ""
+    #: The warnings its user has now, soonest first (each stop its own).
+    warnings: tuple[WarningRow, ...] = ()
     #: Seconds until the lease's ``expires_at`` (max session age; None: no limit):
     #: the same deadline the slice service stops the server at.
     session_left_seconds: float | None = None
@@ -116,6 +142,25 @@ class SliceRow:
         if not self.memory_total_mib:
             return ""
         return f"{format_gib(self.memory_used_mib)} / {format_gib(self.memory_total_mib)}"
+
+    @property
+    def next_text(self) -> str:
+        """What comes next, in words for every screen: ``server_idle in 4m (idle 5m:
+        someone waits for its size)``; empty when no stop is coming."""
+        if self.next_stop is None or self.next_stop_in_seconds is None:
+            return ""
+        return (f"{self.next_stop.value} in {rounded_duration(self.next_stop_in_seconds)} "
+                f"({self.next_stop_why})")
+
+    @property
+    def warnings_text(self) -> str:
+        """The pending warnings in words: ``warned: server_idle in 3m (Keep possible);
+        drain in 55m (no Keep)``; empty when none."""
+        if not self.warnings:
+            return ""
+        return "warned: " + "; ".join(
+            f"{w.rule.value} in {rounded_duration(w.stops_in_seconds)} "
+            f"({'Keep possible' if w.keep else 'no Keep'})" for w in self.warnings)
 
     @property
     def memory_slices(self) -> range:
@@ -273,8 +318,7 @@ def _idle_seconds(lease: Lease, now: datetime) -> float:
     return max(0.0, (now - since).total_seconds())
 
 
-def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict[str, Any]:
-    group = policy.group(lease.group) if policy is not None else None
+def _lease_fields(lease: Lease, now: datetime) -> dict[str, Any]:
     return {
         "lease_id": lease.id,
         "user": lease.user,
@@ -283,7 +327,6 @@ def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict
         "lease_state": lease.state,
         "age_seconds": _seconds(now, lease.started_at or lease.claimed_at),
         "idle_seconds": _idle_seconds(lease, now),
-        "idle_limit_seconds": group.server_idle_timeout if group else None,
         "gpu_idle_seconds": _seconds(now, lease.gpu_active_at),
         "peak_memory_mib": lease.peak_memory_mib,
         "purpose": lease.purpose,
@@ -294,10 +337,65 @@ def _lease_fields(lease: Lease, policy: PolicySet | None, now: datetime) -> dict
     }
 
 
-def _device_row(
-    device: MigDevice, lease: Lease | None, policy: PolicySet | None, now: datetime,
-    idle_after: float,
-) -> SliceRow:
+@dataclass(frozen=True)
+class _Next:
+    """What :func:`_with_next` reads besides the lease: who waits for what, and the
+    budgets' spans and extra hours (``None``: budgets not read)."""
+
+    policy: PolicySet
+    now: datetime
+    waited: frozenset[str]
+    budgets: tuple[list[budget.Span], list[Extra]] | None
+
+
+def _with_next(row: SliceRow, lease: Lease | None, ctx: _Next | None) -> SliceRow:
+    """``row`` with the limit in force, the next stop and the pending warnings of its
+    lease (the slice service's rules: :func:`idle_limit`, :func:`idle_deadline`)."""
+    if lease is None or ctx is None:
+        return row
+    group, now = ctx.policy.group(lease.group), ctx.now
+    warnings = tuple(WarningRow(s.rule, _until(now, s.deadline), _keep(lease, s, group, now))
+                     for s in lease.stops)
+    waited = lease.profile in ctx.waited
+    limit = idle_limit(group, waited)
+    coming: list[tuple[datetime, StopRule, str]] = []
+    if limit is not None:
+        active = lease.last_activity_at or lease.started_at or lease.claimed_at
+        warned = lease.pending_stop(StopRule.SERVER_IDLE)
+        at = idle_deadline(now, active, limit, group.warn_before,
+                           warned.deadline if warned else None)
+        who = "someone waits for its size" if waited else "nobody waits for its size"
+        coming.append((at, StopRule.SERVER_IDLE, f"idle {format_duration(limit)}: {who}"))
+    if lease.expires_at is not None:
+        coming.append((lease.expires_at, StopRule.MAX_SESSION_AGE, "its session's end"))
+    if ctx.budgets is not None and group.has_budget and group.budget_action == "stop":
+        runs_out = budget.exhausted_at(group, lease.user, *ctx.budgets, now)
+        if runs_out is not None:
+            coming.append((runs_out, StopRule.BUDGET, "its GPU-hour budget runs out"))
+    drain = lease.pending_stop(StopRule.DRAIN)
+    if drain is not None:
+        coming.append((drain.deadline, StopRule.DRAIN, "its GPU is re-cut: the drain "
+                       "notice ends"))
+    first = min(coming, key=lambda c: c[0], default=None)
+    return replace(row, idle_limit_seconds=limit,
+                   idle_limit_waited=None if limit is None else waited, warnings=warnings,
+                   **({} if first is None else {
+                       "next_stop": first[1], "next_stop_in_seconds": _until(now, first[0]),
+                       "next_stop_why": first[2]}))
+
+
+def _until(now: datetime, when: datetime) -> float:
+    return max(0.0, (when - now).total_seconds())
+
+
+def _keep(lease: Lease, stop: PendingStop, group: GroupPolicy, now: datetime) -> bool:
+    """Whether Keep would put ``stop`` off (the Keep rule itself, on that warning)."""
+    return keep_can_help(replace(lease, warning=stop.rule, warning_deadline=stop.deadline),
+                         now, extend_by=group.extend_by, max_extensions=group.max_extensions)
+
+
+def _device_row(device: MigDevice, lease: Lease | None, now: datetime, idle_after: float,
+                ) -> SliceRow:
     base: dict[str, Any] = {
         "gpu_index": device.gpu_index,
         "gpu_uuid": device.gpu_uuid,
@@ -322,11 +420,11 @@ def _device_row(
         note = "the driver does not tell its processes" if device.processes_unknown else ""
         return SliceRow(**base, state="free", note=note)
     state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
-    return SliceRow(**base, **_lease_fields(lease, policy, now), state=state)
+    return SliceRow(**base, **_lease_fields(lease, now), state=state)
 
 
-def _whole_row(gpu: Gpu, size: int, lease: Lease | None, policy: PolicySet | None,
-               now: datetime, idle_after: float) -> SliceRow:
+def _whole_row(gpu: Gpu, size: int, lease: Lease | None, now: datetime, idle_after: float,
+               ) -> SliceRow:
     """A GPU with MIG off, offered whole: one slice across all its memory slices."""
     base: dict[str, Any] = {"gpu_index": gpu.index, "gpu_uuid": gpu.uuid,
                             "profile": WHOLE_GPU, "start": 0, "size": size,
@@ -334,12 +432,11 @@ def _whole_row(gpu: Gpu, size: int, lease: Lease | None, policy: PolicySet | Non
     if lease is None:
         return SliceRow(**base, state="free", note="a whole GPU (MIG off)")
     state: SliceState = "idle" if _idle_seconds(lease, now) >= idle_after else "leased"
-    return SliceRow(**base, **_lease_fields(lease, policy, now), state=state,
+    return SliceRow(**base, **_lease_fields(lease, now), state=state,
                     note="a whole GPU (MIG off)")
 
 
-def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: datetime,
-                 ) -> SliceRow:
+def _missing_row(lease: Lease, gpu: Gpu | None, now: datetime) -> SliceRow:
     """A held lease whose instance ``gpu`` does not show (``gpu`` None: nor the GPU)."""
     if gpu is None:
         state: SliceState = "orphan"
@@ -364,7 +461,7 @@ def _missing_row(lease: Lease, gpu: Gpu | None, policy: PolicySet | None, now: d
         gi_id=lease.gi_id,
         ci_id=lease.ci_id,
         note=note,
-        **_lease_fields(lease, policy, now),
+        **_lease_fields(lease, now),
     )
 
 
@@ -437,10 +534,10 @@ def slice_map(
         raise ValueError("now must be a timezone-aware datetime (datetime.now(timezone.utc))")
     if idle_after <= 0:
         raise ValueError(f"idle_after must be a positive number of seconds, got {idle_after}")
-    all_leases = list(leases)
+    all_leases, waits = list(leases), list(waits)
     index = _LeaseIndex(all_leases, inventory.host)
     by_uuid = {
-        gpu.uuid: [_device_row(d, index.take(d), policy, now, idle_after)
+        gpu.uuid: [_device_row(d, index.take(d), now, idle_after)
                    for d in gpu.mig_devices]
         for gpu in inventory.gpus
     }
@@ -448,11 +545,17 @@ def slice_map(
         if offered_whole(gpu):
             size = _memory_slices(gpu)
             by_uuid[gpu.uuid].append(
-                _whole_row(gpu, size, index.take_whole(gpu, size), policy, now, idle_after))
+                _whole_row(gpu, size, index.take_whole(gpu, size), now, idle_after))
+    by_id = {lease.id: lease for lease in all_leases}
+    ctx = None if policy is None else _Next(
+        policy, now, policy.profiles_meant(w.offer for w in waits if w.waiting),
+        None if budgets is None else (
+            budget.spans_of([x for x in budgets[0] if x.held],
+                            [x for x in budgets[0] if not x.held]), budgets[1]))
     lost = []
     for lease in index.unmatched.values():
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")
-        row = _missing_row(lease, gpu, policy, now)
+        row = _missing_row(lease, gpu, now)
         if gpu is None:
             lost.append(row)
         else:
@@ -467,7 +570,8 @@ def slice_map(
         size = _memory_slices(gpu)
         faulty = {s for f in on_it for s in (range(size) if f.whole_gpu else f.held_slices)}
         fault = "; ".join(dict.fromkeys(f"{f.why}: {f.detail}" for f in on_it)) or None
-        rows = sorted((replace(r, fault=fault) if faulty.intersection(r.memory_slices) else r
+        rows = sorted((_with_next(replace(r, fault=fault) if faulty.intersection(r.memory_slices)
+                                  else r, by_id.get(r.lease_id or ""), ctx)
                        for r in by_uuid[gpu.uuid]),
                       key=lambda r: (r.start, r.gi_id or 0, r.ci_id or 0))
         change = changing.get(gpu.uuid)
@@ -491,7 +595,7 @@ def slice_map(
         idle_after=idle_after,
         gpus=tuple(gpus),
         groups=_groups(all_leases, policy, now, budgets),
-        lost=tuple(lost),
+        lost=tuple(_with_next(r, by_id.get(r.lease_id or ""), ctx) for r in lost),
         waiting=served_order(waits, all_leases, policy, now,
                              capacity=sum(len(gpu.slices) for gpu in gpus) + len(lost)),
     )

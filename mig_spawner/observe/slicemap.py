@@ -73,7 +73,8 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
 def _row_json(row: SliceRow) -> dict[str, Any]:
     # Memory is formatted here, once, so the page shows what every other screen shows.
     return {**asdict(row), "server": row.server, "memory_text": row.memory_text,
-            "memory_total_text": row.memory_total_text}
+            "memory_total_text": row.memory_total_text, "next_text": row.next_text,
+            "warnings_text": row.warnings_text}
 
 
 def _script_json(data: Any) -> str:

@@ -114,6 +114,12 @@ class ServiceMetrics:
             "GPUs whose layout change is under way, by state (pending, draining, applying).",
             ["state"], registry=r,
         )
+        self.pending_stops = Gauge(
+            f"{PREFIX}_pending_stops",
+            "Stops their users are warned of and that are still to come, by rule (each "
+            "stop its own warning; as the last sweep read the ledger).",
+            ["rule"], registry=r,
+        )
         self.last_sweep = Gauge(
             f"{PREFIX}_last_success_timestamp_seconds",
             "Unix time when the last sweep completed without error.", registry=r,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -364,11 +365,14 @@ class Sweeper:
 
         # SQLAlchemy is blocking; keep the event loop (and /health) responsive.
         held, waits, (counted, extras) = await asyncio.to_thread(read)
-        self._waited_for = self._profiles_of(w.offer for w in waits)
+        self._waited_for = self.policy.profiles_meant(w.offer for w in waits)
         self._spans = budget.spans_of([lease for lease in counted if lease.held],
                                       [lease for lease in counted if not lease.held])
         self._extras = extras
         self._count_budgets()
+        pending = Counter(s.rule for lease in held for s in lease.stops)
+        for rule in StopRule:
+            self.metrics.pending_stops.labels(rule.value).set(pending[rule])
         return held
 
     def _count_budgets(self) -> None:
@@ -438,14 +442,6 @@ class Sweeper:
 
     # Profiles someone waits for, read with the leases at each sweep.
     _waited_for: frozenset[str] = frozenset()
-
-    def _profiles_of(self, offer_keys: Iterable[str]) -> frozenset[str]:
-        """The concrete profiles that the offers (profile or class keys) mean."""
-        out: set[str] = set()
-        for key in offer_keys:
-            offer = self.policy.offers.get(key)
-            out.update(offer.profiles.values() if offer and offer.is_class else [key])
-        return frozenset(out)
 
     async def _gpu_activity(self, now: datetime, leases: list[Lease]) -> list[Lease]:
         """Sample each leased device (the one its kind names: a MIG device, or a whole

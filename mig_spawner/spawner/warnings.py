@@ -32,7 +32,7 @@ from jupyterhub.scopes import has_scope
 from prometheus_client import Counter
 from tornado import web
 
-from mig_spawner.core.durations import format_duration
+from mig_spawner.core.durations import format_duration, rounded_duration
 from mig_spawner.core.keep import keep_can_help
 from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.ledger import Lease
@@ -99,7 +99,7 @@ def notice(lease: Lease, now: datetime, extend_by: float | None, max_extensions:
         # stop, a spent budget and a session with no extension left cannot be put off
         # (Keep could only refuse).
         "keep": keep_can_help(lease, now, extend_by=extend_by, max_extensions=max_extensions),
-        "message": f"{what} in about {_about(left)}: {REASONS.get(rule, rule)}. {keep}",
+        "message": f"{what} in about {rounded_duration(left)}: {REASONS.get(rule, rule)}. {keep}",
     }
 
 
@@ -109,11 +109,6 @@ def pending(lease: Lease, now: datetime) -> bool:
         return False
     deadline = lease.warning_deadline
     return deadline is None or (now - deadline).total_seconds() <= STALE_AFTER
-
-
-def _about(seconds: float) -> str:
-    """Time left, rounded to what a person reads: seconds under a minute, else minutes."""
-    return format_duration(round(seconds) if seconds < 60 else 60 * round(seconds / 60))
 
 
 class _OwnServers(APIHandler):

@@ -344,6 +344,15 @@ class PolicySet:
                    if g.has_budget]
         return max(windows, default=None)
 
+    def profiles_meant(self, offer_keys: Iterable[str]) -> frozenset[str]:
+        """The concrete profiles that the offers (profile or class keys) mean: what a
+        wait list's entries wait for (an unknown key stands for itself)."""
+        out: set[str] = set()
+        for key in offer_keys:
+            offer = self.offers.get(key)
+            out.update(offer.profiles.values() if offer and offer.is_class else [key])
+        return frozenset(out)
+
     def profile_names(self, model_keys: Iterable[str] | None = None) -> tuple[str, ...]:
         """Every concrete profile some group's offer can mean, in offer order, without
         repeats: what a pool layout has to provide. ``model_keys`` limits it to those GPU
