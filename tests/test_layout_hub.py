@@ -117,22 +117,11 @@ def test_idle_holders_of_a_gpu_being_re_cut_are_warned_and_stopped_at_the_idle_l
     (``layout apply``), which waits for their drain notice. Both are warned of the idle
     stop (beside the drain's warning) and stopped at the idle limit, as any idle server
     is, long before the drain notice ends; the re-cut then goes on at once."""
-    config_d = tmp_path / "jupyterhub_config.d"
-    config_d.mkdir()
-    for name in ("10-spawner.py", "20-groups.py"):
-        (config_d / name).symlink_to(REPO / "jupyterhub_config.d" / name)
-    (config_d / "90-test.py").write_text(textwrap.dedent(f"""
-        c = get_config()  # noqa: F821
-{textwrap.indent(simulated_spawner(tmp_path, SIM), ' ' * 8)}
-        c.Spawner.poll_interval = 1
-        c.Spawner.start_timeout = 120
-        c.Spawner.http_timeout = 120
+    config_d = service_config_dir(tmp_path, SIM, f"""
         c.MIGPolicyConfig.group_policies = {{"analysts": {{
             "allowed": ["1g.18gb", "4g.71gb"], "drain_notice": "{LONG_NOTICE}s",
             "server_idle_timeout": "{IDLE}s", "warn_before": "{WARN}s"}}}}
-{textwrap.indent(SERVICE_CONFIG, ' ' * 8)}
-        c.SliceServiceApp.cull_every = 1
-    """))
+    """)
     hub = HubProcess.start(tmp_path, sorted(config_d.glob("*.py")), timeout=120)
     service = None
     url = f"sqlite:///{tmp_path}/mig_spawner_ledger.sqlite"
