@@ -105,6 +105,7 @@ from mig_spawner.core.allocator import GpuSlots, Occupancy, Placement, pick_pool
 from mig_spawner.core.allocator.tables import table
 from mig_spawner.core.catalog import model
 from mig_spawner.core.durations import format_duration
+from mig_spawner.core.idle import idle_deadline, idle_limit
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.policy import (
     GroupPolicy,
@@ -125,7 +126,6 @@ from mig_spawner.core.waitlist import (
     history_for,
     positions,
 )
-from mig_spawner.service.cull_rules import idle_deadline, idle_limit
 
 H, M = 3600.0, 60.0
 DAY = 24 * H

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mig_spawner.config import MIGPolicyConfig, load_config_files
+from mig_spawner.core.idle import idle_limit
 from mig_spawner.core.lifecycle import StopRule
 from mig_spawner.core.policy import GroupPolicy
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
@@ -25,7 +26,6 @@ from mig_spawner.service.cull_rules import (
     Probe,
     activity_to_record,
     decide_server,
-    idle_limit,
     needs_probe,
     warnings_due,
 )

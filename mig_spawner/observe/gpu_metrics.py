@@ -111,7 +111,7 @@ class SliceCollector(Collector):
                      LEASE_LABELS, unit="seconds")
         idle = _gauge("lease_idle", "Seconds since the slice's server was last active.",
                       LEASE_LABELS, unit="seconds")
-        idle_limit = _gauge("lease_idle_limit", "The charged group's server_idle_timeout.",
+        idle_limit = _gauge("lease_idle_limit", "The idle limit in force (waited or unwaited).",
                             LEASE_LABELS, unit="seconds")
         left = _gauge("lease_session_left", "Seconds until the lease's expires_at "
                       "(max session age), when the slice service stops its server.",

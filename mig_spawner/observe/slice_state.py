@@ -37,6 +37,7 @@ from mig_spawner.core import budget
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.catalog import WHOLE_GPU, CatalogError, format_gib, model
 from mig_spawner.core.durations import format_duration, rounded_duration
+from mig_spawner.core.idle import idle_deadline, idle_limit
 from mig_spawner.core.inventory import Gpu, Inventory, MigDevice
 from mig_spawner.core.keep import keep_can_help
 from mig_spawner.core.kinds import offered_whole
@@ -44,7 +45,6 @@ from mig_spawner.core.lifecycle import PendingStop, StopRule
 from mig_spawner.core.policy import GroupPolicy, PolicySet
 from mig_spawner.core.waitlist import group_shares, order, positions
 from mig_spawner.ledger import GpuFault, LayoutChange, Lease, LeaseState, WaitEntry
-from mig_spawner.service.cull_rules import idle_deadline, idle_limit
 
 SliceState = Literal["free", "leased", "idle", "orphan"]
 SLICE_STATES: tuple[SliceState, ...] = ("free", "leased", "idle", "orphan")
@@ -73,7 +73,8 @@ class WarningRow:
     user was told), and whether Keep can put it off."""
 
     rule: StopRule
-    stops_in_seconds: float
+    #: ``None``: not stopped, only told (a GPU fault where the group lets servers finish).
+    stops_in_seconds: float | None
     keep: bool
 
 
@@ -159,8 +160,10 @@ class SliceRow:
         if not self.warnings:
             return ""
         return "warned: " + "; ".join(
-            f"{w.rule.value} in {rounded_duration(w.stops_in_seconds)} "
-            f"({'Keep possible' if w.keep else 'no Keep'})" for w in self.warnings)
+            f"{w.rule.value} "
+            + ("(not stopped)" if w.stops_in_seconds is None else
+               f"in {rounded_duration(w.stops_in_seconds)} "
+               f"({'Keep possible' if w.keep else 'no Keep'})") for w in self.warnings)
 
     @property
     def memory_slices(self) -> range:
@@ -354,8 +357,8 @@ def _with_next(row: SliceRow, lease: Lease | None, ctx: _Next | None) -> SliceRo
     if lease is None or ctx is None:
         return row
     group, now = ctx.policy.group(lease.group), ctx.now
-    warnings = tuple(WarningRow(s.rule, _until(now, s.deadline), _keep(lease, s, group, now))
-                     for s in lease.stops)
+    warnings = tuple(WarningRow(s.rule, s.deadline and _until(now, s.deadline),
+                                _keep(lease, s, group, now)) for s in lease.stops)
     waited = lease.profile in ctx.waited
     limit = idle_limit(group, waited)
     coming: list[tuple[datetime, StopRule, str]] = []
@@ -372,10 +375,11 @@ def _with_next(row: SliceRow, lease: Lease | None, ctx: _Next | None) -> SliceRo
         runs_out = budget.exhausted_at(group, lease.user, *ctx.budgets, now)
         if runs_out is not None:
             coming.append((runs_out, StopRule.BUDGET, "its GPU-hour budget runs out"))
-    drain = lease.pending_stop(StopRule.DRAIN)
-    if drain is not None:
-        coming.append((drain.deadline, StopRule.DRAIN, "its GPU is re-cut: the drain "
-                       "notice ends"))
+    for rule, why in ((StopRule.DRAIN, "its GPU is re-cut: the drain notice ends"),
+                      (StopRule.GPU_FAULT, "its GPU reported a fault")):
+        told = lease.pending_stop(rule)
+        if told is not None and told.deadline is not None:
+            coming.append((told.deadline, rule, why))
     first = min(coming, key=lambda c: c[0], default=None)
     return replace(row, idle_limit_seconds=limit,
                    idle_limit_waited=None if limit is None else waited, warnings=warnings,

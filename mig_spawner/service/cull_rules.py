@@ -25,7 +25,7 @@ Rules (see docs/culling.md):
   Pressure: the limit is ``server_idle_timeout_when_waited`` while someone waits for
   the server's size, ``server_idle_timeout_when_unwaited`` while nobody does (either
   falls back to ``server_idle_timeout``); the sweeper puts the one that applies in
-  ``server_idle_timeout`` (:func:`idle_limit`).
+  ``server_idle_timeout`` (:func:`mig_spawner.core.idle.idle_limit`).
 * Warnings (``warn_before``): a server that can be warned (it has a lease) is never
   stopped for idleness before a warning with the time of the stop: its deadline is
   its idle deadline, or the warned one, or ``warn_before`` from now, whichever is
@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
+from mig_spawner.core.idle import idle_deadline
 from mig_spawner.core.lifecycle import LeaseState, StopRule
 from mig_spawner.hub.models import HubServer, Kernel, PeopleActivity, ServerStatus
 
@@ -329,32 +330,6 @@ def activity_to_record(
     ):
         return None
     return active
-
-
-def idle_limit(limits: CullLimits, waited: bool) -> float | None:
-    """The idle limit that applies now: ``server_idle_timeout_when_waited`` while
-    someone waits for the server's size, else ``server_idle_timeout_when_unwaited``;
-    either falls back to ``server_idle_timeout``."""
-    pressured = (limits.server_idle_timeout_when_waited if waited
-                 else limits.server_idle_timeout_when_unwaited)
-    return limits.server_idle_timeout if pressured is None else pressured
-
-
-def idle_deadline(
-    now: datetime, active_at: datetime, limit: float, warn_before: float | None,
-    warned: datetime | None,
-) -> datetime:
-    """When an idle server is stopped: ``limit`` after it was last active; where it
-    is warned (``warn_before`` set) never before a warning with that time. A pending
-    idle warning's deadline (``warned``) holds: a shorter limit since, such as someone
-    starting to wait, does not bring it forward. Without one the stop is at least
-    ``warn_before`` away, so the warning comes first."""
-    due = active_at + timedelta(seconds=limit)
-    if warn_before is None:
-        return due
-    if warned is not None:
-        return max(due, warned)
-    return max(due, now + timedelta(seconds=warn_before))
 
 
 def decide_server(

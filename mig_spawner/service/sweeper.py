@@ -32,6 +32,7 @@ from mig_spawner import holder
 from mig_spawner.core import budget
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.clock import utcnow
+from mig_spawner.core.idle import idle_limit
 from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.layout import HOLDING_STATES
 from mig_spawner.core.lifecycle import STOP_CODES, StopRule
@@ -71,7 +72,6 @@ from mig_spawner.service.cull_rules import (
     find_orphans,
     gpu_facts_to_record,
     idle_by_hub_data,
-    idle_limit,
     is_cullable,
     needs_probe,
     unleased_busy_devices,
