@@ -240,6 +240,11 @@ def test_doctor_and_health_report_a_fault_and_clear_waits_for_a_healthy_gpu(tmp_
     assert "mig-spawner health clear GPU" in out
     assert main(["health", *cli]) == 1
     assert "GPU 1 (" in capsys.readouterr().out
+    # status, the admin's first look, says the same under the GPU's picture.
+    assert main(["status", *cli]) == 0
+    out = capsys.readouterr().out
+    assert "withheld: GPU 1 reported a hardware fault" in out.split("GPU 1 ", 1)[1], out
+    assert "withheld" not in out.split("GPU 1 ", 1)[0]
     # Not healthy yet: the hold stays.
     assert main(["health", "clear", "1", *cli]) == 1
     assert "not healthy yet" in capsys.readouterr().err

@@ -72,9 +72,9 @@ def _from_ledger(args: argparse.Namespace, inv):
     """What the ledger adds to ``inv``: the slice map joined with the held leases (who
     holds each slice, for which server and purpose, since when; with the hub's config,
     the limit in force, the next stop and the pending warnings of each, and the wait
-    list in served order), the layout changes under way on this host (docs/layout.md),
-    and a note when the ledger cannot be read: ``(None, [], why)``; status then shows
-    the GPUs alone."""
+    list in served order, the GPU faults that withhold slices), the layout changes under
+    way on this host (docs/layout.md), and a note when the ledger cannot be read:
+    ``(None, [], why)``; status then shows the GPUs alone."""
     from datetime import UTC, datetime, timedelta
 
     from ..ledger import Ledger, LedgerError, LedgerMissing
@@ -89,6 +89,7 @@ def _from_ledger(args: argparse.Namespace, inv):
         with Ledger.open_existing(ledger_url(args)) as ledger:
             held = ledger.leases.active()
             changes = ledger.holds.changes(inv.host)
+            faults = ledger.holds.faults(inv.host)
             waits = ledger.waits.waiting()
             budgets = (ledger.usage.budget(now - timedelta(seconds=horizon))
                        if horizon is not None else None)
@@ -97,7 +98,8 @@ def _from_ledger(args: argparse.Namespace, inv):
                           "--ledger-url of the hub's ledger)")
     except LedgerError as e:
         return None, [], f"holders not shown: the ledger cannot be read ({e})"
-    view = slice_map(inv, held, now, policy, waits=waits, budgets=budgets, changes=changes)
+    view = slice_map(inv, held, now, policy, waits=waits, budgets=budgets, changes=changes,
+                     faults=faults)
     return view, changes, ""
 
 

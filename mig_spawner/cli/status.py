@@ -84,6 +84,10 @@ def render_text(inv: Inventory, holders: SliceMap | None = None,
         header = "".join(f"{i:^{CELL}}" for i in range(model.memory_slices))
         lines.append("  slices " + header)
         lines.append("         " + slice_row(gpu, model.memory_slices))
+        fault = _fault_of(gpu, holders)
+        if fault:
+            lines.append(f"  withheld: {fault} (after repair: mig-spawner health clear "
+                         f"{gpu.index})")
         lines.append("")
     devices = inv.mig_devices
     if devices:
@@ -100,6 +104,13 @@ def render_text(inv: Inventory, holders: SliceMap | None = None,
     if ledger_note:
         lines.append(ledger_note)
     return "\n".join(lines)
+
+
+def _fault_of(gpu: Gpu, holders: SliceMap | None) -> str | None:
+    """The GPU faults the ledger holds on ``gpu``, in words (docs/health.md)."""
+    if holders is None:
+        return None
+    return next((row.fault for row in holders.gpus if row.uuid == gpu.uuid), None)
 
 
 def _what_comes_next(holders: SliceMap) -> list[str]:
