@@ -344,7 +344,10 @@ async def test_the_holder_stop_grace_is_a_setting_the_sweeper_uses(tmp_path):
          "sqlite:///{cwd}/mig_spawner_ledger.sqlite"),
     ],
 )
-def test_the_service_finds_the_spawners_ledger_in_the_hub_config(tmp_path, config, expected):
+def test_the_service_finds_the_spawners_ledger_in_the_hub_config(
+        tmp_path, monkeypatch, config, expected):
+    # The working directory is the test's own: the service may create the ledger there.
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "00-hub.py").write_text(config)
     app = SliceServiceApp()
     app.initialize([f"--config-dir={tmp_path}"])
@@ -480,6 +483,7 @@ def test_the_hubs_stop_signal_ends_the_service_cleanly_even_with_sigint_ignored(
             [sys.executable, "-m", "mig_spawner.service", "--ledger-url=",
              "--SliceServiceApp.check_gpus=False", "--cull-every=1"],
             env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=tmp_path,  # where a ledger with no URL of its own is made
             # As a hub started in the background (nohup, &) passes it on.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
@@ -516,7 +520,7 @@ def test_a_managed_service_exits_when_the_hub_that_started_it_is_gone(tmp_path):
     )
     (tmp_path / "00-hub.py").write_text("c.SliceServiceApp.check_gpus = False\n")
     out = subprocess.run([sys.executable, "-c", hub], capture_output=True, text=True,
-                         timeout=60, check=True)
+                         timeout=60, check=True, cwd=tmp_path)
     pid = int(out.stdout)
     until(lambda: not _alive(pid), 30, "the orphaned service gone",
           show=tmp_path / "service.log")
