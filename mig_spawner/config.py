@@ -528,6 +528,13 @@ def offered_profiles_from_config(
     return profiles, configured_mode(config)
 
 
+def is_kube(config: Config) -> bool:
+    """Whether ``config`` runs the Kubernetes spawner (the hub, and the slice service
+    that reads the hub's config)."""
+    spawner = str(config.get("JupyterHub", {}).get("spawner_class", ""))
+    return spawner == "mig-kube" or "Kube" in spawner
+
+
 def configured_mode(config: Config) -> str:
     """The spawner's ``mig_mode`` as set for any spawner class in ``config``
     (``core.kinds.DEFAULT_MIG_MODE``, the spawner's default, when unset); ``ValueError``

@@ -9,14 +9,20 @@ arithmetic in-process; the rest against the real control plane
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 from jupyterhub.spawner import SpawnException
+from traitlets.config import Config
 
 from mig_spawner.core.catalog import model
 from mig_spawner.core.policy import build_policy
-from mig_spawner.kube.cluster import cluster_slices
+from mig_spawner.kube.cluster import ClusterSlices, NodeSlices, cluster_slices
 from mig_spawner.kube.dra import claim_template, dra_slices
+from mig_spawner.observe.slice_state import slice_map
+from mig_spawner.observe.slicemap import slicemap_json
+from mig_spawner.observe.source import NO_GPUS
+from mig_spawner.service.app import SliceServiceApp
 from mig_spawner.spawner.form import build_choices
 from mig_spawner.spawner.kube_decide import CLUSTER_UNHEALTHY
 from tests.support.kube_fixture import run_check_command, run_doctor
@@ -81,6 +87,33 @@ def test_the_form_says_why_a_size_of_an_unhealthy_model_is_unavailable():
     small, _ = choices(waits={"1g.10gb": "1 waiting"})
     assert small.available and small.wait.startswith(
         f"Unavailable: {CLUSTER_UNHEALTHY} \u2014 join the wait list")
+
+
+def map_of(cluster: ClusterSlices | str | None) -> dict:
+    """``slices.json`` of a service with no GPUs of its own, and ``cluster``'s nodes."""
+    return slicemap_json(slice_map(NO_GPUS, [], datetime.now(UTC)), cluster)
+
+
+def test_the_map_names_each_nodes_unhealthy_slices_and_why():
+    plugin = NodeSlices("a1", "a100-80gb", "NVIDIA-A100-SXM4-80GB", "mixed",
+                        {"3g.40gb": 0, "1g.10gb": 7}, {"1g.10gb": 1},
+                        unhealthy={"3g.40gb": 2})
+    dra = NodeSlices("h1", "h200", "NVIDIA H200", "dra", {"1g.18gb": 0, "3g.71gb": 1}, {},
+                     unhealthy={"1g.18gb": 2})
+    healthy = NodeSlices("a2", "a100-80gb", "NVIDIA-A100-SXM4-80GB", "mixed",
+                         {"1g.10gb": 7}, {})
+    nodes = {n["name"]: n for n in map_of(ClusterSlices((plugin, dra, healthy)))["nodes"]}
+    assert nodes["a1"]["profiles"] == [
+        {"profile": "1g.10gb", "slices": 7, "free": 6, "unhealthy": 0},
+        {"profile": "3g.40gb", "slices": 0, "free": 0, "unhealthy": 2}]
+    assert nodes["a1"]["unhealthy"] == (
+        "3g.40gb: 2: the device plugin left them out of allocatable (capacity has them)")
+    assert nodes["h1"]["unhealthy"] == (
+        "1g.18gb: 2: the DRA driver tainted them or took them out of its ResourceSlice")
+    assert nodes["a2"]["unhealthy"] is None
+    # A cluster that cannot be read is said in words; a local hub's map has no nodes.
+    assert map_of("cannot read the cluster's GPU nodes now")["nodes_error"]
+    assert "nodes" not in map_of(None)
 
 
 # --- against the real control plane -------------------------------------------------------
@@ -167,3 +200,36 @@ async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
     assert (node["status"], node["detail"]) == ("warn", (
         "the cluster reports slices unhealthy (1g.18gb: 2): the DRA driver tainted them "
         "or took them out of its ResourceSlice"))
+
+
+async def test_the_slice_services_map_shows_a_nodes_unhealthy_slices(kube, ledger_url):
+    """The slice service of a Kubernetes hub reads the nodes as the hub's config says,
+    and its map JSON names the node's slices the device plugin reports unhealthy."""
+    await kube.add_node("a1", faulty(A100, "unhealthy"))
+    await kube.admin.watch_object(f"/api/v1/nodes/{kube.node_name('a1')}", lambda n: n[
+        "status"]["allocatable"].get("nvidia.com/mig-3g.40gb") == "0")
+    app = SliceServiceApp(config=Config({
+        "JupyterHub": {"spawner_class": "mig-kube"},
+        "KubeMIGSpawner": kube.spawner_config(), "MIGSettings": {"ledger_url": ledger_url}}))
+    apis = []
+    connect = app.connect_kube
+
+    async def connected():
+        apis.append(await connect())
+        return apis[-1]
+
+    app.connect_kube = connected
+    try:
+        read = app.cluster_nodes()
+        assert read is not None
+        (node,) = map_of(await read())["nodes"]
+    finally:
+        for api in apis:
+            await api.api_client.close()
+    assert node["name"] == kube.node_name("a1")
+    assert node["unhealthy"] == ("3g.40gb: 2: the device plugin left them out of "
+                                 "allocatable (capacity has them)")
+    assert {"profile": "3g.40gb", "slices": 0, "free": 0, "unhealthy": 2} in node["profiles"]
+    # A local hub's service reads no cluster.
+    assert SliceServiceApp(config=Config({"MIGSettings": {"ledger_url": ledger_url}})
+                           ).cluster_nodes() is None

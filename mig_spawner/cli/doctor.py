@@ -504,10 +504,10 @@ def check_start_timeouts(config: Config) -> Check:
     ``http_timeout``: how long a server may take to answer (``core.answer``), whether a
     server that does not is started once more on its slice, and the ``start_timeout``
     JupyterHub then gets (docs/operations.md, "Starting on a loaded host")."""
+    from ..config import is_kube
     from ..core.answer import FLOOR, HEADROOM, RECENT, answer_timeout, start_bound
     from ..spawner.local import LocalMIGSpawner
     from ..spawner.mixin import MIGSpawnerMixin
-    from ..spawner.startup import is_kube
 
     try:
         spawner = LocalMIGSpawner(config=config)  # JupyterHub's two settings, as configured
@@ -559,7 +559,7 @@ def kube_checks(found: Any, configured: str, strategy: str = "auto") -> list[Che
     """``doctor --kube``'s checks on one read of the cluster (``found``: a
     :class:`mig_spawner.kube.survey.Survey`) against the hub's settings
     (``KubeMIGSpawner.mig_resource_api`` and ``mig_strategy``)."""
-    from ..kube.cluster import unhealthy_words
+    from ..kube.cluster import unhealthy_reason, unhealthy_words
 
     rbac_fix = ("bind the hub's service account to the Role and ClusterRole in "
                 "docs/kubernetes.md ('RBAC')")
@@ -587,9 +587,7 @@ def kube_checks(found: Any, configured: str, strategy: str = "auto") -> list[Che
             checks.append(Check(
                 f"node {node.name}", Status.WARN,
                 f"the cluster reports slices unhealthy ({unhealthy_words(node)}): "
-                + ("the DRA driver tainted them or took them out of its ResourceSlice"
-                   if node.strategy == "dra" else
-                   "the device plugin left them out of allocatable (capacity has them)"),
+                + unhealthy_reason(node),
                 "the GPU needs a reset or a repair: see the device plugin's or DRA "
                 "driver's log for the Xid; docs/kubernetes.md, 'How free slices are "
                 "counted'"))

@@ -163,6 +163,13 @@ def unhealthy_words(node: NodeSlices) -> str:
     return ", ".join(f"{p}: {n}" for p, n in sorted(node.unhealthy.items()))
 
 
+def unhealthy_reason(node: NodeSlices) -> str:
+    """What the cluster did to the node's unhealthy slices, in words (doctor, the map)."""
+    if node.strategy == "dra":
+        return "the DRA driver tainted them or took them out of its ResourceSlice"
+    return "the device plugin left them out of allocatable (capacity has them)"
+
+
 def quantity(value: Any) -> int:
     """An extended-resource quantity: the API server only accepts whole numbers for
     device plugin resources, so no Kubernetes suffixes (``m``, ``Ki`` ...) occur."""

@@ -11,6 +11,12 @@ admins only (JupyterHub OAuth, custom scope ``custom:mig-spawner:slicemap``):
 ``<prefix>slices.json``
     the data, for scripts and for the map page.
 
+For a Kubernetes hub the map page and the JSON add one section per GPU node of the
+cluster: its MIG profiles, how many are free, and how many the cluster reports
+unhealthy and why (the device plugin left them out of ``allocatable``; the DRA driver
+tainted them or took them out of its ResourceSlice). Node and profile names only: who
+holds a node's slices is in the pods, not shown here.
+
 The slice service mounts them with :func:`slicemap_routes`; the hub grants the scope
 to admins (see docs/operations.md).
 """
@@ -19,14 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import template, web
+from tornado.log import app_log
 
+from mig_spawner.kube.availability import ClusterReadError
+from mig_spawner.kube.cluster import ClusterSlices, unhealthy_reason, unhealthy_words
 from mig_spawner.observe.slice_state import SLICE_STATES, SliceMap, SliceRow
 
 #: The custom scope a user's OAuth token must carry to see the slice map.
@@ -36,10 +45,42 @@ TEMPLATES = Path(__file__).with_name("templates")
 _LOADER = template.Loader(str(TEMPLATES))
 
 Snapshot = Callable[[], SliceMap]
+#: The cluster's GPU nodes as the hub reads them (a Kubernetes hub's map only);
+#: raises :class:`~mig_spawner.kube.availability.ClusterReadError`.
+ClusterRead = Callable[[], Awaitable[ClusterSlices]]
 
 
-def slicemap_json(view: SliceMap) -> dict[str, Any]:
-    """The slice map as JSON-ready data (what ``slices.json`` returns)."""
+def cluster_nodes_json(slices: ClusterSlices) -> list[dict[str, Any]]:
+    """Each offered GPU node of a cluster: per MIG profile, how many it has, how many
+    are free, and how many the cluster reports unhealthy; ``unhealthy`` says why in
+    words (None: none is)."""
+    return [
+        {
+            "name": node.name,
+            "model": node.model_key,
+            "strategy": node.strategy,
+            "profiles": [
+                {"profile": p, "slices": node.allocatable.get(p, 0), "free": node.free(p),
+                 "unhealthy": node.unhealthy.get(p, 0)}
+                for p in sorted({*node.allocatable, *node.unhealthy})
+            ],
+            "unhealthy": (f"{unhealthy_words(node)}: {unhealthy_reason(node)}"
+                          if node.unhealthy else None),
+        }
+        for node in slices.nodes
+    ]
+
+
+def slicemap_json(view: SliceMap, cluster: ClusterSlices | str | None = None
+                  ) -> dict[str, Any]:
+    """The slice map as JSON-ready data (what ``slices.json`` returns). ``cluster``: a
+    Kubernetes hub's GPU nodes (``nodes``), or why they could not be read
+    (``nodes_error``); None: no ``nodes`` key (a local hub)."""
+    nodes: dict[str, Any] = {}
+    if isinstance(cluster, str):
+        nodes = {"nodes": [], "nodes_error": cluster}
+    elif cluster is not None:
+        nodes = {"nodes": cluster_nodes_json(cluster), "nodes_error": None}
     return {
         "host": view.host,
         "taken_at": view.taken_at.isoformat(),
@@ -67,6 +108,7 @@ def slicemap_json(view: SliceMap) -> dict[str, Any]:
         "lost": [_row_json(row) for row in view.lost],
         "waiting": [{**asdict(w), "since": w.since.isoformat(), "next": w.next}
                     for w in view.waiting],
+        **nodes,
     }
 
 
@@ -100,9 +142,11 @@ def human_seconds(seconds: float | None) -> str:
 class SliceMapHandler(HubOAuthenticated, web.RequestHandler):
     """Base of the three views: admin check through the hub, and the snapshot."""
 
-    def initialize(self, snapshot: Snapshot, refresh_seconds: int = 10) -> None:
+    def initialize(self, snapshot: Snapshot, refresh_seconds: int = 10,
+                   cluster: ClusterRead | None = None) -> None:
         self._snapshot = snapshot
         self._refresh = refresh_seconds
+        self._cluster = cluster
 
     @property
     def hub_scopes(self) -> set[str]:
@@ -127,13 +171,26 @@ class SliceMapHandler(HubOAuthenticated, web.RequestHandler):
         """The slice map, read off the event loop (NVML and the ledger block)."""
         return await asyncio.get_running_loop().run_in_executor(None, self._snapshot)
 
+    async def data(self) -> dict[str, Any]:
+        """:func:`slicemap_json` of the snapshot, with the cluster's nodes where the hub
+        spawns on Kubernetes (a cluster that cannot be read: said, the rest drawn)."""
+        view = await self.snapshot()
+        if self._cluster is None:
+            return slicemap_json(view)
+        try:
+            return slicemap_json(view, await self._cluster())
+        except ClusterReadError as e:
+            # The admin's page says so in words; the details go to the log.
+            app_log.warning("slice map: cannot read the cluster's nodes: %s", e)
+            return slicemap_json(view, "cannot read the cluster's GPU nodes now")
+
 
 class SliceMapPage(SliceMapHandler):
     """The drawn map; its script redraws from ``slices.json`` every ``refresh_seconds``."""
 
     @web.authenticated
     async def get(self) -> None:
-        data = slicemap_json(await self.snapshot())
+        data = await self.data()
         # The page's fetch() is a CORS-mode request: JupyterHub accepts its auth cookie
         # only with the XSRF token (plain navigations need none).
         self.finish(_LOADER.load("slicemap.html").generate(
@@ -159,28 +216,32 @@ class SliceMapJson(SliceMapHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        view = await self.snapshot()
+        data = await self.data()
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(slicemap_json(view)))
+        self.finish(json.dumps(data))
 
 
 def slicemap_routes(prefix: str, snapshot: Snapshot, *, refresh_seconds: int = 10,
-                    oauth_callback: bool = True) -> list[Any]:
+                    oauth_callback: bool = True, cluster: ClusterRead | None = None
+                    ) -> list[Any]:
     """Tornado routes of the three views under ``prefix`` (the service prefix, e.g.
     ``/services/mig-slices/``), a redirect from ``prefix`` itself to the map, plus the
     OAuth callback at ``prefix + "oauth_callback"`` unless the application already has one.
 
     Authentication uses ``HubOAuth.instance()``, configured from the ``JUPYTERHUB_*``
     environment the hub gives a managed service (client ID, callback URL, API token).
+    ``cluster``: a Kubernetes hub's reader of its GPU nodes (the map and the JSON add
+    them).
     """
     if refresh_seconds < 1:
         raise ValueError(f"refresh_seconds must be 1 or more, got {refresh_seconds}")
     root = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
     args = {"snapshot": snapshot, "refresh_seconds": refresh_seconds}
+    map_args = {**args, "cluster": cluster}
     routes: list[Any] = [
-        (root + "slices", SliceMapPage, args),
+        (root + "slices", SliceMapPage, map_args),
         (root + "slices/table", SliceTablePage, args),
-        (root + "slices.json", SliceMapJson, args),
+        (root + "slices.json", SliceMapJson, map_args),
         # The hub's "Services" menu links to the service's root: show the map there.
         (root, web.RedirectHandler, {"url": root + "slices"}),
     ]

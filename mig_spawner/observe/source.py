@@ -13,10 +13,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from mig_spawner.core.clock import utcnow
+from mig_spawner.core.inventory import Inventory
 from mig_spawner.core.policy import PolicySet
 from mig_spawner.gpu import GpuAdapter
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slice_state import DEFAULT_IDLE_AFTER, SliceMap, slice_map
+
+#: The inventory of a host without GPUs.
+NO_GPUS = Inventory(host="", driver_version="", nvml_version="", cuda_driver_version=0)
 
 
 class SliceSource:
@@ -24,7 +28,7 @@ class SliceSource:
 
     def __init__(
         self,
-        gpus: GpuAdapter,
+        gpus: GpuAdapter | None,
         ledger: Ledger,
         policy: PolicySet | None = None,
         *,
@@ -32,7 +36,9 @@ class SliceSource:
         max_age: float = 2.0,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        """``max_age``: seconds a snapshot is reused (0: a fresh one every call)."""
+        """``max_age``: seconds a snapshot is reused (0: a fresh one every call).
+        ``gpus`` None: a service off the GPU hosts (a Kubernetes hub's, whose map draws
+        the cluster's nodes): no GPU of its own, the ledger's leases still listed."""
         if max_age < 0:
             raise ValueError(f"max_age must be 0 or more seconds, got {max_age}")
         self.gpus = gpus
@@ -54,7 +60,8 @@ class SliceSource:
             book = (self.ledger.usage.budget(now - timedelta(seconds=horizon))
                     if horizon is not None else None)
             view = slice_map(
-                self.gpus.inventory(), self.ledger.leases.active(), now, self.policy,
+                self.gpus.inventory() if self.gpus is not None else NO_GPUS,
+                self.ledger.leases.active(), now, self.policy,
                 idle_after=self.idle_after, waits=self.ledger.waits.waiting(), budgets=book,
                 changes=self.ledger.holds.changes(), faults=self.ledger.holds.faults(),
             )

@@ -40,6 +40,7 @@ from mig_spawner.config import (
     MIGPolicyConfig,
     MIGSettings,
     RightsizeConfig,
+    is_kube,
     load_config_files,
     misplaced_settings,
     misspelt_sections,
@@ -51,12 +52,14 @@ from mig_spawner.gpu.gpm import GpmSampler
 from mig_spawner.health import FaultWatch
 from mig_spawner.hub.client import HubClient, HubError
 from mig_spawner.hub.groups import hub_db_url
+from mig_spawner.kube.availability import ClusterAvailability
+from mig_spawner.kube.cluster import ClusterSlices
 from mig_spawner.kube.pods import connect_api
 from mig_spawner.layout import LayoutApplier
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.gpu_metrics import SliceCollector
 from mig_spawner.observe.slice_state import activity_resolution
-from mig_spawner.observe.slicemap import slicemap_routes
+from mig_spawner.observe.slicemap import ClusterRead, slicemap_routes
 from mig_spawner.observe.source import SliceSource
 from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.lifeline import call_when_orphaned
@@ -449,6 +452,35 @@ class SliceServiceApp(Application):
                      if section.get("k8s_api_host")), "")
         return await connect_api(host)
 
+    def cluster_nodes(self) -> ClusterRead | None:
+        """For a Kubernetes hub (``JupyterHub.spawner_class``), the reader of its GPU
+        nodes that the slice map draws, with the slices the cluster reports unhealthy:
+        read as the hub's KubeMIGSpawner reads them (its ``mig_resource_api``,
+        ``mig_strategy``, ``mig_node_label_selector``, ``mig_tolerations``,
+        ``mig_product_models``), at most once per ``slicemap_refresh``. None: a local hub."""
+        if not is_kube(self.config):
+            return None
+        spawner = self.config.KubeMIGSpawner
+        strategy = spawner.get("mig_strategy", "auto")
+        readers: list[ClusterAvailability] = []
+
+        async def read() -> ClusterSlices:
+            if not readers:  # connected on the first look: the service starts without it
+                core = await self.connect_kube()
+                from kubernetes_asyncio.client import ResourceV1Api
+
+                dra = spawner.get("mig_resource_api", "device-plugin") == "dra"
+                readers.append(ClusterAvailability(
+                    core, ttl=self.slicemap_refresh,
+                    resource_api=ResourceV1Api(core.api_client) if dra else None,
+                    strategy=None if strategy == "auto" else strategy,
+                    product_models=spawner.get("mig_product_models", {}),
+                    tolerations=spawner.get("mig_tolerations", []),
+                    node_selector=spawner.get("mig_node_label_selector", "")))
+            return await readers[0].slices()
+
+        return read
+
     def connect_gpus(self) -> gpu.GpuAdapter | None:
         """The GPU adapter for the unleased-device report; None when off or unavailable
         (culling and lease repair do not need it, so the service runs on without)."""
@@ -499,8 +531,9 @@ class SliceServiceApp(Application):
 
     def slice_source(self, sweeper: Sweeper) -> SliceSource | None:
         """What the slice map and the per-slice metrics show: this host's GPUs joined
-        with the sweeper's ledger. None (and said why) without GPUs or a ledger."""
-        if sweeper.gpus is None or sweeper.ledger is None:
+        with the sweeper's ledger. None (and said why) without a ledger, or without GPUs
+        for a local hub (a Kubernetes hub's map draws the cluster's nodes instead)."""
+        if sweeper.ledger is None or (sweeper.gpus is None and not is_kube(self.config)):
             self.log.warning(
                 "no slice map or per-slice metrics: they need the ledger "
                 "and this host's GPUs (check_gpus)")
@@ -518,7 +551,8 @@ class SliceServiceApp(Application):
         routes = []
         if source is not None and self.slicemap:
             routes = slicemap_routes(self.service_prefix, source.snapshot,
-                                     refresh_seconds=self.slicemap_refresh)
+                                     refresh_seconds=self.slicemap_refresh,
+                                     cluster=self.cluster_nodes())
         # HubOAuth keeps an admin's token in a signed cookie. A new secret each start
         # only means admins pass through the hub's OAuth again (silently) after a restart.
         app = make_web_app(self.service_prefix, metrics, self.health, routes,

@@ -26,6 +26,7 @@ from mig_spawner.config import (
     MIGSettings,
     RightsizeConfig,
     configured_mode,
+    is_kube,
     misplaced_settings,
     misspelt_sections,
     section_problems,
@@ -90,12 +91,6 @@ def fleet_of(inventory: Inventory | None) -> list[GpuModel] | None:
     """The catalog models of ``inventory``'s GPUs (None: unknown, or no MIG GPU)."""
     keys = {g.model_key for g in inventory.gpus if g.model_key} if inventory else ()
     return [model(k) for k in sorted(keys)] or None
-
-
-def is_kube(config: Config) -> bool:
-    """Whether ``config`` runs the Kubernetes spawner."""
-    spawner = str(config.get("JupyterHub", {}).get("spawner_class", ""))
-    return spawner == "mig-kube" or "Kube" in spawner
 
 
 def _checked_classes(config: Config) -> dict[str, type[Configurable]]:

@@ -229,3 +229,30 @@ def test_the_live_service_exports_the_slice_metrics(setup):
             in text)
     assert 'mig_spawner_lease_age_seconds{' in text and 'user="ada"' in text
     assert "mig_spawner_slice_collector_up 1.0" in text
+
+
+def test_a_kubernetes_hubs_map_draws_the_slices_the_cluster_reports_unhealthy(chromium):
+    """The page of a Kubernetes hub's service (no GPUs of its own), drawn from its JSON:
+    the node's unhealthy profile in the fault colour, with what the device plugin did."""
+    from mig_spawner.kube.cluster import ClusterSlices, NodeSlices
+    from mig_spawner.observe.slice_state import SLICE_STATES, slice_map
+    from mig_spawner.observe.slicemap import _LOADER, _script_json, slicemap_json
+    from mig_spawner.observe.source import NO_GPUS
+
+    node = NodeSlices("a1", "a100-80gb", "NVIDIA-A100-SXM4-80GB", "mixed",
+                      {"3g.40gb": 0, "1g.10gb": 7}, {}, unhealthy={"3g.40gb": 2})
+    data = slicemap_json(slice_map(NO_GPUS, [], datetime.now(UTC)), ClusterSlices((node,)))
+    page = chromium.new_page()
+    try:
+        page.set_content(_LOADER.load("slicemap.html").generate(
+            data_json=_script_json(data), refresh=3600, user=None, json_url="slices.json",
+            table_url="slices/table", states=SLICE_STATES, xsrf="").decode())
+        faulty = page.locator("#nodes tr.faulty")
+        playwright.expect(faulty.first).to_contain_text("3g.40gb")
+        assert "the device plugin left them out of allocatable" in faulty.last.inner_text()
+        assert page.locator("#nodes tbody tr:not(.faulty)").inner_text().split("\t")[2] == "1g.10gb"
+        colour = faulty.first.locator("td").first.evaluate(
+            "td => getComputedStyle(td).backgroundColor")
+        assert colour == "rgb(233, 220, 247)"  # --faulty, as a faulty slice's
+    finally:
+        page.close()
