@@ -390,8 +390,8 @@ def test_migrations_build_the_schema_from_empty_and_are_idempotent(backend_url: 
     try:
         tables = set(inspect(engine).get_table_names())
         assert tables == {"leases", "lease_slots", "lease_servers", "ledger_lock", "refusals",
-                          "waits", "lease_events", "lease_samples", "budget_grants",
-                          "layout_changes", "gpu_faults", VERSION_TABLE}
+                          "waits", "lease_events", "lease_samples", "lease_usage",
+                          "budget_grants", "layout_changes", "gpu_faults", VERSION_TABLE}
         with engine.connect() as conn:
             # The migrated schema is exactly what the code declares.
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})

@@ -228,6 +228,23 @@ lease_samples = Table(
     Column("sm_active", Float, comment="share of SMs busy (None: not measurable)"),
     Column("processes", Integer, nullable=False),
     Index("ix_lease_samples_lease", "lease_id", "at"),
+    Index("ix_lease_samples_at", "at"),
+)
+
+#: What a released lease's samples said, kept forever (docs/ledger.md, "Usage
+#: samples"): written once, before its raw samples are pruned, so that right-sizing
+#: and the report read the same figures after pruning as before.
+lease_usage = Table(
+    "lease_usage",
+    metadata,
+    Column("lease_id", String(32), ForeignKey("leases.id"), primary_key=True),
+    Column("samples", Integer, nullable=False, comment="samples summarised"),
+    Column("peak_mib", Integer, nullable=False, comment="most memory held"),
+    Column("p95_mib", Integer, nullable=False, comment="95th percentile (nearest rank)"),
+    Column("memory_total_mib", Integer, nullable=False, comment="the slice's memory"),
+    Column("sampled_seconds", Float, nullable=False, comment="first to last sample"),
+    Column("active_seconds", Float, nullable=False,
+           comment="share of samples active times sampled_seconds"),
 )
 
 #: Extra hours an admin granted to a budget (docs/policies.md, "Budgets"): each adds

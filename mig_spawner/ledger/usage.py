@@ -11,16 +11,17 @@ claim is decided on (docs/policies.md, "Budgets").
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, or_, select
+from sqlalchemy import Connection, bindparam, delete, insert, or_, select
 
 from mig_spawner.core.budget import Extra
 from mig_spawner.core.rightsize import Usage as UsageSummary
 from mig_spawner.core.rightsize import UsageSample, summarize
 
-from .models import budget_grants, lease_samples, leases
+from .models import budget_grants, lease_samples, lease_usage, leases
 from .records import HELD_STATES, Lease, require_aware
 from .rows import lock_lease, released_since, select_leases, update
 from .transactions import Transactions
@@ -96,28 +97,65 @@ class Usage:
         return len(rows)
 
     def samples(self, lease_ids: Iterable[str]) -> dict[str, list[UsageSample]]:
-        """The samples of each of ``lease_ids`` (oldest first; a lease without any is
-        left out)."""
-        wanted = list(dict.fromkeys(lease_ids))
-        found: dict[str, list[UsageSample]] = {}
+        """The raw samples of each of ``lease_ids`` still kept (oldest first; a lease
+        without any is left out): those older than the slice service's
+        ``usage_sample_retention`` are pruned once the lease is released."""
         with self._tx.read() as connection:
-            for start in range(0, len(wanted), _SAMPLES_PER_READ):
-                rows = connection.execute(
-                    select(lease_samples).where(
-                        lease_samples.c.lease_id.in_(wanted[start:start + _SAMPLES_PER_READ]))
-                    .order_by(lease_samples.c.lease_id, lease_samples.c.at))
-                for row in rows:
-                    found.setdefault(row.lease_id, []).append(UsageSample(
-                        at=row.at, memory_used_mib=row.memory_used_mib,
-                        memory_total_mib=row.memory_total_mib, sm_active=row.sm_active,
-                        processes=row.processes))
-        return found
+            return _samples(connection, list(dict.fromkeys(lease_ids)))
 
     def summaries(self, lease_ids: Iterable[str]) -> dict[str, UsageSummary]:
         """Each lease's measured :class:`~mig_spawner.core.rightsize.Usage` (peak, p95,
-        time active), for the leases that have samples."""
-        return {lease_id: usage for lease_id, found in self.samples(lease_ids).items()
-                if (usage := summarize(found)) is not None}
+        time active), for the leases that have samples: the summary kept for a released
+        lease, else summarised from its samples (a held lease, one released since the
+        slice service last looked), so it reads the same before and after pruning."""
+        wanted = list(dict.fromkeys(lease_ids))
+        with self._tx.read() as connection:
+            found = _stored(connection, wanted)
+            rest = [x for x in wanted if x not in found]
+            computed = {lease_id: usage
+                        for lease_id, kept in _samples(connection, rest).items()
+                        if (usage := summarize(kept)) is not None}
+            # A prune that committed between the two reads (PostgreSQL reads each
+            # statement afresh) may have taken samples: its summary then holds them all.
+            found.update(computed)
+            found.update(_stored(connection, list(computed)))
+        return found
+
+    def summarize_released(self, lease_ids: Iterable[str]) -> int:
+        """Keep the summary of each of ``lease_ids`` that is released, has samples and
+        no summary yet (the slice service calls it for the leases it saw end). Returns
+        how many were written."""
+        wanted = list(dict.fromkeys(lease_ids))
+        written = 0
+        for start in range(0, len(wanted), _SAMPLES_PER_READ):
+            with self._tx.write() as connection:
+                written += _summarize(connection, wanted[start:start + _SAMPLES_PER_READ])
+        return written
+
+    def prune(self, before: datetime, *, leases_per_write: int = 200) -> tuple[int, int]:
+        """Delete the samples taken before ``before`` of released leases, each lease's
+        summary kept first; a held lease's samples are never deleted. Short writes of
+        ``leases_per_write`` leases each, so claims are not held up. Returns (summaries
+        written, samples deleted)."""
+        require_aware("before", before)
+        written = deleted = 0
+        while True:
+            with self._tx.write() as connection:
+                ids = list(connection.execute(
+                    select(lease_samples.c.lease_id).distinct()
+                    .join(leases, leases.c.id == lease_samples.c.lease_id)
+                    .where(lease_samples.c.at < before, leases.c.state.not_in(HELD_STATES))
+                    .limit(leases_per_write)).scalars())
+                if not ids:
+                    return written, deleted
+                written += _summarize(connection, ids)
+                # Only under a kept summary: released is final, and a summary is kept
+                # for released leases alone, so no held lease loses a sample.
+                deleted += connection.execute(delete(lease_samples).where(
+                    lease_samples.c.lease_id.in_(ids), lease_samples.c.at < before,
+                    lease_samples.c.lease_id.in_(
+                        select(lease_usage.c.lease_id).where(lease_usage.c.lease_id.in_(ids)))
+                )).rowcount
 
     # -- budgets ------------------------------------------------------------------
 
@@ -152,6 +190,50 @@ class Usage:
             held = select_leases(connection, or_(leases.c.released_at.is_(None),
                                                  leases.c.released_at >= since))
             return held, _extras(connection, since)
+
+
+def _samples(connection: Connection, lease_ids: list[str]) -> dict[str, list[UsageSample]]:
+    found: dict[str, list[UsageSample]] = {}
+    for start in range(0, len(lease_ids), _SAMPLES_PER_READ):
+        rows = connection.execute(
+            select(lease_samples).where(
+                lease_samples.c.lease_id.in_(lease_ids[start:start + _SAMPLES_PER_READ]))
+            .order_by(lease_samples.c.lease_id, lease_samples.c.at))
+        for row in rows:
+            found.setdefault(row.lease_id, []).append(UsageSample(
+                at=row.at, memory_used_mib=row.memory_used_mib,
+                memory_total_mib=row.memory_total_mib, sm_active=row.sm_active,
+                processes=row.processes))
+    return found
+
+
+def _stored(connection: Connection, lease_ids: list[str]) -> dict[str, UsageSummary]:
+    """The kept summaries of ``lease_ids``."""
+    found: dict[str, UsageSummary] = {}
+    for start in range(0, len(lease_ids), _SAMPLES_PER_READ):
+        for row in connection.execute(select(lease_usage).where(
+                lease_usage.c.lease_id.in_(lease_ids[start:start + _SAMPLES_PER_READ]))):
+            found[row.lease_id] = UsageSummary(
+                samples=row.samples, peak_mib=row.peak_mib, p95_mib=row.p95_mib,
+                memory_total_mib=row.memory_total_mib, sampled_seconds=row.sampled_seconds,
+                active_seconds=row.active_seconds)
+    return found
+
+
+def _summarize(connection: Connection, lease_ids: list[str]) -> int:
+    """Write the summary of each of ``lease_ids`` (at most one read's worth) that is
+    released, has samples and has none yet, in the caller's write."""
+    due = list(connection.execute(
+        select(leases.c.id).where(
+            leases.c.id.in_(lease_ids), leases.c.state.not_in(HELD_STATES),
+            ~select(lease_usage.c.lease_id).where(
+                lease_usage.c.lease_id == leases.c.id).exists())).scalars())
+    rows = [{"lease_id": lease_id, **asdict(usage)}
+            for lease_id, kept in _samples(connection, due).items()
+            if (usage := summarize(kept)) is not None]
+    if rows:
+        connection.execute(insert(lease_usage), rows)
+    return len(rows)
 
 
 def _extras(connection: Connection, since: datetime | None) -> list[Extra]:

@@ -152,6 +152,14 @@ class SliceServiceApp(Application):
         session's peak, p95 and time active. Sampled at the sweeps, so never finer than
         ``cull_every``; one row per held slice per interval.""",
     ).tag(config=True)
+    usage_sample_retention = _duration_trait(
+        30 * 86400.0,
+        """How long raw usage samples are kept (seconds or a duration such as "30d";
+        "never" keeps them all). Once an hour the service deletes the samples older
+        than this of every released lease, keeping each lease's summary (peak, p95,
+        samples, time active) forever in ``lease_usage`` first: right-sizing and the
+        report read the same figures after. A held lease's samples are never deleted.""",
+    )
     dry_run = Bool(
         False,
         help="Log and count what would be culled and released, but do nothing.",
@@ -298,14 +306,17 @@ class SliceServiceApp(Application):
         beside the hub's SQLite database (``JupyterHub.db_url``), by the same rule."""
         return self.shared.ledger_location(hub_db_url(self.config))
 
-    @validate("cull_every", "orphan_grace", "slice_idle_after")
+    #: Durations that may be "never": an orphan grace (never release, only report),
+    #: a sample retention (keep every sample).
+    _MAY_BE_NEVER = ("orphan_grace", "usage_sample_retention")
+
+    @validate("cull_every", "orphan_grace", "slice_idle_after", "usage_sample_retention")
     def _valid_duration(self, proposal: dict[str, Any]) -> float:
         name = proposal["trait"].name
         try:
-            seconds = parse_duration(proposal["value"], unlimited_ok=name == "orphan_grace")
+            seconds = parse_duration(proposal["value"], unlimited_ok=name in self._MAY_BE_NEVER)
         except DurationError as e:
             raise ValueError(f"SliceServiceApp.{name}: {e}") from None
-        # An orphan grace of "never" (or 0) means: never release, only report.
         return float("inf") if seconds is None else seconds
 
     # The least each number may be, and in what unit it is said.
@@ -410,6 +421,8 @@ class SliceServiceApp(Application):
             activity_resolution=activity_resolution(self.slice_idle_after),
             usage_interval=self.usage_sample_interval,
             faults=self.watch_faults(ledger, gpus),
+            usage_retention=(None if self.usage_sample_retention == float("inf")
+                             else self.usage_sample_retention),
             log=self.log,
         )
 

@@ -167,6 +167,10 @@ async def _by_server_of(read: Callable[[], Awaitable[list[Lease]]]
     return _by_server(await read())
 
 
+#: Seconds between two prunes of old usage samples (``usage_retention``).
+PRUNE_EVERY = 3600.0
+
+
 class Sweeper:
     """Runs sweeps; keeps between them only the orphan clocks (``missing_since``)."""
 
@@ -188,6 +192,7 @@ class Sweeper:
         activity_resolution: float = 60.0,
         usage_interval: float = 60.0,
         faults: FaultWatch | None = None,
+        usage_retention: float | None = 30 * 86400.0,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -226,6 +231,12 @@ class Sweeper:
         # every usage_interval seconds, whatever the sweep's pace.
         self.usage_interval = usage_interval
         self._sampled_at: dict[str, datetime] = {}
+        # Raw samples older than usage_retention (None: kept) are pruned, at most every
+        # PRUNE_EVERY seconds, in the background: the first prune of a long history
+        # must not hold up a sweep.
+        self.usage_retention = usage_retention
+        self._pruned_at: datetime | None = None
+        self._pruning: asyncio.Future[None] | None = None
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.missing_since: dict[str, datetime] = {}
@@ -239,7 +250,10 @@ class Sweeper:
         self._limits: dict[tuple[Any, ...], GroupPolicy] = {}
 
     async def close(self) -> None:
-        """Close the hub client, the ledger and the GPU adapter."""
+        """Close the hub client, the ledger and the GPU adapter (after a prune under
+        way, which is a series of short writes)."""
+        if self._pruning is not None:
+            await self._pruning
         await self.client.close()
         if self.ledger is not None:
             self.ledger.close()
@@ -283,6 +297,7 @@ class Sweeper:
         try:
             leases = await self._leases()
             await self._check_faults(leases, report)
+            await self._keep_history(now, leases)
             leases = await self._gpu_activity(now, leases)
             running = await self._list_and_handle(now, leases, report)
             report.servers = len(running)
@@ -477,8 +492,6 @@ class Sweeper:
                             sampled: dict[str, SliceActivity]) -> None:
         """Store a usage sample of each leased slice whose last one is ``usage_interval``
         old, all in one ledger transaction (for right-sizing: peak, p95, time active)."""
-        held = {lease.id for lease in leases}
-        self._sampled_at = {k: v for k, v in self._sampled_at.items() if k in held}
         due = {}
         for lease in leases:
             activity = sampled.get(_device_of(lease))
@@ -499,6 +512,47 @@ class Sweeper:
             self.log.error("cannot record usage samples: %s", e)
             return
         self._sampled_at.update(dict.fromkeys(due, now))
+
+    async def _keep_history(self, now: datetime, leases: list[Lease]) -> None:
+        """Keep the usage summary of each lease sampled that has ended since the last
+        sweep, and start pruning old samples when due (docs/ledger.md, "Usage
+        samples"). A ledger that fails is logged and counted; the next sweep tries
+        again."""
+        held = {lease.id for lease in leases}
+        ended = [k for k in self._sampled_at if k not in held]
+        if self.ledger is None or self.dry_run:
+            return
+        try:
+            if ended:
+                await asyncio.to_thread(self.ledger.usage.summarize_released, ended)
+        except LedgerError as e:
+            self.metrics.errors.labels(kind="ledger").inc()
+            self.log.error("cannot keep the usage summaries of ended leases: %s", e)
+            return
+        self._sampled_at = {k: v for k, v in self._sampled_at.items() if k in held}
+        if self.usage_retention is None or (self._pruning is not None
+                                            and not self._pruning.done()):
+            return
+        if self._pruned_at is None or (now - self._pruned_at).total_seconds() >= PRUNE_EVERY:
+            self._pruned_at = now
+            self._pruning = asyncio.ensure_future(
+                self.prune_samples(now - timedelta(seconds=self.usage_retention)))
+
+    async def prune_samples(self, before: datetime) -> None:
+        """Delete released leases' samples taken before ``before``, their summaries
+        kept first (``Usage.prune``); logged, never raised."""
+        assert self.ledger is not None
+        started = time.monotonic()
+        try:
+            written, deleted = await asyncio.to_thread(self.ledger.usage.prune, before)
+        except LedgerError as e:
+            self.metrics.errors.labels(kind="ledger").inc()
+            self.log.error("cannot prune old usage samples: %s", e)
+            return
+        if deleted:
+            self.log.info("pruned %d usage samples from before %s (%d summaries kept) in "
+                          "%.1fs", deleted, f"{before:%Y-%m-%d %H:%M}", written,
+                          time.monotonic() - started)
 
     def _worth_writing(self, lease: Lease, facts: dict[str, object]) -> bool:
         """A new peak, or GPU work ``activity_resolution`` past the recorded time: one
