@@ -12,10 +12,12 @@ ends a lease through :class:`mig_spawner.release.Releaser`, never by calling
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, Connection, and_, or_
+
+from mig_spawner.core.refusal import Refused
 
 from .errors import LeaseNotFound, LeaseStateError, ServerHasLease
 from .models import leases
@@ -75,6 +77,39 @@ class Leases:
             lease = new_lease(request, decision, now)
             insert_lease(connection, lease)
         return lease
+
+    def claim_many(self, claims: Sequence[tuple[LeaseRequest, Decide]]
+                   ) -> list[Lease | Refused | ServerHasLease]:
+        """Claim for each ``(request, decide)`` in turn, in ONE transaction under the
+        claim lock (a claim pass: the claims that arrived together): the held leases,
+        the budgets' past and the holds are read once, and each decision sees the leases
+        the ones before it granted as held, as the grant pass counts its grants
+        (nothing is read again that this pass just wrote). Returns each claim's lease,
+        or what refused it (``decide``'s :class:`Refused`, :class:`ServerHasLease`);
+        anything else (the database, a double grant the keys caught) rolls the whole
+        pass back and is raised: nothing was written."""
+        with self._tx.claims() as connection:
+            held = list(self._view.held(connection))  # a copy: this pass adds to it
+            now = self._tx.now()  # after the held leases, as a single claim reads it
+            books = self._view.books(connection, now)
+            holding = {(lease.user, lease.server_name): lease for lease in held}
+            found: list[Lease | Refused | ServerHasLease] = []
+            for request, decide in claims:
+                if (had := holding.get((request.user, request.server_name))) is not None:
+                    found.append(ServerHasLease(had))
+                    continue
+                try:
+                    decision = check_grant(decide(LedgerView(
+                        request=request, leases=tuple(held), now=now, **books)))
+                except Refused as refusal:
+                    found.append(refusal)
+                    continue
+                lease = new_lease(request, decision, now)
+                insert_lease(connection, lease)
+                held.append(lease)
+                holding[request.user, request.server_name] = lease
+                found.append(lease)
+        return found
 
     def would_claim(self, request: LeaseRequest, decide: Decide) -> Grant:
         """What :meth:`claim` would grant ``request`` now, or what it would raise, from

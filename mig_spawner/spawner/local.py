@@ -184,9 +184,18 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
         return LocalFleet(index, demand, ledger.holds.held(),
                           ledger.holds.faults(index.inventory.host))
 
-    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan]:
-        """The claim's plan is read on the worker thread that claims (one trip)."""
-        return lambda: self.plan_claim(self.fleet_here(), offer, mine)
+    def plan_here(self, offer: Offer, mine: UserPolicy
+                  ) -> Callable[[dict[Any, Any]], ClaimPlan]:
+        """The claim's plan is read on the worker thread that claims (one trip), on the
+        fleet its claim pass read for this kind of slice (read here if none did yet)."""
+
+        def plan(fleets: dict[Any, Any]) -> ClaimPlan:
+            kind = self.slice_kind
+            if kind not in fleets:
+                fleets[kind] = self.fleet_here()
+            return self.plan_claim(fleets[kind], offer, mine)
+
+        return plan
 
     def supply_from(self, fleet: LocalFleet, held: Sequence[Lease]) -> SliceSupply:
         """The GPU models present, the free slices per model and profile, the held leases."""

@@ -272,11 +272,14 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         fresh read of the fleet. May raise any error in :attr:`backend_errors`."""
         return self.plan_claim(await self.read_fleet(), offer, mine)
 
-    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan] | None:
+    def plan_here(self, offer: Offer, mine: UserPolicy
+                  ) -> Callable[[dict[Any, Any]], ClaimPlan] | None:
         """A way to plan the claim on the worker thread that claims, so that the plan
         and the claim take one trip (each trip waits for a turn of the hub's event loop,
-        which a class start keeps busy); ``None`` when the fleet is read with awaits (a
-        cluster's API): :meth:`claim_decide` plans first."""
+        which a class start keeps busy), from the fleet read its claim pass shares (the
+        argument: each read of the pass, by what it is a read of; ``waiting.ClaimPasses``);
+        ``None`` when the fleet is read with awaits (a cluster's API):
+        :meth:`claim_decide` plans first."""
         return None
 
     async def after_claim(self, lease: Lease) -> Lease:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -89,6 +88,8 @@ from .progress import ProgressLog
 
 if TYPE_CHECKING:
     from jupyterhub.user import User
+
+    from mig_spawner.ledger import Ledger
 
     from .form import Choice
     from .runtime import SpawnerRuntime
@@ -135,7 +136,8 @@ class WaitingSpawner(Protocol):
 
     def user_policy(self, policies: PolicySet) -> UserPolicy: ...
 
-    def plan_here(self, offer: Offer, mine: UserPolicy) -> Callable[[], ClaimPlan] | None: ...
+    def plan_here(self, offer: Offer, mine: UserPolicy
+                  ) -> Callable[[dict[Any, Any]], ClaimPlan] | None: ...
 
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan: ...
 
@@ -736,61 +738,151 @@ async def _first_try(spawner: WaitingSpawner, offer: Offer, mine: UserPolicy,
                      request: LeaseRequest, made: Claim) -> _FirstTry:
     runtime = spawner.runtime
     plan_here = spawner.plan_here(offer, mine)
-
-    def stale_lease() -> Lease | None:
-        return runtime.ledger().leases.active_for_server(request.user, request.server_name)
-
-    offers = spawner.policies().offers
-    planned: ClaimPlan | None = None
     if plan_here is None:
         # The plan reads the cluster with awaits: a stale lease first, which says more
         # than a cluster that cannot be read (its release needs the cluster too).
-        if (stale := await runtime.run(stale_lease)) is not None:
+        stale = await runtime.run(lambda: runtime.ledger().leases.active_for_server(
+            request.user, request.server_name))
+        if stale is not None:
             return _FirstTry(None, stale=stale)
         planned = await spawner.claim_decide(offer, mine)
 
-    def first_try() -> _FirstTry:
-        # A stale lease is looked for once, before the plan: its release changes the
-        # fleet, so a plan read beside it would be read again anyway. One that appears
-        # after the look (a concurrent start) is refused by the claim (ServerHasLease).
-        plan = planned
-        if plan is None:
-            assert plan_here is not None
-            if (stale := stale_lease()) is not None:
-                return _FirstTry(None, stale=stale)
-            plan = plan_here()
-        ledger = runtime.ledger()
-        if any(plan.contends(offers.get(e.offer)) for e in ledger.waits.waiting()):
-            # Others wait for what this claim could take: join the line rather than jump
-            # it, unless the claim would be refused for a reason that waiting does not
-            # cure (a spent budget, a quota): the claim's own check on the ledger's view,
-            # writing nothing. Waits for sizes it cannot take are no line of its own: it
-            # starts at once, and no wait is recorded for it.
-            try:
-                ledger.leases.would_claim(request, plan.decide)
-            except Refused as e:
-                if e.reason not in FIT_REASONS:
-                    return _FirstTry(plan, refused=e)
-            return _FirstTry(plan)
-        try:
-            return _FirstTry(plan, lease=ledger.leases.claim(request, plan.decide))
-        except Refused as e:
-            return _FirstTry(plan, refused=e)
+        def plan_here(fleets: dict[Any, Any]) -> ClaimPlan:
+            return planned  # read already, with awaits
 
-    times = [time.perf_counter()]  # asked; then began and ended on the thread; back
-
-    def timed_try() -> _FirstTry:
-        times.append(time.perf_counter())
-        try:
-            return first_try()
-        finally:
-            times.append(time.perf_counter())
-
-    tried = await runtime.run(timed_try)
-    times.append(time.perf_counter())
-    made.trip = tuple(b - a for a, b in itertools.pairwise(times))
+    tried = await passes_for(runtime).claim(_Pending(
+        spawner, request, plan_here, spawner.policies().offers, time.perf_counter(), made))
     made.plan = tried.plan  # for a refusal's record (MIGSpawnerMixin._claim)
     return tried
+
+
+def _joins_line(ledger: Ledger, offers: Any, request: LeaseRequest, plan: ClaimPlan,
+                waiting: Iterable[WaitEntry]) -> _FirstTry | None:
+    """The try of a claim that others wait for what it could take: it joins the line
+    rather than jump it, unless the claim would be refused for a reason that waiting does
+    not cure (a spent budget, a quota: the claim's own check on the ledger's view, writing
+    nothing). ``None``: nobody waits for what it could take (waits for sizes it cannot
+    take are no line of its own), so it claims at once."""
+    if not any(plan.contends(offers.get(e.offer)) for e in waiting):
+        return None
+    try:
+        ledger.leases.would_claim(request, plan.decide)
+    except Refused as e:
+        if e.reason not in FIT_REASONS:
+            return _FirstTry(plan, refused=e)
+    return _FirstTry(plan)
+
+
+@dataclass
+class _Pending:
+    """A local spawner's claim waiting for its pass: who, how it plans on the pass's
+    fleet, the offers it may contend with, and when it asked (``perf_counter``)."""
+
+    spawner: WaitingSpawner
+    request: LeaseRequest
+    plan: Callable[[dict[Any, Any]], ClaimPlan]
+    offers: Any
+    asked: float
+    #: The claim the trip's times are told to (:attr:`Claim.trip`).
+    made: Claim
+
+
+class ClaimPasses:
+    """The claims of this process's local spawners on one runtime, made in passes: the
+    claims that arrive while a pass is under way make the next one, which takes ONE trip
+    to a worker thread, reads the held leases (each server's stale lease), the line and
+    the GPUs (``plan_here``'s fleet) once for all of them, and claims them in one
+    transaction (``Leases.claim_many``: each decision counts the pass's grants before it
+    as held, without reading them back). A class start's 100 claims then cost a few
+    reads and transactions, not 100 of each, and none waits for 99 others' commits."""
+
+    def __init__(self, runtime: SpawnerRuntime) -> None:
+        self.runtime = runtime
+        self._pending: list[tuple[_Pending, asyncio.Future[_FirstTry]]] = []
+        self._draining: asyncio.Future[None] | None = None
+
+    async def claim(self, pending: _Pending) -> _FirstTry:
+        """``pending``'s first try, made in the next pass."""
+        future: asyncio.Future[_FirstTry] = asyncio.get_running_loop().create_future()
+        self._pending.append((pending, future))
+        if self._draining is None or self._draining.done():
+            self._draining = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            times = [0.0, 0.0]  # the pass began and ended on the thread
+            try:
+                results = await self.runtime.run(self._timed_pass,
+                                                 [p for p, _ in batch], times)
+            except asyncio.CancelledError:
+                for _, future in batch:
+                    future.cancel()
+                raise
+            except Exception as e:  # the ledger or the GPUs: every claim of it hears
+                results = [e] * len(batch)
+            back = time.perf_counter()
+            for (pending, future), result in zip(batch, results, strict=True):
+                pending.made.trip = (times[0] - pending.asked, times[1] - times[0],
+                                     back - times[1])
+                if future.done():
+                    continue  # its spawn was cancelled: the orphan repair gives back a lease
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def _timed_pass(self, batch: list[_Pending], times: list[float]
+                    ) -> list[_FirstTry | Exception]:
+        times[0] = time.perf_counter()
+        try:
+            return self.run_pass(batch)
+        finally:
+            times[1] = time.perf_counter()
+
+    def run_pass(self, batch: list[_Pending]) -> list[_FirstTry | Exception]:
+        """On a worker thread: each claim's first try, in order (see the class)."""
+        ledger = self.runtime.ledger()
+        holding = {(lease.user, lease.server_name): lease for lease in ledger.leases.active()}
+        waiting = ledger.waits.waiting()
+        fleets: dict[Any, Any] = {}
+        results: list[_FirstTry | Exception | None] = [None] * len(batch)
+        claims: list[tuple[int, ClaimPlan]] = []
+        for n, pending in enumerate(batch):
+            request = pending.request
+            try:
+                if (stale := holding.get((request.user, request.server_name))) is not None:
+                    results[n] = _FirstTry(None, stale=stale)
+                    continue
+                plan = pending.plan(fleets)
+                joined = _joins_line(ledger, pending.offers, request, plan, waiting)
+            except Exception as e:  # this claim's plan (its GPUs unreadable): its own
+                results[n] = e
+                continue
+            if joined is not None:
+                results[n] = joined
+            else:
+                claims.append((n, plan))
+        if claims:
+            made = ledger.leases.claim_many([(batch[n].request, plan.decide)
+                                             for n, plan in claims])
+            for (n, plan), outcome in zip(claims, made, strict=True):
+                results[n] = (_FirstTry(plan, lease=outcome) if isinstance(outcome, Lease)
+                              else _FirstTry(plan, refused=outcome)
+                              if isinstance(outcome, Refused) else outcome)
+        return [result for result in results if result is not None]
+
+
+_PASSES: dict[int, ClaimPasses] = {}
+
+
+def passes_for(runtime: SpawnerRuntime) -> ClaimPasses:
+    """The one claim pass queue of this process for ``runtime``."""
+    passes = _PASSES.get(id(runtime))
+    if passes is None:
+        passes = _PASSES[id(runtime)] = ClaimPasses(runtime)
+    return passes
 
 
 async def _wait(spawner: WaitingSpawner, ticket: Ticket, queue: bool, made: Claim) -> Lease:
