@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,18 @@ def slicemap_json(view: SliceMap, cluster: ClusterSlices | str | None = None
     }
 
 
+#: A slice row's fields, copied as they are (``asdict``'s deep copy of each value was
+#: half the map's time at 3,000 running servers); its warnings are converted apart.
+_ROW_FIELDS = tuple(f.name for f in fields(SliceRow))
+
+
 def _row_json(row: SliceRow) -> dict[str, Any]:
     # Memory is formatted here, once, so the page shows what every other screen shows.
-    return {**asdict(row), "server": row.server, "memory_text": row.memory_text,
-            "memory_total_text": row.memory_total_text, "next_text": row.next_text,
-            "warnings_text": row.warnings_text}
+    # Plain fields are copied as they are; the pending warnings are rows of their own.
+    return {**{name: getattr(row, name) for name in _ROW_FIELDS},
+            "warnings": [asdict(w) for w in row.warnings], "server": row.server,
+            "memory_text": row.memory_text, "memory_total_text": row.memory_total_text,
+            "next_text": row.next_text, "warnings_text": row.warnings_text}
 
 
 def _script_json(data: Any) -> str:
