@@ -219,6 +219,10 @@ class ReleaseEvents:
     def retrying(self, lease_id: str) -> None:
         """A held give-back will be retried in the background."""
 
+    def freed(self, lease: Lease) -> None:
+        """On the worker thread that released ``lease``, the moment the ledger committed
+        it (before the event loop hears): its slice may be granted now."""
+
     def released(self, lease: Lease, code: ReleaseCode) -> None:
         """The lease was released."""
 
@@ -344,6 +348,7 @@ class Releaser:
         released = ledger.leases.release(lease.id, code, detail)
         if released is None:
             return Outcome(GiveBack.ALREADY_RELEASED)
+        self.events.freed(released)
         return Outcome(GiveBack.RELEASED, lease=released)
 
     def retry_later(self, lease_id: str, code: ReleaseCode, detail: str = "",

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from mig_spawner.gpu.simulator import SimulatedHost
-from mig_spawner.ledger import Grant, Ledger
+from mig_spawner.ledger import Grant, Ledger, ReleaseCode
 from mig_spawner.ledger.waitlist import Waits
 from mig_spawner.spawner import LocalMIGSpawner, waiting
 from mig_spawner.spawner.waiting import within_start_timeout
@@ -205,3 +205,28 @@ async def test_jupyterhubs_timeouts_fit_the_answer_wait_and_a_wait_in_line(tmp_p
     ana.user_options = {"profile": "7g.141gb"}  # not allowed: start() refuses it later
     ana.run_pre_spawn_hook()
     assert (ana.http_timeout, ana.start_timeout) == (300, 2 * (60 + 300) + 1)
+
+
+async def test_a_released_slice_is_granted_while_the_event_loop_is_held(tmp_path):
+    """Once ``stop()`` returns, JupyterHub's stop handler holds the event loop (its
+    database commits, the proxy's route) for up to a few tenths of a second on a busy
+    hub: the next waiter's grant is committed on the thread that released the slice,
+    not after the loop is free again. Here the loop is held, as that handler holds it,
+    until the ledger shows ana's grant."""
+    sim = "h200x1:layout=3g.71gb,1g.18gb*2"
+    SimulatedHost.from_spec(sim, tmp_path / "sim.json")
+    bo = _local(tmp_path, "bo", "pool", sim)
+    held = await _claim(bo, "3g.71gb")
+    ana = _local(tmp_path, "ana", "pool", sim)
+    waiter = asyncio.ensure_future(_claim(ana, "3g.71gb"))
+    with Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        await in_line(ana)
+        bo.lease_id = held.id
+        await bo._release(ReleaseCode.STOPPED)
+        # The loop is held from here (no await) until the grant shows, or 30 s pass.
+        deadline = time.monotonic() + 30
+        while (granted := ledger.leases.active_for_server("ana", "")) is None and (
+                time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert granted is not None, "the grant waited for the event loop"
+        assert (await asyncio.wait_for(waiter, 30)).id == granted.id

@@ -168,6 +168,8 @@ class LocalMIGSpawner(MIGSpawnerMixin, LocalProcessSpawner):
 
     # --- the backend hooks (see MIGSpawnerMixin) -------------------------------------
 
+    reads_fleet_here = True
+
     async def read_fleet(self) -> LocalFleet:
         """One read of this host's GPUs (:meth:`fleet_here`), in one trip to a worker
         thread."""

@@ -92,7 +92,7 @@ STATE_KEY = "mig_lease_id"
 
 class HubReleaseEvents(ReleaseEvents):
     """What the hub counts of its give-backs (``/hub/metrics``), and the grant step it
-    wakes after each release."""
+    runs on the releasing thread and wakes on the event loop after each release."""
 
 
     def stopping(self, lease: Lease, found: holder.HolderCheck) -> None:
@@ -104,6 +104,9 @@ class HubReleaseEvents(ReleaseEvents):
 
     def retrying(self, lease_id: str) -> None:
         RELEASES_HELD_BACK.labels(why="giveback_failed").inc()
+
+    def freed(self, lease: Lease) -> None:
+        waiting.freed()
 
     def released(self, lease: Lease, code: ReleaseCode) -> None:
         LEASES_RELEASED.labels(reason=code).inc()
@@ -240,6 +243,16 @@ class MIGSpawnerMixin(MIGSpawnerSettings, Spawner):
         )
 
     # --- the backend hooks (local.py answers them for this host, kube.py for a cluster) --
+
+    #: Whether :meth:`fleet_here` reads the fleet on a worker thread, without awaits
+    #: (a local host's GPUs; a cluster's API is read with awaits): then a grant pass
+    #: may run wholly on the thread that released a slice.
+    reads_fleet_here: ClassVar[bool] = False
+
+    def fleet_here(self) -> Any:
+        """On a worker thread: what :meth:`read_fleet` reads, where
+        :attr:`reads_fleet_here`."""
+        raise NotImplementedError
 
     async def read_fleet(self) -> Any:
         """One read of what this backend has (this host's GPUs, the cluster's nodes):

@@ -90,6 +90,7 @@ if TYPE_CHECKING:
     from jupyterhub.user import User
 
     from mig_spawner.ledger import Ledger
+    from mig_spawner.ledger.waitlist import GrantRound
 
     from .form import Choice
     from .runtime import SpawnerRuntime
@@ -142,6 +143,10 @@ class WaitingSpawner(Protocol):
     async def claim_decide(self, offer: Offer, mine: UserPolicy) -> ClaimPlan: ...
 
     def plan_claim(self, fleet: Any, offer: Offer, mine: UserPolicy) -> ClaimPlan: ...
+
+    reads_fleet_here: bool
+
+    def fleet_here(self) -> Any: ...
 
     async def read_fleet(self) -> Any: ...
 
@@ -202,6 +207,13 @@ def released() -> None:
     """A lease was released in this process: run a grant pass now."""
     for grant_loop in _LOOPS.values():
         grant_loop.wake()
+
+
+def freed() -> None:
+    """On the worker thread whose release has just committed: grant the slice there
+    (:meth:`GrantLoop.grant_here`), for each ledger this process waits on."""
+    for grant_loop in list(_LOOPS.values()):
+        grant_loop.grant_here()
 
 
 @dataclass(eq=False)
@@ -267,6 +279,9 @@ class GrantLoop:
         self.tickets: dict[int, Ticket] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        #: The event loop the waiting spawns run on (set at the first join): a grant
+        #: pass made on a worker thread (:meth:`grant_here`) tells them through it.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._history: tuple[float, list[tuple[str, str, float]]] | None = None
         self._ghosts_cleared = False
         self._retry_at: float | None = None
@@ -310,6 +325,7 @@ class GrantLoop:
     def join(self, ticket: Ticket) -> None:
         self.tickets[ticket.entry.id] = ticket
         if self._task is None or self._task.done():
+            self._loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()  # of this event loop
             self._task = asyncio.ensure_future(self._run())
         self.wake()
@@ -391,29 +407,11 @@ class GrantLoop:
         if not tickets:
             return
         delegate = tickets[0].spawner
-        fleet = await delegate.read_fleet()
-        plans = {t.entry.id: t.spawner.plan_claim(fleet, t.offer, t.mine) for t in tickets}
+        # A local host's GPUs are read on the thread that grants (one trip, not two).
+        fleet = None if delegate.reads_fleet_here else await delegate.read_fleet()
+        fleet, plans, done = await self.runtime.run(self._grant, tickets, fleet)
         policies = delegate.policies()
         quotas = {name: g.quota_slices for name, g in policies.groups.items()}
-        guard = delegate.wait_guard()
-
-        def capacity(held: tuple[Lease, ...]) -> int:
-            supply = delegate.supply_from(fleet, held)
-            return len(supply.held) + sum(
-                max(counts.values(), default=0) for counts in supply.free.values())
-
-        def decide(entry: WaitEntry, view: LedgerView) -> Any:
-            plan = plans.get(entry.id)
-            if plan is None:
-                # Another process's waiter (its own loop serves it), or one that joined
-                # after this pass began (the join woke the loop): skipped.
-                raise Refused(Reason.PREVIOUS_LEASE, "not known to this pass")
-            return plan.decide(view)
-
-        done = await self.runtime.run(lambda: self.runtime.ledger().waits.grant(
-            decide, quotas=quotas, capacity=capacity, guard=guard, watch=list(plans)))
-        if done.granted:
-            await self._observe_grants(done.granted)
         supply = delegate.supply_from(fleet, done.held)
         history = await self._holds()
         shares = group_shares(_held_by_group(done.held), quotas, done.capacity)
@@ -443,6 +441,57 @@ class GrantLoop:
         for entry in done.line:
             WAITERS.labels(profile=entry.offer, group=entry.group).inc()
 
+    def grant_here(self) -> None:
+        """On the worker thread that has just released a slice (``freed``): a grant pass
+        at once, on that thread, so that the next waiter's grant commits without waiting
+        for the hub's event loop, which JupyterHub's stop handler holds at that moment
+        (its database commits and the proxy's route, once ``stop()`` has returned); then
+        the loop's own pass tells the waiters. Only where the fleet is read without
+        awaits (a local host); a failure here is left to the loop's pass, woken too."""
+        tickets = [t for t in list(self.tickets.values()) if not t.done]
+        if not tickets or self._loop is None or not tickets[0].spawner.reads_fleet_here:
+            return
+        try:
+            self._grant(tickets, None)
+        except Exception as e:
+            log.warning("A grant pass on the releasing thread failed (%s); the event "
+                        "loop's pass tries again", e)
+        finally:
+            self._loop.call_soon_threadsafe(self.wake)
+
+    def _grant(self, tickets: list[Ticket], fleet: Any
+               ) -> tuple[Any, dict[int, ClaimPlan], GrantRound]:
+        """On a worker thread: the waiters' plans on ``fleet`` (read here when
+        ``None``) and the grant transaction; its grants' release-to-grant times
+        observed."""
+        delegate = tickets[0].spawner
+        if fleet is None:
+            fleet = delegate.fleet_here()
+        plans = {t.entry.id: t.spawner.plan_claim(fleet, t.offer, t.mine) for t in tickets}
+        policies = delegate.policies()
+        quotas = {name: g.quota_slices for name, g in policies.groups.items()}
+        guard = delegate.wait_guard()
+
+        def capacity(held: tuple[Lease, ...]) -> int:
+            supply = delegate.supply_from(fleet, held)
+            return len(supply.held) + sum(
+                max(counts.values(), default=0) for counts in supply.free.values())
+
+        def decide(entry: WaitEntry, view: LedgerView) -> Any:
+            plan = plans.get(entry.id)
+            if plan is None:
+                # Another process's waiter (its own loop serves it), or one that joined
+                # after this pass began (the join woke the loop): skipped.
+                raise Refused(Reason.PREVIOUS_LEASE, "not known to this pass")
+            return plan.decide(view)
+
+        ledger = self.runtime.ledger()
+        done = ledger.waits.grant(decide, quotas=quotas, capacity=capacity, guard=guard,
+                                  watch=list(plans))
+        if done.granted:
+            _observe_grants(ledger, done.granted)
+        return fleet, plans, done
+
     def _budget_spent(self, refused: dict[int, Refused]) -> dict[int, Refused]:
         """The waits whose budget cannot pay for them now: entry id -> the refusal,
         with its retry time, that the grant transaction's own check gave (the grant
@@ -452,19 +501,6 @@ class GrantLoop:
         self._budget_at = min((r.retry_at for r in spent.values() if r.retry_at is not None),
                               default=None)
         return spent
-
-    async def _observe_grants(self, granted: list[WaitEntry]) -> None:
-        """Release-to-grant time: from the latest release before each grant to it."""
-        first = min(e.closed_at for e in granted if e.closed_at) - timedelta(hours=1)
-        leases = await self.runtime.run(lambda: self.runtime.ledger().leases.history(first))
-        releases = sorted(lease.released_at for lease in leases if lease.released_at)
-        for entry in granted:
-            before = [at for at in releases if entry.closed_at and at <= entry.closed_at]
-            if before and entry.closed_at:
-                gap = (entry.closed_at - before[-1]).total_seconds()
-                RELEASE_TO_GRANT.observe(gap)
-                log.info("Wait %d of %s granted %.2f s after the latest release", entry.id,
-                         entry.user, gap)
 
     async def line_texts(self, spawner: WaitingSpawner, mine: UserPolicy) -> dict[str, str]:
         """Offer key -> ``"2 waiting, usually 5-15 min"`` for the offers ``mine`` may
@@ -562,6 +598,20 @@ def _holder(lease: Lease, now: datetime, policies: PolicySet) -> Holder:
 
 
 _LOOPS: dict[int, GrantLoop] = {}
+
+
+def _observe_grants(ledger: Ledger, granted: list[WaitEntry]) -> None:
+    """Release-to-grant time: from the latest release before each grant to it."""
+    first = min(e.closed_at for e in granted if e.closed_at) - timedelta(hours=1)
+    releases = sorted(lease.released_at for lease in ledger.leases.history(first)
+                      if lease.released_at)
+    for entry in granted:
+        before = [at for at in releases if entry.closed_at and at <= entry.closed_at]
+        if before and entry.closed_at:
+            gap = (entry.closed_at - before[-1]).total_seconds()
+            RELEASE_TO_GRANT.observe(gap)
+            log.info("Wait %d of %s granted %.2f s after the latest release", entry.id,
+                     entry.user, gap)
 
 
 def loop_for(runtime: SpawnerRuntime) -> GrantLoop:
