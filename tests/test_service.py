@@ -38,7 +38,7 @@ from mig_spawner.service.handlers import make_web_app
 from mig_spawner.service.metrics import ServiceMetrics
 from mig_spawner.service.sweeper import Sweeper
 from tests.mocking import mig_device
-from tests.support.hub_standin import StandinState, listen
+from tests.support.hub_standin import StandinState, listen, standin_sweeper
 from tests.support.polling import until
 
 POLICY = MIGPolicyConfig(group_policies={
@@ -56,9 +56,7 @@ async def standin(serve_hub):
 
 
 def sweeper_for(base: str, **kw) -> Sweeper:
-    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=2, backoff_base=0.01)
-    kw.setdefault("probe_servers", False)
-    return Sweeper(client, POLICY, ServiceMetrics(), **kw)
+    return standin_sweeper(base, POLICY, **kw)
 
 
 def sample(metrics: ServiceMetrics, name: str, **labels: str) -> float:

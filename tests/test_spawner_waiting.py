@@ -227,6 +227,6 @@ async def test_a_released_slice_is_granted_while_the_event_loop_is_held(tmp_path
         deadline = time.monotonic() + 30
         while (granted := ledger.leases.active_for_server("ana", "")) is None and (
                 time.monotonic() < deadline):
-            time.sleep(0.01)
+            time.sleep(0.01)  # holds the event loop on purpose: the grant must not need it
         assert granted is not None, "the grant waited for the event loop"
         assert (await asyncio.wait_for(waiter, 30)).id == granted.id

@@ -11,15 +11,18 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
+from mig_spawner.config import MIGPolicyConfig
 from mig_spawner.core.rightsize import UsageSample
 from mig_spawner.ledger import Grant, LeaseRequest, Ledger, ReleaseCode
 from mig_spawner.ledger.engine import create_ledger_engine
 from mig_spawner.ledger.migrate import alembic_config, upgrade
 from mig_spawner.service.app import SliceServiceApp
-from tests.support.hub_standin import StandinState
-from tests.test_service import sweeper_for
+from tests.support.hub_standin import StandinState, standin_sweeper
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
+POLICY = MIGPolicyConfig(group_policies={
+    "analysts": {"allowed": ["1g.18gb"], "server_idle_timeout": "1h"},
+}).build()
 WINDOW = timedelta(days=30)
 GIB = 1024
 
@@ -75,7 +78,7 @@ async def test_the_service_prunes_old_samples_at_its_retention(serve_hub, ledger
     held = sampled(ledger, "user00001", 1, [40, 35, 1])  # the stand-in runs its server
     ledger.leases.release(ended, ReleaseCode.STOPPED)
     before = ledger.usage.summaries([ended, held])
-    sweeper = sweeper_for(base, ledger=ledger, orphan_grace=float("inf"),
+    sweeper = standin_sweeper(base, POLICY, ledger=ledger, orphan_grace=float("inf"),
                           usage_retention=WINDOW.total_seconds(), clock=lambda: NOW)
     await sweeper.sweep()
     await sweeper.close()  # waits for the prune it started

@@ -37,8 +37,12 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from mig_spawner.core.policy import PolicySet
+from mig_spawner.hub.client import HubClient
 from mig_spawner.hub.models import kernel_from_model, parse_timestamp
 from mig_spawner.service.cull_rules import recheck_kernels
+from mig_spawner.service.metrics import ServiceMetrics
+from mig_spawner.service.sweeper import Sweeper
 
 PAGE_DEFAULT, PAGE_MAX = 50, 200
 
@@ -337,3 +341,11 @@ if __name__ == "__main__":
     parser.add_argument("--lean", action="store_true",
                         help="answer as users' servers only, on plain asyncio (LeanServers)")
     asyncio.run(_serve_forever(parser.parse_args()))
+
+
+def standin_sweeper(base: str, policy: PolicySet, **kw) -> Sweeper:
+    """A slice service's :class:`Sweeper` reading the stand-in hub served at ``base`` with
+    ``policy`` (quick retries; servers not probed unless ``probe_servers`` is given)."""
+    client = HubClient(f"{base}/hub/api", "t", proxy_url=base, retries=2, backoff_base=0.01)
+    kw.setdefault("probe_servers", False)
+    return Sweeper(client, policy, ServiceMetrics(), **kw)
