@@ -42,6 +42,7 @@ from mig_spawner.ledger import Ledger
 from mig_spawner.ledger.models import lease_samples, leases
 from mig_spawner.observe.slicemap import slicemap_json
 from mig_spawner.observe.source import SliceSource
+from mig_spawner.report.demand import usage
 
 PROFILE = "1g.18gb"
 PER_GPU = 7  # 1g.18gb instances of an H200
@@ -183,6 +184,21 @@ def queries(url: str, ledger: Ledger, inventory: Inventory, now: datetime
     }
 
 
+def report_read(ledger: Ledger, now: datetime) -> tuple[float, float]:
+    """Seconds for the leases of the year and the report's usage rows from them: read as
+    full Lease records (``leases.history``, what the report read before) and as the
+    report's columns (``reports.leases``, what it reads now); the same rows either way."""
+    since = now - timedelta(days=365)
+
+    def figures(read: Callable[[], list]) -> Callable[[], object]:
+        return lambda: usage(read(), [], since, now)
+
+    full = figures(lambda: [x for x in ledger.leases.history(since) if x.claimed_at <= now])
+    narrow = figures(lambda: ledger.reports.leases(since, now))
+    assert full() == narrow()
+    return timed(full), timed(narrow)
+
+
 def running_map(folder: Path, servers: int, now: datetime) -> float:
     """Seconds for the slice map's JSON with ``servers`` running servers, one slice each."""
     url = f"sqlite:///{folder / f'map{servers}.sqlite'}"
@@ -243,6 +259,7 @@ def main() -> None:
         with Ledger.open(url) as ledger:
             small = queries(url, ledger, inventory, now)
             small_size = size_mib(path)
+            full, narrow = report_read(ledger, now)
 
         print(f"\n{'query (best of 2)':<22}{'raw samples':>14}{'summaries':>12}{'ratio':>8}"
               f"{'goal':>8}")
@@ -252,6 +269,10 @@ def main() -> None:
                   f"{'≤ 2 s':>8}")
         print(f"{'ledger on disk':<22}{raw_size:>12.0f}MiB{small_size:>9.0f}MiB"
               f"{small_size / raw_size:>8.2f}")
+
+        print(f"the report's read of the year and its usage figures: full leases "
+              f"{full:.3f} s (the read before), report columns {narrow:.3f} s; ratio "
+              f"{narrow / full:.2f}")
 
         few, many = running_map(Path(folder), args.slices, now), running_map(
             Path(folder), args.servers, now)

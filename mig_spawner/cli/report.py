@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy: import it only when the com
     from ..core.rightsize import RightsizeRule
     from ..gpu.errors import GpuError
     from ..ledger import Lease, Ledger
+    from ..ledger.reports import LeaseFacts
     from ..report.advise import Advice
     from ..report.demand import UsageRow
     from ..report.replay import Fleet
@@ -134,7 +135,7 @@ def cmd_report(args: argparse.Namespace, now: datetime | None = None) -> int:
         rule = _rightsize_rule(args) if args.rightsize else None
         allowing = allowed_by(args.config_dir) if args.advise else {}
         with Ledger.open_existing(ledger_url(args)) as ledger:
-            leases = [x for x in ledger.leases.history(since) if x.claimed_at <= until]
+            leases = ledger.reports.leases(since, until)
             refusals = ledger.refusals.between(since, until)
             waits = wait_rows(ledger.waits.joined(since, until))
             held = ledger.leases.active() if args.advise else []
@@ -223,7 +224,7 @@ def _rightsize_rule(args: argparse.Namespace) -> RightsizeRule:
         raise ValueError(str(e)) from None
 
 
-def _purpose_and_rightsize(args: argparse.Namespace, leases: Sequence[Lease],
+def _purpose_and_rightsize(args: argparse.Namespace, leases: Sequence[LeaseFacts],
                            measured: dict, rule: RightsizeRule | None, since: datetime,
                            until: datetime) -> dict[str, tuple[str, list]]:
     """Section name -> (its text, its JSON rows): usage by purpose where any lease has

@@ -35,6 +35,7 @@ from .holds import Holds
 from .leases import Leases
 from .readonly import readonly_engine
 from .refusal_log import RefusalLog
+from .reports import Reports
 from .transactions import Transactions
 from .usage import Usage
 from .view import ClaimView
@@ -70,6 +71,8 @@ class Ledger:
         self.warnings = Warnings(self._tx)
         #: Refused spawns (``record``, ``between``, ``request_counts``).
         self.refusals = RefusalLog(self._tx)
+        #: What ``mig-spawner report`` reads of a window of leases, narrowly.
+        self.reports = Reports(self._tx)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Ledger:

@@ -1,6 +1,7 @@
 """What users asked for and got, per profile and group, from the ledger's history.
 
-Pure: takes :class:`~mig_spawner.ledger.Lease` records (granted requests) and
+Pure: takes lease records (granted requests: a :class:`~mig_spawner.ledger.Lease`, or
+the report's narrow :class:`~mig_spawner.ledger.reports.LeaseLine`) and
 :class:`RefusalRecord` values (refused ones) and returns :class:`UsageRow` figures.
 Both also become :class:`Request` values that :mod:`.replay` plays through the
 allocator on other layouts.
@@ -15,8 +16,9 @@ from datetime import datetime, timedelta
 
 from mig_spawner.core.catalog import is_whole_gpu
 from mig_spawner.core.refusal import Reason
-from mig_spawner.ledger import Lease, RefusalRecord
+from mig_spawner.ledger import RefusalRecord
 from mig_spawner.ledger.refusal_log import once_per_window
+from mig_spawner.ledger.reports import LeaseFacts
 
 #: Refusals a different MIG layout could have avoided: no free slice of that profile,
 #: no room to create one, or no GPU offering it at all. The others (group quota, user
@@ -89,7 +91,7 @@ def _clip(start: datetime, end: datetime, since: datetime, until: datetime) -> f
     return max(0.0, (min(end, until) - max(start, since)).total_seconds())
 
 
-def lease_end(lease: Lease, until: datetime) -> datetime:
+def lease_end(lease: LeaseFacts, until: datetime) -> datetime:
     """When the lease stopped holding its slice (``until`` if it still holds it)."""
     return lease.released_at or until
 
@@ -106,7 +108,7 @@ def peak_concurrency(intervals: Iterable[tuple[datetime, datetime]]) -> int:
     return peak
 
 
-def median_holds(leases: Iterable[Lease], until: datetime) -> dict[str, timedelta]:
+def median_holds(leases: Iterable[LeaseFacts], until: datetime) -> dict[str, timedelta]:
     """Median hold time per profile of the leases that have ended."""
     holds: dict[str, list[float]] = {}
     for lease in leases:
@@ -117,7 +119,7 @@ def median_holds(leases: Iterable[Lease], until: datetime) -> dict[str, timedelt
 
 
 def requests_of(
-    leases: Sequence[Lease], refusals: Iterable[RefusalRecord], until: datetime
+    leases: Sequence[LeaseFacts], refusals: Iterable[RefusalRecord], until: datetime
 ) -> list[Request]:
     """Granted leases and capacity refusals as requests for MIG slices, in arrival order
     (whole GPUs are no part of a MIG layout: they are left out).
@@ -147,7 +149,7 @@ def requests_of(
 
 
 def usage(
-    leases: Sequence[Lease],
+    leases: Sequence[LeaseFacts],
     refusals: Sequence[RefusalRecord],
     since: datetime,
     until: datetime,
@@ -164,51 +166,62 @@ def usage(
     if since >= until:
         raise ValueError(f"the report window is empty: since {since} is not before {until}")
     # (profile, group, class): the class only where no profile is known (see UsageRow).
-    keys: set[tuple[str, str, str]] = set()
-    mine: dict[tuple[str, str, str], list[Lease]] = {}
+    # One pass over the leases, adding each into its key's sums as it goes.
+    held: dict[tuple[str, str, str], _Held] = {}
     refused: dict[tuple[str, str, str], list[RefusalRecord]] = {}
     for lease in leases:
-        if lease_end(lease, until) >= since and lease.claimed_at <= until:
+        end = lease_end(lease, until)
+        if end >= since and lease.claimed_at <= until:
             key = (lease.profile, lease.group if by_group else "*", "")
-            mine.setdefault(key, []).append(lease)
-            keys.add(key)
+            (held.get(key) or held.setdefault(key, _Held())).add(lease, end, since, until)
     for r in fair(r for r in refusals if since <= r.at <= until):
         key = (r.profile or "", (r.group or "?") if by_group else "*",
                "" if r.profile else r.offer)
         refused.setdefault(key, []).append(r)
-        keys.add(key)
     rows = []
     # Profiles first; the rows of classes with no known profile after them.
-    for key in sorted(keys, key=lambda k: (not k[0], k)):
-        held = mine.get(key, [])
+    for key in sorted(held.keys() | refused.keys(), key=lambda k: (not k[0], k)):
+        sums = held.get(key) or _Held()
         nos = refused.get(key, [])
-        hold = [_clip(x.claimed_at, lease_end(x, until), since, until) for x in held]
-        idle = [
-            _clip(x.last_activity_at, lease_end(x, until), since, until)
-            for x in held if x.last_activity_at is not None
-        ]
-        ended = [(x.released_at - x.claimed_at).total_seconds() / 60
-                 for x in held if x.released_at is not None]
-        total = sum(hold)
         rows.append(UsageRow(
             profile=key[0],
             group=key[1],
-            requests=len(held) + len(nos),
-            granted=len(held),
+            requests=sums.granted + len(nos),
+            granted=sums.granted,
             refused_capacity=sum(1 for r in nos if layout_refusal(r)),
             refused_policy=sum(1 for r in nos if not layout_refusal(r)),
-            hold_hours=total / 3600,
-            median_hold_minutes=statistics.median(ended) if ended else None,
-            idle_share=sum(idle) / total if total else None,
-            peak_concurrent=peak_concurrency(
-                (max(x.claimed_at, since), min(lease_end(x, until), until)) for x in held),
+            hold_hours=sums.hold / 3600,
+            median_hold_minutes=statistics.median(sums.ended) if sums.ended else None,
+            idle_share=sums.idle / sums.hold if sums.hold else None,
+            peak_concurrent=peak_concurrency(sums.spans),
             classes=tuple(sorted({r.offer for r in nos if r.offer != r.profile})),
         ))
     return rows
 
 
+class _Held:
+    """The granted leases of one usage row, summed as they are read."""
+
+    __slots__ = ("ended", "granted", "hold", "idle", "spans")
+
+    def __init__(self) -> None:
+        self.granted = 0
+        self.hold = self.idle = 0.0
+        self.ended: list[float] = []  # minutes held, of the leases that ended
+        self.spans: list[tuple[datetime, datetime]] = []  # held inside the window
+
+    def add(self, lease: LeaseFacts, end: datetime, since: datetime, until: datetime) -> None:
+        self.granted += 1
+        self.hold += _clip(lease.claimed_at, end, since, until)
+        if lease.last_activity_at is not None:
+            self.idle += _clip(lease.last_activity_at, end, since, until)
+        if lease.released_at is not None:
+            self.ended.append((lease.released_at - lease.claimed_at).total_seconds() / 60)
+        self.spans.append((max(lease.claimed_at, since), min(end, until)))
+
+
 def held_steps(
-    leases: Sequence[Lease], since: datetime, until: datetime
+    leases: Sequence[LeaseFacts], since: datetime, until: datetime
 ) -> dict[str, tuple[list[datetime], list[int]]]:
     """Slices held per profile over ``[since, until]`` as an exact step function.
 

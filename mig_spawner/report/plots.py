@@ -13,14 +13,14 @@ from pathlib import Path
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from mig_spawner.ledger import Lease
+from mig_spawner.ledger.reports import LeaseFacts
 from mig_spawner.report.demand import UsageRow, held_steps, lease_end
 
 #: Room left of the first lease, as a share of the plotted span, so its rise shows.
 _LEAD = 0.05
 
 
-def plot_window(leases: Sequence[Lease], since: datetime, until: datetime
+def plot_window(leases: Sequence[LeaseFacts], since: datetime, until: datetime
                 ) -> tuple[datetime, datetime]:
     """The span the concurrency plot shows: from a little before the first lease that
     held a slice in ``[since, until]`` to ``until``, so minutes of use are not a sliver
@@ -39,7 +39,7 @@ def _window_title(start: datetime, end: datetime) -> str:
     return f"{start:{day}} .. {end:{'%H:%M' if same_day else day}} UTC"
 
 
-def concurrency_figure(leases: Sequence[Lease], since: datetime, until: datetime,
+def concurrency_figure(leases: Sequence[LeaseFacts], since: datetime, until: datetime,
                        capacity: Mapping[str, int]) -> Figure:
     """Slices held over time per profile (to ``until``, see :func:`plot_window`), with
     the layout's capacity as dashed lines."""
@@ -96,7 +96,7 @@ def demand_figure(rows: Sequence[UsageRow], since: datetime, until: datetime) ->
     return fig
 
 
-def write_plots(directory: Path, leases: Sequence[Lease], rows: Sequence[UsageRow],
+def write_plots(directory: Path, leases: Sequence[LeaseFacts], rows: Sequence[UsageRow],
                 since: datetime, until: datetime, capacity: Mapping[str, int]) -> list[Path]:
     """Both plots into ``directory`` (created if missing); returns their paths."""
     directory.mkdir(parents=True, exist_ok=True)

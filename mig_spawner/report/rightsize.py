@@ -18,7 +18,7 @@ from datetime import datetime
 
 from mig_spawner.core.catalog import MODELS, format_gib
 from mig_spawner.core.rightsize import RightsizeRule, Session, Size, Usage, Verdict, judge
-from mig_spawner.ledger import Lease
+from mig_spawner.ledger.reports import LeaseFacts
 from mig_spawner.report.demand import lease_end
 
 #: What a purpose-less lease is listed as.
@@ -65,7 +65,7 @@ def catalog_sizes(profile: str) -> list[Size]:
     return []
 
 
-def rightsize_rows(leases: Iterable[Lease], usage: Mapping[str, Usage],
+def rightsize_rows(leases: Iterable[LeaseFacts], usage: Mapping[str, Usage],
                    rule: RightsizeRule) -> list[RightsizeRow]:
     """A verdict per user and per group on each profile they held in ``leases``
     (judged newest first), users first, then groups, each by name and profile."""
@@ -126,7 +126,7 @@ class PurposeRow:
     hold_hours: float
 
 
-def purpose_rows(leases: Iterable[Lease], since: datetime, until: datetime
+def purpose_rows(leases: Iterable[LeaseFacts], since: datetime, until: datetime
                  ) -> list[PurposeRow]:
     """Leases, users and hold hours per purpose (as its users wrote it), most hours
     first; leases without one under :data:`NO_PURPOSE`."""
