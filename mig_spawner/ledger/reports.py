@@ -49,10 +49,6 @@ _SELECT = select(
 _RELEASED = LeaseState.RELEASED.value
 
 
-def _aware(moment: datetime | None) -> datetime | None:
-    return None if moment is None else moment.replace(tzinfo=UTC)
-
-
 class Reports:
     """The ledger's report reads (see the module docstring)."""
 
@@ -72,7 +68,8 @@ class Reports:
         with self._tx.read() as connection:
             return [
                 LeaseLine(id_, user, group, profile, claimed.replace(tzinfo=UTC),
-                          _aware(released), _aware(active), purpose, state != _RELEASED)
+                          released and released.replace(tzinfo=UTC),
+                          active and active.replace(tzinfo=UTC), purpose, state != _RELEASED)
                 for id_, user, group, profile, claimed, released, active, purpose, state
                 in connection.execute(statement)
             ]

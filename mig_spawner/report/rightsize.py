@@ -76,9 +76,10 @@ def rightsize_rows(leases: Iterable[LeaseFacts], usage: Mapping[str, Usage],
         by.setdefault(("user", lease.user, lease.profile), []).append(session)
         by.setdefault(("group", lease.group, lease.profile), []).append(session)
     rows = []
+    sizes = {profile: catalog_sizes(profile) for _, _, profile in by}  # once per profile
     for (who, name, profile), sessions in sorted(by.items(), key=lambda kv: (
             kv[0][0] != "user", kv[0][1], kv[0][2])):
-        found = judge(sessions, profile, catalog_sizes(profile), rule)
+        found = judge(sessions, profile, sizes[profile], rule)
         rows.append(RightsizeRow(
             who=who, name=name, profile=profile, verdict=found.verdict,
             measured=found.measured, needed=found.needed, sessions=len(sessions),
