@@ -222,6 +222,25 @@ def test_a_running_server_runs_out_when_the_budget_is_spent():
     assert share == pytest.approx(0.6)
 
 
+def test_many_members_run_out_each_at_their_own_time_from_one_reading():
+    """The slice map and the sweep ask when each running member's budgets run out from
+    one :class:`~mig_spawner.core.budget.Exhaustion` (the group's budget worked out
+    once): each answer is the member's own, the earlier of the group's and theirs."""
+    g = group(budget_s=400.0, user_s=100.0, window=1000.0)
+    spans = [Span("team", "ana", 1, at(-90), None),   # 90 of her 100: out in 10 s
+             Span("team", "ben", 2, at(-20), None),   # 40 of his 100: out in 30 s
+             Span("team", "cy", 1, at(-10), None),    # 10 of 100, but the group's
+             Span("team", "dan", 1, at(-200), at(-140)),  # 60 held, then stopped
+             Span("other", "ana", 3, at(-50), None)]  # another group: not counted
+    extras = [Extra("team", "ben", 20.0, at(-5))]     # ben's own 20 more: 40 s
+    # The group: 90 + 40 + 10 + 60 = 200 of 400, burning 4 a second: out in 50 s.
+    each = budget.Exhaustion(spans, extras, NOW)
+    assert {u: each.at(g, u) for u in ("ana", "ben", "cy", "dan")} == {
+        "ana": at(10), "ben": at(40), "cy": at(50), "dan": at(50)}
+    for user in ("ana", "ben", "cy", "dan"):
+        assert each.at(g, user) == budget.exhausted_at(g, user, spans, extras, NOW)
+
+
 # --- the policy keys ---------------------------------------------------------------------
 
 

@@ -328,16 +328,46 @@ def exhausted_at(group: BudgetPolicy, user: str, spans: Iterable[Span],
     servers that run now keep running and nobody starts another; ``None``: never
     (nothing runs, or what runs fits the window). At or before ``now``: spent already.
     Counts the time actually held (a minimum hold is what a spawn needs, not a charge
-    that stops a server early)."""
-    spans, extras = tuple(spans), tuple(extras)
-    t = _us(now)
-    books = [_Book.of(limit, spans, extras) for limit in limits(group, user)]
-    if not books:
-        return None
-    breaks = set().union(*(b.breaks(t, charged=False) for b in books))
-    found = _first(t, breaks, [lambda x, b=b: -b.remaining(x) for b in books],
-                   [0] * len(books), every=False)
-    return None if found is None else _time(found)
+    that stops a server early). For many members at once, :class:`Exhaustion`."""
+    return Exhaustion(spans, extras, now).at(group, user)
+
+
+class Exhaustion:
+    """:func:`exhausted_at` for many members of many groups at one ``now``: the spans and
+    extra hours are sorted by group and member once, a group's own budget is worked out
+    once for all its members, and a member's own budget from that member's spans alone
+    (so a slice map or a sweep of N servers costs N small answers, not N passes over
+    every span)."""
+
+    def __init__(self, spans: Iterable[Span], extras: Iterable[Extra],
+                 now: datetime) -> None:
+        #: The time the answers are worked out from.
+        self.now = now
+        self._t = _us(now)
+        self._spans: dict[tuple[str, str | None], list[Span]] = {}
+        for s in spans:
+            self._spans.setdefault((s.group, None), []).append(s)
+            self._spans.setdefault((s.group, s.user), []).append(s)
+        self._extras: dict[tuple[str, str | None], list[Extra]] = {}
+        for e in extras:
+            self._extras.setdefault((e.group, e.user), []).append(e)
+        self._found: dict[tuple[str, str | None], int | None] = {}
+
+    def at(self, group: BudgetPolicy, user: str) -> datetime | None:
+        """When the first budget of ``user`` in ``group`` is spent (:func:`exhausted_at`)."""
+        found = [t for t in (self._first_spent(limit) for limit in limits(group, user))
+                 if t is not None]
+        return _time(min(found)) if found else None
+
+    def _first_spent(self, limit: Limit) -> int | None:
+        # Each budget's remainder is linear between its own breaks, so the first of
+        # several budgets to run out is the earliest of each one's first.
+        key = (limit.group, limit.user)
+        if key not in self._found:
+            book = _Book.of(limit, self._spans.get(key, ()), self._extras.get(key, ()))
+            self._found[key] = _first(self._t, book.breaks(self._t, charged=False),
+                                      [lambda x: -book.remaining(x)], [0], every=False)
+        return self._found[key]
 
 
 def leaving(group: BudgetPolicy, when: datetime) -> datetime:

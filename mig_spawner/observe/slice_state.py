@@ -342,13 +342,13 @@ def _lease_fields(lease: Lease, now: datetime) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Next:
-    """What :func:`_with_next` reads besides the lease: who waits for what, and the
-    budgets' spans and extra hours (``None``: budgets not read)."""
+    """What :func:`_with_next` reads besides the lease: who waits for what, and when
+    each member's budgets run out (``None``: budgets not read)."""
 
     policy: PolicySet
     now: datetime
     waited: frozenset[str]
-    budgets: tuple[list[budget.Span], list[Extra]] | None
+    budgets: budget.Exhaustion | None
 
 
 def _with_next(row: SliceRow, lease: Lease | None, ctx: _Next | None) -> SliceRow:
@@ -372,7 +372,7 @@ def _with_next(row: SliceRow, lease: Lease | None, ctx: _Next | None) -> SliceRo
     if lease.expires_at is not None:
         coming.append((lease.expires_at, StopRule.MAX_SESSION_AGE, "its session's end"))
     if ctx.budgets is not None and group.has_budget and group.budget_action == "stop":
-        runs_out = budget.exhausted_at(group, lease.user, *ctx.budgets, now)
+        runs_out = ctx.budgets.at(group, lease.user)
         if runs_out is not None:
             coming.append((runs_out, StopRule.BUDGET, "its GPU-hour budget runs out"))
     for rule, why in ((StopRule.DRAIN, "its GPU is re-cut: the drain notice ends"),
@@ -553,9 +553,9 @@ def slice_map(
     by_id = {lease.id: lease for lease in all_leases}
     ctx = None if policy is None else _Next(
         policy, now, policy.profiles_meant(w.offer for w in waits if w.waiting),
-        None if budgets is None else (
+        None if budgets is None else budget.Exhaustion(
             budget.spans_of([x for x in budgets[0] if x.held],
-                            [x for x in budgets[0] if not x.held]), budgets[1]))
+                            [x for x in budgets[0] if not x.held]), budgets[1], now))
     lost = []
     for lease in index.unmatched.values():
         gpu = inventory.gpu_by_uuid(lease.gpu_uuid or "")

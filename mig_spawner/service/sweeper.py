@@ -384,6 +384,7 @@ class Sweeper:
         self._spans = budget.spans_of([lease for lease in counted if lease.held],
                                       [lease for lease in counted if not lease.held])
         self._extras = extras
+        self._runs_out = None
         self._count_budgets()
         pending = Counter(s.rule for lease in held for s in lease.stops)
         for rule in StopRule:
@@ -404,6 +405,8 @@ class Sweeper:
     # What budgets count, read with the leases at each sweep.
     _spans: list[budget.Span] = []
     _extras: list[Extra] = []
+    #: When each member's budgets run out, worked out once per sweep (at its ``now``).
+    _runs_out: budget.Exhaustion | None = None
 
     def budget_stop(self, now: datetime, server: HubServer, lease: Lease | None
                     ) -> tuple[Decision | None, StopWarning | None]:
@@ -420,7 +423,9 @@ class Sweeper:
             return Decision(StopRule.BUDGET, server.user, server.name, group.name,
                             idle_seconds=None, age_seconds=(now - began).total_seconds(),
                             limit_seconds=0.0), None
-        runs_out = budget.exhausted_at(group, lease.user, self._spans, self._extras, now)
+        if self._runs_out is None or self._runs_out.now != now:
+            self._runs_out = budget.Exhaustion(self._spans, self._extras, now)
+        runs_out = self._runs_out.at(group, lease.user)
         share = max((s.share_used for s in standing), default=0.0)
         return None, budget_warning(now, runs_out, share, group.budget_warn_share,
                                     group.warn_before)
