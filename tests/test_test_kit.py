@@ -241,7 +241,10 @@ def _alive(pid: int) -> bool:
 
 def _pytest(tmp_path: Path, *args: str, name: str) -> subprocess.Popen:
     """A pytest run of its own (its own mark), output in ``tmp_path/<name>.log``."""
-    return reaper.start(child_pytest("-q", *args), "a child pytest", cwd=REPO,
+    # Interruptible: the child is a run as a terminal starts it, even where this run was
+    # started in the background (which ignores SIGINT, and its children would too).
+    return reaper.start(child_pytest("-q", *args), "a child pytest", interruptible=True,
+                        cwd=REPO,
                         env={**child_env(), "READY_FILE": str(tmp_path / "ready.json")},
                         stdout=(tmp_path / f"{name}.log").open("wb"),
                         stderr=subprocess.STDOUT)

@@ -75,11 +75,16 @@ def run_dir() -> Path | None:
     return Path(folder) if folder else None
 
 
-def start(args: list[str], what: str, **kw) -> subprocess.Popen:
+def start(args: list[str], what: str, *, interruptible: bool = False,
+          **kw) -> subprocess.Popen:
     """``subprocess.Popen(args, **kw)`` in a process group of its own, sent SIGTERM when
-    the calling thread dies, and ended by :func:`reap` if it is still running then."""
+    the calling thread dies, and ended by :func:`reap` if it is still running then.
+    ``interruptible``: the process gets SIGINT at its default, as a terminal gives it,
+    whatever this process inherited (a run started in the background, ``make test &``,
+    ignores SIGINT, and so would its children)."""
     kw.setdefault("start_new_session", True)
-    kw["preexec_fn"] = _dies_with(os.getpid()) if _on_main_thread() else None
+    preexec = _dies_with(os.getpid()) if _on_main_thread() else None
+    kw["preexec_fn"] = _default_sigint(preexec) if interruptible else preexec
     proc = subprocess.Popen(args, **kw)
     with _lock:
         _started[proc.pid] = (proc, what)
@@ -201,6 +206,17 @@ def _dies_with(parent: int) -> Callable[[], None]:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the line above
             os._exit(1)
+
+    return preexec
+
+
+def _default_sigint(then: Callable[[], None] | None) -> Callable[[], None]:
+    """Run in the child before it execs: SIGINT back at its default, then ``then``."""
+
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if then is not None:
+            then()
 
     return preexec
 
