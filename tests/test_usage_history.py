@@ -44,19 +44,31 @@ def sampled(ledger: Ledger, user: str, start: int, days_ago: list[float]) -> str
     return lease.id
 
 
+def same_by_window(ledger: Ledger) -> None:
+    """The report's read of a window (summaries joined to it) gives what reading them
+    lease by lease gives."""
+    since, until = NOW - timedelta(days=365), datetime.now(UTC) + timedelta(days=1)
+    ids = [x.id for x in ledger.reports.leases(since, until)]
+    assert ledger.usage.summaries_between(since, until) == ledger.usage.summaries(ids)
+
+
 def test_summaries_read_the_same_after_pruning_and_held_leases_keep_every_sample(
         backend_url):
     with Ledger.open(backend_url) as ledger:
         ended = sampled(ledger, "ann", 0, [45, 40, 35, 31, 20, 2])
         held = sampled(ledger, "bob", 1, [50, 44, 33, 10, 1])  # held for 50 days
+        sampled(ledger, "cy", 2, [])  # never sampled: in no summary
         ledger.leases.release(ended, ReleaseCode.STOPPED)
         before = ledger.usage.summaries([ended, held])
+        assert set(before) == {ended, held}
+        same_by_window(ledger)
         raw_held = ledger.usage.samples([held])
 
         pruned = ledger.usage.prune(NOW - WINDOW)
         assert ledger.usage.samples([held]) == raw_held  # nothing of a held lease goes
         assert ledger.usage.summaries([ended, held]) == before
         assert pruned == (1, 4)  # one summary kept, four samples deleted
+        same_by_window(ledger)
         assert [s.at for s in ledger.usage.samples([ended])[ended]] == [
             NOW - timedelta(days=20), NOW - timedelta(days=2)]
         # Again, and once every sample of the ended lease is old: the same summary.
@@ -66,7 +78,9 @@ def test_summaries_read_the_same_after_pruning_and_held_leases_keep_every_sample
         assert ledger.usage.samples([ended]) == {}
         # The service's summary of a lease it saw end is written once, then kept.
         ledger.leases.release(held, ReleaseCode.STOPPED)
+        same_by_window(ledger)  # released, not yet summarised: from its samples
         assert ledger.usage.summarize_released([held, ended, "unknown"]) == 1
+        same_by_window(ledger)
         assert ledger.usage.summarize_released([held]) == 0
         assert ledger.usage.prune(NOW + timedelta(days=1)) == (0, 5)
         assert ledger.usage.summaries([ended, held]) == before

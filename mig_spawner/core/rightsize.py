@@ -12,10 +12,11 @@ docs/analyst-guide.md, "Right-sizing".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from itertools import islice
 
 from mig_spawner.core.catalog import format_gib
 
@@ -169,7 +170,7 @@ class Judgement:
                 "would give room")
 
 
-def judge(sessions: Sequence[Session], key: str, sizes: Sequence[Size],
+def judge(sessions: Iterable[Session], key: str, sizes: Sequence[Size],
           rule: RightsizeRule = RightsizeRule()) -> Judgement:
     """The verdict on size ``key`` from ``sessions`` (newest first; those on other sizes
     are ignored) among the ``sizes`` that could be picked instead.
@@ -181,8 +182,10 @@ def judge(sessions: Sequence[Session], key: str, sizes: Sequence[Size],
     Under-sized (LARGER) wins over over-sized: a slice that was full once is not
     offered smaller. A verdict with no size to move to is FITS.
     """
-    measured = [s.usage for s in sessions if s.key == key and not s.running
-                and s.usage is not None and s.usage.samples >= rule.min_samples][: rule.recent]
+    # Lazily: of a group's thousands of sessions only the newest few are read.
+    measured = list(islice((s.usage for s in sessions if s.key == key and not s.running
+                            and s.usage is not None and s.usage.samples >= rule.min_samples),
+                           rule.recent))
     if len(measured) < rule.min_sessions:
         return Judgement(key, Verdict.TOO_FEW, len(measured), rule.min_sessions)
     peak = max(u.peak_mib for u in measured)

@@ -9,20 +9,20 @@ for: :class:`LeaseLine` carries those columns and nothing else (docs/ledger.md,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
-from sqlalchemy import select, type_coerce
+from sqlalchemy import ColumnElement, select, type_coerce
 
 from .models import leases
 from .records import Lease, LeaseState, require_aware
 from .transactions import Transactions
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseLine:
+class LeaseLine(NamedTuple):
     """The part of a :class:`~mig_spawner.ledger.Lease` a usage report reads; the
-    fields mean what the Lease's of the same name mean."""
+    fields mean what the Lease's of the same name mean. A named tuple: a year's
+    175,000 are built some three times faster than frozen dataclasses."""
 
     id: str
     user: str
@@ -49,6 +49,15 @@ _SELECT = select(
 _RELEASED = LeaseState.RELEASED.value
 
 
+def held_between(since: datetime, until: datetime) -> ColumnElement[bool]:
+    """The leases that held a slice at some moment of ``[since, until]``: claimed at or
+    before ``until``; still held, or released at or after ``since``."""
+    require_aware("since", since)
+    require_aware("until", until)
+    return ((leases.c.released_at.is_(None)) | (leases.c.released_at >= since)) & (
+        leases.c.claimed_at <= until)
+
+
 class Reports:
     """The ledger's report reads (see the module docstring)."""
 
@@ -60,16 +69,12 @@ class Reports:
         or before ``until``; still held, or released at or after ``since``), oldest
         claim first: the leases of ``ledger.leases.history(since)`` claimed by
         ``until``, in their report columns."""
-        require_aware("since", since)
-        require_aware("until", until)
-        statement = _SELECT.where(
-            (leases.c.released_at.is_(None)) | (leases.c.released_at >= since),
-            leases.c.claimed_at <= until)
+        statement = _SELECT.where(held_between(since, until))
         with self._tx.read() as connection:
             return [
                 LeaseLine(id_, user, group, profile, claimed.replace(tzinfo=UTC),
                           released and released.replace(tzinfo=UTC),
                           active and active.replace(tzinfo=UTC), purpose, state != _RELEASED)
                 for id_, user, group, profile, claimed, released, active, purpose, state
-                in connection.execute(statement)
+                in connection.execute(statement).all()
             ]

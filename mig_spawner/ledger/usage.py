@@ -11,7 +11,7 @@ claim is decided on (docs/policies.md, "Budgets").
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +23,7 @@ from mig_spawner.core.rightsize import UsageSample, summarize
 
 from .models import budget_grants, lease_samples, lease_usage, leases
 from .records import HELD_STATES, Lease, require_aware
+from .reports import held_between
 from .rows import lock_lease, released_since, select_leases, update
 from .transactions import Transactions
 
@@ -30,6 +31,8 @@ _EXTRAS = select(budget_grants).order_by(budget_grants.c.id)
 _EXTRAS_SINCE = _EXTRAS.where(budget_grants.c.granted_at >= bindparam("since"))
 #: Lease ids per read of samples: bounds the IN list.
 _SAMPLES_PER_READ = 500
+#: ``lease_usage``'s figures in the order of :class:`UsageSummary`'s fields.
+_SUMMARY_COLUMNS = tuple(lease_usage.c[f.name] for f in fields(UsageSummary))
 
 
 class Usage:
@@ -111,15 +114,27 @@ class Usage:
         wanted = list(dict.fromkeys(lease_ids))
         with self._tx.read() as connection:
             found = _stored(connection, wanted)
-            rest = [x for x in wanted if x not in found]
-            computed = {lease_id: usage
-                        for lease_id, kept in _samples(connection, rest).items()
-                        if (usage := summarize(kept)) is not None}
-            # A prune that committed between the two reads (PostgreSQL reads each
-            # statement afresh) may have taken samples: its summary then holds them all.
-            found.update(computed)
-            found.update(_stored(connection, list(computed)))
-        return found
+            return _with_computed(connection, found, [x for x in wanted if x not in found])
+
+    def summaries_between(self, since: datetime, until: datetime
+                          ) -> dict[str, UsageSummary]:
+        """:meth:`summaries` of every lease that held a slice at some moment of ``[since,
+        until]`` (the leases ``ledger.reports.leases`` lists), read by joining the kept
+        summaries to the window rather than naming each lease: a year is some 175,000."""
+        # One pass over the window's leases; those without a kept summary come back
+        # with NULLs (held ones, ones released since the service last looked).
+        statement = select(leases.c.id, *_SUMMARY_COLUMNS).outerjoin(
+            lease_usage, lease_usage.c.lease_id == leases.c.id).where(
+            held_between(since, until))
+        found: dict[str, UsageSummary] = {}
+        rest: list[str] = []
+        with self._tx.read() as connection:
+            for lease_id, samples, *figures in connection.execute(statement).all():
+                if samples is None:
+                    rest.append(lease_id)
+                else:
+                    found[lease_id] = UsageSummary(samples, *figures)
+            return _with_computed(connection, found, rest)
 
     def summarize_released(self, lease_ids: Iterable[str]) -> int:
         """Keep the summary of each of ``lease_ids`` that is released, has samples and
@@ -211,12 +226,24 @@ def _stored(connection: Connection, lease_ids: list[str]) -> dict[str, UsageSumm
     """The kept summaries of ``lease_ids``."""
     found: dict[str, UsageSummary] = {}
     for start in range(0, len(lease_ids), _SAMPLES_PER_READ):
-        for row in connection.execute(select(lease_usage).where(
-                lease_usage.c.lease_id.in_(lease_ids[start:start + _SAMPLES_PER_READ]))):
-            found[row.lease_id] = UsageSummary(
-                samples=row.samples, peak_mib=row.peak_mib, p95_mib=row.p95_mib,
-                memory_total_mib=row.memory_total_mib, sampled_seconds=row.sampled_seconds,
-                active_seconds=row.active_seconds)
+        found.update((lease_id, UsageSummary(*figures)) for lease_id, *figures in (
+            connection.execute(select(lease_usage.c.lease_id, *_SUMMARY_COLUMNS).where(
+                lease_usage.c.lease_id.in_(lease_ids[start:start + _SAMPLES_PER_READ])))))
+    return found
+
+
+
+
+def _with_computed(connection: Connection, found: dict[str, UsageSummary],
+                   rest: list[str]) -> dict[str, UsageSummary]:
+    """``found`` (kept summaries) with the leases of ``rest`` (none kept) summarised from
+    their samples, those without samples left out."""
+    computed = {lease_id: usage for lease_id, kept in _samples(connection, rest).items()
+                if (usage := summarize(kept)) is not None}
+    # A prune that committed between the two reads (PostgreSQL reads each statement
+    # afresh) may have taken samples: its summary then holds them all.
+    found.update(computed)
+    found.update(_stored(connection, list(computed)))
     return found
 
 

@@ -86,11 +86,6 @@ class UsageRow:
         return self.refused_capacity + self.refused_policy
 
 
-def _clip(start: datetime, end: datetime, since: datetime, until: datetime) -> float:
-    """Seconds of ``[start, end]`` inside ``[since, until]``."""
-    return max(0.0, (min(end, until) - max(start, since)).total_seconds())
-
-
 def lease_end(lease: LeaseFacts, until: datetime) -> datetime:
     """When the lease stopped holding its slice (``until`` if it still holds it)."""
     return lease.released_at or until
@@ -211,13 +206,16 @@ class _Held:
         self.spans: list[tuple[datetime, datetime]] = []  # held inside the window
 
     def add(self, lease: LeaseFacts, end: datetime, since: datetime, until: datetime) -> None:
+        # The seconds of each span inside the window, worked out inline: this runs once
+        # per lease, 175,000 times over a year.
+        start, stop = max(lease.claimed_at, since), min(end, until)
         self.granted += 1
-        self.hold += _clip(lease.claimed_at, end, since, until)
+        self.hold += max(0.0, (stop - start).total_seconds())
         if lease.last_activity_at is not None:
-            self.idle += _clip(lease.last_activity_at, end, since, until)
+            self.idle += max(0.0, (stop - max(lease.last_activity_at, since)).total_seconds())
         if lease.released_at is not None:
             self.ended.append((lease.released_at - lease.claimed_at).total_seconds() / 60)
-        self.spans.append((max(lease.claimed_at, since), min(end, until)))
+        self.spans.append((start, stop))
 
 
 def held_steps(

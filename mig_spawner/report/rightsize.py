@@ -70,19 +70,20 @@ def rightsize_rows(leases: Iterable[LeaseFacts], usage: Mapping[str, Usage],
     """A verdict per user and per group on each profile they held in ``leases``
     (judged newest first), users first, then groups, each by name and profile."""
     newest = sorted(leases, key=lambda x: x.claimed_at, reverse=True)
-    by: dict[tuple[str, str, str], list[Session]] = {}
+    by: dict[tuple[str, str, str], list[LeaseFacts]] = {}
     for lease in newest:
-        session = Session(lease.profile, usage.get(lease.id), lease.held)
-        by.setdefault(("user", lease.user, lease.profile), []).append(session)
-        by.setdefault(("group", lease.group, lease.profile), []).append(session)
+        by.setdefault(("user", lease.user, lease.profile), []).append(lease)
+        by.setdefault(("group", lease.group, lease.profile), []).append(lease)
     rows = []
-    sizes = {profile: catalog_sizes(profile) for _, _, profile in by}  # once per profile
-    for (who, name, profile), sessions in sorted(by.items(), key=lambda kv: (
+    sizes = {profile: catalog_sizes(profile) for profile in {key[2] for key in by}}
+    for (who, name, profile), held in sorted(by.items(), key=lambda kv: (
             kv[0][0] != "user", kv[0][1], kv[0][2])):
+        # Lazily: judge reads a group's thousands of sessions only to its newest few.
+        sessions = (Session(profile, usage.get(x.id), x.held) for x in held)
         found = judge(sessions, profile, sizes[profile], rule)
         rows.append(RightsizeRow(
             who=who, name=name, profile=profile, verdict=found.verdict,
-            measured=found.measured, needed=found.needed, sessions=len(sessions),
+            measured=found.measured, needed=found.needed, sessions=len(held),
             peak_mib=found.peak_mib, memory_mib=found.memory_mib,
             suggested=found.suggested.key if found.suggested else None,
             suggested_mib=found.suggested.memory_mib if found.suggested else None,
