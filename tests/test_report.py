@@ -23,7 +23,7 @@ from mig_spawner.ledger import (
     RefusalRecord,
 )
 from mig_spawner.report.advise import advise, candidate_layouts, count_refusals
-from mig_spawner.report.demand import Request, held_steps, requests_of, usage
+from mig_spawner.report.demand import Request, held_steps, peak_concurrency, requests_of, usage
 from mig_spawner.report.plots import concurrency_figure, demand_figure
 from mig_spawner.report.replay import (
     GpuLayout,
@@ -561,3 +561,16 @@ def test_report_shows_waits_and_abandoned_waits_per_offer_and_group(tmp_path, ca
         3, 1, 1, 1)
     assert small["median_minutes"] == pytest.approx(12)
     assert rows[(BIG, "research")]["waiting"] == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6)), max_size=30))
+def test_peak_concurrency_is_the_most_intervals_open_at_one_moment(spans):
+    """Against the definition: walk every start and end in time order, an end at t
+    before a start at t, and keep the most open at once."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    intervals = [(base + timedelta(hours=a), base + timedelta(hours=a + d)) for a, d in spans]
+    events = sorted((moment, step) for start, end in intervals
+                    for moment, step in ((start, 1), (end, -1)))
+    walked = [sum(step for _, step in events[:n + 1]) for n in range(len(events))]
+    assert peak_concurrency(iter(intervals)) == max([0, *walked])

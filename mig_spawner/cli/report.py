@@ -247,15 +247,22 @@ def _purpose_and_rightsize(args: argparse.Namespace, leases: Sequence[LeaseFacts
     one, and ``--rightsize``'s verdicts."""
     from ..report.rightsize import purpose_rows, purpose_text, rightsize_rows, rightsize_text
 
+    def section(text: Callable[[], str], rows: Callable[[], list]) -> tuple[str, list]:
+        # Only the form this run prints: over a year, the other is thousands of rows
+        # built for nothing.
+        return ("", rows()) if args.json else (text(), [])
+
     sections: dict[str, tuple[str, list]] = {}
     if any(x.purpose for x in leases):
         purposes = purpose_rows(leases, since, until)
-        sections["purposes"] = ("Usage by purpose\n\n" + purpose_text(purposes),
-                                [asdict(r) for r in purposes])
+        sections["purposes"] = section(
+            lambda: "Usage by purpose\n\n" + purpose_text(purposes),
+            lambda: [asdict(r) for r in purposes])
     if rule is not None:
         verdicts = rightsize_rows(leases, measured, rule)
-        sections["rightsize"] = (rightsize_text(verdicts, rule), [
-            {**asdict(r), "text": r.text} for r in verdicts])
+        sections["rightsize"] = section(
+            lambda: rightsize_text(verdicts, rule),
+            lambda: [{**asdict(r), "text": r.text} for r in verdicts])
     return sections
 
 

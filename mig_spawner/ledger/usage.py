@@ -126,15 +126,10 @@ class Usage:
         statement = select(leases.c.id, *_SUMMARY_COLUMNS).outerjoin(
             lease_usage, lease_usage.c.lease_id == leases.c.id).where(
             held_between(since, until))
-        found: dict[str, UsageSummary] = {}
-        rest: list[str] = []
         with self._tx.read() as connection:
-            for lease_id, samples, *figures in connection.execute(statement).all():
-                if samples is None:
-                    rest.append(lease_id)
-                else:
-                    found[lease_id] = UsageSummary(samples, *figures)
-            return _with_computed(connection, found, rest)
+            rows = connection.execute(statement).all()
+            found = {row[0]: UsageSummary(*row[1:]) for row in rows if row[1] is not None}
+            return _with_computed(connection, found, [r[0] for r in rows if r[1] is None])
 
     def summarize_released(self, lease_ids: Iterable[str]) -> int:
         """Keep the summary of each of ``lease_ids`` that is released, has samples and

@@ -10,6 +10,7 @@ allocator on other layouts.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -93,14 +94,13 @@ def lease_end(lease: LeaseFacts, until: datetime) -> datetime:
 
 def peak_concurrency(intervals: Iterable[tuple[datetime, datetime]]) -> int:
     """Most intervals overlapping at one moment (an end at t frees before a start at t)."""
-    events = sorted(
-        (moment, step) for start, end in intervals for moment, step in ((start, 1), (end, -1))
-    )
-    peak = current = 0
-    for _, step in events:
-        current += step
-        peak = max(peak, current)
-    return peak
+    # Just after the n-th start (in time order), n intervals have begun and those whose
+    # end is at or before it are over: starts and ends sorted apart (the starts come in
+    # claim order, already sorted), not one list of 350,000 (moment, step) pairs a year.
+    pairs = list(intervals)
+    ends = sorted(end for _, end in pairs)
+    starts = sorted(start for start, _ in pairs)
+    return max((n - bisect_right(ends, start) for n, start in enumerate(starts, 1)), default=0)
 
 
 def median_holds(leases: Iterable[LeaseFacts], until: datetime) -> dict[str, timedelta]:
