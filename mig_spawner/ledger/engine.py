@@ -29,8 +29,6 @@ from .models import ledger_lock
 LEDGER_FILE = "mig_spawner_ledger.sqlite"
 DEFAULT_URL = f"sqlite:///{LEDGER_FILE}"
 SQLITE_BUSY_TIMEOUT_S = 30.0
-#: SQLite's page cache per connection, in KiB (``PRAGMA cache_size`` takes it negative).
-SQLITE_CACHE_KIB = 32 * 1024
 #: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``.
 _BEGIN_OPTION = "mig_spawner_sqlite_begin"
 #: The claim lock (built once: every claim takes it).
@@ -153,15 +151,6 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
-    sqlite_page_cache(dbapi_connection, _record)
-
-
-def sqlite_page_cache(dbapi_connection: Any, _record: Any) -> None:
-    """Keep up to :data:`SQLITE_CACHE_KIB` of pages per connection (SQLite's default is
-    2 MiB): a report over a year joins 175,000 leases to their usage by id, and with the
-    default most of those lookups go back to the file. Filled only as far as it is used.
-    A ``connect`` listener of every ledger engine, read-only ones too."""
-    dbapi_connection.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
 
 
 def _sqlite_on_begin(connection: Connection) -> None:

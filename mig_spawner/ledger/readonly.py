@@ -14,11 +14,11 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from .engine import SQLITE_BUSY_TIMEOUT_S, create_ledger_engine, parse_url, sqlite_page_cache
+from .engine import SQLITE_BUSY_TIMEOUT_S, create_ledger_engine, parse_url
 from .errors import LedgerConfigError, LedgerMissing, LedgerUnavailable
 
 #: How long :func:`probe` tries to connect to a database server: a hub starting waits
@@ -41,10 +41,8 @@ def readonly_engine(url: str, *, echo: bool = False) -> Engine:
         return engine
     uri = _readonly_sqlite_uri(parsed)
     # The engine keeps the URL the admin gave (for messages); connections use the URI.
-    engine = create_engine(parsed, echo=echo, creator=lambda: sqlite3.connect(
+    return create_engine(parsed, echo=echo, creator=lambda: sqlite3.connect(
         uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False))
-    event.listen(engine, "connect", sqlite_page_cache)
-    return engine
 
 
 def _readonly_sqlite_uri(url: URL) -> str:
