@@ -9,10 +9,11 @@ for: :class:`LeaseLine` carries those columns and nothing else (docs/ledger.md,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, select, type_coerce
+from sqlalchemy import ColumnElement, String, select, type_coerce
 
 from .models import leases
 from .records import Lease, LeaseState, require_aware
@@ -38,15 +39,25 @@ class LeaseLine(NamedTuple):
 #: A lease as the report's pure functions read it: in full, or only its report columns.
 LeaseFacts = Lease | LeaseLine
 
-# Times read as the naive UTC they are stored as and made aware once per row here,
-# not through a Python processor per column and row (as rows._COLUMNS does).
+# Times read as the driver gives them, with no processor of SQLAlchemy's, and made
+# aware here by the fastest way for the backend (see _aware): a year is 525,000 times.
 _TIME_COLUMNS = ("claimed_at", "released_at", "last_activity_at")
 _SELECT = select(
     leases.c.id, leases.c.user_name, leases.c.group_name, leases.c.profile,
-    *(type_coerce(leases.c[name], leases.c[name].type.impl) for name in _TIME_COLUMNS),
+    *(type_coerce(leases.c[name], String) for name in _TIME_COLUMNS),
     leases.c.purpose, leases.c.state,
 ).order_by(leases.c.claimed_at, leases.c.id)
 _RELEASED = LeaseState.RELEASED.value
+
+
+def _aware(dialect: str) -> Callable[[Any], datetime]:
+    """How a stored time becomes an aware UTC datetime: SQLite gives the naive UTC text
+    it keeps ("2026-05-01 09:30:00.000000"), which ``fromisoformat`` reads with its
+    offset in one call (some ten times faster than parsing, then ``replace``); other
+    drivers give naive UTC datetimes."""
+    if dialect == "sqlite":
+        return lambda text: datetime.fromisoformat(text + "+00:00")
+    return lambda naive: naive.replace(tzinfo=UTC)
 
 
 def held_between(since: datetime, until: datetime) -> ColumnElement[bool]:
@@ -71,10 +82,11 @@ class Reports:
         ``until``, in their report columns."""
         statement = _SELECT.where(held_between(since, until))
         with self._tx.read() as connection:
+            aware = _aware(connection.dialect.name)
             return [
-                LeaseLine(id_, user, group, profile, claimed.replace(tzinfo=UTC),
-                          released and released.replace(tzinfo=UTC),
-                          active and active.replace(tzinfo=UTC), purpose, state != _RELEASED)
+                LeaseLine(id_, user, group, profile, aware(claimed),
+                          released and aware(released), active and aware(active), purpose,
+                          state != _RELEASED)
                 for id_, user, group, profile, claimed, released, active, purpose, state
                 in connection.execute(statement).all()
             ]
