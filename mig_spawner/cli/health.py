@@ -17,17 +17,15 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .settings import ledger_url
+from .settings import connect_gpus, ledger_url
 
 if TYPE_CHECKING:
     from ..gpu import GpuAdapter
     from ..ledger import GpuFault
 
 
-def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable,
-               connect: Callable[[argparse.Namespace], GpuAdapter]) -> None:
-    """Register ``health`` (and ``health clear``) on the ``mig-spawner`` parser;
-    ``connect(args)`` opens the GPU adapter as the other commands do."""
+def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable) -> None:
+    """Register ``health`` (and ``health clear``) on the ``mig-spawner`` parser."""
     p = sub.add_parser("health", help="GPU faults held from new servers; 'clear' lifts a "
                                       "GPU's once the driver reads it healthy",
                        description=__doc__.split("\n\n", 1)[1],
@@ -41,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction, add_global_options: Callable,
                                              "reads it healthy again")
     add_global_options(clear)
     clear.add_argument("gpu", help="the GPU: its index on this host, or its UUID")
-    clear.set_defaults(func=lambda args: cmd_clear(args, connect(args)))
+    clear.set_defaults(func=lambda args: cmd_clear(args, connect_gpus(args)))
 
 
 def fault_line(fault: GpuFault) -> str:

@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub, add_global_options)
     budget.add_parser(sub, add_global_options)
     layout.add_parser(sub, add_global_options)
-    health.add_parser(sub, add_global_options, connect_gpus)
+    health.add_parser(sub, add_global_options)
     demo.add_parser(sub)
     return parser
 
