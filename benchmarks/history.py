@@ -14,7 +14,8 @@ ledger keeps 30 days of it, also ten times larger, while the summaries stay one 
 lease). SQLite on disk, as the hub's default ledger. The two ``report`` commands run in
 a process of their own (this one's heap, after a year generated and read raw, made them
 some 0.2 s slower), timed after their imports, and again whole as an admin waits for them.
-Not a timed test: it prints seconds and ratios. Run: ``nice -n 19 .venv/bin/python benchmarks/history.py``
+Not a timed test: it prints seconds and ratios.
+Run: ``nice -n 19 .venv/bin/python benchmarks/history.py``
 """
 
 from __future__ import annotations
