@@ -23,14 +23,13 @@ import pytest
 import requests
 
 from mig_spawner.ledger import Ledger
-from tests.support.browser import launch_chromium
-from tests.support.hub_harness import REPO, STARTED, HubProcess, start_mig_hub
+from tests.support.browser import launch_chromium, screenshot_path
+from tests.support.hub_harness import STARTED, HubProcess, start_mig_hub
 from tests.support.polling import until
 from tests.support.system_deps import require_chromium
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
-IMG = REPO / "docs" / "img"
 
 SIM = "h200x1:layout=1g.18gb*3"
 #: The shipped "small" as the form's heading, and every sentence, names it.
@@ -145,13 +144,13 @@ def test_wait_list_in_the_spawn_page(tmp_path: Path) -> None:
             text = form.locator("#spawn_form").inner_text()
             assert "All 3 in use \u2014 join the wait list (5 waiting, " in text, text
             assert form.get_by_role("radio", name=re.compile("Small")).is_enabled()
-            form.locator("#spawn_form").screenshot(path=str(IMG / "spawn-form-wait.png"))
+            form.locator("#spawn_form").screenshot(path=str(screenshot_path("spawn-form-wait.png")))
             # The pending page of the last in line: its place, then the line moving.
             pending = login(browser, hub, "u8")
             pending.goto(f"{hub.url}/hub/spawn-pending/u8")
             pending.locator(f"text=/5th in line for {SMALL}/").first.wait_for(
                 timeout=15_000)
-            pending.screenshot(path=str(IMG / "spawn-pending-wait.png"))
+            pending.screenshot(path=str(screenshot_path("spawn-pending-wait.png")))
 
             # A release starts the first waiter's server within 2 s.
             hub.stop_server("u1")

@@ -5,8 +5,9 @@ A real JupyterHub runs the real slice service as the shipped
 and viewer role), over a simulated 2x H200 and a SQLite ledger with leases in every
 state. An admin (group ``admins``) logs in and sees each GPU as its memory slices with
 the instances laid on them; the page redraws itself when a slice changes; a user
-without the scope gets 403. Saves the map's screenshot to docs/img/slice-map.png, and
-one of a GPU being re-cut (a layout change draining it) to docs/img/slice-map-drain.png.
+without the scope gets 403. Takes the map's screenshot (slice-map.png), and
+one of a GPU being re-cut (a layout change draining it, slice-map-drain.png): docs/img with
+MIG_SPAWNER_SCREENSHOTS=docs (tests/support/browser.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mig_spawner.layout import LayoutApplier, begin, end_change, holders_of
 from mig_spawner.ledger import Ledger
 from mig_spawner.observe.slicemap import SLICEMAP_SCOPE
 from mig_spawner.service.handlers import METRICS_SCOPE
-from tests.support.browser import launch_chromium
+from tests.support.browser import launch_chromium, screenshot_path
 from tests.support.hub_harness import ADMIN_SERVICE, REPO, HubProcess, free_port
 from tests.support.observe_world import POLICY, make_world
 from tests.support.polling import until
@@ -38,8 +39,6 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 SERVICE = "mig-slices"
 SNIPPET = REPO / "jupyterhub_config.d" / "30-slice-service.py"
-SCREENSHOT = REPO / "docs" / "img" / "slice-map.png"
-DRAIN_SCREENSHOT = REPO / "docs" / "img" / "slice-map-drain.png"
 # As the page's own refresh does it: a script fetch needs the XSRF token the page carries.
 FETCH_JSON = "fetch('slices.json', {headers: {'X-XSRFToken': XSRF}}).then(r => r.json())"
 
@@ -132,8 +131,7 @@ def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
         assert "3g.71gb" in text and "ada/llm" in text and "group research" in text
         assert "age 2h 0" in text and "idle 1m" in text and "1 proc" in text
         assert "research" in page.locator("#groups").inner_text()
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        page.screenshot(path=str(screenshot_path("slice-map.png")), full_page=True)
 
         # A stray process appears on a free slice: the page redraws it as an orphan.
         free = page.locator('section.gpu[data-gpu="0"] .slice[data-state="free"]')
@@ -163,7 +161,7 @@ def test_admin_sees_every_slice_and_the_map_follows_changes(setup):
             assert "being re-cut (draining): waits for bob" in change.inner_text()
             gpu1 = page.locator('section.gpu[data-gpu="1"]')
             assert gpu1.get_by_text("being re-cut", exact=True).count() >= 1
-            page.screenshot(path=str(DRAIN_SCREENSHOT), full_page=True)
+            page.screenshot(path=str(screenshot_path("slice-map-drain.png")), full_page=True)
             for opened in ledger.holds.changes():
                 end_change(ledger, opened, PlanState.FAILED, "the test ends it")
 

@@ -2,7 +2,8 @@
 
 Log in, see only the slices one's groups allow with what is free now and an
 exhausted one disabled, pick one with the keyboard, watch the progress, land in the
-server. Saves the form's screenshot to docs/img/spawn-form.png for the docs.
+server. Takes the form's screenshot for the docs (spawn-form.png; docs/img with
+MIG_SPAWNER_SCREENSHOTS=docs).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 
 import pytest
 
-from tests.support.browser import launch_chromium, sign_in
+from tests.support.browser import launch_chromium, screenshot_path, sign_in
 from tests.support.hub_harness import PAUSE_BEFORE_SPAWN, REPO, start_mig_hub
 from tests.support.system_deps import require_chromium
 
@@ -24,8 +25,6 @@ playwright = pytest.importorskip("playwright.sync_api")
 SIM = ("h200x1:layout=1g.18gb*4,2g.35gb,1g.35gb+h200x1:layout=3g.71gb,2g.35gb,1g.18gb*2"
        "+h200x1:mig=off")
 WHOLE_GPUS = (REPO / "jupyterhub_config.d" / "25-whole-gpus.py").read_text()
-SCREENSHOT = REPO / "docs" / "img" / "spawn-form.png"
-PENDING_SCREENSHOT = REPO / "docs" / "img" / "spawn-pending.png"
 # Each text the pending page's headline takes, recorded from before the hub's script runs.
 RECORD_HEADLINES = """
 window.migHeadlines = [];
@@ -73,8 +72,7 @@ def test_analyst_picks_a_slice_and_lands_in_the_server(hub):
         text = page.locator("#spawn_form").inner_text()
         assert "2 free now" in text and "the only one is in use right now" in text
         assert "2/7 of the GPU's compute" in text
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.locator("#spawn_form").screenshot(path=str(SCREENSHOT))
+        page.locator("#spawn_form").screenshot(path=str(screenshot_path("spawn-form.png")))
 
         # Keyboard only: move to the next enabled choice, then submit with Enter.
         medium.focus()
@@ -125,7 +123,8 @@ def test_the_pending_page_headline_follows_the_steps(hub):
             assert steps[-2] == "Reserving \u201cSmall: 1 of 7 compute slices\u201d", seen
             assert reserved.match(steps[-1]), seen
             assert page.locator("#progress-message").is_hidden()  # no second copy
-            page.locator("main, #main, body").first.screenshot(path=str(PENDING_SCREENSHOT))
+            page.locator("main, #main, body").first.screenshot(
+                path=str(screenshot_path("spawn-pending.png")))
 
             pause.unlink()
             page.wait_for_url(re.compile(r"/user/ana/tree"), timeout=120_000)

@@ -5,7 +5,8 @@ A real hub + proxy + jupyter_server with JupyterLab, the slice service sweeping 
 second: one of each per class of tests, so that the classes run side by side. Idle
 limits are the shipped snippet's "analysts" ones (30 min, 45 min while nobody waits,
 25 min while someone does, warned 10 min ahead) shortened 60 times together, seconds
-for minutes, the sweep (1 min) too. Screenshots go to docs/img for the analyst guide.
+for minutes, the sweep (1 min) too. Screenshots for the analyst guide
+(docs/img with MIG_SPAWNER_SCREENSHOTS=docs).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 import requests
 
 from mig_spawner.ledger import Ledger
-from tests.support.browser import launch_chromium, sign_in
-from tests.support.hub_harness import REPO, STARTED, STOP_TIMEOUT, start_mig_hub
+from tests.support.browser import launch_chromium, screenshot_path, sign_in
+from tests.support.hub_harness import STARTED, STOP_TIMEOUT, start_mig_hub
 from tests.support.polling import until
 from tests.support.slice_service import SERVICE_CONFIG, Service
 from tests.support.system_deps import require_chromium
@@ -28,7 +29,6 @@ pytestmark = [pytest.mark.hub, pytest.mark.browser]
 playwright = pytest.importorskip("playwright.sync_api")
 
 SIM = "h200x1:layout=1g.18gb*7"
-IMG = REPO / "docs" / "img"
 MAX_AGE, AGE_WARN, EXTEND = 60, 20, 30
 # The shipped analysts' limits, minutes as seconds.
 IDLE, UNWAITED, WAITED, IDLE_WARN = 30, 40, 25, 10
@@ -95,7 +95,7 @@ class TestSessionAge:
         toast.wait_for(timeout=(MAX_AGE + 10) * 1000)
         assert re.search(r"stops in about (\d+s|1m)", toast.inner_text()), toast.inner_text()
         page.wait_for_timeout(1000)  # the toast slides in
-        page.screenshot(path=str(IMG / "warning-jupyterlab.png"))
+        page.screenshot(path=str(screenshot_path("warning-jupyterlab.png")))
         toast.get_by_role("button", name="Keep my server").click()
         page.locator(".Toastify__toast", has_text="Extended by 30s").wait_for(timeout=20_000)
         extended = ledger.leases.get(lease.id).expires_at
@@ -111,7 +111,7 @@ class TestSessionAge:
         again.wait_for(timeout=(EXTEND + 10) * 1000)
         page.wait_for_timeout(1000)  # the toast slides in
         assert again.get_by_role("button", name="Keep my server").count() == 0
-        page.screenshot(path=str(IMG / "warning-jupyterlab-no-more.png"))
+        page.screenshot(path=str(screenshot_path("warning-jupyterlab-no-more.png")))
 
         # Without another way out, it stops at the (extended) deadline: the first whole
         # sweep after it began the stop, and none before it did (the slice held until).
@@ -145,7 +145,7 @@ class TestIdleKept:
         notice.wait_for(timeout=15_000)
         assert "has not been used" in notice.inner_text()
         assert "Keep my server" in notice.inner_text()
-        page.screenshot(path=str(IMG / "warning-hub-home.png"))
+        page.screenshot(path=str(screenshot_path("warning-hub-home.png")))
         notice.get_by_role("button", name="Keep my server").click()
         page.locator(".mig-warning", has_text="Kept").wait_for(timeout=15_000)
         lease = ledger.leases.active_for_server("hana")

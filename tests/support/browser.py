@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from tests.support import reaper
 from tests.support.system_deps import CHROMIUM, CHROMIUM_ARGS
+
+#: ``MIG_SPAWNER_SCREENSHOTS=docs`` saves the browser tests' screenshots over the docs'
+#: pictures (docs/img) to refresh them; otherwise they go to the run's folder, which the
+#: reaper deletes, so that a test run leaves the working tree as it found it.
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+def screenshot_path(name: str) -> Path:
+    """Where to save the screenshot ``name`` (e.g. ``"slice-map.png"``)."""
+    if os.environ.get("MIG_SPAWNER_SCREENSHOTS") == "docs":
+        folder = DOCS_IMG
+    else:
+        folder = (reaper.run_dir() or Path(tempfile.gettempdir())) / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
 
 
 @contextlib.contextmanager
