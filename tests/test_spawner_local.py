@@ -254,7 +254,7 @@ def test_nice_puts_each_server_and_its_session_behind_the_hub(tmp_path, ledger_u
     s.nice = 10
     # Lowered before the child becomes the user: "nobody" could not write its /proc.
     nice, group = _started_with(s.make_preexec_fn(user))
-    assert nice == 10
+    assert nice == max(10, os.nice(0))  # a higher one inherited (a run under nice) is kept
     assert group is None or group.endswith(" nice 10")
     # The hub's is untouched. In a container whose cpu cgroup is not an autogroup the file
     # is there and empty: the kernel shows no group.
