@@ -8,6 +8,7 @@ arithmetic in-process; the rest against the real control plane
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime
 
@@ -211,21 +212,16 @@ async def test_the_slice_services_map_shows_a_nodes_unhealthy_slices(kube, ledge
     app = SliceServiceApp(config=Config({
         "JupyterHub": {"spawner_class": "mig-kube"},
         "KubeMIGSpawner": kube.spawner_config(), "MIGSettings": {"ledger_url": ledger_url}}))
-    apis = []
-    connect = app.connect_kube
-
-    async def connected():
-        apis.append(await connect())
-        return apis[-1]
-
-    app.connect_kube = connected
     try:
         read = app.cluster_nodes()
         assert read is not None
         (node,) = map_of(await read())["nodes"]
+        # One client for the map and the orphan checks, closed when the service stops.
+        api = await app.connect_kube()
+        assert await asyncio.gather(app.connect_kube(), app.connect_kube()) == [api, api]
     finally:
-        for api in apis:
-            await api.api_client.close()
+        await app.close_kube()
+    assert api.api_client.rest_client.pool_manager.closed
     assert node["name"] == kube.node_name("a1")
     assert node["unhealthy"] == ("3g.40gb: 2: the device plugin left them out of "
                                  "allocatable (capacity has them)")

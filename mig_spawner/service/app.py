@@ -457,13 +457,26 @@ class SliceServiceApp(Application):
             self.log.error(self._token_problem)
 
     async def connect_kube(self) -> Any:
-        """The Kubernetes API that orphan Kubernetes leases' pods are checked with: as
-        the hub's KubeSpawner connects (in-cluster, else kubeconfig; its
-        ``k8s_api_host`` from ``config_dir`` wins)."""
-        host = next((str(section["k8s_api_host"])
-                     for section in (self.config.KubeMIGSpawner, self.config.KubeSpawner)
-                     if section.get("k8s_api_host")), "")
-        return await connect_api(host)
+        """The Kubernetes API that orphan Kubernetes leases' pods are checked with and
+        the map's nodes read from: as the hub's KubeSpawner connects (in-cluster, else
+        kubeconfig; its ``k8s_api_host`` from ``config_dir`` wins). One client for the
+        service, connected on first use (a failed try is tried again next time) and
+        closed when the service stops."""
+        if self._kube_lock is None:
+            self._kube_lock = asyncio.Lock()
+        async with self._kube_lock:
+            if self._kube_api is None:
+                host = next((str(section["k8s_api_host"]) for section in (
+                    self.config.KubeMIGSpawner, self.config.KubeSpawner)
+                    if section.get("k8s_api_host")), "")
+                self._kube_api = await connect_api(host)
+            return self._kube_api
+
+    async def close_kube(self) -> None:
+        """Close the Kubernetes client of :meth:`connect_kube`, if it connected."""
+        if self._kube_api is not None:
+            await self._kube_api.api_client.close()
+            self._kube_api = None
 
     def cluster_nodes(self) -> ClusterRead | None:
         """For a Kubernetes hub (``JupyterHub.spawner_class``), the reader of its GPU
@@ -518,6 +531,8 @@ class SliceServiceApp(Application):
 
     _last_report: SweepReport | None = None
     _token_problem: str | None = None
+    _kube_api: Any = None  # the CoreV1Api of connect_kube, once connected
+    _kube_lock: asyncio.Lock | None = None  # this service's own, made on first use
 
     async def run(self) -> None:
         """Serve the endpoints and sweep every ``cull_every`` seconds, forever."""
@@ -541,6 +556,7 @@ class SliceServiceApp(Application):
             if server is not None:
                 server.stop()
             await sweeper.close()
+            await self.close_kube()
 
     def slice_source(self, sweeper: Sweeper) -> SliceSource | None:
         """What the slice map and the per-slice metrics show: this host's GPUs joined
