@@ -21,7 +21,7 @@ from mig_spawner.core.policy import build_policy
 from mig_spawner.kube.cluster import ClusterSlices, NodeSlices, cluster_slices
 from mig_spawner.kube.dra import claim_template, dra_slices
 from mig_spawner.observe.slice_state import slice_map
-from mig_spawner.observe.slicemap import slicemap_json
+from mig_spawner.observe.slicemap import _LOADER, human_seconds, nodes_json, slicemap_json
 from mig_spawner.observe.source import NO_GPUS
 from mig_spawner.service.app import SliceServiceApp
 from mig_spawner.spawner.form import build_choices
@@ -201,6 +201,28 @@ async def test_a_dra_device_tainted_or_taken_out_shows_the_size_unhealthy(
     assert (node["status"], node["detail"]) == ("warn", (
         "the cluster reports slices unhealthy (1g.18gb: 2): the DRA driver tainted them "
         "or took them out of its ResourceSlice"))
+
+
+def test_the_table_view_lists_the_nodes_too():
+    """The map's plain-HTML table (no JavaScript) has the same nodes section, and says
+    when the cluster cannot be read; a local hub's has none."""
+    plugin = NodeSlices("a1", "a100-80gb", "NVIDIA-A100-SXM4-80GB", "mixed",
+                        {"3g.40gb": 0, "1g.10gb": 7}, {"1g.10gb": 1},
+                        unhealthy={"3g.40gb": 2})
+    view = slice_map(NO_GPUS, [], datetime.now(UTC))
+
+    def table(cluster: ClusterSlices | str | None) -> str:
+        return _LOADER.load("slicetable.html").generate(
+            view=view, refresh=5, human=human_seconds, user=None, map_url="../slices",
+            nodes=None if cluster is None else nodes_json(cluster)).decode()
+
+    page = table(ClusterSlices((plugin,)))
+    assert "Kubernetes GPU nodes" in page
+    assert ("a1: the cluster reports unhealthy 3g.40gb: 2: the device plugin left them "
+            "out of allocatable (capacity has them)") in page
+    assert page.count('<tr class="faulty">') == 2  # the 3g.40gb row and the node's note
+    assert "cannot read the cluster" in table("cannot read the cluster's GPU nodes now")
+    assert "Kubernetes GPU nodes" not in table(None)
 
 
 async def test_the_slice_services_map_shows_a_nodes_unhealthy_slices(kube, ledger_url):

@@ -51,7 +51,7 @@ def test_hostile_names_cannot_break_out_of_the_page(world):
         "gpus"][1]["slices"][0]["user"] == HOSTILE
     table = slicemap._LOADER.load("slicetable.html").generate(
         view=view, refresh=5, human=slicemap.human_seconds, user=None,
-        map_url="../slices").decode()
+        map_url="../slices", nodes=None).decode()
     assert HOSTILE not in table and "&lt;/script&gt;" in table
 
 
@@ -102,7 +102,7 @@ def test_slice_map_json_and_table_show_gib_beside_the_profile(tmp_path):
         assert all(r["memory_text"].startswith("0.0 GiB / ") for r in rows)
         table = slicemap._LOADER.load("slicetable.html").generate(
             view=view, refresh=10, human=slicemap.human_seconds, user={"name": "a"},
-            map_url="../slices").decode()
+            map_url="../slices", nodes=None).decode()
         assert "0.0 GiB / 139.8 GiB" in table and "0.0 GiB / 32.2 GiB" in table
     finally:
         world.close()

@@ -7,14 +7,14 @@ admins only (JupyterHub OAuth, custom scope ``custom:mig-spawner:slicemap``):
     the map page: one bar per GPU, instances coloured by state (free, leased, idle,
     orphan) with user, profile, age and idle time; it refreshes itself from the JSON;
 ``<prefix>slices/table``
-    the same as a plain HTML table (no JavaScript; reloads itself);
+    the same as plain HTML tables (no JavaScript; reloads itself);
 ``<prefix>slices.json``
     the data, for scripts and for the map page.
 
-For a Kubernetes hub the map page and the JSON add one section per GPU node of the
-cluster: its MIG profiles, how many are free, and how many the cluster reports
-unhealthy and why (the device plugin left them out of ``allocatable``; the DRA driver
-tainted them or took them out of its ResourceSlice). Node and profile names only: who
+For a Kubernetes hub the three views add one section per GPU node of the cluster: its
+MIG profiles, how many are free, and how many the cluster reports unhealthy and why (the
+device plugin left them out of ``allocatable``; the DRA driver tainted them or took them
+out of its ResourceSlice). Node and profile names only: who
 holds a node's slices is in the pods, not shown here.
 
 The slice service mounts them with :func:`slicemap_routes`; the hub grants the scope
@@ -71,16 +71,20 @@ def cluster_nodes_json(slices: ClusterSlices) -> list[dict[str, Any]]:
     ]
 
 
+def nodes_json(cluster: ClusterSlices | str) -> dict[str, Any]:
+    """``nodes`` (:func:`cluster_nodes_json`) and ``nodes_error`` (why the cluster
+    could not be read, or None) of a Kubernetes hub's map."""
+    if isinstance(cluster, str):
+        return {"nodes": [], "nodes_error": cluster}
+    return {"nodes": cluster_nodes_json(cluster), "nodes_error": None}
+
+
 def slicemap_json(view: SliceMap, cluster: ClusterSlices | str | None = None
                   ) -> dict[str, Any]:
     """The slice map as JSON-ready data (what ``slices.json`` returns). ``cluster``: a
     Kubernetes hub's GPU nodes (``nodes``), or why they could not be read
     (``nodes_error``); None: no ``nodes`` key (a local hub)."""
-    nodes: dict[str, Any] = {}
-    if isinstance(cluster, str):
-        nodes = {"nodes": [], "nodes_error": cluster}
-    elif cluster is not None:
-        nodes = {"nodes": cluster_nodes_json(cluster), "nodes_error": None}
+    nodes = nodes_json(cluster) if cluster is not None else {}
     return {
         "host": view.host,
         "taken_at": view.taken_at.isoformat(),
@@ -178,18 +182,22 @@ class SliceMapHandler(HubOAuthenticated, web.RequestHandler):
         """The slice map, read off the event loop (NVML and the ledger block)."""
         return await asyncio.get_running_loop().run_in_executor(None, self._snapshot)
 
+    async def cluster_view(self) -> ClusterSlices | str | None:
+        """The cluster's GPU nodes where the hub spawns on Kubernetes, or why they
+        cannot be read now (in words: the details go to the log); None: a local hub."""
+        if self._cluster is None:
+            return None
+        try:
+            return await self._cluster()
+        except ClusterReadError as e:
+            app_log.warning("slice map: cannot read the cluster's nodes: %s", e)
+            return "cannot read the cluster's GPU nodes now"
+
     async def data(self) -> dict[str, Any]:
         """:func:`slicemap_json` of the snapshot, with the cluster's nodes where the hub
         spawns on Kubernetes (a cluster that cannot be read: said, the rest drawn)."""
         view = await self.snapshot()
-        if self._cluster is None:
-            return slicemap_json(view)
-        try:
-            return slicemap_json(view, await self._cluster())
-        except ClusterReadError as e:
-            # The admin's page says so in words; the details go to the log.
-            app_log.warning("slice map: cannot read the cluster's nodes: %s", e)
-            return slicemap_json(view, "cannot read the cluster's GPU nodes now")
+        return slicemap_json(view, await self.cluster_view())
 
 
 class SliceMapPage(SliceMapHandler):
@@ -212,9 +220,11 @@ class SliceTablePage(SliceMapHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        view = await self.snapshot()
+        cluster = await self.cluster_view()
         self.finish(_LOADER.load("slicetable.html").generate(
-            view=await self.snapshot(), refresh=self._refresh, human=human_seconds,
-            user=self.current_user, map_url="../slices",
+            view=view, refresh=self._refresh, human=human_seconds, user=self.current_user,
+            map_url="../slices", nodes=None if cluster is None else nodes_json(cluster),
         ))
 
 
@@ -247,7 +257,7 @@ def slicemap_routes(prefix: str, snapshot: Snapshot, *, refresh_seconds: int = 1
     map_args = {**args, "cluster": cluster}
     routes: list[Any] = [
         (root + "slices", SliceMapPage, map_args),
-        (root + "slices/table", SliceTablePage, args),
+        (root + "slices/table", SliceTablePage, map_args),
         (root + "slices.json", SliceMapJson, map_args),
         # The hub's "Services" menu links to the service's root: show the map there.
         (root, web.RedirectHandler, {"url": root + "slices"}),
