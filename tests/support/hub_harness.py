@@ -239,15 +239,19 @@ class HubProcess:
         self._launch(timeout)
 
     def close(self) -> None:
-        """Stop every server through the API, then the hub. For fixture teardown."""
-        if self.proc is not None and self.proc.poll() is None:
-            running = [user["name"] for user in self.users() if user.get("servers")]
-            # All at once: a stop request may take its server's whole shutdown to answer.
-            with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
-                list(pool.map(lambda name: self.stop_server(name, wait=False), running))
-            until(lambda: not any(u.get("servers") for u in self.users()), 30,
-                  "every server stopped", show=self.show)
-        self.stop_hub()
+        """Stop every server through the API, then the hub. For fixture teardown: the
+        hub is stopped even when a server will not stop (a spawn still pending refuses
+        a stop), and that is raised after."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                running = [user["name"] for user in self.users() if user.get("servers")]
+                # All at once: a stop request may take its server's whole shutdown to answer.
+                with ThreadPoolExecutor(max(1, min(len(running), 10))) as pool:
+                    list(pool.map(lambda name: self.stop_server(name, wait=False), running))
+                until(lambda: not any(u.get("servers") for u in self.users()), 30,
+                      "every server stopped", show=self.show)
+        finally:
+            self.stop_hub()
 
     @property
     def log_path(self) -> Path:
