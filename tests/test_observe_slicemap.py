@@ -12,7 +12,7 @@ from tornado.web import Application
 from mig_spawner.core.health import Fault, FaultKind, xid_words
 from mig_spawner.ledger import FaultHold
 from mig_spawner.observe import slicemap
-from mig_spawner.observe.slice_state import slice_map
+from mig_spawner.observe.slice_state import GroupRow, slice_map
 from tests.support.observe_world import make_world
 
 HOSTILE = "</script><script>alert(1)</script>"
@@ -194,3 +194,13 @@ def test_the_map_draws_faulty_slices_in_their_own_colour_in_chromium(tmp_path):
     assert colour not in others and len(others) >= 1
     assert any("ada" in t and "Xid 94 (contained ECC error)" in t for t in texts)
     assert headers[0].startswith("Withheld: GPU 0 reported a hardware fault")
+
+
+@pytest.mark.parametrize(("used", "budget", "over"), [
+    (39.9, 40.0, False), (40.0, 40.0, True), (41.0, 40.0, True), (None, None, False),
+    (3.0, None, False)])
+def test_a_group_that_used_its_whole_budget_is_marked_over(used, budget, over):
+    """The table view marks it as the map's script does (used at or past the budget)."""
+    row = GroupRow("analysts", 1, 1, None, None, True, budget_used_hours=used,
+                   budget_hours=budget, budget_text="x")
+    assert row.over_budget is over

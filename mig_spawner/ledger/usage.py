@@ -227,8 +227,6 @@ def _stored(connection: Connection, lease_ids: list[str]) -> dict[str, UsageSumm
     return found
 
 
-
-
 def _with_computed(connection: Connection, found: dict[str, UsageSummary],
                    rest: list[str]) -> dict[str, UsageSummary]:
     """``found`` (kept summaries) with the leases of ``rest`` (none kept) summarised from

@@ -222,6 +222,12 @@ class GroupRow:
     #: hours would round to 0).
     budget_text: str | None = None
 
+    @property
+    def over_budget(self) -> bool:
+        """Whether the group has used its whole budget (the map marks it)."""
+        return (self.budget_hours is not None and self.budget_used_hours is not None
+                and self.budget_used_hours >= self.budget_hours)
+
 
 @dataclass(frozen=True)
 class WaiterRow:

@@ -14,8 +14,8 @@ admins only (JupyterHub OAuth, custom scope ``custom:mig-spawner:slicemap``):
 For a Kubernetes hub the three views add one section per GPU node of the cluster: its
 MIG profiles, how many are free, and how many the cluster reports unhealthy and why (the
 device plugin left them out of ``allocatable``; the DRA driver tainted them or took them
-out of its ResourceSlice). Node and profile names only: who
-holds a node's slices is in the pods, not shown here.
+out of its ResourceSlice). Node and profile names only: who holds a node's slices is in
+the pods, not shown here.
 
 The slice service mounts them with :func:`slicemap_routes`; the hub grants the scope
 to admins (see docs/operations.md).
